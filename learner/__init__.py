@@ -1,0 +1,1 @@
+"""Learner: DeepSpeed training on σ-weighted batches and versioned weight broadcast."""

@@ -1,0 +1,1 @@
+"""Redistributor workers: segmentation, exit-point values and per-token credit σ."""
