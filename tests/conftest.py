@@ -1,0 +1,38 @@
+"""Shared fixtures: a real embedded Redis-protocol server and per-test run ids."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """One real Valkey/Redis server for the session (AOF on, 127.0.0.1, free port)."""
+    from rredcot.launch.services import EmbeddedRedis
+
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_client(redis_server):
+    from rredcot.common.streams import connect
+
+    client = connect(redis_server.url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def run_id() -> str:
+    """A fresh run id, so tests sharing the server never see each other's streams."""
+    return f"t{uuid.uuid4().hex[:10]}"

@@ -1,0 +1,57 @@
+"""Shared fixtures for the actor tests: tiny random models saved as HF dirs, HF reference log-probs."""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir, save_model_dir
+
+KV_BYTES = 16 * 2**20
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _vllm_env(tmp_path_factory: pytest.TempPathFactory) -> None:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm-cache")))
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return load_tokenizer(qwen_tokenizer_dir())
+
+
+def make_model(arch: str, seed: int, tie: bool):
+    """A tiny model whose logits are peaked enough for greedy decoding to be unambiguous."""
+    model = build_tiny_model(arch, seed=seed, tie=tie)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(20.0)
+        if not tie:
+            model.get_output_embeddings().weight.mul_(20.0)
+    return model
+
+
+def hf_logprobs(model, prompt: list[int], completion: list[int], temperature: float = 1.0) -> torch.Tensor:
+    """log p(completion[j] | prompt + completion[:j]) under ``model`` at ``temperature``."""
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    lp = torch.log_softmax(logits / temperature, dim=-1)
+    return lp.gather(1, torch.tensor(completion)[:, None])[:, 0]
+
+
+def hf_greedy(model, prompt: list[int], max_tokens: int) -> list[int]:
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(max_tokens):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+@pytest.fixture(scope="session")
+def helpers() -> SimpleNamespace:
+    return SimpleNamespace(make_model=make_model, hf_logprobs=hf_logprobs, hf_greedy=hf_greedy,
+                           save=lambda model, tok, out: str(save_model_dir(model, tok, out)), kv_bytes=KV_BYTES)

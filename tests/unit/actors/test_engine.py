@@ -1,0 +1,106 @@
+"""The vLLM adapter against transformers: behaviour log-probs, weight updates, in-flight policies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import save, save_file
+
+from rredcot.actors.engine import Engine, EngineSpec, PromptTooLong, Sampling
+
+PROMPTS = [[9707, 11, 1879, 0], [785, 3974, 13876, 38835, 30, 1207]]
+
+
+@pytest.fixture(scope="module")
+def tied(tmp_path_factory, tokenizer, helpers):
+    """A tied-embedding Qwen3 engine and its two weight versions (v0 loaded, v1 as a file)."""
+    root = tmp_path_factory.mktemp("tied")
+    m0, m1 = helpers.make_model("qwen3", 0, tie=True), helpers.make_model("qwen3", 1, tie=True)
+    path = helpers.save(m0, tokenizer, root / "m0")
+    save_file({k: v.contiguous() for k, v in m1.state_dict().items() if k != "lm_head.weight"},
+              str(root / "v1.safetensors"))
+    engine = Engine(EngineSpec(path, max_model_len=128, kv_cache_bytes=helpers.kv_bytes, seed=0))
+    return engine, m0, m1, str(root / "v1.safetensors")
+
+
+def test_behaviour_logprobs_match_transformers_after_temperature(tied, helpers):
+    engine, m0, _, _ = tied
+    assert engine.version == 0
+    groups = engine.generate(PROMPTS, Sampling(n=3, temperature=0.7, top_p=1.0, max_tokens=12))
+    for prompt, group in zip(PROMPTS, groups):
+        assert group.prompt_ids == prompt and len(group.completions) == 3
+        for c in group.completions:
+            assert len(c.token_ids) == len(c.logprobs) > 0 and c.version_runs == [(0, 0)]
+            ref = helpers.hf_logprobs(m0, prompt, c.token_ids, temperature=0.7)
+            torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=1e-4, rtol=0)
+
+
+def test_prompt_logprobs_on_request(tied, helpers):
+    engine, m0, _, _ = tied
+    (group,) = engine.generate(PROMPTS[1:], Sampling(max_tokens=1, prompt_logprobs=True))
+    prompt = PROMPTS[1]
+    ref = helpers.hf_logprobs(m0, prompt[:1], prompt[1:])
+    torch.testing.assert_close(torch.tensor(group.prompt_logprobs), ref, atol=1e-4, rtol=0)
+
+
+def test_too_long_prompt_is_rejected(tied):
+    engine, *_ = tied
+    with pytest.raises(PromptTooLong, match="128"):
+        engine.submit("long", [11] * 128, Sampling())
+    assert engine.num_unfinished == 0
+
+
+def _check_greedy(engine, model, helpers, version: int) -> None:
+    greedy = Sampling(temperature=0.0, max_tokens=10)
+    for prompt, group in zip(PROMPTS, engine.generate(PROMPTS, greedy)):
+        (c,) = group.completions
+        assert c.token_ids == helpers.hf_greedy(model, prompt, len(c.token_ids))
+        assert c.version_runs == [(0, version)]
+        torch.testing.assert_close(torch.tensor(c.logprobs), helpers.hf_logprobs(model, prompt, c.token_ids),
+                                   atol=1e-4, rtol=0)
+
+
+def test_update_from_file_tied_embeddings(tied, helpers):
+    engine, m0, m1, v1_path = tied
+    _check_greedy(engine, m0, helpers, version=0)
+    seconds = engine.load_weights_file(v1_path, version=1)
+    assert seconds > 0 and engine.version == 1
+    _check_greedy(engine, m1, helpers, version=1)
+    engine.load_weights_bytes(save({k: v.contiguous() for k, v in m0.state_dict().items()}), version=2)
+    _check_greedy(engine, m0, helpers, version=2)
+
+
+@pytest.mark.parametrize("policy", ["finish", "pause"])
+def test_in_flight_policy_records_token_versions(tied, helpers, policy):
+    engine, m0, m1, v1_path = tied
+    engine.load_weights_bytes(save({k: v.contiguous() for k, v in m0.state_dict().items()}), version=10)
+    prompt = PROMPTS[0]
+    engine.submit("inflight", prompt, Sampling(temperature=0.0, max_tokens=12))
+    for _ in range(4):
+        assert engine.step() == []
+    engine.load_weights_file(v1_path, version=11, in_flight=policy)
+    (group,) = engine.run()
+    (c,) = group.completions
+    assert group.start_version == 10
+    if policy == "finish":
+        assert c.version_runs == [(0, 10)]
+        assert c.token_ids == helpers.hf_greedy(m0, prompt, 12)
+        return
+    assert c.version_runs[0] == (0, 10) and c.version_runs[1][1] == 11 and len(c.version_runs) == 2
+    k = c.version_runs[1][0]
+    assert 1 <= k < 12
+    assert c.token_ids[:k] == helpers.hf_greedy(m0, prompt, k)
+    # tokens after the switch come from the new weights over a recomputed (not stale) KV cache
+    assert c.token_ids[k:] == helpers.hf_greedy(m1, prompt + c.token_ids[:k], 12 - k)
+    ref = torch.cat([helpers.hf_logprobs(m0, prompt, c.token_ids[:k]),
+                     helpers.hf_logprobs(m1, prompt + c.token_ids[:k], c.token_ids[k:])])
+    torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=1e-4, rtol=0)
+
+
+def test_update_untied_qwen2(tmp_path, tokenizer, helpers):
+    m0, m1 = helpers.make_model("qwen2", 2, tie=False), helpers.make_model("qwen2", 3, tie=False)
+    engine = Engine(EngineSpec(helpers.save(m0, tokenizer, tmp_path / "m0"), max_model_len=128,
+                               kv_cache_bytes=helpers.kv_bytes))
+    _check_greedy(engine, m0, helpers, version=0)
+    engine.load_weights_bytes(save({k: v.contiguous() for k, v in m1.state_dict().items()}), version=5)
+    _check_greedy(engine, m1, helpers, version=5)

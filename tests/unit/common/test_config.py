@@ -1,0 +1,63 @@
+import pytest
+
+from rredcot.common.config import Config, ConfigError, available_configs, from_dict, load_config, to_dict
+
+
+def test_defaults_validate_and_round_trip():
+    cfg = load_config()
+    assert isinstance(cfg, Config)
+    assert from_dict(to_dict(cfg)) == cfg
+
+
+def test_bundled_configs_load():
+    names = available_configs()
+    assert {"tests", "demo_cpu"} <= set(names)
+    for name in names:
+        load_config(name)
+
+
+def test_overrides_apply_and_interpolate():
+    cfg = load_config("tests", ["learner.lr=3e-6", "run.name=abc", "credit.method=grpo"])
+    assert cfg.learner.lr == 3e-6 and cfg.credit.method == "grpo"
+    assert cfg.run.dir.endswith("abc")
+
+
+@pytest.mark.parametrize(
+    ("override", "fragments"),
+    [
+        ("credit.method=magic", ["credit.method", "'magic'", "'rredcot'", "'grpo'", "'mc'"]),
+        ("credit.value_space=linear", ["credit.value_space", "'log'", "'prob'", "'mean_token_prob'"]),
+        ("learner.zero_stage=5", ["learner.zero_stage", "5", "[0, 3]"]),
+        ("generation.top_p=1.5", ["generation.top_p", "1.5", "[0.0, 1.0]"]),
+        ("generation.group_size=1", ["generation.group_size", ">= 2"]),
+        ("redis.url=http://x", ["redis.url", "redis://"]),
+        ("generation.max_tokens=5000", ["generation.max_tokens", "model.max_model_len"]),
+    ],
+)
+def test_invalid_values_name_key_value_and_allowed(override, fragments):
+    with pytest.raises(ConfigError) as e:
+        load_config("tests", [override])
+    for frag in fragments:
+        assert frag in str(e.value), (frag, str(e.value))
+
+
+def test_unknown_key_lists_allowed_keys():
+    with pytest.raises(ConfigError) as e:
+        load_config("tests", ["learner.learning_rate=1"])
+    msg = str(e.value)
+    assert "learner.learning_rate" in msg and "lr" in msg and "zero_stage" in msg
+
+
+def test_type_error_names_key():
+    with pytest.raises(ConfigError, match="learner.lr"):
+        load_config("tests", ["learner.lr=fast"])
+
+
+def test_missing_file_lists_bundled():
+    with pytest.raises(ConfigError, match="tests"):
+        load_config("nope.yaml")
+
+
+def test_malformed_override():
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config("tests", ["learner.lr"])

@@ -1,0 +1,43 @@
+import time
+
+import pytest
+
+from rredcot.common.verifier import Verifier, extract_answer
+
+
+@pytest.fixture(scope="module")
+def verifier():
+    with Verifier(timeout_s=1.0) as v:
+        yield v
+
+
+def test_extract_answer_prefers_last_answer_line():
+    assert extract_answer("3 * 4 = 12.\nAnswer: 12") == "12"
+    assert extract_answer("answer is: 7.\nmore text\nThe answer: 8") == "8"
+    assert extract_answer(r"so \boxed{\frac{1}{2}}") == r"\frac{1}{2}"
+    assert extract_answer("no idea") is None
+
+
+@pytest.mark.parametrize(
+    ("completion", "gold", "verdict"),
+    [
+        ("2 * 6 = 12\nAnswer: 12", "12", "correct"),
+        (r"Thus \boxed{\frac{1}{2}}", "0.5", "correct"),
+        ("Answer: 13", "12", "wrong"),
+        ("I give up", "12", "no_answer"),
+    ],
+)
+def test_scores(verifier, completion, gold, verdict):
+    v = verifier.score(completion, gold)
+    assert v.verdict == verdict
+    assert v.reward == (1.0 if verdict == "correct" else 0.0)
+
+
+def test_pathological_input_times_out_and_verifier_recovers(verifier):
+    before = verifier.timeouts
+    t0 = time.monotonic()
+    v = verifier.score(r"Answer: \boxed{9^{9^{9^{9}}}}", "1")
+    assert (v.reward, v.verdict) == (0.0, "timeout")
+    assert time.monotonic() - t0 < 4.0  # the hard timeout (1 s), not math-verify's own 5 s
+    assert verifier.timeouts == before + 1
+    assert verifier.score("Answer: 5", "5").verdict == "correct"  # a fresh child took over
