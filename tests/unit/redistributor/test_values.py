@@ -1,0 +1,107 @@
+"""Exit-point values: the IS estimator by hand, and the fast (KV-cache + 4D mask) path against the
+plain per-exit recomputation on random tiny models."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rredcot.redistributor.entropy import TokenCounter, score_trace
+from rredcot.redistributor.values import (
+    BranchLogprobs,
+    branch_logprobs_fast,
+    branch_logprobs_reference,
+    exit_values,
+    importance_weights,
+)
+
+
+def _hand_pairs() -> BranchLogprobs:
+    # p(u1)=0.5, p(y1|u1)=0.6 -> p=0.3 ; p(u2)=0.2, p(y2|u2)=0.4 -> p=0.08
+    log_u = np.log([[0.5, 0.2]])
+    log_y = np.log([[0.6, 0.4]])
+    return BranchLogprobs(log_u, log_y, np.array([[0.7, 0.1]]))
+
+
+def test_is_estimator_by_hand() -> None:
+    bl = _hand_pairs()
+    # uniform proposal q = 0.5: importance weights 0.3/0.5 = 0.6 and 0.08/0.5 = 0.16
+    np.testing.assert_allclose(importance_weights(bl.log_u, bl.log_y), [[0.6, 0.16]])
+    # (1/N) Σ w_i U_i = 0.5 * (0.6 * 1 + 0.16 * 0) = 0.3
+    np.testing.assert_allclose(exit_values(bl, [1.0, 0.0], "prob"), [0.3])
+    np.testing.assert_allclose(exit_values(bl, [1.0, 0.0], "log"), [np.log(0.3)])
+    np.testing.assert_allclose(exit_values(bl, [1.0, 1.0], "prob"), [0.38])
+    np.testing.assert_allclose(exit_values(bl, [1.0, 0.0], "mean_token_prob"), [0.35])
+
+
+def test_values_without_positive_utility() -> None:
+    bl = _hand_pairs()
+    assert exit_values(bl, [0.0, 0.0], "log")[0] == -np.inf
+    assert exit_values(bl, [0.0, 0.0], "prob")[0] == 0.0
+    empty = BranchLogprobs(np.zeros((3, 0)), np.zeros((3, 0)), np.zeros((3, 0)))
+    assert list(exit_values(empty, [], "log")) == [-np.inf] * 3
+    with pytest.raises(ValueError, match="value space"):
+        exit_values(bl, [1.0, 1.0], "logit")
+
+
+def _random_case(seed: int, p: int, n: int, k: int, n_refs: int, vocab: int = 512):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda m: torch.randint(0, vocab, (m,), generator=g).tolist()  # noqa: E731
+    exits = sorted({0, n, *torch.randint(1, n, (k - 1,), generator=g).tolist()})
+    refs = [(r(int(torch.randint(1, 7, (1,), generator=g))), r(int(torch.randint(1, 4, (1,), generator=g))))
+            for _ in range(n_refs)]
+    return r(p), r(n), exits, refs, r(3)
+
+
+@pytest.mark.parametrize(
+    "arch,seed,n,k,n_refs,budget",
+    [("qwen3", 0, 40, 3, 1, 64), ("qwen3", 1, 97, 8, 2, 30), ("qwen2", 2, 150, 12, 3, 4096),
+     ("qwen3", 3, 64, 1, 4, 1)],
+)
+def test_fast_matches_reference(make_lm, arch, seed, n, k, n_refs, budget) -> None:
+    model = make_lm(arch, seed)
+    prompt, comp, exits, refs, exit_ids = _random_case(seed, 5, n, k, n_refs)
+    trace = score_trace(model, prompt, comp, chunk=16)
+    fast = branch_logprobs_fast(model, trace, exits, refs, exit_ids, token_budget=budget, chunk=7)
+    ref = branch_logprobs_reference(model, prompt, comp, exits, refs, exit_ids)
+    for a, b in [(fast.log_u, ref.log_u), (fast.log_y, ref.log_y), (fast.mean_token_prob, ref.mean_token_prob)]:
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    assert trace.cache.get_seq_length() == len(prompt) + len(comp)  # branch KV dropped
+    ideal = len(prompt) + len(comp) + sum(len(exit_ids) + len(u) + len(y) for u, y in refs) * len(exits)
+    assert trace.counter.total == ideal
+
+
+def test_trace_entropy_and_logprob_match_full_logits(make_lm) -> None:
+    model = make_lm("qwen3", 4)
+    prompt, comp, *_ = _random_case(4, 3, 50, 2, 1)
+    trace = score_trace(model, prompt, comp, chunk=8)
+    logp = model(torch.tensor([prompt + comp])).logits[0].log_softmax(-1)[len(prompt) - 1 : -1]
+    ent = -(logp.exp() * logp).sum(-1)
+    lp = logp.gather(-1, torch.tensor(comp)[:, None])[:, 0]
+    torch.testing.assert_close(trace.entropy, ent, atol=1e-5, rtol=0)
+    torch.testing.assert_close(trace.logprob, lp, atol=1e-5, rtol=0)
+
+
+def test_fast_values_change_with_prefix(make_lm) -> None:
+    """Branches really see their own prefix: different exit points give different log-probs."""
+    model = make_lm("qwen3", 5)
+    prompt, comp, _, refs, exit_ids = _random_case(5, 4, 60, 2, 1)
+    trace = score_trace(model, prompt, comp, chunk=64)
+    fast = branch_logprobs_fast(model, trace, [0, 30, 60], refs, exit_ids, token_budget=4096)
+    assert len(set(np.round(fast.log_u[:, 0], 6))) == 3
+
+
+def test_degenerate_trace_inputs(make_lm) -> None:
+    model = make_lm("qwen3", 6)
+    empty = score_trace(model, [1, 2], [], chunk=8)
+    assert empty.entropy.numel() == 0 and empty.counter.total == 2
+    with pytest.raises(ValueError, match="prompt"):
+        score_trace(model, [], [1, 2], chunk=8)
+    with pytest.raises(ValueError, match="exit string"):
+        branch_logprobs_fast(model, empty, [0], [([1], [2])], [], token_budget=64)
+    no_refs = branch_logprobs_fast(model, empty, [0], [], [9], token_budget=64)
+    assert no_refs.log_u.shape == (1, 0)
+    counter = TokenCounter()
+    branch_logprobs_reference(model, [1, 2], [3, 4], [0, 2], [([5], [6])], [9], counter)
+    assert counter.trace == 2 + 4 and counter.branch == 2 * 3
