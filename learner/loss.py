@@ -1,0 +1,159 @@
+"""σ-weighted clipped policy loss with staleness correction, and its metrics.
+
+Per completion token j of sample i (behaviour log-prob μ_j, token version v_j, learner version V):
+
+- fresh token (v_j = V): ρ_j = π_θ/μ_j, w_j = 1 (PPO/GRPO ratio against the behaviour policy);
+- stale token (v_j < V): ρ_j = π_θ/sg(π_θ) (= 1, gradient ∇log π_θ) and a truncated importance
+  weight w_j = min(sg(π_θ)/μ_j, tis_cap) — decoupled PPO with the current learner policy as the
+  proximal policy, so tokens from old versions are corrected instead of being clipped away;
+- ℓ_j = −w_j · min(ρ_j A_i, clip(ρ_j, 1−ε_low, 1+ε_high) A_i) + β · KL_j, with the k3 estimator
+  KL_j = exp(r_j) − r_j − 1, r_j = log π_ref − log π_θ;
+- sample loss L_i = Σ_j sg(σ_j) ℓ_j; batch loss Σ_i c_i L_i with c_i = 1/N_samples (``sample``)
+  or |o_i|/N_tokens (``token``), both counted over the whole global batch (all ranks).
+
+With σ = 1/|o|, no staleness and ``sample`` this is the GRPO loss; with ``token`` it is the
+token-mean (DAPO) loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rredcot.common.config import LearnerConfig
+from rredcot.learner.packing import MicroBatch
+
+# metric name -> (numerator key, denominator key) once summed over micro-batches and ranks
+MEANS = {
+    "loss": ("loss", None),
+    "clip_frac": ("clipped", "tokens"),
+    "ratio_mean": ("ratio", "tokens"),
+    "logp_gap": ("abs_gap", "tokens"),
+    "stale_frac": ("stale", "tokens"),
+    "is_weight_mean": ("is_weight", "stale"),
+    "is_truncated_frac": ("truncated", "stale"),
+    "kl": ("kl", "tokens"),
+    "sigma_entropy": ("sigma_entropy", "samples"),
+    "sigma_entropy_norm": ("sigma_entropy_norm", "samples"),
+    "sigma_max_scaled_mean": ("sigma_max_scaled", "samples"),
+    "sigma_sum_mean": ("sigma_sum", "samples"),
+}
+SUM_KEYS = tuple(sorted({k for pair in MEANS.values() for k in pair if k} | {"samples", "tokens"}))
+MAX_KEYS = ("ratio_max", "is_weight_max", "sigma_max_scaled_max")
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    tis_cap: float = 2.0
+    kl_coef: float = 0.0
+    loss_agg: str = "sample"
+
+    @classmethod
+    def from_config(cls, c: LearnerConfig) -> LossSettings:
+        return cls(c.eps_low, c.eps_high, c.tis_cap, c.kl_coef, c.loss_agg)
+
+
+class Stats:
+    """Sums and maxima of loss statistics, mergeable over micro-batches and ranks."""
+
+    def __init__(self) -> None:
+        self.sums = dict.fromkeys(SUM_KEYS, 0.0)
+        self.maxes = dict.fromkeys(MAX_KEYS, 0.0)
+
+    def add(self, sums: dict[str, float], maxes: dict[str, float]) -> None:
+        for k, v in sums.items():
+            self.sums[k] += v
+        for k, v in maxes.items():
+            self.maxes[k] = max(self.maxes[k], v)
+
+    def as_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.tensor([self.sums[k] for k in SUM_KEYS], dtype=torch.float64),
+                torch.tensor([self.maxes[k] for k in MAX_KEYS], dtype=torch.float64))
+
+    def load_tensors(self, sums: torch.Tensor, maxes: torch.Tensor) -> None:
+        self.sums = dict(zip(SUM_KEYS, sums.tolist(), strict=True))
+        self.maxes = dict(zip(MAX_KEYS, maxes.tolist(), strict=True))
+
+    def result(self) -> dict[str, float]:
+        out = {name: self.sums[num] / (self.sums[den] if den else 1.0)
+               for name, (num, den) in MEANS.items() if den is None or self.sums[den] > 0}
+        return out | dict(self.maxes) | {"samples": self.sums["samples"], "tokens": self.sums["tokens"]}
+
+
+def sample_coefficients(mb: MicroBatch, agg: str, denominator: float) -> torch.Tensor:
+    """c_i per sample of ``mb``: 1/N_samples (``sample``) or |o_i|/N_tokens (``token``)."""
+    if agg == "sample":
+        return torch.full((mb.n_samples,), 1.0 / denominator)
+    if agg == "token":
+        return mb.completion_lengths.double().div(denominator).float()
+    raise ValueError(f"learner.loss_agg={agg!r} is not one of 'sample', 'token'")
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    mb: MicroBatch,
+    version: int,
+    coef: torch.Tensor,
+    settings: LossSettings,
+    ref_logp: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Stats]:
+    """Loss of one micro-batch (its share of the global batch loss) and its statistics."""
+    mu = mb.behaviour_logprobs
+    adv = mb.advantages
+    stale = mb.versions < version
+    lp = logp.float()
+    lp_d = lp.detach()
+    ratio = torch.exp(lp - torch.where(stale, lp_d, mu))
+    raw_ratio = torch.exp(lp_d - mu)
+    is_w = torch.where(stale, raw_ratio.clamp(max=settings.tis_cap), torch.ones_like(mu))
+    clipped_ratio = ratio.clamp(1 - settings.eps_low, 1 + settings.eps_high)
+    tok = -is_w * torch.minimum(ratio * adv, clipped_ratio * adv)
+    kl = torch.zeros_like(mu)
+    if ref_logp is not None and settings.kl_coef > 0:
+        r = ref_logp.float() - lp
+        kl = torch.exp(r) - r - 1
+        tok = tok + settings.kl_coef * kl
+    per_sample = torch.zeros(mb.n_samples, dtype=tok.dtype).index_add(0, mb.sample_of_token, mb.sigma * tok)
+    loss = (per_sample * coef).sum()
+    return loss, _stats(loss, mb, ratio.detach(), raw_ratio, adv, stale, is_w, kl.detach(), settings)
+
+
+def _stats(loss: torch.Tensor, mb: MicroBatch, ratio: torch.Tensor, raw_ratio: torch.Tensor,
+           adv: torch.Tensor, stale: torch.Tensor, is_w: torch.Tensor, kl: torch.Tensor,
+           settings: LossSettings) -> Stats:
+    clipped = ((ratio > 1 + settings.eps_high) & (adv > 0)) | ((ratio < 1 - settings.eps_low) & (adv < 0))
+    sig = mb.sigma.double()
+    sig_sum = torch.zeros(mb.n_samples, dtype=torch.float64).index_add(0, mb.sample_of_token, sig)
+    p = sig / sig_sum[mb.sample_of_token].clamp(min=1e-30)
+    plogp = torch.where(p > 0, p * p.clamp(min=1e-30).log(), torch.zeros_like(p))
+    ent = -torch.zeros_like(sig_sum).index_add(0, mb.sample_of_token, plogp)
+    n = mb.completion_lengths.double()
+    max_sig = torch.zeros_like(sig_sum).scatter_reduce(0, mb.sample_of_token, sig, "amax")
+    stats = Stats()
+    stats.add(
+        {
+            "loss": float(loss.detach()),
+            "tokens": float(len(mu := mb.behaviour_logprobs)),
+            "samples": float(mb.n_samples),
+            "clipped": float(clipped.sum()),
+            "ratio": float(raw_ratio.sum()),
+            "abs_gap": float(raw_ratio.log().abs().sum()),
+            "stale": float(stale.sum()),
+            "is_weight": float(is_w[stale].sum()),
+            "truncated": float((stale & (raw_ratio > settings.tis_cap)).sum()),
+            "kl": float(kl.sum()),
+            "sigma_entropy": float(ent.sum()),
+            "sigma_entropy_norm": float(torch.where(n > 1, ent / n.clamp(min=2).log(), 1.0).sum()),
+            "sigma_max_scaled": float((max_sig * n).sum()),
+            "sigma_sum": float(sig_sum.sum()),
+        },
+        {
+            "ratio_max": float(raw_ratio.max()) if len(mu) else 0.0,
+            "is_weight_max": float(is_w[stale].max()) if bool(stale.any()) else 0.0,
+            "sigma_max_scaled_max": float((max_sig * n).max()) if mb.n_samples else 0.0,
+        },
+    )
+    return stats

@@ -1,0 +1,193 @@
+"""Token-budget micro-batches: several samples packed per row with per-sample position ids.
+
+A packed row concatenates samples (prompt + completion each) and restarts ``position_ids`` at 0
+for every sample with no attention mask; transformers then detects the packed layout from the
+position ids and builds attention that never crosses a sample boundary (block-diagonal causal
+mask for sdpa/eager, varlen kernels for flash attention). The padded layout (one sample per row,
+right padding, attention mask) is kept as the reference and the benchmark baseline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rredcot.common.records import WeightedGroup
+
+LAYOUTS = ("packed", "padded")
+
+
+class BudgetError(ValueError):
+    """A sample that cannot fit into one micro-batch of ``learner.micro_token_budget`` tokens."""
+
+
+@dataclass(frozen=True)
+class TrainSample:
+    """One completion as the learner trains it (prompt + completion token ids and per-token data)."""
+
+    id: str
+    prompt_ids: np.ndarray  # int [P]
+    completion_ids: np.ndarray  # int [L]
+    behaviour_logprobs: np.ndarray  # float32 [L]
+    sigma: np.ndarray  # float32 [L]
+    versions: np.ndarray  # int32 [L], policy version of each completion token
+    advantage: float
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.completion_ids)
+
+
+def samples_from_group(group: WeightedGroup) -> list[TrainSample]:
+    return [
+        TrainSample(
+            id=s.rollout.id,
+            prompt_ids=group.prompt_ids,
+            completion_ids=s.rollout.completion_ids,
+            behaviour_logprobs=s.rollout.behaviour_logprobs,
+            sigma=s.sigma,
+            versions=s.rollout.token_versions(),
+            advantage=float(s.advantage),
+        )
+        for s in group.samples
+    ]
+
+
+@dataclass
+class MicroBatch:
+    """Model inputs plus flat per-completion-token tensors (T tokens over S samples)."""
+
+    input_ids: torch.Tensor  # long [R, W]
+    position_ids: torch.Tensor  # long [R, W]
+    attention_mask: torch.Tensor | None  # long [R, W] for the padded layout, None when packed
+    token_index: torch.Tensor  # long [T]: flat index into [R*W] of the logits predicting each token
+    targets: torch.Tensor  # long [T]
+    behaviour_logprobs: torch.Tensor  # float32 [T]
+    sigma: torch.Tensor  # float32 [T]
+    advantages: torch.Tensor  # float32 [T]
+    versions: torch.Tensor  # long [T]
+    sample_of_token: torch.Tensor  # long [T], local sample index
+    completion_lengths: torch.Tensor  # long [S]
+    sample_ids: list[str]
+    n_tokens: int  # real (non-padding) input tokens
+
+    @property
+    def n_samples(self) -> int:
+        return len(self.sample_ids)
+
+
+def plan_micro_batches(samples: list[TrainSample], budget: int, layout: str = "packed") -> list[list[int]]:
+    """Group sample indices into micro-batches of at most ``budget`` input tokens (deterministic).
+
+    packed: first-fit decreasing into rows of ``budget`` tokens, one row per micro-batch.
+    padded: longest first, as many rows as fit ``rows × longest ≤ budget``.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout {layout!r} not in {LAYOUTS}")
+    for s in samples:
+        if s.length > budget:
+            raise BudgetError(
+                f"sample {s.id} has {s.length} tokens (prompt {len(s.prompt_ids)} + completion "
+                f"{len(s.completion_ids)}), more than learner.micro_token_budget={budget}; "
+                f"raise the budget to at least {s.length}"
+            )
+    order = sorted(range(len(samples)), key=lambda i: (-samples[i].length, samples[i].id))
+    bins: list[list[int]] = []
+    if layout == "packed":
+        free: list[int] = []
+        for i in order:
+            n = samples[i].length
+            j = next((b for b, f in enumerate(free) if f >= n), None)
+            if j is None:
+                bins.append([])
+                free.append(budget)
+                j = len(bins) - 1
+            bins[j].append(i)
+            free[j] -= n
+    else:
+        for i in order:
+            if bins and samples[bins[-1][0]].length * (len(bins[-1]) + 1) <= budget:
+                bins[-1].append(i)
+            else:
+                bins.append([i])
+    return bins
+
+
+def collate(samples: list[TrainSample], layout: str = "packed", pad_id: int = 0) -> MicroBatch:
+    """Tensors of one micro-batch: one packed row, or one padded row per sample."""
+    rows: list[list[TrainSample]] = [samples] if layout == "packed" else [[s] for s in samples]
+    width = max(sum(s.length for s in row) for row in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    position_ids = torch.zeros((len(rows), width), dtype=torch.long)
+    mask = None if layout == "packed" else torch.zeros((len(rows), width), dtype=torch.long)
+    token_index: list[np.ndarray] = []
+    for r, row in enumerate(rows):
+        offset = 0
+        for s in row:
+            ids = np.concatenate([s.prompt_ids, s.completion_ids]).astype(np.int64)
+            input_ids[r, offset : offset + s.length] = torch.from_numpy(ids)
+            position_ids[r, offset : offset + s.length] = torch.arange(s.length)
+            if mask is not None:
+                mask[r, offset : offset + s.length] = 1
+            start = r * width + offset + len(s.prompt_ids) - 1
+            token_index.append(np.arange(start, start + len(s.completion_ids)))
+            offset += s.length
+    lengths = [len(s.completion_ids) for s in samples]
+
+    def cat(name: str, dtype: torch.dtype) -> torch.Tensor:
+        return torch.from_numpy(np.concatenate([getattr(s, name) for s in samples])).to(dtype)
+
+    return MicroBatch(
+        input_ids=input_ids,
+        position_ids=position_ids,
+        attention_mask=mask,
+        token_index=torch.from_numpy(np.concatenate(token_index)).long(),
+        targets=cat("completion_ids", torch.long),
+        behaviour_logprobs=cat("behaviour_logprobs", torch.float32),
+        sigma=cat("sigma", torch.float32),
+        advantages=torch.repeat_interleave(
+            torch.tensor([s.advantage for s in samples], dtype=torch.float32), torch.tensor(lengths)
+        ),
+        versions=cat("versions", torch.long),
+        sample_of_token=torch.repeat_interleave(torch.arange(len(samples)), torch.tensor(lengths)),
+        completion_lengths=torch.tensor(lengths, dtype=torch.long),
+        sample_ids=[s.id for s in samples],
+        n_tokens=sum(s.length for s in samples),
+    )
+
+
+def micro_batches(samples: list[TrainSample], budget: int, layout: str = "packed",
+                  pad_id: int = 0) -> list[MicroBatch]:
+    """Plan and collate: the micro-batches of one rank's share of a global batch."""
+    return [collate([samples[i] for i in b], layout, pad_id) for b in plan_micro_batches(samples, budget, layout)]
+
+
+def token_logprobs(model: torch.nn.Module, mb: MicroBatch, chunk: int = 0) -> torch.Tensor:
+    """log π(target) for every completion token of ``mb`` (float32 [T]).
+
+    Runs the decoder once, then the LM head only at the T positions that predict completion
+    tokens. With ``chunk > 0`` and grad enabled, the head runs in checkpointed chunks of
+    ``chunk`` tokens so that at most [chunk, V] logits are alive at once (forward and backward).
+    """
+    hidden = model.get_decoder()(
+        input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=mb.attention_mask, use_cache=False
+    ).last_hidden_state
+    h = hidden.reshape(-1, hidden.shape[-1])[mb.token_index]
+    head = model.get_output_embeddings()
+
+    def piece(h_part: torch.Tensor, t_part: torch.Tensor) -> torch.Tensor:
+        logits = head(h_part).float()
+        return logits.gather(-1, t_part[:, None]).squeeze(-1) - logits.logsumexp(-1)
+
+    if chunk <= 0 or len(h) <= chunk:
+        return piece(h, mb.targets)
+    parts = []
+    for i in range(0, len(h), chunk):
+        args = (h[i : i + chunk], mb.targets[i : i + chunk])
+        if torch.is_grad_enabled():
+            parts.append(torch.utils.checkpoint.checkpoint(piece, *args, use_reentrant=False))
+        else:
+            parts.append(piece(*args))
+    return torch.cat(parts)
