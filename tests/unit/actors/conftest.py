@@ -43,6 +43,11 @@ def hf_logprobs(model, prompt: list[int], completion: list[int], temperature: fl
     return lp.gather(1, torch.tensor(completion)[:, None])[:, 0]
 
 
+def weights(model) -> dict[str, torch.Tensor]:
+    """The learner's publication format: ``named_parameters()`` (tied lm_head omitted)."""
+    return {k: v.detach().contiguous() for k, v in model.named_parameters()}
+
+
 def hf_greedy(model, prompt: list[int], max_tokens: int) -> list[int]:
     ids = list(prompt)
     with torch.no_grad():
@@ -53,5 +58,5 @@ def hf_greedy(model, prompt: list[int], max_tokens: int) -> list[int]:
 
 @pytest.fixture(scope="session")
 def helpers() -> SimpleNamespace:
-    return SimpleNamespace(make_model=make_model, hf_logprobs=hf_logprobs, hf_greedy=hf_greedy,
+    return SimpleNamespace(make_model=make_model, hf_logprobs=hf_logprobs, hf_greedy=hf_greedy, weights=weights,
                            save=lambda model, tok, out: str(save_model_dir(model, tok, out)), kv_bytes=KV_BYTES)

@@ -17,8 +17,7 @@ def tied(tmp_path_factory, tokenizer, helpers):
     root = tmp_path_factory.mktemp("tied")
     m0, m1 = helpers.make_model("qwen3", 0, tie=True), helpers.make_model("qwen3", 1, tie=True)
     path = helpers.save(m0, tokenizer, root / "m0")
-    save_file({k: v.contiguous() for k, v in m1.state_dict().items() if k != "lm_head.weight"},
-              str(root / "v1.safetensors"))
+    save_file(helpers.weights(m1), str(root / "v1.safetensors"))
     engine = Engine(EngineSpec(path, max_model_len=128, kv_cache_bytes=helpers.kv_bytes, seed=0))
     return engine, m0, m1, str(root / "v1.safetensors")
 
@@ -66,14 +65,14 @@ def test_update_from_file_tied_embeddings(tied, helpers):
     seconds = engine.load_weights_file(v1_path, version=1)
     assert seconds > 0 and engine.version == 1
     _check_greedy(engine, m1, helpers, version=1)
-    engine.load_weights_bytes(save({k: v.contiguous() for k, v in m0.state_dict().items()}), version=2)
+    engine.load_weights_bytes(save(helpers.weights(m0)), version=2)
     _check_greedy(engine, m0, helpers, version=2)
 
 
 @pytest.mark.parametrize("policy", ["finish", "pause"])
 def test_in_flight_policy_records_token_versions(tied, helpers, policy):
     engine, m0, m1, v1_path = tied
-    engine.load_weights_bytes(save({k: v.contiguous() for k, v in m0.state_dict().items()}), version=10)
+    engine.load_weights_bytes(save(helpers.weights(m0)), version=10)
     prompt = PROMPTS[0]
     engine.submit("inflight", prompt, Sampling(temperature=0.0, max_tokens=12))
     for _ in range(4):
@@ -102,5 +101,5 @@ def test_update_untied_qwen2(tmp_path, tokenizer, helpers):
     engine = Engine(EngineSpec(helpers.save(m0, tokenizer, tmp_path / "m0"), max_model_len=128,
                                kv_cache_bytes=helpers.kv_bytes))
     _check_greedy(engine, m0, helpers, version=0)
-    engine.load_weights_bytes(save({k: v.contiguous() for k, v in m1.state_dict().items()}), version=5)
+    engine.load_weights_bytes(save(helpers.weights(m1)), version=5)
     _check_greedy(engine, m1, helpers, version=5)

