@@ -1,0 +1,61 @@
+"""Segment rewards, segment masses and the per-token weights σ (Σσ = 1 for every sample).
+
+r_k = v(s_k) − v(s_{k−1}); m_k from the sign policy and the sign of the advantage A;
+σ_j = λ/|o| + (1 − λ) · m_{k(j)} / (|seg_k| · Σ m) for tokens in segment k, λ/|o| elsewhere;
+σ is uniform when Σ m = 0 (or A = 0, or no segment).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SIGN_POLICIES = ("relu", "abs", "softmax")
+
+
+def segment_rewards(values: np.ndarray) -> np.ndarray:
+    """r_k = v_k − v_{k−1}; non-finite differences (e.g. −inf − −inf) count as 0."""
+    v = np.asarray(values, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        r = np.diff(v)
+    return np.where(np.isfinite(r), r, 0.0)
+
+
+def segment_masses(rewards: np.ndarray, advantage: float, sign: str, temperature: float = 1.0) -> np.ndarray:
+    """m_k ≥ 0: ``relu`` max(sgn(A)·r_k, 0); ``abs`` |r_k|; ``softmax`` softmax(sgn(A)·r / T).
+
+    A = 0 gives all-zero masses (hence uniform σ) for every policy.
+    """
+    if sign not in SIGN_POLICIES:
+        raise ValueError(f"sign policy {sign!r} not in {SIGN_POLICIES}")
+    r = np.asarray(rewards, dtype=np.float64)
+    s = float(np.sign(advantage))
+    if s == 0 or r.size == 0:
+        return np.zeros_like(r)
+    if sign == "relu":
+        return np.maximum(s * r, 0.0)
+    if sign == "abs":
+        return np.abs(r)
+    z = s * r / temperature
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
+def token_sigma(n_tokens: int, exit_points: np.ndarray, masses: np.ndarray, uniform_mix: float) -> np.ndarray:
+    """σ over ``n_tokens`` completion tokens; segment k is [exit_points[k], exit_points[k+1]).
+
+    Tokens outside every segment get only the uniform part λ/|o|.
+    """
+    if n_tokens == 0:
+        return np.zeros(0, dtype=np.float32)
+    m = np.asarray(masses, dtype=np.float64)
+    uniform = np.full(n_tokens, 1.0 / n_tokens)
+    e = np.asarray(exit_points, dtype=np.int64)
+    lens = np.diff(e)
+    total = m.sum()
+    if m.size == 0 or not np.isfinite(total) or total <= 0:
+        return uniform.astype(np.float32)
+    per_token = np.zeros(n_tokens)
+    for k in np.flatnonzero((m > 0) & (lens > 0)):
+        per_token[e[k] : e[k + 1]] = m[k] / (lens[k] * total)
+    sigma = uniform_mix * uniform + (1.0 - uniform_mix) * per_token
+    return (sigma / sigma.sum()).astype(np.float32)

@@ -1,0 +1,63 @@
+"""σ from segment rewards: hand cases, degenerate inputs, and Σσ = 1, σ ≥ 0 as properties."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rredcot.redistributor.sigma import segment_masses, segment_rewards, token_sigma
+
+
+def test_sigma_by_hand() -> None:
+    r = segment_rewards(np.array([0.0, 0.5, 0.2]))
+    np.testing.assert_allclose(r, [0.5, -0.3])
+    exits = np.array([0, 4, 10])
+    up = token_sigma(10, exits, segment_masses(r, 1.0, "relu"), 0.0)
+    np.testing.assert_allclose(up, [0.25] * 4 + [0.0] * 6)  # credit the segment that raised v
+    down = token_sigma(10, exits, segment_masses(r, -2.0, "relu"), 0.0)
+    np.testing.assert_allclose(down, [0.0] * 4 + [1 / 6] * 6, rtol=1e-6)  # blame the one that lowered it
+    absolute = token_sigma(10, exits, segment_masses(r, 1.0, "abs"), 0.0)
+    np.testing.assert_allclose(absolute, [0.5 / 0.8 / 4] * 4 + [0.3 / 0.8 / 6] * 6, rtol=1e-6)
+    mixed = token_sigma(10, np.array([2, 6]), np.array([1.0]), 0.5)  # tokens 0,1,6..9 outside
+    np.testing.assert_allclose(mixed, [0.05] * 2 + [0.05 + 0.5 / 4] * 4 + [0.05] * 4, rtol=1e-6)
+
+
+def test_softmax_masses() -> None:
+    m = segment_masses(np.array([0.0, np.log(3.0)]), 1.0, "softmax", temperature=1.0)
+    np.testing.assert_allclose(m, [0.25, 0.75])
+    m = segment_masses(np.array([0.0, np.log(3.0)]), -1.0, "softmax", temperature=1.0)
+    np.testing.assert_allclose(m, [0.75, 0.25])
+    with pytest.raises(ValueError, match="sign policy"):
+        segment_masses(np.array([1.0]), 1.0, "tanh")
+
+
+def test_degenerate_sigma() -> None:
+    assert token_sigma(0, np.array([0]), np.zeros(0), 0.0).size == 0  # empty completion
+    np.testing.assert_allclose(token_sigma(1, np.array([0, 1]), np.array([0.7]), 0.0), [1.0])
+    flat = np.full(5, 0.2)
+    np.testing.assert_allclose(token_sigma(5, np.array([0, 5]), np.zeros(1), 0.0), flat)  # Σm = 0
+    np.testing.assert_allclose(token_sigma(5, np.array([0]), np.zeros(0), 0.0), flat)  # no segment
+    assert segment_masses(np.array([1.0, -1.0]), 0.0, "softmax").sum() == 0  # A = 0 -> uniform
+    # no reference pair: log values are -inf everywhere; the rewards are 0 and σ is uniform
+    r = segment_rewards(np.array([-np.inf, -np.inf, -np.inf]))
+    assert r.tolist() == [0.0, 0.0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 60),
+    st.data(),
+    st.floats(-3, 3),
+    st.sampled_from(["relu", "abs", "softmax"]),
+    st.floats(0, 1),
+)
+def test_sigma_properties(n, data, advantage, sign, lam) -> None:
+    cuts = sorted(set(data.draw(st.lists(st.integers(0, n), min_size=1, max_size=10))))
+    values = np.array(data.draw(st.lists(
+        st.one_of(st.floats(-50, 50), st.just(-np.inf), st.just(np.nan)), min_size=len(cuts), max_size=len(cuts))))
+    sigma = token_sigma(n, np.array(cuts), segment_masses(segment_rewards(values), advantage, sign), lam)
+    assert sigma.dtype == np.float32 and sigma.shape == (n,)
+    assert np.all(np.isfinite(sigma)) and np.all(sigma >= 0)
+    assert abs(float(sigma.astype(np.float64).sum()) - 1.0) < 1e-5
