@@ -83,6 +83,8 @@ class GenerationConfig:
     kv_cache_bytes: int = bounded(256 * 2**20, 2**20)
     in_flight: str = choice("finish", "finish", "pause")  # running requests on a weight update
     verifier_timeout_s: float = bounded(5.0, 0.01)
+    max_in_flight_groups: int = bounded(16, 1)  # groups one generator keeps in its engine at once
+    idle_poll_s: float = bounded(0.05, 0.001)  # wait between admission retries while staleness blocks
 
 
 @dataclass
