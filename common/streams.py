@@ -1,11 +1,15 @@
 """Redis Streams transport: bounded producer with backpressure, consumer groups, reclaim, dead letters.
 
 Semantics (at-least-once, nothing silently lost):
-- ``Producer.put`` appends only while the stream holds fewer than ``maxlen`` entries (one atomic
-  Lua script), otherwise it waits — it never trims unread data — and raises ``Backpressure`` after
-  ``block_timeout_s``. Consumers delete what they acknowledge, so the length is the backlog.
-- ``Consumer.read`` first reclaims entries another consumer has held longer than ``claim_idle_ms``
-  (XAUTOCLAIM; a crashed worker's entries come back), then reads new ones (XREADGROUP ``>``).
+- ``Producer.put`` appends and learns the stream length in the same round trip (XADD + XLEN
+  pipelined); once the length reaches ``maxlen`` it waits before its next write until consumers
+  make room — it never trims unread data — and raises ``Backpressure`` after ``block_timeout_s``.
+  Consumers delete what they acknowledge, so the length is the backlog. With P producers the
+  length stays below ``maxlen + P`` (each may add one entry after another filled the stream); a
+  check-and-add Lua script would make the bound exact but measured 30% slower on 200 KB records.
+- ``Consumer.read`` reclaims entries another consumer has held longer than ``claim_idle_ms``
+  (XAUTOCLAIM, checked at most every ``claim_idle_ms / 2``; a crashed worker's entries come back),
+  then reads new ones (XREADGROUP ``>``).
 - ``Consumer.ack`` acknowledges *and deletes* entries; call it after the downstream write succeeded.
 - ``Consumer.dead_letter`` moves an entry to the run's dead-letter stream with the reason, then acks it.
 Connections retry with exponential backoff, so a restarted server (AOF on) is picked up again.
@@ -29,14 +33,6 @@ ROLLOUTS = "rollouts"
 BATCHES = "batches"
 DEAD = "dead"
 PAYLOAD = b"d"
-
-_PUT_IF_ROOM = """
-if redis.call('XLEN', KEYS[1]) < tonumber(ARGV[1]) then
-  return redis.call('XADD', KEYS[1], '*', 'd', ARGV[2])
-end
-return false
-"""
-
 
 class Backpressure(TimeoutError):
     """The consumer side lags: the stream stayed full for the whole blocking timeout."""
@@ -73,27 +69,28 @@ class Producer:
                  poll_s: float = 0.005, report_every_s: float = 10.0) -> None:
         self.client, self.stream, self.maxlen = client, stream, maxlen
         self.block_timeout_s, self.poll_s, self.report_every_s = block_timeout_s, poll_s, report_every_s
-        self._put_if_room = client.register_script(_PUT_IF_ROOM)
         self.blocked_s = 0.0  # total time spent waiting for room (a metric)
+        self._length = 0  # stream length seen at our last write
 
     def put(self, payload: bytes) -> bytes:
         """Append one payload; returns the entry id. Raises ``Backpressure`` after the timeout."""
-        entry_id = self._put_if_room(keys=[self.stream], args=[self.maxlen, payload])
-        if entry_id is not None:
-            return entry_id
-        return self._wait_and_put(payload)
+        if self._length >= self.maxlen:
+            self._wait_for_room()
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xadd(self.stream, {PAYLOAD: payload})
+        pipe.xlen(self.stream)
+        entry_id, self._length = pipe.execute()
+        return entry_id
 
-    def _wait_and_put(self, payload: bytes) -> bytes:
+    def _wait_for_room(self) -> None:
         start = last_report = time.monotonic()
         delay = self.poll_s
         while True:
-            time.sleep(delay)
-            delay = min(delay * 2, 0.2)
-            entry_id = self._put_if_room(keys=[self.stream], args=[self.maxlen, payload])
+            self._length = self.client.xlen(self.stream)
             now = time.monotonic()
-            if entry_id is not None:
+            if self._length < self.maxlen:
                 self.blocked_s += now - start
-                return entry_id
+                return
             if now - start >= self.block_timeout_s:
                 self.blocked_s += now - start
                 raise Backpressure(
@@ -104,6 +101,8 @@ class Producer:
                 log.warning("backpressure: %s full (%d entries) for %.0fs; waiting for consumers",
                             self.stream, self.maxlen, now - start)
                 last_report = now
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
 
 
 class Consumer:
@@ -115,6 +114,7 @@ class Consumer:
         self.dead_stream, self.claim_idle_ms = dead_stream, claim_idle_ms
         self.reclaimed = 0  # entries taken over from other (crashed) consumers
         self._claim_cursor = b"0-0"
+        self._next_claim = 0.0  # monotonic time of the next reclaim check
         ensure_group(client, stream, group)
 
     def read(self, count: int = 16, block_ms: int = 1000) -> list[Entry]:
@@ -131,7 +131,8 @@ class Consumer:
         return [Entry(i, (fields or {}).get(PAYLOAD)) for _, entries in reply or [] for i, fields in entries]
 
     def _reclaim(self, count: int) -> list[Entry]:
-        if self.claim_idle_ms <= 0:
+        now = time.monotonic()
+        if self.claim_idle_ms <= 0 or now < self._next_claim:
             return []
         reply = self.client.execute_command(
             "XAUTOCLAIM", self.stream, self.group, self.name, self.claim_idle_ms, self._claim_cursor,
@@ -139,6 +140,8 @@ class Consumer:
         )
         cursor, entries, deleted = parse_autoclaim(reply)
         self._claim_cursor = cursor
+        if cursor == b"0-0":  # scanned the whole pending list: rest until entries could be idle again
+            self._next_claim = now + self.claim_idle_ms / 2000
         live = [e for e in entries if e.payload is not None]
         gone = [e.id for e in entries if e.payload is None] + deleted
         if gone:  # Redis 6.2 returns deleted-but-pending entries with no fields: just ack them

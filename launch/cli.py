@@ -1,0 +1,105 @@
+"""The ``rredcot`` command line: train the whole pipeline, run one stage alone, inspect, benchmark."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import runpy
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from rredcot.common.config import Config, ConfigError, available_configs, load_config, to_yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# subcommand -> (module, function taking a Config, help)
+STAGES: dict[str, tuple[str, str, str]] = {
+    "train": ("rredcot.launch.driver", "train", "run the whole asynchronous pipeline on Ray"),
+    "generate": ("rredcot.actors.generator", "run_generator", "run one generator actor against redis.url"),
+    "redistribute": ("rredcot.redistributor.worker", "run_worker", "run one redistributor worker against redis.url"),
+    "learn": ("rredcot.learner.trainer", "run_learner", "run the learner against redis.url"),
+}
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help=f"YAML file or bundled config name ({', '.join(available_configs())})")
+    p.add_argument("overrides", nargs="*", help="dotlist overrides, e.g. learner.lr=1e-6 cluster.generators=4")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rredcot", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (_, _, help_text) in STAGES.items():
+        _add_config_args(sub.add_parser(name, help=help_text))
+    config = sub.add_parser("config", help="show the resolved config")
+    config_sub = config.add_subparsers(dest="action", required=True, metavar="ACTION")
+    _add_config_args(config_sub.add_parser("show", help="print the resolved, validated config as YAML"))
+    config_sub.add_parser("list", help="list the bundled configs")
+    inspect = sub.add_parser("inspect", help="render a credit heatmap (HTML + PNG) of a weighted sample")
+    inspect.add_argument("source", help="a saved .msgpack record, or a redis:// URL to read the batches stream")
+    inspect.add_argument("--run", default=None, help="run id (stream namespace) when reading from Redis")
+    inspect.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model's)")
+    inspect.add_argument("--out", default="credit_heatmap", help="output path prefix")
+    inspect.add_argument("--index", type=int, default=0, help="which sample of the group")
+    bench = sub.add_parser("bench", help="run a benchmark from bench/ (prints a table and a JSON line)")
+    bench.add_argument("name", help="queue | redistribution | generation | learner | pipeline")
+    bench.add_argument("args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _call_stage(module: str, func: str, cfg: Config) -> int:
+    if importlib.util.find_spec(module) is None:
+        print(f"rredcot: {module} is not yet available in this build", file=sys.stderr)
+        return 2
+    fn: Callable[[Config], object] = getattr(importlib.import_module(module), func)
+    fn(cfg)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command in STAGES:
+            module, func, _ = STAGES[args.command]
+            return _call_stage(module, func, load_config(args.config, args.overrides))
+        if args.command == "config":
+            if args.action == "list":
+                print("\n".join(available_configs()))
+            else:
+                print(to_yaml(load_config(args.config, args.overrides)), end="")
+            return 0
+        if args.command == "inspect":
+            return _call_inspect(args)
+        return _run_bench(args.name, args.args)
+    except ConfigError as e:
+        print(f"rredcot: config error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("rredcot: interrupted", file=sys.stderr)
+        return 130
+
+
+def _call_inspect(args: argparse.Namespace) -> int:
+    module = "rredcot.redistributor.heatmap"
+    if importlib.util.find_spec(module) is None:
+        print(f"rredcot: {module} is not yet available in this build", file=sys.stderr)
+        return 2
+    return int(importlib.import_module(module).inspect_command(args) or 0)
+
+
+def _run_bench(name: str, extra: list[str]) -> int:
+    script = REPO_ROOT / "bench" / f"{name}.py"
+    if not script.exists():
+        found = sorted(p.stem for p in (REPO_ROOT / "bench").glob("*.py")) if (REPO_ROOT / "bench").exists() else []
+        print(f"rredcot: no benchmark {name!r} (found: {', '.join(found) or 'none — run from a source checkout'})",
+              file=sys.stderr)
+        return 2
+    sys.argv = [str(script), *extra]
+    runpy.run_path(str(script), run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

