@@ -37,6 +37,8 @@ class Segmentation:
 
 def token_texts(tokenizer: Any, ids: Sequence[int]) -> list[str]:
     """Each token's own text (decoded one by one: offsets without re-tokenising)."""
+    if len(ids) == 0:  # batch_decode([]) would read it as one empty sequence
+        return []
     return tokenizer.batch_decode([[int(i)] for i in ids], skip_special_tokens=False)
 
 

@@ -1,0 +1,184 @@
+"""Credit methods (grpo, bnpo, drgrpo, entropy, rredcot, mc), group advantages, and
+``redistribute_group``: RolloutGroup in, WeightedGroup out."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from rredcot.common.config import Config
+from rredcot.common.records import RolloutGroup, RolloutRecord, WeightedGroup, WeightedSample
+from rredcot.redistributor.entropy import TraceScores, score_trace
+from rredcot.redistributor.mc import mc_values
+from rredcot.redistributor.registry import CreditContext, SampleCredit, get_method, register
+from rredcot.redistributor.scorer import Scorer
+from rredcot.redistributor.segmentation import Segmentation, segment, thinking_span, token_texts
+from rredcot.redistributor.sigma import segment_masses, segment_rewards, token_sigma
+from rredcot.redistributor.values import branch_logprobs_fast, exit_values
+
+Pair = tuple[Sequence[int], Sequence[int]]
+
+
+def group_advantages(rewards: Sequence[float], std_norm: bool, eps: float = 1e-6) -> np.ndarray:
+    """GRPO: A_i = R_i − mean(R), divided by (population std + eps) when ``std_norm``."""
+    r = np.asarray(rewards, dtype=np.float64)
+    a = r - r.mean()
+    return a / (r.std() + eps) if std_norm else a
+
+
+def _uniform(n: int, weight: float | None = None) -> np.ndarray:
+    return np.full(n, 1.0 / n if weight is None else weight, dtype=np.float32) if n else np.zeros(0, np.float32)
+
+
+@register("grpo", return_equivalent=True)
+def grpo(ctx: CreditContext) -> list[SampleCredit]:
+    """σ = 1/|o|."""
+    return [SampleCredit(_uniform(len(s.completion_ids))) for s in ctx.group.samples]
+
+
+@register("bnpo", return_equivalent=False)
+def bnpo(ctx: CreditContext) -> list[SampleCredit]:
+    """σ = 1/|B| with B the group's completion tokens (the batch this tier sees)."""
+    total = sum(len(s.completion_ids) for s in ctx.group.samples)
+    return [SampleCredit(_uniform(len(s.completion_ids), 1.0 / max(total, 1))) for s in ctx.group.samples]
+
+
+@register("drgrpo", return_equivalent=False)
+def drgrpo(ctx: CreditContext) -> list[SampleCredit]:
+    """σ = 1/M with M = ``generation.max_tokens``."""
+    m = ctx.cfg.generation.max_tokens
+    return [SampleCredit(_uniform(len(s.completion_ids), 1.0 / m)) for s in ctx.group.samples]
+
+
+def _scorer(ctx: CreditContext) -> Scorer:
+    if ctx.scorer is None:
+        raise ValueError(f"credit method {ctx.cfg.credit.method!r} needs a scorer model")
+    return ctx.scorer
+
+
+def _trace(scorer: Scorer, prompt: Sequence[int], s: RolloutRecord, keep_cache: bool) -> TraceScores:
+    trace = score_trace(scorer.model, list(prompt), s.completion_ids.tolist(), scorer.credit.entropy_chunk,
+                        keep_cache=keep_cache)
+    scorer.tokens.trace += trace.counter.trace
+    return trace
+
+
+@register("entropy", return_equivalent=True, needs_scorer=True)
+def entropy_credit(ctx: CreditContext) -> list[SampleCredit]:
+    """σ ∝ scorer token entropy (non-finite entropies count as 0; uniform when all are 0)."""
+    scorer = _scorer(ctx)
+    out = []
+    for s in ctx.group.samples:
+        t0 = time.perf_counter()
+        h = np.nan_to_num(_trace(scorer, ctx.group.prompt_ids, s, False).entropy.double().cpu().numpy(),
+                          nan=0.0, posinf=0.0, neginf=0.0).clip(min=0.0)
+        sigma = (h / h.sum()).astype(np.float32) if h.sum() > 0 else _uniform(len(h))
+        out.append(SampleCredit(sigma, timings={"entropy": time.perf_counter() - t0}))
+    return out
+
+
+def _segments(scorer: Scorer, s: RolloutRecord, trace: TraceScores) -> Segmentation:
+    texts = token_texts(scorer.tokenizer, s.completion_ids.tolist())
+    return segment(texts, trace.entropy.double().cpu().numpy(), scorer.credit, scorer.think_start, scorer.think_end)
+
+
+def _exits(seg: Segmentation, n_tokens: int, answer_part: str) -> np.ndarray:
+    """Exit points; with ``answer_part=segment`` the answer part [hi, L) is one more segment."""
+    if answer_part == "segment" and seg.span[1] < n_tokens:
+        return np.append(seg.exit_points, n_tokens).astype(np.int32)
+    return seg.exit_points
+
+
+def reference_pairs(group: RolloutGroup, scorer: Scorer) -> list[Pair]:
+    """The dataset's (u_i, y_i); with ``credit.group_refs`` also each correct sample's answer part
+    (after the thinking end and leading whitespace) as (u, empty y); at most ``credit.max_refs``."""
+    pairs: list[Pair] = [(u.tolist(), y.tolist()) for u, y in zip(group.ref_solution_ids, group.ref_answer_ids)]
+    if scorer.credit.group_refs:
+        for s in group.samples:
+            if s.verdict != "correct":
+                continue
+            texts = token_texts(scorer.tokenizer, s.completion_ids.tolist())
+            _, hi, has_think = thinking_span(texts, scorer.think_start, scorer.think_end)
+            start = hi + 1 if has_think and hi < len(texts) else 0
+            while start < len(texts) and not texts[start].strip():
+                start += 1
+            if start < len(texts):
+                pairs.append((s.completion_ids[start:].tolist(), []))
+    return pairs[: scorer.credit.max_refs]
+
+
+def _sigma(seg_exits: np.ndarray, values: np.ndarray, n: int, advantage: float, ctx: CreditContext) -> SampleCredit:
+    c = ctx.cfg.credit
+    rewards = segment_rewards(values) if values.size else np.zeros(max(len(seg_exits) - 1, 0))
+    masses = segment_masses(rewards, advantage, c.sign, c.softmax_temperature)
+    return SampleCredit(
+        token_sigma(n, seg_exits, masses, c.uniform_mix), seg_exits.astype(np.int32),
+        values.astype(np.float32), rewards.astype(np.float32),
+    )
+
+
+@register("rredcot", return_equivalent=True, needs_scorer=True)
+def rredcot(ctx: CreditContext) -> list[SampleCredit]:
+    """Entropy → segments → importance-sampled exit values → segment rewards → σ."""
+    scorer, c = _scorer(ctx), ctx.cfg.credit
+    refs = reference_pairs(ctx.group, scorer)
+    out = []
+    for s, adv in zip(ctx.group.samples, ctx.advantages):
+        n = len(s.completion_ids)
+        t0 = time.perf_counter()
+        trace = _trace(scorer, ctx.group.prompt_ids, s, keep_cache=bool(refs))
+        t1 = time.perf_counter()
+        exits = _exits(_segments(scorer, s, trace), n, c.answer_part)
+        t2 = time.perf_counter()
+        values = np.zeros(0)
+        if refs:
+            bl = branch_logprobs_fast(scorer.model, trace, exits.tolist(), refs, scorer.exit_ids, c.token_budget,
+                                      c.entropy_chunk)
+            scorer.tokens.branch += trace.counter.branch
+            values = exit_values(bl, [1.0] * len(refs), c.value_space)
+        del trace
+        t3 = time.perf_counter()
+        credit = _sigma(exits, values, n, float(adv), ctx)
+        credit.timings = {"entropy": t1 - t0, "segment": t2 - t1, "values": t3 - t2,
+                          "sigma": time.perf_counter() - t3}
+        out.append(credit)
+    return out
+
+
+@register("mc", return_equivalent=True, needs_scorer=True, needs_sampler=True)
+def mc(ctx: CreditContext) -> list[SampleCredit]:
+    """Like ``rredcot`` but v̂(s_t) is the mean reward of M sampled continuations (prob space)."""
+    scorer, c = _scorer(ctx), ctx.cfg.credit
+    if ctx.sampler is None or ctx.reward_fn is None:
+        raise ValueError("credit method 'mc' needs a continuation sampler and a reward function")
+    out = []
+    for s, adv in zip(ctx.group.samples, ctx.advantages):
+        n = len(s.completion_ids)
+        t0 = time.perf_counter()
+        exits = _exits(_segments(scorer, s, _trace(scorer, ctx.group.prompt_ids, s, False)), n, c.answer_part)
+        t1 = time.perf_counter()
+        values, _ = mc_values(ctx.sampler, ctx.reward_fn, ctx.group.prompt_ids.tolist(), s.completion_ids.tolist(),
+                              exits.tolist(), c.mc_samples, ctx.cfg.generation.max_tokens, ctx.group.answer)
+        t2 = time.perf_counter()
+        credit = _sigma(exits, values, n, float(adv), ctx)
+        credit.timings = {"segment": t1 - t0, "values": t2 - t1}
+        out.append(credit)
+    return out
+
+
+def redistribute_group(
+    group: RolloutGroup, cfg: Config, scorer: Scorer | None = None, **extra: Any
+) -> WeightedGroup:
+    """Advantages + the configured credit method for one group (``extra``: sampler, reward_fn)."""
+    method = get_method(cfg.credit.method)
+    adv = group_advantages([s.reward for s in group.samples], cfg.credit.advantage_std_norm)
+    credits = method.fn(CreditContext(group, adv, cfg, scorer, **extra))
+    samples = [
+        WeightedSample(s, float(a), c.sigma, c.exit_points, c.exit_values, c.segment_rewards, method.name, c.timings)
+        for s, a, c in zip(group.samples, adv, credits)
+    ]
+    return WeightedGroup(group.group_id, group.prompt_id, group.prompt_ids, samples,
+                         scorer.version if scorer else 0)

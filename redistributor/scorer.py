@@ -1,0 +1,31 @@
+"""The frozen scorer π_rf (reference model or a lagged policy copy) with its tokenizer settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rredcot.common.config import CreditConfig
+from rredcot.redistributor.entropy import TokenCounter
+
+
+@dataclass
+class Scorer:
+    """Model + tokenizer + the credit settings that depend on them (exit-string ids, thinking tags)."""
+
+    model: Any
+    tokenizer: Any
+    credit: CreditConfig
+    think_start: str = "<think>"
+    think_end: str = "</think>"
+    version: int = 0
+    tokens: TokenCounter = field(default_factory=TokenCounter)  # running total, for metrics
+    exit_ids: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.exit_ids = list(self.tokenizer(self.credit.exit_string, add_special_tokens=False)["input_ids"])
+
+    def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        """Accept a weight update (e.g. the policy at ``version`` when ``credit.scorer=policy``)."""
+        self.model.load_state_dict(state_dict, strict=True)
+        self.version = version

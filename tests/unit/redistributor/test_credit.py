@@ -1,0 +1,195 @@
+"""Credit methods through the registry on real tiny models and the real Qwen3 tokenizer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rredcot.common.config import Config, CreditConfig
+from rredcot.common.models import build_tiny_model
+from rredcot.common.records import RolloutGroup, RolloutRecord, new_id
+from rredcot.redistributor.credit import group_advantages, redistribute_group, reference_pairs
+from rredcot.redistributor.entropy import score_trace
+from rredcot.redistributor.mc import HFContinuationSampler
+from rredcot.redistributor.registry import CREDIT_METHODS, SampleCredit, register
+from rredcot.redistributor.scorer import Scorer
+from rredcot.redistributor.sigma import segment_masses, token_sigma
+from rredcot.redistributor.values import branch_logprobs_reference, exit_values
+
+TRACES = [
+    "<think>\nFirst, 12*7 = 70 + 14. So it is 84.\nWait, check: 7*12 = 84. Yes.\n</think>\n\nAnswer: 84",
+    "<think>\nHmm, 12*7. Let me add 12 seven times: 12, 24, 36, 48, 60, 72, 84.\nSo 84.\n</think>\n\nAnswer: 84",
+    "<think>\nI think 12*7 = 74.\nTherefore 74.\n</think>\n\nAnswer: 74",
+    "12*7 is 84",  # no thinking tags: the whole completion is segmented
+]
+
+
+@pytest.fixture(scope="module")
+def qwen_model():
+    return build_tiny_model("qwen3", seed=3)
+
+
+def make_group(tok, traces=TRACES, rewards=(1.0, 1.0, 0.0, 1.0), refs=True, finish="stop") -> RolloutGroup:
+    gid = new_id()
+    samples = []
+    for i, (text, r) in enumerate(zip(traces, rewards)):
+        ids = np.array(tok(text, add_special_tokens=False)["input_ids"], dtype=np.int32)
+        samples.append(RolloutRecord(
+            new_id(), gid, "p0", i, ids, np.zeros(len(ids), np.float32), np.array([[0, 0]], np.int32),
+            finish, r, "correct" if r > 0 else "wrong"))
+    enc = lambda t: np.array(tok(t, add_special_tokens=False)["input_ids"], dtype=np.int32)  # noqa: E731
+    return RolloutGroup(
+        gid, "p0", enc("<|im_start|>user\nWhat is 12*7?<|im_end|>\n<|im_start|>assistant\n"),
+        [enc("12*7 = 84.\n")] if refs else [], [enc("Answer: 84")] if refs else [], samples, answer="84")
+
+
+def test_group_advantages_by_hand() -> None:
+    np.testing.assert_allclose(group_advantages([1, 0, 0, 1], True), [1, -1, -1, 1], atol=1e-5)
+    np.testing.assert_allclose(group_advantages([1, 0, 0, 1], False), [0.5, -0.5, -0.5, 0.5])
+    np.testing.assert_allclose(group_advantages([1, 1, 1], True), [0, 0, 0])
+
+
+def test_uniform_methods_by_hand(qwen_tok) -> None:
+    cfg = Config()
+    group = make_group(qwen_tok)
+    lens = [len(s.completion_ids) for s in group.samples]
+    for method, expect in [("grpo", [1 / n for n in lens]), ("bnpo", [1 / sum(lens)] * 4),
+                           ("drgrpo", [1 / cfg.generation.max_tokens] * 4)]:
+        cfg.credit.method = method
+        out = redistribute_group(group, cfg)
+        for w, n, e in zip(out.samples, lens, expect):
+            np.testing.assert_allclose(w.sigma, np.full(n, e, np.float32))
+            assert w.credit_method == method
+        out.validate()
+    assert not CREDIT_METHODS["bnpo"].return_equivalent and CREDIT_METHODS["rredcot"].return_equivalent
+
+
+def test_register_a_new_method(qwen_tok) -> None:
+    @register("test_last_token", return_equivalent=True)
+    def last_token(ctx):
+        out = []
+        for s in ctx.group.samples:
+            sigma = np.zeros(len(s.completion_ids), np.float32)
+            sigma[-1] = 1
+            out.append(SampleCredit(sigma))
+        return out
+
+    cfg = Config()
+    cfg.credit.method = "test_last_token"
+    out = redistribute_group(make_group(qwen_tok), cfg)
+    assert all(w.sigma[-1] == 1 and w.sigma.sum() == 1 for w in out.samples)
+    with pytest.raises(ValueError, match="already registered"):
+        register("grpo", return_equivalent=True)(last_token)
+    cfg.credit.method = "nope"
+    with pytest.raises(ValueError, match="registered"):
+        redistribute_group(make_group(qwen_tok), cfg)
+
+
+def test_rredcot_matches_reference_pipeline(qwen_tok, qwen_model) -> None:
+    """Exit values from the worker path equal the plain recomputation; σ follows from them."""
+    cfg = Config()
+    cfg.credit = CreditConfig(segments=3, min_segment_tokens=1, value_space="log")
+    scorer = Scorer(qwen_model, qwen_tok, cfg.credit)
+    group = make_group(qwen_tok)
+    out = redistribute_group(group, cfg, scorer)
+    refs = reference_pairs(group, scorer)
+    for w, s in zip(out.samples, group.samples):
+        comp = s.completion_ids.tolist()
+        bl = branch_logprobs_reference(qwen_model, group.prompt_ids.tolist(), comp, w.exit_points.tolist(), refs,
+                                       scorer.exit_ids)
+        np.testing.assert_allclose(w.exit_values, exit_values(bl, [1.0], "log"), atol=1e-4, rtol=0)
+        np.testing.assert_allclose(w.segment_rewards, np.diff(w.exit_values), atol=1e-4)
+        masses = segment_masses(w.segment_rewards.astype(np.float64), w.advantage, "relu")
+        np.testing.assert_allclose(w.sigma, token_sigma(len(comp), w.exit_points, masses, 0.0), atol=1e-6)
+        assert 1 <= len(w.exit_points) - 1 <= 3 and set(w.timings) == {"entropy", "segment", "values", "sigma"}
+    assert scorer.tokens.total > 0
+    out.validate()
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    method=st.sampled_from(["rredcot", "entropy", "grpo"]),
+    sign=st.sampled_from(["relu", "abs", "softmax"]),
+    lam=st.floats(0, 1),
+    space=st.sampled_from(["log", "prob", "mean_token_prob"]),
+    answer_part=st.sampled_from(["uniform", "segment"]),
+    k=st.integers(1, 6),
+    group_refs=st.booleans(),
+)
+def test_return_equivalent_methods_sum_to_one(qwen_tok, qwen_model, method, sign, lam, space, answer_part, k,
+                                              group_refs) -> None:
+    cfg = Config()
+    cfg.credit = CreditConfig(method=method, sign=sign, uniform_mix=lam, value_space=space, answer_part=answer_part,
+                              segments=k, group_refs=group_refs)
+    out = redistribute_group(make_group(qwen_tok), cfg, Scorer(qwen_model, qwen_tok, cfg.credit))
+    for w in out.samples:
+        assert np.all(w.sigma >= 0) and abs(float(w.sigma.sum(dtype=np.float64)) - 1) < 1e-5
+        if method == "rredcot":
+            assert len(w.exit_points) - 1 <= k + (answer_part == "segment")
+
+
+def test_degenerate_groups(qwen_tok, qwen_model) -> None:
+    cfg = Config()
+    scorer = Scorer(qwen_model, qwen_tok, cfg.credit)
+    # no reference pair: no values, zero rewards, uniform σ
+    out = redistribute_group(make_group(qwen_tok, refs=False), cfg, scorer)
+    for w in out.samples:
+        assert w.exit_values.size == 0 and not w.segment_rewards.any()
+        np.testing.assert_allclose(w.sigma, 1 / len(w.sigma))
+    # one-token and truncated (no closing tag, no answer) completions
+    odd = make_group(qwen_tok, traces=["Yes", "<think>\nSo 12*7 is", "<think></think>84", "x"],
+                     rewards=(1.0, 0.0, 1.0, 0.0), finish="length")
+    out = redistribute_group(odd, cfg, scorer)
+    one, trunc, empty_think = out.samples[0], out.samples[1], out.samples[2]
+    assert one.exit_points.tolist() == [0, 1] and one.sigma.tolist() == [1.0]
+    assert trunc.exit_points[-1] == len(trunc.sigma)  # thinking runs to the end
+    np.testing.assert_allclose(empty_think.sigma, 1 / len(empty_think.sigma))  # no segment: uniform
+    out.validate()
+    # all rewards equal: A = 0, σ uniform
+    flat = redistribute_group(make_group(qwen_tok, rewards=(1.0, 1.0, 1.0, 1.0)), cfg, scorer)
+    assert all(np.allclose(w.sigma, 1 / len(w.sigma)) for w in flat.samples)
+
+
+def test_empty_completion_rejected_by_nothing(qwen_tok, qwen_model) -> None:
+    """An empty completion (L = 0) gets an empty σ and no exit values, for every method."""
+    cfg = Config()
+    group = make_group(qwen_tok, traces=["", "84"], rewards=(0.0, 1.0))
+    for method in ["grpo", "rredcot", "entropy"]:
+        cfg.credit.method = method
+        w = redistribute_group(group, cfg, Scorer(qwen_model, qwen_tok, cfg.credit)).samples[0]
+        assert w.sigma.size == 0
+        if method == "rredcot":
+            assert w.exit_points.tolist() == [0] and w.segment_rewards.size == 0
+
+
+def test_mc_credits_the_segment_that_makes_the_answer(qwen_tok, qwen_model) -> None:
+    """Reward 1 iff the token of ' 84' appears: only exits after its segment have value 1."""
+    target = qwen_tok(" 84", add_special_tokens=False)["input_ids"][0]
+    cfg = Config()
+    cfg.generation.max_tokens = 3
+    cfg.credit = CreditConfig(method="mc", mc_samples=2, segments=4, min_segment_tokens=1)
+    trace = "<think>\nFirst, 12*7 = 70 + 14.\nSo it is 84.\nWait, yes.\n</think>\n\nAnswer: 84"
+    group = make_group(qwen_tok, traces=[trace, "x"], rewards=(1.0, 0.0))
+    reward = lambda ids, gold: float(target in ids)  # noqa: E731
+    out = redistribute_group(group, cfg, Scorer(qwen_model, qwen_tok, cfg.credit),
+                             sampler=HFContinuationSampler(qwen_model), reward_fn=reward)
+    w = out.samples[0]
+    comp = group.samples[0].completion_ids.tolist()
+    first = comp.index(target)
+    k = int(np.searchsorted(w.exit_points, first, side="right")) - 1  # segment holding the token
+    assert w.segment_rewards.tolist() == [1.0 if i == k else 0.0 for i in range(len(w.segment_rewards))]
+    seg = slice(w.exit_points[k], w.exit_points[k + 1])
+    np.testing.assert_allclose(w.sigma[seg], 1 / (seg.stop - seg.start))
+    assert abs(w.sigma.sum() - 1) < 1e-6
+
+
+def test_scorer_weight_update(qwen_tok, qwen_model) -> None:
+    other = build_tiny_model("qwen3", seed=9)
+    scorer = Scorer(build_tiny_model("qwen3", seed=3), qwen_tok, CreditConfig())
+    before = score_trace(scorer.model, [1, 2], [3, 4], 8).logprob
+    scorer.load_weights(other.state_dict(), version=5)
+    after = score_trace(scorer.model, [1, 2], [3, 4], 8).logprob
+    assert scorer.version == 5 and not np.allclose(before, after)
+    np.testing.assert_allclose(after, score_trace(other, [1, 2], [3, 4], 8).logprob)
