@@ -1,0 +1,80 @@
+"""The resource plan: how many workers each tier gets, and the Ray bundles that hold them.
+
+``cluster.*`` names counts and per-worker GPUs/CPUs for the three tiers. ``check_plan`` compares
+the plan with what the Ray cluster offers and fails — before any actor starts — with a message
+that says what to change. On CPU the same plan maps to CPU-only bundles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rredcot.common.config import Config, ConfigError
+
+
+class PlanError(ConfigError):
+    """A resource plan the cluster cannot hold."""
+
+
+@dataclass(frozen=True)
+class Tier:
+    name: str  # generator | redistributor | learner
+    key: str  # the config key of its count
+    count: int
+    gpus: float
+    cpus: float
+
+    def bundle(self) -> dict[str, float]:
+        b = {"CPU": self.cpus}
+        if self.gpus:
+            b["GPU"] = self.gpus
+        return b
+
+
+def tiers(cfg: Config) -> list[Tier]:
+    c = cfg.cluster
+    return [
+        Tier("generator", "generators", c.generators, c.gpus_per_generator, c.cpus_per_generator),
+        Tier("redistributor", "redistributors", c.redistributors, c.gpus_per_redistributor, c.cpus_per_redistributor),
+        Tier("learner", "learner_ranks", c.learner_ranks, c.gpus_per_learner, c.cpus_per_learner),
+    ]
+
+
+def bundles(cfg: Config) -> list[tuple[str, int, dict[str, float]]]:
+    """One bundle per worker: (tier, rank within the tier, resources)."""
+    return [(t.name, rank, t.bundle()) for t in tiers(cfg) for rank in range(t.count)]
+
+
+def demand(cfg: Config) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for _, _, b in bundles(cfg):
+        for k, v in b.items():
+            total[k] = total.get(k, 0.0) + v
+    return total
+
+
+def check_plan(cfg: Config, available: dict[str, float], nodes: int = 1) -> None:
+    """Raise ``PlanError`` if the cluster (``available`` resources, ``nodes`` alive) cannot hold the plan."""
+    ts = tiers(cfg)  # counts >= 1 are already enforced by the config schema
+    need = demand(cfg)
+    for resource in ("GPU", "CPU"):
+        want, have = need.get(resource, 0.0), available.get(resource, 0.0)
+        if want > have:
+            parts = " + ".join(
+                f"{t.key} {t.count} x {t.gpus if resource == 'GPU' else t.cpus:g}" for t in ts
+                if (t.gpus if resource == "GPU" else t.cpus)
+            )
+            per = "gpus" if resource == "GPU" else "cpus"
+            raise PlanError(
+                f"the resource plan needs {want:g} {resource}s ({parts}) but the cluster has {have:g}: "
+                f"lower cluster.<tier> counts or cluster.{per}_per_<tier>, or add nodes"
+            )
+        if resource == "GPU" and want:
+            biggest = max(t.gpus for t in ts)
+            if biggest > 1 and biggest != int(biggest):
+                raise PlanError(f"cluster.gpus_per_<tier> = {biggest:g}: more than one GPU must be a whole number")
+    if cfg.cluster.nodes > nodes:
+        raise PlanError(
+            f"cluster.nodes = {cfg.cluster.nodes} but the Ray cluster has {nodes} alive node(s): "
+            "start the worker nodes first (launch/ray_worker.sh) or lower cluster.nodes"
+        )

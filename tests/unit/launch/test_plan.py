@@ -1,0 +1,44 @@
+import pytest
+
+from rredcot.common.config import ConfigError, load_config
+from rredcot.launch.plan import PlanError, bundles, check_plan, demand
+
+
+def test_bundles_follow_the_plan():
+    cfg = load_config("tests", ["cluster.generators=3", "cluster.redistributors=2", "cluster.learner_ranks=2",
+                                "cluster.gpus_per_generator=1", "cluster.gpus_per_learner=1"])
+    tiers = [t for t, _, _ in bundles(cfg)]
+    assert tiers == ["generator"] * 3 + ["redistributor"] * 2 + ["learner"] * 2
+    assert demand(cfg) == {"CPU": 7.0, "GPU": 5.0}
+    check_plan(cfg, {"CPU": 16, "GPU": 8})
+
+
+def test_too_many_gpus_says_what_to_change():
+    cfg = load_config("tests", ["cluster.generators=4", "cluster.gpus_per_generator=1", "cluster.gpus_per_learner=2"])
+    with pytest.raises(PlanError) as e:
+        check_plan(cfg, {"CPU": 64, "GPU": 4})
+    msg = str(e.value)
+    assert "needs 6 GPUs" in msg and "has 4" in msg and "generators 4 x 1" in msg and "gpus_per_<tier>" in msg
+
+
+def test_cpu_plan_must_fit_cpus():
+    cfg = load_config("tests", ["cluster.cpus_per_generator=8"])
+    with pytest.raises(PlanError, match="needs 10 CPUs"):
+        check_plan(cfg, {"CPU": 4})
+
+
+def test_nodes_must_be_alive():
+    cfg = load_config("tests", ["cluster.nodes=3"])
+    with pytest.raises(PlanError, match="cluster.nodes = 3 but the Ray cluster has 1"):
+        check_plan(cfg, {"CPU": 64}, nodes=1)
+
+
+def test_zero_generators_rejected_by_config():
+    with pytest.raises(ConfigError, match="cluster.generators = 0"):
+        load_config("tests", ["cluster.generators=0"])
+
+
+def test_fractional_multi_gpu_rejected():
+    cfg = load_config("tests", ["cluster.gpus_per_learner=1.5"])
+    with pytest.raises(PlanError, match="whole number"):
+        check_plan(cfg, {"CPU": 8, "GPU": 8})
