@@ -131,7 +131,10 @@ class LearnerConfig:
     dtype: str = choice("float32", "float32", "bfloat16")
     grad_checkpointing: bool = False
     offload: bool = False
-    micro_token_budget: int = bounded(4096, 16)
+    micro_token_budget: int = bounded(4096, 16)  # input tokens per micro-batch (one packed row)
+    packing: str = choice("packed", "packed", "padded")  # padded: one sample per row (baseline)
+    logprob_chunk: int = bounded(4096, 0)  # LM-head chunk (tokens) for log-probs; 0 = all at once
+    zero3_persistence_threshold: int = bounded(100000, 0)  # ZeRO-3: params below this stay whole
     max_grad_norm: float = bounded(1.0, 0.0)
     broadcast_every: int = bounded(1, 1)
     checkpoint_every: int = bounded(0, 0)  # 0: only at the end
@@ -152,6 +155,7 @@ class ClusterConfig:
     cpus_per_generator: float = bounded(1.0, 0.0)
     cpus_per_redistributor: float = bounded(1.0, 0.0)
     cpus_per_learner: float = bounded(1.0, 0.0)
+    placement: str = choice("pack", "pack", "spread")  # placement-group strategy across nodes
     dashboard_host: str = "127.0.0.1"
 
 
