@@ -100,7 +100,8 @@ class _Pieces:
         self.short = int((self.lens < min_len).sum())
 
     def pairs(self, eligible: Callable[[int, int], bool]) -> list[tuple[float, int, int, int, int]]:
-        return [self._entry(a) for a in range(len(self.ent) - 1) if eligible(a, a + 1)]
+        n = len(self.ent)
+        return [self._entry(a) for a in self.starts() if self.next[a] < n and eligible(a, self.next[a])]
 
     def _entry(self, a: int) -> tuple[float, int, int, int, int]:
         b = self.next[a]

@@ -47,6 +47,37 @@ def test_min_length_merges_only_short_pieces() -> None:
     assert greedy_merge(np.array([3.0, 1.0, 4.0]), np.array([5, 5, 5]), k=None, min_len=4) == [0, 1, 2]
 
 
+def _naive_merge(ent: list[float], lens: list[int], k: int | None, min_len: int) -> list[int]:
+    """O(P²) re-statement of the merge rule: lowest total entropy pair (leftmost on ties)."""
+    segs = [[i, e, n] for i, (e, n) in enumerate(zip(ent, lens))]  # [start piece, entropy, length]
+
+    def merge_best(ok) -> bool:
+        cands = [(segs[j][1] + segs[j + 1][1], j) for j in range(len(segs) - 1) if ok(j)]
+        if not cands:
+            return False
+        _, j = min(cands)
+        segs[j][1] += segs[j + 1][1]
+        segs[j][2] += segs[j + 1][2]
+        del segs[j + 1]
+        return True
+
+    while k is not None and len(segs) > k and merge_best(lambda j: True):
+        pass
+    short = lambda j: segs[j][2] < min_len or segs[j + 1][2] < min_len  # noqa: E731
+    while any(s[2] < min_len for s in segs) and len(segs) > 1 and merge_best(short):
+        pass
+    return [s[0] for s in segs]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 20), st.integers(1, 6)), min_size=1, max_size=14),
+       st.one_of(st.none(), st.integers(1, 8)), st.integers(1, 8))
+def test_greedy_merge_matches_naive(pieces, k, min_len) -> None:
+    ent = [float(e) for e, _ in pieces]  # integers: ties are exact, both break them leftmost
+    lens = [n for _, n in pieces]
+    assert greedy_merge(np.array(ent), np.array(lens), k, min_len) == _naive_merge(ent, lens, k, min_len)
+
+
 def _brute_max(ent: np.ndarray, k: int) -> float:
     n = len(ent)
     best = np.inf
