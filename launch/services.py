@@ -8,10 +8,13 @@ port, with AOF persistence in the run dir; ``stop()`` runs on exit, error and Ct
 from __future__ import annotations
 
 import atexit
+import ctypes
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -37,6 +40,12 @@ def find_server_binary(kind: str = "auto") -> str:
             "on PATH, or set redis.url to an existing server"
         )
     return path
+
+
+def _die_with_parent() -> None:
+    """Linux: the server gets SIGTERM if the launcher dies without cleaning up (e.g. SIGKILL)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -70,7 +79,8 @@ class EmbeddedRedis:
                 "--save", "", "--protected-mode", "yes", "--daemonize", "no", "--logfile", "server.log"]
         if self.password:
             args += ["--requirepass", self.password]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     preexec_fn=_die_with_parent)
         atexit.register(self.stop)
         deadline = time.monotonic() + timeout_s
         client = redis.Redis(host=self.host, port=self.port, password=self.password)

@@ -64,7 +64,8 @@ def test_25k_record_size_is_about_raw_size():
 @pytest.mark.parametrize(
     ("mutate", "reason"),
     [
-        (lambda g: setattr(g.samples[0], "behaviour_logprobs", np.zeros(3, np.float32)), "behaviour_logprobs has length"),
+        (lambda g: setattr(g.samples[0], "behaviour_logprobs", np.zeros(3, np.float32)),
+         "behaviour_logprobs has length"),
         (lambda g: setattr(g.samples[0], "completion_ids", np.zeros(32, np.int64)), "dtype int32"),
         (lambda g: setattr(g.samples[0], "finish_reason", "tired"), "finish_reason"),
         (lambda g: setattr(g.samples[0], "reward", float("nan")), "reward must be finite"),

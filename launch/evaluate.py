@@ -1,0 +1,96 @@
+"""Held-out evaluation: accuracy at the sampling temperature and greedy, with 95% intervals.
+
+Samples of one problem are correlated, so the interval treats problems as the unit: the mean of
+per-problem accuracies ± 1.96 standard errors across problems (clipped to [0, 1]).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from rredcot.actors.engine import Engine, EngineSpec, Sampling
+from rredcot.common.config import Config, from_dict
+from rredcot.common.data import Problem, load_problems, split_eval
+from rredcot.common.models import resolve_model_path
+from rredcot.common.prompts import prompt_ids
+from rredcot.common.streams import connect
+from rredcot.common.verifier import Verifier
+from rredcot.common.weight_sync import latest_manifest, read_weights
+
+
+def mean_ci(values: list[float], z: float = 1.96) -> tuple[float, float, float]:
+    """(mean, low, high) of a normal-approximation interval; a single value has a zero-width one."""
+    n = len(values)
+    if n == 0:
+        return float("nan"), float("nan"), float("nan")
+    m = sum(values) / n
+    if n == 1:
+        return m, m, m
+    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1))
+    half = z * sd / math.sqrt(n)
+    return m, max(0.0, m - half), min(1.0, m + half)
+
+
+@dataclass
+class EvalResult:
+    version: int
+    problems: int
+    samples_per_problem: int
+    sampled: float
+    sampled_low: float
+    sampled_high: float
+    greedy: float
+    greedy_low: float
+    greedy_high: float
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def held_out(cfg: Config) -> list[Problem]:
+    _, held = split_eval(load_problems(cfg.data, seed=cfg.run.seed), cfg.data.eval_size, cfg.data.shuffle_seed)
+    return held
+
+
+def evaluate(engine: Engine, problems: list[Problem], cfg: Config, verifier: Verifier) -> EvalResult:
+    start = time.perf_counter()
+    g = cfg.generation
+    prompts = [prompt_ids(p, cfg.data, engine.tokenizer) for p in problems]
+    sampled = engine.generate(prompts, Sampling(n=g.group_size, temperature=g.temperature, top_p=g.top_p,
+                                                max_tokens=g.max_tokens, stop=tuple(g.stop)), prefix="eval-s")
+    greedy = engine.generate(prompts, Sampling(n=1, temperature=0.0, max_tokens=g.max_tokens, stop=tuple(g.stop)),
+                             prefix="eval-g")
+
+    def accuracy(group: Any, problem: Problem) -> float:
+        texts = [engine.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in group.completions]
+        return sum(verifier.score(t, problem.answer).reward for t in texts) / len(texts)
+
+    s = mean_ci([accuracy(grp, p) for grp, p in zip(sampled, problems)])
+    gr = mean_ci([accuracy(grp, p) for grp, p in zip(greedy, problems)])
+    return EvalResult(engine.version, len(problems), g.group_size, *s, *gr, time.perf_counter() - start)
+
+
+class Evaluator:
+    """Ray actor body: a vLLM engine that follows the run's published weights for evaluations."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.cfg = from_dict(cfg)
+        c = self.cfg
+        self.engine = Engine(EngineSpec(
+            resolve_model_path(c.model.path, seed=c.run.seed), max_model_len=c.model.max_model_len,
+            kv_cache_bytes=c.generation.kv_cache_bytes, dtype=c.model.dtype, seed=c.run.seed + 1,
+        ))
+        self.client = connect(c.redis.url) if c.redis.url else None
+        self.problems = held_out(c)
+        self.verifier = Verifier(c.generation.verifier_timeout_s)
+
+    def evaluate_latest(self) -> dict[str, Any]:
+        """Load the newest published weights (if newer) and evaluate the held-out problems."""
+        manifest = latest_manifest(self.client, self.cfg.run.name) if self.client else None
+        if manifest is not None and manifest.version > self.engine.version:
+            self.engine.load_weights_bytes(read_weights(manifest), manifest.version)
+        return evaluate(self.engine, self.problems, self.cfg, self.verifier).as_dict()

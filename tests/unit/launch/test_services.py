@@ -1,0 +1,70 @@
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import redis
+
+from rredcot.common.streams import connect
+from rredcot.launch.services import EmbeddedRedis
+
+
+def test_password_and_aof_in_run_dir(tmp_path):
+    with EmbeddedRedis(tmp_path, password="s3cret") as server:
+        assert server.url.startswith("redis://:s3cret@127.0.0.1:")
+        with_pw = connect(server.url)
+        with_pw.set("k", "v")
+        no_pw = redis.Redis(host=server.host, port=server.port)
+        try:
+            no_pw.get("k")
+            raise AssertionError("server accepted a client without the password")
+        except redis.AuthenticationError:
+            pass
+        except redis.ResponseError as e:
+            assert "NOAUTH" in str(e)
+    assert any(p.name.startswith("appendonly") for p in tmp_path.iterdir())  # AOF lives in the run dir
+
+
+def test_routable_address_always_gets_a_password(tmp_path):
+    server = EmbeddedRedis(tmp_path, host="0.0.0.0")
+    assert server.password and len(server.password) >= 24
+    assert f":{server.password}@" in server.url
+
+
+def test_stop_is_idempotent_and_frees_the_port(tmp_path):
+    server = EmbeddedRedis(tmp_path).start()
+    port = server.port
+    server.stop()
+    server.stop()
+    try:
+        redis.Redis(port=port, socket_connect_timeout=0.5).ping()
+        raise AssertionError("server still answers after stop()")
+    except redis.ConnectionError:
+        pass
+
+
+_LAUNCHER = textwrap.dedent("""
+    import sys, time
+    from rredcot.launch.services import EmbeddedRedis
+    s = EmbeddedRedis(sys.argv[1]).start()
+    print(s.port, flush=True)
+    time.sleep(60)
+""")
+
+
+def test_server_dies_with_a_killed_launcher(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    port = int(proc.stdout.readline())
+    assert redis.Redis(port=port).ping()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            redis.Redis(port=port, socket_connect_timeout=0.2).ping()
+            time.sleep(0.1)
+        except redis.ConnectionError:
+            return
+    raise AssertionError("embedded server outlived its SIGKILLed launcher")
