@@ -77,6 +77,10 @@ class MicroBatch:
     def n_samples(self) -> int:
         return len(self.sample_ids)
 
+    def to(self, device: torch.device | str) -> MicroBatch:
+        moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in vars(self).items()}
+        return MicroBatch(**moved)
+
 
 def plan_micro_batches(samples: list[TrainSample], budget: int, layout: str = "packed") -> list[list[int]]:
     """Group sample indices into micro-batches of at most ``budget`` input tokens (deterministic).
@@ -164,30 +168,48 @@ def micro_batches(samples: list[TrainSample], budget: int, layout: str = "packed
     return [collate([samples[i] for i in b], layout, pad_id) for b in plan_micro_batches(samples, budget, layout)]
 
 
-def token_logprobs(model: torch.nn.Module, mb: MicroBatch, chunk: int = 0) -> torch.Tensor:
-    """log π(target) for every completion token of ``mb`` (float32 [T]).
+class TokenLogProbs(torch.nn.Module):
+    """Wraps a causal LM (``.lm``) so that its forward returns log π(target) per completion token.
 
-    Runs the decoder once, then the LM head only at the T positions that predict completion
-    tokens. With ``chunk > 0`` and grad enabled, the head runs in checkpointed chunks of
-    ``chunk`` tokens so that at most [chunk, V] logits are alive at once (forward and backward).
+    The decoder runs once; the LM head runs only at the T positions that predict completion
+    tokens. With ``chunk > 0`` and grad enabled, the head runs in checkpointed chunks of ``chunk``
+    tokens, so at most [chunk, V] logits are alive at once (forward and backward). Wrapping the
+    whole computation in one module lets DeepSpeed see every micro-batch as one engine forward.
     """
-    hidden = model.get_decoder()(
-        input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=mb.attention_mask, use_cache=False
-    ).last_hidden_state
-    h = hidden.reshape(-1, hidden.shape[-1])[mb.token_index]
-    head = model.get_output_embeddings()
 
-    def piece(h_part: torch.Tensor, t_part: torch.Tensor) -> torch.Tensor:
-        logits = head(h_part).float()
-        return logits.gather(-1, t_part[:, None]).squeeze(-1) - logits.logsumexp(-1)
+    def __init__(self, lm: torch.nn.Module, chunk: int = 0) -> None:
+        super().__init__()
+        self.lm = lm
+        self.chunk = chunk
 
-    if chunk <= 0 or len(h) <= chunk:
-        return piece(h, mb.targets)
-    parts = []
-    for i in range(0, len(h), chunk):
-        args = (h[i : i + chunk], mb.targets[i : i + chunk])
-        if torch.is_grad_enabled():
-            parts.append(torch.utils.checkpoint.checkpoint(piece, *args, use_reentrant=False))
-        else:
-            parts.append(piece(*args))
-    return torch.cat(parts)
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                token_index: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        hidden = self.lm.get_decoder()(
+            input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask, use_cache=False
+        ).last_hidden_state
+        h = hidden.reshape(-1, hidden.shape[-1])[token_index]
+        if self.chunk <= 0 or len(h) <= self.chunk:
+            return self._head(h, targets)
+        parts = []
+        for i in range(0, len(h), self.chunk):
+            args = (h[i : i + self.chunk], targets[i : i + self.chunk])
+            if torch.is_grad_enabled():
+                parts.append(torch.utils.checkpoint.checkpoint(self._head, *args, use_reentrant=False))
+            else:
+                parts.append(self._head(*args))
+        return torch.cat(parts)
+
+    def _head(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.lm.get_output_embeddings()(h).float()
+        return logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1)
+
+
+def model_inputs(mb: MicroBatch) -> dict[str, torch.Tensor | None]:
+    """Keyword arguments of ``TokenLogProbs.forward`` for ``mb``."""
+    return {"input_ids": mb.input_ids, "position_ids": mb.position_ids, "attention_mask": mb.attention_mask,
+            "token_index": mb.token_index, "targets": mb.targets}
+
+
+def token_logprobs(model: torch.nn.Module, mb: MicroBatch, chunk: int = 0) -> torch.Tensor:
+    """log π(target) for every completion token of ``mb`` under the causal LM ``model`` (float32 [T])."""
+    return TokenLogProbs(model, chunk)(**model_inputs(mb))
