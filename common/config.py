@@ -203,10 +203,9 @@ def resolve_config_path(path: str | Path) -> Path:
     p = Path(path)
     if p.is_file():
         return p
-    name = p.name if p.suffix else f"{p.name}.yaml"
-    bundled = CONFIG_DIR / name
-    if bundled.exists():
-        return bundled
+    for candidate in (CONFIG_DIR / p.name, CONFIG_DIR / f"{p.name}.yaml"):
+        if candidate.is_file():
+            return candidate
     raise ConfigError(f"config file {str(path)!r} not found (bundled configs: {available_configs()})")
 
 

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Join a worker node to the rredcot Ray cluster started by launch/ray_head.sh.
+#   HEAD_IP=10.0.0.1 bash launch/ray_worker.sh
+set -euo pipefail
+HEAD_IP=${HEAD_IP:?set HEAD_IP to the head node\'s cluster-network address}
+PORT=${RAY_PORT:-6379}
+NODE_IP=${NODE_IP:-$(hostname -I | awk '{print $1}')}
+export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-$(ip -o -4 addr show | awk -v ip="$NODE_IP" '$4 ~ "^"ip"/" {print $2}')}
+export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-$NCCL_SOCKET_IFNAME}
+ray start --address="$HEAD_IP:$PORT" --node-ip-address="$NODE_IP" \
+  --num-gpus="${NUM_GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}"
