@@ -39,15 +39,18 @@ class TraceScores:
 
 
 def head_stats(
-    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, chunk: int
+    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, chunk: int, entropy: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Entropy and log p(target) for each row of ``hidden`` [n, d], ``chunk`` rows at a time."""
+    """Entropy (zeros when ``entropy`` is False) and log p(target) for each row of ``hidden`` [n, d],
+    ``chunk`` rows at a time."""
     ents, lps = [], []
     for i in range(0, hidden.shape[0], chunk):
         logits = head(hidden[i : i + chunk]).float()
         logz = torch.logsumexp(logits, dim=-1)
-        probs = torch.softmax(logits, dim=-1)
-        ents.append(logz - (probs * logits).sum(-1))
+        if entropy:
+            ents.append(logz - (torch.softmax(logits, dim=-1) * logits).sum(-1))
+        else:
+            ents.append(torch.zeros_like(logz))
         lps.append(logits.gather(-1, targets[i : i + chunk, None]).squeeze(-1) - logz)
     if not ents:
         empty = hidden.new_zeros(0, dtype=torch.float32)
@@ -57,12 +60,14 @@ def head_stats(
 
 @torch.no_grad()
 def score_trace(
-    model: Any, prompt_ids: list[int], completion_ids: list[int], chunk: int, keep_cache: bool = True
+    model: Any, prompt_ids: list[int], completion_ids: list[int], chunk: int, keep_cache: bool = True,
+    stats: bool = True,
 ) -> TraceScores:
     """Forward ``prompt ⊕ completion`` once in chunks of ``chunk`` positions.
 
     Token j of the completion is predicted from the hidden state at position P + j − 1, so the
-    prompt must hold at least one token.
+    prompt must hold at least one token. ``stats=False`` only fills the KV cache (no LM head:
+    entropy and logprob come back empty).
     """
     if not prompt_ids:
         raise ValueError("the prompt must hold at least one token (it predicts the first completion token)")
@@ -80,7 +85,7 @@ def score_trace(
         ).last_hidden_state[0]
         # rows whose next token is a completion token: positions p-1 .. n-2
         lo, hi = max(p - 1, start), min(n - 1, start + piece.numel())
-        if lo < hi:
+        if stats and lo < hi:
             e, lp = head_stats(head, hidden[lo - start : hi - start], ids[lo + 1 : hi + 1], chunk)
             ents.append(e)
             lps.append(lp)

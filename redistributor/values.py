@@ -126,7 +126,7 @@ def branch_logprobs_fast(
             targets += b.ids[b.n_exit :]
             owners += [k] * (len(b.ids) - b.n_exit)
             start += len(b.ids)
-        _, lp = head_stats(head, hidden[rows], torch.tensor(targets, device=device), chunk)
+        _, lp = head_stats(head, hidden[rows], torch.tensor(targets, device=device), chunk, entropy=False)
         owners_t = torch.tensor(owners)
         for k in group:
             out[k] = lp[owners_t == k]

@@ -1,0 +1,170 @@
+"""Redistribution benchmark (CPU, tiny random Qwen3 with the real tokenizer); ratios from one run.
+
+1. fast vs reference exit-point values on a 4k-token reasoning trace, K = 40, N = 2;
+   tokens forwarded by the fast path ÷ ideal (trace + K·N branch tokens);
+2. redistribution (rredcot) time ÷ transformers ``generate`` time for the same rollouts;
+3. MC credit cost ÷ RREDCoT cost on those rollouts.
+The last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM
+
+from rredcot.common.config import Config, CreditConfig
+from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir, tiny_config
+from rredcot.common.records import RolloutGroup, RolloutRecord, new_id
+from rredcot.redistributor.credit import redistribute_group
+from rredcot.redistributor.entropy import TokenCounter, score_trace
+from rredcot.redistributor.mc import HFContinuationSampler
+from rredcot.redistributor.scorer import Scorer
+from rredcot.redistributor.segmentation import segment, token_texts
+from rredcot.redistributor.values import branch_logprobs_fast, branch_logprobs_reference
+
+LINES = [
+    "Let me compute {a}*{b} step by step.", "First, {a}*{b} = {a}*10 + {a}*{c}.",
+    "Wait, that is not right, {b} is not 10 + {c}.", "So I should write {b} = {d} + {e} instead.",
+    "Hmm, then {a}*{d} = {f} and {a}*{e} = {g}.", "Therefore the sum is {f} + {g} = {h}.",
+    "Alternatively, check with {b}*{a}: it also gives {h}.", "But let me double-check the last digit.",
+]
+
+
+def reasoning_text(tok, n_tokens: int, seed: int = 0) -> list[int]:
+    rng = np.random.default_rng(seed)
+    lines, n = [], 0
+    while n < n_tokens:
+        a, b = rng.integers(11, 99, 2)
+        d, e = int(b) // 2, int(b) - int(b) // 2
+        line = LINES[len(lines) % len(LINES)].format(a=a, b=b, c=b % 10, d=d, e=e, f=a * d, g=a * e, h=a * b)
+        lines.append(line)
+        n += len(tok(line + "\n", add_special_tokens=False)["input_ids"])
+    body = "\n".join(lines)
+    ids = tok("<think>\n" + body + "\n</think>\n\nAnswer: 42", add_special_tokens=False)["input_ids"]
+    return ids
+
+
+def timed(fn, repeat: int = 1):
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, out
+
+
+def body_heavy_model(vocab: int = 1024) -> Any:
+    """A random Qwen3 whose body outweighs its LM head per token, as in real models (hidden 256,
+    4 layers, small vocab); the tiny 151k-vocab model spends nearly all its time in the head."""
+    cfg = tiny_config("qwen3", vocab_size=vocab, hidden=256, layers=4, heads=4, kv_heads=2, max_positions=8192)
+    cfg.pad_token_id = cfg.eos_token_id = None
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+
+
+def bench_values(model, tok, length: int, k: int, n_refs: int, vocab: int | None = None) -> dict[str, float]:
+    """Values on a reasoning trace of ``length`` tokens (ids taken mod ``vocab`` for small-vocab models)."""
+    prompt = tok("<|im_start|>user\nCompute the product.<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
+    comp = reasoning_text(tok, length)
+    cfg = CreditConfig(segments=k, entropy_chunk=512)
+    refs = [(tok(f"We get {i}*84 = {84 * i}.\n", add_special_tokens=False)["input_ids"],
+             tok(f"Answer: {84 * i}", add_special_tokens=False)["input_ids"]) for i in range(1, n_refs + 1)]
+    exit_ids = tok(cfg.exit_string, add_special_tokens=False)["input_ids"]
+    entropy = np.random.default_rng(0).random(len(comp))  # entropy only places the boundaries here
+    exits = segment(token_texts(tok, comp), entropy, cfg, "<think>", "</think>").exit_points.tolist()
+    if vocab is not None:
+        prompt, comp, exit_ids = ([i % vocab for i in x] for x in (prompt, comp, exit_ids))
+        refs = [([i % vocab for i in u], [i % vocab for i in y]) for u, y in refs]
+
+    t_ent, _ = timed(lambda: score_trace(model, prompt, comp, cfg.entropy_chunk, keep_cache=False))
+
+    def fast():  # the entropy pass is common to both paths (segmentation needs it): KV-only trace here
+        trace = score_trace(model, prompt, comp, cfg.entropy_chunk, stats=False)
+        return branch_logprobs_fast(model, trace, exits, refs, exit_ids, cfg.token_budget), trace.counter
+
+    t_fast, (bl_fast, counter) = timed(fast, repeat=3)
+    ref_counter = TokenCounter()
+    t_ref, bl_ref = timed(lambda: branch_logprobs_reference(model, prompt, comp, exits, refs, exit_ids, ref_counter))
+    ideal = len(prompt) + len(comp) + len(exits) * sum(len(exit_ids) + len(u) + len(y) for u, y in refs)
+    return {
+        "L": len(comp), "K": len(exits) - 1, "N": n_refs, "fast_s": t_fast, "reference_s": t_ref,
+        "max_abs_diff": float(np.abs(bl_fast.log_u - bl_ref.log_u).max() + np.abs(bl_fast.log_y - bl_ref.log_y).max()),
+        "tokens_vs_ideal": counter.total / ideal, "reference_tokens_vs_ideal": ref_counter.total / ideal,
+        "fast_vs_reference": t_ref / t_fast, "entropy_pass_s": t_ent,
+    }
+
+
+def make_group(tok, model, g: int, max_tokens: int) -> tuple[RolloutGroup, float]:
+    prompt = tok("<|im_start|>user\nWhat is 12*7?<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
+    ids = torch.tensor([prompt])
+    torch.manual_seed(0)
+    t_gen, out = timed(lambda: model.generate(
+        ids, attention_mask=torch.ones_like(ids), do_sample=True, top_k=0, max_new_tokens=max_tokens,
+        min_new_tokens=max_tokens, num_return_sequences=g, pad_token_id=0))
+    gid = new_id()
+    samples = [
+        RolloutRecord(new_id(), gid, "p", i, np.array(row[len(prompt):], np.int32), np.zeros(max_tokens, np.float32),
+                      np.array([[0, 0]], np.int32), "length", float(i % 2), "correct" if i % 2 else "wrong")
+        for i, row in enumerate(out.tolist())
+    ]
+    enc = lambda t: np.array(tok(t, add_special_tokens=False)["input_ids"], np.int32)  # noqa: E731
+    group = RolloutGroup(gid, "p", np.array(prompt, np.int32), [enc("12*7 = 84.\n"), enc("7*12 = 84.\n")],
+                         [enc("Answer: 84"), enc("Answer: 84")], samples, answer="84")
+    return group, t_gen
+
+
+def bench_pipeline(model, tok, g: int, length: int, k: int, m: int) -> dict[str, float]:
+    group, t_gen = make_group(tok, model, g, length)
+    cfg = Config()
+    cfg.generation.max_tokens = length
+    # random-model text has no keyword boundaries: segment by entropy over every token
+    cfg.credit = CreditConfig(segments=k, split_keywords=False, mc_samples=m)
+    scorer = Scorer(model, tok, cfg.credit)
+    t_rr, _ = timed(lambda: redistribute_group(group, cfg, scorer))
+    cfg.credit.method = "mc"
+    sampler = HFContinuationSampler(model)
+    t_mc, _ = timed(lambda: redistribute_group(group, cfg, scorer, sampler=sampler,
+                                                 reward_fn=lambda ids, gold: float(len(ids) % 2)))
+    return {"G": g, "L": length, "K": k, "M": m, "generate_s": t_gen, "rredcot_s": t_rr, "mc_s": t_mc,
+            "redistribution_vs_generation": t_rr / t_gen, "mc_vs_rredcot_cost": t_mc / t_rr}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--length", type=int, default=4096)
+    ap.add_argument("--segments", type=int, default=40)
+    ap.add_argument("--refs", type=int, default=2)
+    ap.add_argument("--group", type=int, default=4)
+    ap.add_argument("--gen-tokens", type=int, default=128)
+    ap.add_argument("--mc-segments", type=int, default=16)
+    ap.add_argument("--mc-samples", type=int, default=4)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    tok = load_tokenizer(qwen_tokenizer_dir())
+    model = build_tiny_model("qwen3", seed=0, max_positions=8192)
+    body = bench_values(body_heavy_model(), tok, args.length, args.segments, args.refs, vocab=1024)
+    head = bench_values(model, tok, args.length, args.segments, args.refs)
+    pipe = bench_pipeline(model, tok, args.group, args.gen_tokens, args.mc_segments, args.mc_samples)
+    print(f"{'measure':<30}{'body-heavy':>14}{'tiny 151k vocab':>18}")
+    for name in body:
+        print(f"{name:<30}{body[name]:>14.4g}{head[name]:>18.4g}")
+    print(f"\n{'pipeline (tiny 151k vocab)':<30}{'value':>14}")
+    for name, val in pipe.items():
+        print(f"{name:<30}{val:>14.4g}")
+    print(json.dumps({
+        "tokens_vs_ideal": round(body["tokens_vs_ideal"], 4),
+        "fast_vs_reference": round(body["fast_vs_reference"], 2),
+        "fast_vs_reference_tiny_vocab_head_bound": round(head["fast_vs_reference"], 2),
+        "redistribution_vs_generation": round(pipe["redistribution_vs_generation"], 3),
+        "mc_vs_rredcot_cost": round(pipe["mc_vs_rredcot_cost"], 2),
+    }))
+
+
+if __name__ == "__main__":
+    main()
