@@ -116,7 +116,7 @@ def branch_logprobs_fast(
             input_ids=ids_t[None], position_ids=torch.tensor(pos, device=device)[None],
             attention_mask=mask, past_key_values=trace.cache, use_cache=True,
         ).last_hidden_state[0]
-        trace.cache.crop(n_trace)
+        trace.cache.crop(-len(ids))  # drop the branch KV
         # scored rows: within each branch, positions n_exit-1 .. n-2 predict tokens n_exit .. n-1
         rows, targets, owners = [], [], []
         start = 0

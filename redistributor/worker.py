@@ -1,0 +1,176 @@
+"""The redistributor worker: ``rollouts`` → advantages + credit → ``batches``.
+
+Each rollouts entry is one whole group (the generator writes a group's G samples together), so a
+group is never split across workers. An entry is acknowledged only after its ``WeightedGroup`` is
+in the batches stream (at-least-once; the learner de-duplicates by rollout id); entries a crashed
+worker held are reclaimed by the others (XAUTOCLAIM in ``Consumer.read``). An entry that does not
+decode, fails validation or makes the credit computation raise goes to the dead-letter stream
+with the reason, so every rollout comes out as one weighted sample or one dead letter.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from rredcot.common.codec import decode, encode
+from rredcot.common.config import Config, ConfigError
+from rredcot.common.control import RunControl
+from rredcot.common.models import load_causal_lm, load_tokenizer, resolve_model_path
+from rredcot.common.records import RecordError, RolloutGroup
+from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Entry, Producer, connect, key
+from rredcot.common.verifier import answers_match, extract_answer
+from rredcot.common.weight_sync import latest_manifest, load_tensors
+from rredcot.redistributor.credit import redistribute_group
+from rredcot.redistributor.mc import HFContinuationSampler
+from rredcot.redistributor.registry import get_method
+from rredcot.redistributor.scorer import Scorer
+
+log = logging.getLogger(__name__)
+GROUP = "redistributors"
+STAGES = ("entropy", "segment", "values", "sigma")
+
+
+@dataclass
+class WorkerMetrics:
+    groups: int = 0
+    rollouts: int = 0
+    tokens: int = 0
+    dead_letters: int = 0
+    incomplete_groups: int = 0
+    busy_s: float = 0.0
+    queue_lag_s: float = 0.0  # age of the last entry when it was read
+    scorer_version: int = 0
+    entropy_s: float = 0.0
+    segment_s: float = 0.0
+    values_s: float = 0.0
+    sigma_s: float = 0.0
+
+    def snapshot(self) -> dict[str, float]:
+        out: dict[str, float] = asdict(self)
+        out["rollouts_per_s"] = self.rollouts / self.busy_s if self.busy_s else 0.0
+        out["tokens_per_s"] = self.tokens / self.busy_s if self.busy_s else 0.0
+        return out
+
+
+def build_scorer(cfg: Config) -> Scorer:
+    """The scorer from ``model.path`` (its initial weights are the reference model)."""
+    path = resolve_model_path(cfg.model.path, seed=cfg.run.seed)
+    tok = load_tokenizer(cfg.model.tokenizer or path)
+    return Scorer(load_causal_lm(path, cfg.model.dtype), tok, cfg.credit, cfg.model.think_start, cfg.model.think_end)
+
+
+def verifier_reward(tokenizer: Any) -> Any:
+    """RewardFn for MC: decode, extract the final answer, compare with math-verify (main thread)."""
+
+    def reward(ids: list[int], gold: str) -> float:
+        pred = extract_answer(tokenizer.decode(ids, skip_special_tokens=True))
+        try:
+            return float(pred is not None and answers_match(pred, gold))
+        except Exception:  # an unparsable answer is a wrong answer
+            return 0.0
+
+    return reward
+
+
+class Redistributor:
+    """One worker of the redistributor tier."""
+
+    def __init__(self, cfg: Config, name: str = "red0", scorer: Scorer | None = None) -> None:
+        if not cfg.redis.url:
+            raise ConfigError("redis.url is not set: a redistributor needs the run's Redis server")
+        self.cfg, self.name, self.run_id = cfg, name, cfg.run.name
+        self.method = get_method(cfg.credit.method)
+        self.client = connect(cfg.redis.url)
+        self.consumer = Consumer(self.client, key(self.run_id, ROLLOUTS), GROUP, name, key(self.run_id, DEAD),
+                                 cfg.redis.claim_idle_ms)
+        self.producer = Producer(self.client, key(self.run_id, BATCHES), cfg.redis.maxlen, cfg.redis.block_timeout_s)
+        self.control = RunControl(self.client, self.run_id)
+        self.scorer = scorer if scorer is not None or not self.method.needs_scorer else build_scorer(cfg)
+        self.extra: dict[str, Any] = {}
+        if self.method.needs_sampler and self.scorer is not None:
+            self.extra = {"sampler": HFContinuationSampler(self.scorer.model, cfg.generation.temperature),
+                          "reward_fn": verifier_reward(self.scorer.tokenizer)}
+        self.metrics = WorkerMetrics()
+        self._resumed = False
+
+    def sync_scorer(self) -> bool:
+        """With ``credit.scorer=policy``, load the newest published policy weights; True if applied."""
+        if self.cfg.credit.scorer != "policy" or self.scorer is None:
+            return False
+        manifest = latest_manifest(self.client, self.run_id)
+        if manifest is None or manifest.version <= self.scorer.version:
+            return False
+        try:
+            tensors = load_tensors(manifest)
+        except FileNotFoundError:  # pruned by a newer publication: take that one next time
+            return False
+        self.scorer.load_weights(tensors, manifest.version)
+        self.metrics.scorer_version = manifest.version
+        return True
+
+    def step(self, block_ms: int = 1000) -> int:
+        """Read and process up to 16 entries (this worker's own unacked ones first); returns how many."""
+        self.sync_scorer()
+        entries = [] if self._resumed else self.consumer.pending_mine()
+        self._resumed = True
+        entries = entries or self.consumer.read(count=16, block_ms=block_ms)
+        for entry in entries:
+            self._process(entry)
+        if entries:
+            self.control.publish_metrics(self.name, "redistributor", self.metrics.snapshot())
+        return len(entries)
+
+    def _process(self, entry: Entry) -> None:
+        self.metrics.queue_lag_s = max(0.0, time.time() - int(entry.id.split(b"-")[0]) / 1000)
+        if entry.payload is None:
+            self.consumer.dead_letter(entry, "entry has no payload")
+            self.metrics.dead_letters += 1
+            return
+        t0 = time.perf_counter()
+        try:
+            group = decode(entry.payload, RolloutGroup)
+            with torch.inference_mode():
+                out = redistribute_group(group, self.cfg, self.scorer, **self.extra)
+            payload = encode(out)
+        except (RecordError, ValueError, RuntimeError) as e:
+            self.consumer.dead_letter(entry, f"{type(e).__name__}: {e}")
+            self.metrics.dead_letters += 1
+            return
+        self.producer.put(payload)
+        self.consumer.ack([entry.id])
+        self._count(group, out.samples, time.perf_counter() - t0)
+
+    def _count(self, group: RolloutGroup, samples: list[Any], seconds: float) -> None:
+        m = self.metrics
+        m.groups += 1
+        m.rollouts += len(samples)
+        m.tokens += sum(len(s.rollout.completion_ids) for s in samples)
+        m.busy_s += seconds
+        if len(group.samples) < self.cfg.generation.group_size:
+            m.incomplete_groups += 1
+            log.warning("group %s has %d of %d samples; redistributed as is", group.group_id,
+                        len(group.samples), self.cfg.generation.group_size)
+        for stage in STAGES:
+            setattr(m, f"{stage}_s", getattr(m, f"{stage}_s") + sum(s.timings.get(stage, 0.0) for s in samples))
+
+    def run(self, idle_exit_s: float | None = None) -> WorkerMetrics:
+        """Process until the run's stop flag is set (or nothing arrived for ``idle_exit_s``)."""
+        idle_since = time.monotonic()
+        while not self.control.stop_requested():
+            if self.step():
+                idle_since = time.monotonic()
+            elif idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
+                break
+        return self.metrics
+
+
+def run_worker(cfg: Config) -> None:
+    """``rredcot redistribute CONFIG``: one worker against ``redis.url`` until the run stops."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    metrics = Redistributor(cfg).run()
+    log.info("redistributor done: %s", metrics.snapshot())

@@ -1,0 +1,104 @@
+"""The redistributor worker on a real Redis server with a real tiny scorer: every rollout in comes
+out as exactly one weighted sample or one dead letter, and a worker killed mid-batch loses nothing."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import msgpack
+import numpy as np
+
+from rredcot.common.codec import decode, encode
+from rredcot.common.config import load_config
+from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir
+from rredcot.common.records import WeightedGroup
+from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Producer, dead_letters, key
+from rredcot.redistributor.scorer import Scorer
+from rredcot.redistributor.worker import GROUP, Redistributor
+from tests.factories import rollout_group
+
+
+def _cfg(url: str, run_id: str, *extra: str):
+    return load_config(None, [f"redis.url={url}", f"run.name={run_id}", "redis.claim_idle_ms=300",
+                              "credit.segments=4", *extra])
+
+
+def _put_groups(client, run_id: str, n: int, length: int = 24) -> dict[str, list[str]]:
+    producer = Producer(client, key(run_id, ROLLOUTS), maxlen=64)
+    groups = {}
+    for i in range(n):
+        g = rollout_group(g=4, length=length, seed=i)
+        producer.put(encode(g))
+        groups[g.group_id] = [s.id for s in g.samples]
+    return groups
+
+
+def _batches(client, run_id: str) -> list[WeightedGroup]:
+    return [decode(f[b"d"], WeightedGroup) for _, f in client.xrange(key(run_id, BATCHES))]
+
+
+def test_every_rollout_becomes_one_weighted_sample_or_dead_letter(redis_client, redis_server, run_id) -> None:
+    groups = _put_groups(redis_client, run_id, 3)
+    bad = rollout_group(seed=9)
+    bad.samples[0].completion_ids = bad.samples[0].completion_ids.astype(np.int64)  # breaks the schema
+    raw = msgpack.packb({"v": 1, "kind": "rollout_group", "body": {"group_id": "x"}})
+    producer = Producer(redis_client, key(run_id, ROLLOUTS), maxlen=64)
+    producer.put(b"\x00not msgpack")
+    producer.put(raw)
+    cfg = _cfg(redis_server.url, run_id)
+    scorer = Scorer(build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit)
+    worker = Redistributor(cfg, "red0", scorer)
+    metrics = worker.run(idle_exit_s=1.0)
+    out = _batches(redis_client, run_id)
+    assert {g.group_id: [s.rollout.id for s in g.samples] for g in out} == groups
+    for g in out:
+        for s in g.samples:
+            assert abs(float(s.sigma.sum(dtype=np.float64)) - 1) < 1e-5 and s.credit_method == "rredcot"
+            assert s.exit_points[-1] == len(s.sigma)  # no thinking tags: the whole completion
+    reasons = [f[b"reason"].decode() for f in dead_letters(redis_client, key(run_id, DEAD))]
+    assert len(reasons) == 2 and all("RecordError" in r for r in reasons)
+    assert redis_client.xlen(key(run_id, ROLLOUTS)) == 0  # acked entries are deleted
+    assert metrics.groups == 3 and metrics.rollouts == 12 and metrics.dead_letters == 2
+    stored = redis_client.hgetall(key(run_id, "metrics:red0"))
+    assert stored[b"tier"] == b"redistributor" and float(stored[b"rollouts"]) == 12
+
+
+WORKER = """
+import sys
+from rredcot.common.config import load_config
+from rredcot.redistributor.worker import Redistributor
+cfg = load_config(None, sys.argv[1:])
+Redistributor(cfg, "doomed").run()
+"""
+
+
+def test_worker_killed_mid_batch_loses_nothing(redis_client, redis_server, run_id) -> None:
+    groups = _put_groups(redis_client, run_id, 8, length=48)
+    cfg_args = [f"redis.url={redis_server.url}", f"run.name={run_id}", "redis.claim_idle_ms=300",
+                "credit.segments=4", "model.path=tiny-qwen3"]
+    proc = subprocess.Popen([sys.executable, "-c", WORKER, *cfg_args])
+    try:
+        deadline = time.monotonic() + 240
+        while redis_client.xlen(key(run_id, BATCHES)) < 1:  # it has read the batch and written part of it
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    written_before = redis_client.xlen(key(run_id, BATCHES))
+    assert written_before < len(groups)  # killed mid-batch
+    held = redis_client.xpending(key(run_id, ROLLOUTS), GROUP)["pending"]
+    assert held > 0  # the dead worker still holds unacked entries
+    time.sleep(0.4)  # older than claim_idle_ms: another worker reclaims them
+    cfg = load_config(None, cfg_args)
+    scorer = Scorer(build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit)
+    Redistributor(cfg, "rescuer", scorer).run(idle_exit_s=1.5)
+    out = _batches(redis_client, run_id)
+    seen = {g.group_id: [s.rollout.id for s in g.samples] for g in out}
+    assert seen == groups  # every group arrived (a group written but not acked may arrive twice)
+    assert len(out) <= len(groups) + 1
+    assert redis_client.xlen(key(run_id, ROLLOUTS)) == 0
+    assert redis_client.xpending(key(run_id, ROLLOUTS), GROUP)["pending"] == 0
