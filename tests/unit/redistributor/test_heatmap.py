@@ -1,0 +1,56 @@
+"""Heatmap rendering of a real redistributed trace, and ``rredcot inspect`` on a file and on Redis."""
+
+from __future__ import annotations
+
+import argparse
+import html
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+from rredcot.common.codec import encode
+from rredcot.common.config import Config, CreditConfig
+from rredcot.common.models import build_tiny_model
+from rredcot.common.streams import BATCHES, Producer, key
+from rredcot.redistributor.credit import redistribute_group
+from rredcot.redistributor.heatmap import inspect_command, render_heatmap
+from rredcot.redistributor.scorer import Scorer
+from rredcot.redistributor.segmentation import token_texts
+
+_spec = importlib.util.spec_from_file_location("credit_cases", Path(__file__).with_name("test_credit.py"))
+credit_cases = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(credit_cases)
+
+
+def _weighted(qwen_tok):
+    cfg = Config()
+    cfg.credit = CreditConfig(segments=4, min_segment_tokens=2, uniform_mix=0.1)
+    group = credit_cases.make_group(qwen_tok)
+    return redistribute_group(group, cfg, Scorer(build_tiny_model("qwen3", seed=3), qwen_tok, cfg.credit))
+
+
+def test_render_heatmap(qwen_tok, tmp_path) -> None:
+    sample = _weighted(qwen_tok).samples[0]
+    render_heatmap(sample, qwen_tok, tmp_path / "h.html", tmp_path / "h.png")
+    page = (tmp_path / "h.html").read_text()
+    assert (tmp_path / "h.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    n = len(sample.sigma)
+    assert page.count('class="t"') == n and page.count('class="cut"') == len(sample.exit_points)
+    for text in token_texts(qwen_tok, sample.rollout.completion_ids.tolist()):
+        assert html.escape(text.replace("\n", "↵\n")) in page
+    assert page.count("<tr><td>") == len(sample.exit_points) - 1  # one row per segment
+    top = int(np.argmax(sample.sigma))
+    assert f"token {top}: σ={sample.sigma[top]:.3g}" in page
+
+
+def test_inspect_from_file_and_from_redis(qwen_tok, tmp_path, redis_client, redis_server, run_id) -> None:
+    group = _weighted(qwen_tok)
+    saved = tmp_path / "g.msgpack"
+    saved.write_bytes(encode(group))
+    args = argparse.Namespace(source=str(saved), run=None, tokenizer=None, out=str(tmp_path / "f"), index=1)
+    assert inspect_command(args) == 0 and (tmp_path / "f.html").exists() and (tmp_path / "f.png").exists()
+    Producer(redis_client, key(run_id, BATCHES), maxlen=8).put(encode(group))
+    args = argparse.Namespace(source=redis_server.url, run=run_id, tokenizer=None, out=str(tmp_path / "r"), index=2)
+    assert inspect_command(args) == 0
+    assert group.samples[2].rollout.id in (tmp_path / "r.html").read_text()
