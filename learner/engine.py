@@ -135,14 +135,15 @@ class LearnerEngine:
             return pending
         denom = n_samples if self.settings.loss_agg == "sample" else n_tokens
         for i in range(pending.micro_batches):
-            mb = mbs[i] if i < len(mbs) else None
-            loss = self._micro_loss(mb, denom, pending.stats) if mb is not None and not pending.bad else None
-            pending.bad = pending.bad or self._global([0 if loss is None or loss.isfinite() else 1], ["max"])[0] > 0
-            if pending.bad or loss is None:
-                loss = self._dummy_loss(poison=pending.bad and i == pending.micro_batches - 1)
-            self.engine.set_gradient_accumulation_boundary(i == pending.micro_batches - 1)
+            last = i == pending.micro_batches - 1
+            if not pending.bad:  # every rank runs one forward, then they agree on finiteness
+                loss = self._micro_loss(mbs[i], denom, pending.stats) if i < len(mbs) else self._dummy_loss()
+                pending.bad = self._global([0.0 if loss.isfinite() else 1.0], ["max"])[0] > 0
+            if pending.bad:  # drop this micro-batch; the last one poisons the gradient so the step is skipped
+                loss = self._dummy_loss(poison=last)
+            self.engine.set_gradient_accumulation_boundary(last)
             self.engine.backward(loss * self.world, scale_wrt_gas=False)
-            if i < pending.micro_batches - 1:
+            if not last:
                 self.engine.step()  # not a boundary: counts the micro-step only
         return pending
 
@@ -182,7 +183,7 @@ class LearnerEngine:
         stats.add(mb_stats.sums, mb_stats.maxes)
         return loss
 
-    def _dummy_loss(self, poison: bool) -> torch.Tensor:
+    def _dummy_loss(self, poison: bool = False) -> torch.Tensor:
         """A full forward with zero gradient (NaN gradient when ``poison``), keeping collectives aligned."""
         zero = torch.zeros((1, 1), dtype=torch.long, device=self.engine.device)
         logp = self.engine(input_ids=zero, position_ids=zero, attention_mask=None, token_index=zero[0], targets=zero[0])

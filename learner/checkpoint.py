@@ -1,0 +1,102 @@
+"""Checkpoints that resume exactly: HF model dir + DeepSpeed state + pipeline state.
+
+Layout of ``<root>/step-<version:08d>/``:
+
+- ``hf/``: ``save_pretrained`` safetensors + config (+ tokenizer when given), loadable by
+  transformers and vLLM;
+- ``ds/``: DeepSpeed ``save_checkpoint`` (partitioned fp32 weights, optimizer state, engine
+  counters) written by every rank;
+- ``pipeline.json``: learner version and counters, the caller's pipeline state (stream positions,
+  dataloader position, staleness counters, ...) and the RNG states of python, numpy and torch.
+
+A checkpoint counts only once ``pipeline.json`` exists (written last, atomically, by rank 0);
+``resume=auto`` picks the newest complete one. Only the newest ``keep`` are kept.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from rredcot.learner.broadcast import full_state
+from rredcot.learner.engine import LearnerEngine
+
+PIPELINE_FILE = "pipeline.json"
+
+
+def rng_state() -> dict[str, Any]:
+    np_state = np.random.get_state()
+    return {
+        "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+        "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+        "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    v, internal, gauss = state["python"]
+    random.setstate((v, tuple(internal), gauss))
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), *rest))
+    torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])), dtype=torch.uint8))
+
+
+def checkpoint_dir(root: str | Path, version: int) -> Path:
+    return Path(root) / f"step-{version:08d}"
+
+
+def complete_checkpoints(root: str | Path) -> list[Path]:
+    """Complete checkpoints under ``root``, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.glob("step-*") if (p / PIPELINE_FILE).is_file())
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    found = complete_checkpoints(root)
+    return found[-1] if found else None
+
+
+def save_checkpoint(engine: LearnerEngine, root: str | Path, pipeline: dict[str, Any] | None = None,
+                    tokenizer: Any = None, keep: int = 2) -> Path:
+    """Write a checkpoint of the engine's current version (a collective: every rank calls it)."""
+    path = checkpoint_dir(root, engine.version)
+    state = full_state(engine.module)
+    engine.engine.save_checkpoint(str(path / "ds"), tag="state")
+    if engine.rank == 0:
+        engine.module.save_pretrained(path / "hf", state_dict=state, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(path / "hf")
+        record = {"version": engine.version, "counters": engine.counters, "pipeline": pipeline or {},
+                  "rng": rng_state()}
+        tmp = path / (PIPELINE_FILE + ".tmp")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path / PIPELINE_FILE)
+        for old in complete_checkpoints(root)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    if engine.world > 1:
+        dist.barrier()
+    return path
+
+
+def load_checkpoint(engine: LearnerEngine, path: str | Path) -> dict[str, Any]:
+    """Restore weights, optimizer, version, counters and RNG from ``path``; returns the pipeline state."""
+    path = Path(path)
+    record = json.loads((path / PIPELINE_FILE).read_text())
+    loaded, _ = engine.engine.load_checkpoint(str(path / "ds"), tag="state")
+    if loaded is None:
+        raise FileNotFoundError(f"no DeepSpeed state in {path / 'ds'}")
+    engine.version = int(record["version"])
+    engine.counters = dict(record["counters"])
+    set_rng_state(record["rng"])
+    return record["pipeline"]

@@ -1,0 +1,44 @@
+"""Synthetic policies and batches for tests and benchmarks: tiny random models, random σ-weighted samples."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM
+
+from rredcot.common.models import tiny_config
+from rredcot.learner.packing import TrainSample
+
+VOCAB = 1000
+
+
+def tiny_lm(seed: int = 0, **config_kwargs) -> torch.nn.Module:
+    """Qwen3-shaped, hidden 64, 2 layers, vocab 1000, fp32, sdpa attention."""
+    torch.manual_seed(seed)
+    cfg = tiny_config(**{"vocab_size": VOCAB, **config_kwargs})
+    cfg.pad_token_id = cfg.eos_token_id = 0
+    return AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+
+
+def random_samples(n: int, seed: int = 0, lengths: list[int] | None = None, prompt: int = 5,
+                   sigma: str = "random", version: int = 0) -> list[TrainSample]:
+    """``n`` samples with random tokens, behaviour log-probs near -7, non-zero advantages."""
+    rng = np.random.default_rng(seed)
+    lengths = lengths or [int(x) for x in rng.integers(3, 40, n)]
+    out = []
+    for i, L in enumerate(lengths):
+        if sigma == "uniform":
+            s = np.full(L, 1.0 / L, np.float32)
+        else:
+            s = rng.random(L).astype(np.float32) ** 3
+            s /= s.sum()
+        out.append(TrainSample(
+            id=f"s{seed}-{i}",
+            prompt_ids=rng.integers(1, VOCAB, prompt).astype(np.int32),
+            completion_ids=rng.integers(1, VOCAB, L).astype(np.int32),
+            behaviour_logprobs=(-np.log(VOCAB) + rng.normal(0, 0.3, L)).astype(np.float32),
+            sigma=s.astype(np.float32),
+            versions=np.full(L, version, np.int32),
+            advantage=float(rng.choice([-1.0, 1.0]) * rng.uniform(0.5, 1.5)),
+        ))
+    return out

@@ -1,0 +1,43 @@
+"""One learner rank for the multi-process tests: train synthetic steps, checkpoint, publish weights.
+
+Usage: python learner_worker.py '<json spec>' (RANK/WORLD_SIZE/MASTER_* come from the environment).
+Spec keys: stage, steps, first_step, resume (checkpoint dir or null), save (checkpoint root or null),
+out (safetensors file for the final full weights, rank 0), redis_url + weights_dir (publish each step).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import redis
+from safetensors.torch import save_file
+
+from rredcot.common.config import LearnerConfig
+from rredcot.learner.broadcast import broadcast, full_state
+from rredcot.learner.checkpoint import load_checkpoint, save_checkpoint
+from rredcot.learner.engine import LearnerEngine
+from rredcot.learner.synthetic import random_samples, tiny_lm
+
+
+def main(spec: dict) -> None:
+    cfg = LearnerConfig(lr=1e-3, zero_stage=spec["stage"], micro_token_budget=96, zero3_persistence_threshold=0)
+    engine = LearnerEngine(tiny_lm(0), cfg)
+    if spec.get("resume"):
+        load_checkpoint(engine, spec["resume"])
+    client = redis.Redis.from_url(spec["redis_url"]) if spec.get("redis_url") else None
+    for step in range(spec.get("first_step", 0), spec["steps"]):
+        batch = random_samples(8, seed=1000 + step)[engine.rank :: engine.world]
+        result = engine.train_step(batch)
+        assert result.applied, result.metrics
+        if client is not None:
+            broadcast(engine.module, client, "test", engine.version, spec["weights_dir"], engine.rank)
+    if spec.get("save"):
+        save_checkpoint(engine, spec["save"], pipeline={"next_step": spec["steps"]})
+    state = full_state(engine.module)
+    if spec.get("out"):
+        save_file(state, spec["out"].replace("RANK", str(engine.rank)))
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
