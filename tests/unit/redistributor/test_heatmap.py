@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import html
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 
@@ -17,16 +15,13 @@ from rredcot.redistributor.credit import redistribute_group
 from rredcot.redistributor.heatmap import inspect_command, render_heatmap
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.segmentation import token_texts
-
-_spec = importlib.util.spec_from_file_location("credit_cases", Path(__file__).with_name("test_credit.py"))
-credit_cases = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(credit_cases)
+from tests.unit.redistributor.cases import make_group
 
 
 def _weighted(qwen_tok):
     cfg = Config()
     cfg.credit = CreditConfig(segments=4, min_segment_tokens=2, uniform_mix=0.1)
-    group = credit_cases.make_group(qwen_tok)
+    group = make_group(qwen_tok)
     return redistribute_group(group, cfg, Scorer(build_tiny_model("qwen3", seed=3), qwen_tok, cfg.credit))
 
 
