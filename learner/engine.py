@@ -126,7 +126,7 @@ class LearnerEngine:
         if self.cfg.skip_zero_advantage and self.ref_model is None:
             samples = [s for s in samples if s.advantage != 0.0]
         mbs = micro_batches(samples, self.cfg.micro_token_budget, self.cfg.packing)
-        n_samples, n_tokens, n_mb, tokens = self._global(
+        n_samples, n_tokens, n_mb, tokens = self.all_reduce(
             [len(samples), sum(len(s.completion_ids) for s in samples), len(mbs), sum(m.n_tokens for m in mbs)],
             ["sum", "sum", "max", "sum"],
         )
@@ -138,7 +138,7 @@ class LearnerEngine:
             last = i == pending.micro_batches - 1
             if not pending.bad:  # every rank runs one forward, then they agree on finiteness
                 loss = self._micro_loss(mbs[i], denom, pending.stats) if i < len(mbs) else self._dummy_loss()
-                pending.bad = self._global([0.0 if loss.isfinite() else 1.0], ["max"])[0] > 0
+                pending.bad = self.all_reduce([0.0 if loss.isfinite() else 1.0], ["max"])[0] > 0
             if pending.bad:  # drop this micro-batch; the last one poisons the gradient so the step is skipped
                 loss = self._dummy_loss(poison=last)
             self.engine.set_gradient_accumulation_boundary(last)
@@ -194,7 +194,7 @@ class LearnerEngine:
         if self.cfg.zero_stage != 0:
             return False
         bad = any(p.grad is not None and not bool(p.grad.isfinite().all()) for p in self.module.parameters())
-        return self._global([float(bad)], ["max"])[0] > 0
+        return self.all_reduce([float(bad)], ["max"])[0] > 0
 
     def _skip_step(self) -> None:
         """Drop this step: ZeRO sees the NaN gradient and skips; stage 0 drops the gradients itself."""
@@ -207,7 +207,7 @@ class LearnerEngine:
         if self.engine.skipped_steps != before + 1:
             raise RuntimeError("DeepSpeed applied a step with a non-finite gradient")
 
-    def _global(self, values: list[float], ops: list[str]) -> list[float]:
+    def all_reduce(self, values: list[float], ops: list[str]) -> list[float]:
         """All-reduce a few scalars with per-value op ('sum' or 'max')."""
         if self.world == 1:
             return [float(v) for v in values]

@@ -34,6 +34,7 @@ class TrainSample:
     sigma: np.ndarray  # float32 [L]
     versions: np.ndarray  # int32 [L], policy version of each completion token
     advantage: float
+    reward: float = 0.0
 
     @property
     def length(self) -> int:
@@ -50,6 +51,7 @@ def samples_from_group(group: WeightedGroup) -> list[TrainSample]:
             sigma=s.sigma,
             versions=s.rollout.token_versions(),
             advantage=float(s.advantage),
+            reward=float(s.rollout.reward),
         )
         for s in group.samples
     ]

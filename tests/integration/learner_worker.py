@@ -2,7 +2,8 @@
 
 Usage: python learner_worker.py '<json spec>' (RANK/WORLD_SIZE/MASTER_* come from the environment).
 Spec keys: stage, steps, first_step, resume (checkpoint dir or null), save (checkpoint root or null),
-out (safetensors file for the final full weights, rank 0), redis_url + weights_dir (publish each step).
+out (safetensors file for the final weights; RANK is replaced by the rank), redis_url + run_id +
+weights_dir (publish after each step).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def main(spec: dict) -> None:
         result = engine.train_step(batch)
         assert result.applied, result.metrics
         if client is not None:
-            broadcast(engine.module, client, "test", engine.version, spec["weights_dir"], engine.rank)
+            broadcast(engine.module, client, spec["run_id"], engine.version, spec["weights_dir"], engine.rank)
     if spec.get("save"):
         save_checkpoint(engine, spec["save"], pipeline={"next_step": spec["steps"]})
     state = full_state(engine.module)

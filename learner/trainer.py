@@ -1,0 +1,201 @@
+"""The learner loop: batches stream → DeepSpeed step → ack → version, weights, metrics, checkpoints.
+
+Each rank reads its share of ``generation.prompts_per_step`` groups from the ``batches`` stream
+(consumer group ``learner``), drops samples already trained (a Redis set of rollout ids, written
+after the step, so a crash before the step loses nothing), trains one step, and only then
+acknowledges the entries. Rank 0 then publishes the weights (every ``learner.broadcast_every``
+steps) and the new version that the generators' staleness admission reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rredcot.common.codec import decode
+from rredcot.common.config import Config, ConfigError
+from rredcot.common.control import RunControl
+from rredcot.common.models import load_causal_lm, load_tokenizer, resolve_model_path
+from rredcot.common.records import RecordError, WeightedGroup
+from rredcot.common.staleness import Admission
+from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Entry, connect, key
+from rredcot.learner.broadcast import broadcast
+from rredcot.learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rredcot.learner.engine import LearnerEngine
+from rredcot.learner.packing import TrainSample, samples_from_group
+
+log = logging.getLogger(__name__)
+GROUP = "learner"
+STALENESS_BINS = 4  # histogram of (learner version - token version): 0, 1, 2, >=3
+
+
+class Trainer:
+    """One learner rank (the driver makes one per rank; ``rredcot learn`` runs rank 0 alone)."""
+
+    def __init__(self, cfg: Config, name: str = "learner0", rank: int = 0) -> None:
+        if not cfg.redis.url:
+            raise ConfigError("redis.url is not set: the learner needs the run's Redis server (redis.url=redis://...)")
+        self.cfg, self.name, self.run_id = cfg, name, cfg.run.name
+        self.run_dir = Path(cfg.run.dir).resolve()
+        self.client = connect(cfg.redis.url)
+        self.control = RunControl(self.client, self.run_id)
+        self.admission = Admission(self.client, self.run_id, cfg.generation.prompts_per_step, cfg.staleness.eta)
+        self.consumer = Consumer(self.client, key(self.run_id, BATCHES), GROUP, name, key(self.run_id, DEAD),
+                                 cfg.redis.claim_idle_ms)
+        self.trained_key = key(self.run_id, "trained_ids")
+        path = resolve_model_path(cfg.model.path, seed=cfg.run.seed)
+        self.tokenizer = load_tokenizer(cfg.model.tokenizer or path)
+        self.engine = LearnerEngine(load_causal_lm(path), cfg.learner)
+        self.rank, self.world = self.engine.rank, self.engine.world
+        self.step = 0
+        self.totals = Counter({"wait_s": 0.0, "busy_s": 0.0, "broadcast_s": 0.0, "duplicates": 0, "groups": 0})
+        self.writer = self._tensorboard() if self.rank == 0 and cfg.logging.tensorboard else None
+        self._resume()
+
+    # ----- setup -----
+    def _tensorboard(self) -> Any:
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(str(self.run_dir / "tensorboard" / "learner"))
+
+    def _resume(self) -> None:
+        ckpt = latest_checkpoint(self.run_dir / "checkpoints") if self.cfg.run.resume == "auto" else None
+        if ckpt is not None:
+            pipeline = load_checkpoint(self.engine, ckpt)
+            self.step = int(pipeline["step"])
+            self.totals.update(pipeline.get("totals", {}))
+            if self.rank == 0:
+                self.admission.rebase(max(self.admission.admitted(), int(pipeline["admitted"])), self.engine.version)
+            log.info("resumed from %s at step %d, version %d", ckpt, self.step, self.engine.version)
+        self._broadcast()  # receivers start from the learner's weights (matters after a resume)
+        if self.rank == 0:
+            self.admission.publish_version(self.engine.version)
+
+    # ----- the loop -----
+    def run(self) -> dict[str, float]:
+        """Train until ``run.steps`` steps or a stop request; returns the last metrics."""
+        metrics: dict[str, float] = {}
+        while self.step < self.cfg.run.steps:
+            batch = self._next_batch()
+            if self.engine.all_reduce([float(batch is None)], ["max"])[0] > 0:  # all ranks stop together
+                break
+            metrics = self.train_on(*batch)
+        if self.cfg.learner.checkpoint_every == 0 or self.step % self.cfg.learner.checkpoint_every:
+            self.checkpoint()
+        if self.writer is not None:
+            self.writer.close()
+        return metrics
+
+    def train_on(self, entries: list[Entry], samples: list[TrainSample]) -> dict[str, float]:
+        """One step on this rank's share; ack, publish, log and checkpoint after it."""
+        t0 = time.perf_counter()
+        version = self.engine.version
+        result = self.engine.train_step(samples)
+        if result.applied and samples:
+            self.client.sadd(self.trained_key, *[s.id for s in samples])
+        self.consumer.ack([e.id for e in entries])
+        self.step += 1
+        metrics = dict(result.metrics)
+        if result.applied and self.engine.version % self.cfg.learner.broadcast_every == 0:
+            metrics["broadcast_s"] = self._broadcast()
+        if self.rank == 0:
+            self.admission.publish_version(self.engine.version)
+        self.totals["busy_s"] += time.perf_counter() - t0
+        metrics |= self._pipeline_metrics(samples, version)
+        self._log(metrics)
+        every = self.cfg.learner.checkpoint_every
+        if every and self.step % every == 0:
+            self.checkpoint()
+        return metrics
+
+    def _next_batch(self) -> tuple[list[Entry], list[TrainSample]] | None:
+        """This rank's groups of the next global batch (None once a stop is requested)."""
+        per_step = self.cfg.generation.prompts_per_step
+        need = per_step // self.world + (self.rank < per_step % self.world)
+        entries: list[Entry] = []
+        samples: list[TrainSample] = []
+        t0 = time.perf_counter()
+        while True:
+            if self.control.stop_requested():
+                return None
+            if len(entries) >= need:
+                break
+            for entry in self.consumer.read(count=need - len(entries), block_ms=200):
+                group = self._decode(entry)
+                if group is None:
+                    continue
+                entries.append(entry)
+                samples.extend(self._fresh(samples_from_group(group)))
+        self.totals["wait_s"] += time.perf_counter() - t0
+        self.totals["groups"] += len(entries)
+        return entries, samples
+
+    def _decode(self, entry: Entry) -> WeightedGroup | None:
+        try:
+            if entry.payload is None:
+                raise RecordError("entry has no payload")
+            return decode(entry.payload, WeightedGroup)
+        except RecordError as e:
+            self.consumer.dead_letter(entry, f"learner: {e}")
+            return None
+
+    def _fresh(self, samples: list[TrainSample]) -> list[TrainSample]:
+        """Samples whose rollout id was never trained (reclaimed or re-sent entries are dropped)."""
+        if not samples:
+            return []
+        seen = self.client.smismember(self.trained_key, [s.id for s in samples])
+        self.totals["duplicates"] += sum(map(bool, seen))
+        return [s for s, dup in zip(samples, seen, strict=True) if not dup]
+
+    # ----- outputs -----
+    def _broadcast(self) -> float:
+        _, seconds = broadcast(self.engine.module, self.client, self.run_id, self.engine.version,
+                               self.run_dir / "weights", self.rank)
+        self.totals["broadcast_s"] += seconds
+        return seconds
+
+    def checkpoint(self) -> Path:
+        pipeline = {"step": self.step, "admitted": self.admission.admitted(), "totals": dict(self.totals)}
+        return save_checkpoint(self.engine, self.run_dir / "checkpoints", pipeline, self.tokenizer,
+                               keep=self.cfg.learner.keep_checkpoints)
+
+    def _pipeline_metrics(self, samples: list[TrainSample], version: int) -> dict[str, float]:
+        busy, wait = self.totals["busy_s"], self.totals["wait_s"]
+        out = {"step": float(self.step), "version": float(self.engine.version),
+               "idle_frac": wait / max(busy + wait, 1e-9), "duplicates": float(self.totals["duplicates"]),
+               "skipped_nonfinite": float(self.engine.counters["skipped_nonfinite"]),
+               "skipped_empty": float(self.engine.counters["skipped_empty"]),
+               "broadcast_s_total": self.totals["broadcast_s"]}
+        for name in (ROLLOUTS, BATCHES):
+            out[f"queue_{name}"] = float(self.client.xlen(key(self.run_id, name)))
+        if samples:
+            lag = np.concatenate([version - s.versions for s in samples])
+            hist = np.bincount(np.minimum(lag, STALENESS_BINS - 1), minlength=STALENESS_BINS) / len(lag)
+            out |= {f"staleness_{i}" if i < STALENESS_BINS - 1 else f"staleness_{i}plus": float(h)
+                    for i, h in enumerate(hist)}
+            out["advantage_abs_mean"] = float(np.mean([abs(s.advantage) for s in samples]))
+            out["reward_mean"] = float(np.mean([s.reward for s in samples]))
+        return out
+
+    def _log(self, metrics: dict[str, float]) -> None:
+        if self.rank != 0:
+            return
+        self.control.publish_metrics(self.name, "learner", metrics)
+        if self.writer is not None and self.step % self.cfg.logging.every == 0:
+            for k, v in metrics.items():
+                self.writer.add_scalar(f"learner/{k}", v, self.step)
+            self.writer.flush()
+
+
+def run_learner(cfg: Config) -> dict[str, float]:
+    """``rredcot learn CONFIG``: the learner alone (one rank, or launched per rank with RANK/WORLD_SIZE)."""
+    import os
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    rank = int(os.environ.get("RANK", "0"))
+    return Trainer(cfg, f"learner{rank}", rank).run()
