@@ -61,7 +61,7 @@ def _scorer(ctx: CreditContext) -> Scorer:
 
 def _trace(scorer: Scorer, prompt: Sequence[int], s: RolloutRecord, keep_cache: bool) -> TraceScores:
     trace = score_trace(scorer.model, list(prompt), s.completion_ids.tolist(), scorer.credit.entropy_chunk,
-                        keep_cache=keep_cache)
+                        keep_cache=keep_cache, forward_chunk=scorer.credit.token_budget)
     scorer.tokens.trace += trace.counter.trace
     return trace
 

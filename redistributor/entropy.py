@@ -61,9 +61,10 @@ def head_stats(
 @torch.no_grad()
 def score_trace(
     model: Any, prompt_ids: list[int], completion_ids: list[int], chunk: int, keep_cache: bool = True,
-    stats: bool = True,
+    stats: bool = True, forward_chunk: int | None = None,
 ) -> TraceScores:
-    """Forward ``prompt ⊕ completion`` once in chunks of ``chunk`` positions.
+    """Forward ``prompt ⊕ completion`` once, ``forward_chunk`` positions per forward (default
+    ``chunk``) and ``chunk`` rows per LM-head call.
 
     Token j of the completion is predicted from the hidden state at position P + j − 1, so the
     prompt must hold at least one token. ``stats=False`` only fills the KV cache (no LM head:
@@ -77,8 +78,9 @@ def score_trace(
     p, n = len(prompt_ids), ids.numel()
     cache = DynamicCache(config=model.config)
     ents, lps = [], []
-    for start in range(0, n, chunk):
-        piece = ids[start : start + chunk]
+    step = forward_chunk or chunk
+    for start in range(0, n, step):
+        piece = ids[start : start + step]
         pos = torch.arange(start, start + piece.numel(), device=device)
         hidden = base(
             input_ids=piece[None], position_ids=pos[None], past_key_values=cache, use_cache=True

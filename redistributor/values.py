@@ -5,9 +5,12 @@ and log p(y_i | u_i, s_t) for every reference pair (u_i, y_i). With a uniform pr
 v̂(s_t) = (1/N) Σ_i [p(u_i, y_i | s_t) / q] · U(y_i) = Σ_i p(u_i, y_i | s_t) · U(y_i).
 
 Two ways to get the log-probs, equal up to float rounding:
-- ``branch_logprobs_fast``: the trace's KV cache from ``score_trace`` is reused; all branches of
-  a batch of exit points go in as one extra sequence whose 4D mask lets branch (t, i) see the
-  first P + e_t trace positions and itself only; the branch KV is cropped off afterwards.
+- ``branch_logprobs_fast``: the trace's KV cache from ``score_trace`` is reused; the branches of
+  consecutive exit points, up to ``token_budget`` tokens, go in as one extra sequence whose 4D mask
+  lets branch (t, i) see the first P + e_t trace positions and itself only. Each such forward runs
+  on a temporary cache holding the trace prefix its last exit point needs (views of the trace KV;
+  the trace cache itself is never modified), so a smaller budget wastes less attention on masked
+  trace positions at the price of more forwards.
 - ``branch_logprobs_reference``: one full forward per (exit point, pair), recomputing the prefix.
 """
 
@@ -19,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers import DynamicCache
 
 from rredcot.redistributor.entropy import TokenCounter, TraceScores, head_stats
 
@@ -95,7 +99,6 @@ def branch_logprobs_fast(
     branches = _branches(trace.prompt_len, exit_points, refs, exit_ids)
     base, head = model.get_decoder(), model.get_output_embeddings()
     device = head.weight.device
-    n_trace = trace.cache.get_seq_length()
     out: list[torch.Tensor] = [torch.zeros(0)] * len(branches)
     for group in _batches(branches, token_budget):
         ids, pos, item, local, prefix = [], [], [], [], []
@@ -109,14 +112,14 @@ def branch_logprobs_fast(
             prefix += [b.prefix_len] * n
         ids_t = torch.tensor(ids, device=device)
         item_t, local_t = torch.tensor(item, device=device), torch.tensor(local, device=device)
-        sees_trace = torch.arange(n_trace, device=device)[None, :] < torch.tensor(prefix, device=device)[:, None]
+        limit = max(prefix)
+        sees_trace = torch.arange(limit, device=device)[None, :] < torch.tensor(prefix, device=device)[:, None]
         sees_branch = (item_t[:, None] == item_t[None, :]) & (local_t[None, :] <= local_t[:, None])
         mask = torch.cat([sees_trace, sees_branch], dim=1)[None, None]
         hidden = base(
             input_ids=ids_t[None], position_ids=torch.tensor(pos, device=device)[None],
-            attention_mask=mask, past_key_values=trace.cache, use_cache=True,
+            attention_mask=mask, past_key_values=_prefix_cache(trace.cache, limit, model.config), use_cache=True,
         ).last_hidden_state[0]
-        trace.cache.crop(-len(ids))  # drop the branch KV
         # scored rows: within each branch, positions n_exit-1 .. n-2 predict tokens n_exit .. n-1
         rows, targets, owners = [], [], []
         start = 0
@@ -132,6 +135,11 @@ def branch_logprobs_fast(
             out[k] = lp[owners_t == k]
         trace.counter.branch += len(ids)
     return _collect(branches, out, len(exit_points), len(refs))
+
+
+def _prefix_cache(cache: DynamicCache, n: int, config: Any) -> DynamicCache:
+    """A cache holding the first ``n`` positions of ``cache`` (the branch forward appends to it)."""
+    return DynamicCache([(layer.keys[:, :, :n], layer.values[:, :, :n]) for layer in cache.layers], config=config)
 
 
 @torch.no_grad()
