@@ -134,11 +134,13 @@ class Generator:
         """Admit and submit prompts while staleness and the local in-flight cap allow."""
         added = 0
         while not self._exhausted and self.engine.num_unfinished < self.cfg.generation.max_in_flight_groups:
-            index = self.admission.try_admit()
-            if index is None:  # staleness forbids one now, or the run's budget is all admitted
-                self._exhausted = self.admission.admitted() >= self.budget
+            if self.admission.admitted() >= self.budget:
+                self._exhausted = True
                 break
-            if index >= self.budget:
+            index = self.admission.try_admit()
+            if index is None:  # staleness forbids one now
+                break
+            if index >= self.budget:  # another generator took the last one in between
                 self._exhausted = True
                 break
             self.client.sadd(self.inflight_key, index)
@@ -222,7 +224,9 @@ class Generator:
         return self._exhausted and not self.engine.num_unfinished
 
     def run(self, max_groups: int | None = None, timeout_s: float | None = None) -> dict[str, float]:
-        """Resume, then loop until the run's prompt budget is generated (or ``max_groups``/timeout)."""
+        """Load the latest weights, resume held prompts, then loop until the run's prompt budget is
+        generated (or ``max_groups`` / the timeout)."""
+        self.sync_weights()
         self.resume()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while not self.done and (max_groups is None or self.metrics.finished_groups < max_groups):

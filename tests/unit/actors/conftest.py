@@ -7,7 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
+from rredcot.actors.engine import Engine, EngineSpec
 from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir, save_model_dir
 
 KV_BYTES = 16 * 2**20
@@ -60,3 +62,14 @@ def hf_greedy(model, prompt: list[int], max_tokens: int) -> list[int]:
 def helpers() -> SimpleNamespace:
     return SimpleNamespace(make_model=make_model, hf_logprobs=hf_logprobs, hf_greedy=hf_greedy, weights=weights,
                            save=lambda model, tok, out: str(save_model_dir(model, tok, out)), kv_bytes=KV_BYTES)
+
+
+@pytest.fixture(scope="session")
+def tied(tmp_path_factory, tokenizer, helpers):
+    """A tied-embedding Qwen3 engine and its two weight versions (v0 loaded, v1 as a file)."""
+    root = tmp_path_factory.mktemp("tied")
+    m0, m1 = helpers.make_model("qwen3", 0, tie=True), helpers.make_model("qwen3", 1, tie=True)
+    path = helpers.save(m0, tokenizer, root / "m0")
+    save_file(helpers.weights(m1), str(root / "v1.safetensors"))
+    engine = Engine(EngineSpec(path, max_model_len=128, kv_cache_bytes=helpers.kv_bytes, seed=0))
+    return engine, m0, m1, str(root / "v1.safetensors")

@@ -4,22 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from safetensors.torch import save, save_file
+from safetensors.torch import save
 
 from rredcot.actors.engine import Engine, EngineSpec, PromptTooLong, Sampling
 
 PROMPTS = [[9707, 11, 1879, 0], [785, 3974, 13876, 38835, 30, 1207]]
-
-
-@pytest.fixture(scope="module")
-def tied(tmp_path_factory, tokenizer, helpers):
-    """A tied-embedding Qwen3 engine and its two weight versions (v0 loaded, v1 as a file)."""
-    root = tmp_path_factory.mktemp("tied")
-    m0, m1 = helpers.make_model("qwen3", 0, tie=True), helpers.make_model("qwen3", 1, tie=True)
-    path = helpers.save(m0, tokenizer, root / "m0")
-    save_file(helpers.weights(m1), str(root / "v1.safetensors"))
-    engine = Engine(EngineSpec(path, max_model_len=128, kv_cache_bytes=helpers.kv_bytes, seed=0))
-    return engine, m0, m1, str(root / "v1.safetensors")
 
 
 def test_behaviour_logprobs_match_transformers_after_temperature(tied, helpers):

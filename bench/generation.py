@@ -1,0 +1,111 @@
+"""Generation benchmark: the generator actor's loop vs plain ``LLM.generate``, and weight-update cost.
+
+For a tiny and a ~25M-parameter random Qwen3 (real Qwen3 tokenizer), in one process and one run:
+plain ``LLM.generate`` tokens/s on the run's first prompts (mean of a run before and after), the
+generator loop's tokens/s on the same prompts (engine steps + verification + Redis writes, wall
+clock), the time of one weight update (safetensors bytes through the worker extension) and of one
+generation step (``prompts_per_step`` groups). Last line: one JSON object.
+
+    python bench/generation.py [--prompts 16] [--group 4] [--max-tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+from safetensors.torch import save  # noqa: E402
+
+from rredcot.actors.engine import Engine, EngineSpec, Sampling  # noqa: E402
+from rredcot.actors.generator import Generator  # noqa: E402
+from rredcot.common.config import load_config  # noqa: E402
+from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir, save_model_dir  # noqa: E402
+from rredcot.common.prompts import prompt_ids  # noqa: E402
+from rredcot.launch.services import EmbeddedRedis  # noqa: E402
+
+MODELS = {"tiny": {"hidden": 64, "heads": 2, "layers": 2}, "25M": {"hidden": 160, "heads": 5, "layers": 4}}
+
+
+def plain_tokens_per_s(engine: Engine, prompts: list[list[int]], sampling: Sampling) -> float:
+    from vllm import SamplingParams  # the benchmark's baseline is vLLM itself, used directly
+
+    params = SamplingParams(n=sampling.n, temperature=sampling.temperature, max_tokens=sampling.max_tokens,
+                            logprobs=0)
+    start = time.perf_counter()
+    outs = engine.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    return sum(len(c.token_ids) for o in outs for c in o.outputs) / seconds
+
+
+def bench_model(label: str, root: Path, url: str, args: argparse.Namespace) -> dict[str, float]:
+    tok = load_tokenizer(qwen_tokenizer_dir())
+    model = build_tiny_model("qwen3", seed=0, **MODELS[label])
+    params = sum(p.numel() for p in model.parameters())
+    path = str(save_model_dir(model, tok, root / label))
+    cfg = load_config("tests", [
+        f"model.path={path}", f"redis.url={url}", f"run.name=bench-{label}", "run.steps=1",
+        f"generation.prompts_per_step={args.prompts}", f"generation.group_size={args.group}",
+        f"generation.max_tokens={args.max_tokens}", f"generation.max_in_flight_groups={args.prompts}",
+        "staleness.eta=0", "redis.maxlen=100000",
+    ])
+    engine = Engine(EngineSpec(path, max_model_len=cfg.model.max_model_len,
+                               kv_cache_bytes=cfg.generation.kv_cache_bytes, seed=0))
+    gen = Generator(cfg, "bench", engine=engine)
+    prompts = [prompt_ids(gen.order.at(i), cfg.data, engine.tokenizer) for i in range(args.prompts)]
+    gen.verifier.score("Answer: 1", "1")  # start the verifier process before timing
+    plain_tokens_per_s(engine, prompts, gen.sampling)  # warm-up: the first large batch is slow
+
+    plain_before = plain_tokens_per_s(engine, prompts, gen.sampling)
+    start = time.perf_counter()
+    metrics = gen.run(timeout_s=600)
+    actor = engine.generated_tokens / (time.perf_counter() - start)
+    plain_after = plain_tokens_per_s(engine, prompts, gen.sampling)
+    plain = (plain_before + plain_after) / 2
+
+    weights = save({k: v.detach().contiguous() for k, v in model.named_parameters()})
+    engine.load_weights_bytes(weights, version=1)  # warm-up
+    update_s = min(engine.load_weights_bytes(weights, version=v) for v in (2, 3, 4))
+    step_prompts = prompts[: cfg.generation.prompts_per_step if args.step_prompts is None else args.step_prompts]
+    start = time.perf_counter()
+    engine.generate(step_prompts, gen.sampling, prefix="step")
+    step_s = time.perf_counter() - start
+    gen.close()
+    assert metrics["finished_groups"] == args.prompts, metrics
+    return {"params": params, "plain_tok_s": plain, "actor_tok_s": actor, "actor_vs_plain": actor / plain,
+            "update_s": update_s, "step_s": step_s, "update_vs_step": update_s / step_s}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--group", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--step-prompts", type=int, default=None, help="groups in one generation step (default: all)")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ.setdefault("VLLM_CACHE_ROOT", str(Path(tmp) / "vllm-cache"))
+        with EmbeddedRedis(Path(tmp) / "redis") as redis_server:
+            rows = {label: bench_model(label, Path(tmp), redis_server.url, args) for label in MODELS}
+    print(f"{'model':>6} {'params':>11} {'plain tok/s':>12} {'actor tok/s':>12} {'actor/plain':>12} "
+          f"{'update s':>9} {'step s':>8} {'update/step':>12}")
+    for label, r in rows.items():
+        print(f"{label:>6} {r['params']:>11,} {r['plain_tok_s']:>12.0f} {r['actor_tok_s']:>12.0f} "
+              f"{r['actor_vs_plain']:>12.3f} {r['update_s']:>9.3f} {r['step_s']:>8.3f} {r['update_vs_step']:>12.3f}")
+    summary = {
+        "actor_vs_plain": rows["25M"]["actor_vs_plain"], "update_vs_step": rows["25M"]["update_vs_step"],
+        "actor_vs_plain_tiny": rows["tiny"]["actor_vs_plain"], "update_vs_step_tiny": rows["tiny"]["update_vs_step"],
+        "update_s_tiny": rows["tiny"]["update_s"], "update_s_25M": rows["25M"]["update_s"],
+        "params_25M": rows["25M"]["params"],
+        "config": {"prompts": args.prompts, "group": args.group, "max_tokens": args.max_tokens},
+    }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
