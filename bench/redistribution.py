@@ -95,8 +95,11 @@ def bench_values(model, tok, length: int, k: int, n_refs: int, vocab: int | None
     t_fast, (bl_fast, counter) = timed(fast, repeat=3)
     trace = kv_pass()
     t_branch, _ = timed(lambda: branch_logprobs_fast(model, trace, exits, refs, exit_ids, cfg.token_budget), 3)
-    ref_counter = TokenCounter()
-    t_ref, bl_ref = timed(lambda: branch_logprobs_reference(model, prompt, comp, exits, refs, exit_ids, ref_counter))
+    def reference():
+        counter = TokenCounter()
+        return branch_logprobs_reference(model, prompt, comp, exits, refs, exit_ids, counter), counter
+
+    t_ref, (bl_ref, ref_counter) = timed(reference, repeat=2)
     ideal = len(prompt) + len(comp) + len(exits) * sum(len(exit_ids) + len(u) + len(y) for u, y in refs)
     return {
         "L": len(comp), "K": len(exits) - 1, "N": n_refs, "fast_s": t_fast, "reference_s": t_ref,
