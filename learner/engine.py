@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from rredcot.common.config import LearnerConfig
 from rredcot.learner.loss import LossSettings, Stats, policy_loss, sample_coefficients
-from rredcot.learner.packing import MicroBatch, TokenLogProbs, TrainSample, micro_batches, model_inputs
+from rredcot.learner.packing import BudgetError, MicroBatch, TokenLogProbs, TrainSample, micro_batches, model_inputs
 
 
 def free_port() -> int:
@@ -92,7 +92,9 @@ class StepResult:
 class LearnerEngine:
     """A DeepSpeed-wrapped causal LM trained with the σ-weighted policy loss."""
 
-    def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, version: int = 0) -> None:
+    def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, version: int = 0,
+                 temperature: float = 1.0) -> None:
+        """``temperature``: the generators' sampling temperature (behaviour log-probs are taken after it)."""
         import deepspeed
 
         self.cfg = cfg
@@ -100,13 +102,15 @@ class LearnerEngine:
         self.rank, self.world = init_distributed()
         self.ref_model = None
         if cfg.kl_coef > 0:
-            self.ref_model = TokenLogProbs(copy.deepcopy(model).eval().requires_grad_(False), cfg.logprob_chunk)
+            self.ref_model = TokenLogProbs(copy.deepcopy(model).eval().requires_grad_(False), cfg.logprob_chunk,
+                                          temperature)
         if cfg.grad_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        self.engine, *_ = deepspeed.initialize(model=TokenLogProbs(model, cfg.logprob_chunk), optimizer=optimizer,
+        self.engine, *_ = deepspeed.initialize(model=TokenLogProbs(model, cfg.logprob_chunk, temperature),
+                                               optimizer=optimizer,
                                                config=ds_config(cfg))
         self.version = version
         self.counters = {"steps": 0, "skipped_nonfinite": 0, "skipped_empty": 0, "samples": 0, "tokens": 0}
@@ -125,11 +129,19 @@ class LearnerEngine:
         t0 = time.perf_counter()
         if self.cfg.skip_zero_advantage and self.ref_model is None:
             samples = [s for s in samples if s.advantage != 0.0]
-        mbs = micro_batches(samples, self.cfg.micro_token_budget, self.cfg.packing)
-        n_samples, n_tokens, n_mb, tokens = self.all_reduce(
-            [len(samples), sum(len(s.completion_ids) for s in samples), len(mbs), sum(m.n_tokens for m in mbs)],
-            ["sum", "sum", "max", "sum"],
+        error: BudgetError | None = None
+        try:
+            mbs = micro_batches(samples, self.cfg.micro_token_budget, self.cfg.packing)
+        except BudgetError as e:  # raised on every rank below, so no rank waits in a collective
+            mbs, error = [], e
+        n_samples, n_tokens, n_mb, tokens, failed = self.all_reduce(
+            [len(samples), sum(len(s.completion_ids) for s in samples), len(mbs), sum(m.n_tokens for m in mbs),
+             float(error is not None)],
+            ["sum", "sum", "max", "sum", "max"],
         )
+        if failed:
+            raise error or BudgetError(
+                f"a sample on another rank is longer than learner.micro_token_budget={self.cfg.micro_token_budget}")
         pending = Pending(t0, int(n_samples), int(tokens), int(n_mb))
         if n_samples == 0:
             return pending

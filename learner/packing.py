@@ -175,14 +175,17 @@ class TokenLogProbs(torch.nn.Module):
 
     The decoder runs once; the LM head runs only at the T positions that predict completion
     tokens. With ``chunk > 0`` and grad enabled, the head runs in checkpointed chunks of ``chunk``
-    tokens, so at most [chunk, V] logits are alive at once (forward and backward). Wrapping the
-    whole computation in one module lets DeepSpeed see every micro-batch as one engine forward.
+    tokens, so at most [chunk, V] logits are alive at once (forward and backward). Logits are
+    divided by the sampling ``temperature`` so that log-probs match the generator's processed
+    behaviour log-probs. Wrapping the whole computation in one module lets DeepSpeed see every
+    micro-batch as one engine forward.
     """
 
-    def __init__(self, lm: torch.nn.Module, chunk: int = 0) -> None:
+    def __init__(self, lm: torch.nn.Module, chunk: int = 0, temperature: float = 1.0) -> None:
         super().__init__()
         self.lm = lm
         self.chunk = chunk
+        self.inv_temperature = 1.0 / temperature if temperature > 0 else 1.0
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                 token_index: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -202,7 +205,7 @@ class TokenLogProbs(torch.nn.Module):
         return torch.cat(parts)
 
     def _head(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = self.lm.get_output_embeddings()(h).float()
+        logits = self.lm.get_output_embeddings()(h).float() * self.inv_temperature
         return logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1)
 
 
@@ -212,6 +215,6 @@ def model_inputs(mb: MicroBatch) -> dict[str, torch.Tensor | None]:
             "token_index": mb.token_index, "targets": mb.targets}
 
 
-def token_logprobs(model: torch.nn.Module, mb: MicroBatch, chunk: int = 0) -> torch.Tensor:
+def token_logprobs(model: torch.nn.Module, mb: MicroBatch, chunk: int = 0, temperature: float = 1.0) -> torch.Tensor:
     """log π(target) for every completion token of ``mb`` under the causal LM ``model`` (float32 [T])."""
-    return TokenLogProbs(model, chunk)(**model_inputs(mb))
+    return TokenLogProbs(model, chunk, temperature)(**model_inputs(mb))

@@ -50,7 +50,7 @@ class Trainer:
         self.trained_key = key(self.run_id, "trained_ids")
         path = resolve_model_path(cfg.model.path, seed=cfg.run.seed)
         self.tokenizer = load_tokenizer(cfg.model.tokenizer or path)
-        self.engine = LearnerEngine(load_causal_lm(path), cfg.learner)
+        self.engine = LearnerEngine(load_causal_lm(path), cfg.learner, temperature=cfg.generation.temperature)
         self.rank, self.world = self.engine.rank, self.engine.world
         self.step = 0
         self.totals = Counter({"wait_s": 0.0, "busy_s": 0.0, "broadcast_s": 0.0, "duplicates": 0, "groups": 0})

@@ -67,3 +67,16 @@ def test_packed_equals_padded_loss_and_grads(make_model, make_samples, chunk):
     torch.testing.assert_close(lp, lq, atol=1e-5, rtol=0)
     for name in gp:
         torch.testing.assert_close(gp[name], gq[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize(("chunk", "temperature"), [(0, 1.0), (7, 0.6)])
+def test_logprobs_match_full_forward_at_temperature(make_model, make_samples, chunk, temperature):
+    """Head-only-at-targets (chunked) log-probs == log_softmax(full logits / T) of a plain forward."""
+    model = make_model().eval()
+    sample = make_samples(1, lengths=[20])[0]
+    ids = torch.from_numpy(np.concatenate([sample.prompt_ids, sample.completion_ids])).long()[None]
+    with torch.no_grad():
+        full = torch.log_softmax(model(ids).logits[0, :-1] / temperature, -1)
+        expected = full[len(sample.prompt_ids) - 1 :].gather(-1, ids[0, len(sample.prompt_ids) :, None])[:, 0]
+        got = token_logprobs(model, collate([sample]), chunk, temperature)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
