@@ -1,0 +1,44 @@
+"""Checkpoint layout, pruning, RNG restore and the HF directory (one rank, real DeepSpeed)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM
+
+from rredcot.common.config import LearnerConfig
+from rredcot.learner.broadcast import full_state
+from rredcot.learner.checkpoint import (
+    PIPELINE_FILE,
+    complete_checkpoints,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from rredcot.learner.engine import LearnerEngine
+
+
+def test_keep_last_n_restore_rng_and_hf_dir(make_model, make_samples, tmp_path):
+    engine = LearnerEngine(make_model(), LearnerConfig(lr=1e-3, zero_stage=1, micro_token_budget=128))
+    for step in range(3):
+        engine.train_step(make_samples(4, seed=step))
+        save_checkpoint(engine, tmp_path, pipeline={"next": step + 1}, keep=2)
+    assert [p.name for p in complete_checkpoints(tmp_path)] == ["step-00000002", "step-00000003"]
+    (tmp_path / "step-00000009").mkdir()  # incomplete (no pipeline.json): never picked
+    latest = latest_checkpoint(tmp_path)
+    assert latest.name == "step-00000003"
+    assert json.loads((latest / PIPELINE_FILE).read_text())["version"] == 3
+    after_save = (torch.rand(3), np.random.rand(), random.random())  # first draws from the saved RNG states
+    trained = full_state(engine.module)
+
+    fresh = LearnerEngine(make_model(seed=5), LearnerConfig(lr=1e-3, zero_stage=1, micro_token_budget=128))
+    assert load_checkpoint(fresh, latest) == {"next": 3}
+    assert fresh.version == 3 and fresh.counters["steps"] == 3
+    assert torch.equal(torch.rand(3), after_save[0])
+    assert (np.random.rand(), random.random()) == after_save[1:]
+    assert all(torch.equal(t, trained[n]) for n, t in full_state(fresh.module).items())
+    hf = AutoModelForCausalLM.from_pretrained(latest / "hf")
+    assert all(torch.equal(p.detach(), trained[n]) for n, p in hf.named_parameters())
