@@ -174,9 +174,10 @@ def _greedy_groups(ent: np.ndarray, threshold: float, k: int) -> list[int]:
     """Left-to-right groups under ``threshold``; with k > 0, cut early when the remaining pieces must
     be singletons to make exactly k groups."""
     n = len(ent)
+    limit = threshold + 1e-9 * max(1.0, threshold)  # slack for summation-order rounding
     starts, total = [0], 0.0
     for i, e in enumerate(ent):
-        if i and (total + e > threshold or n - i == k - len(starts)):
+        if i and (total + e > limit or n - i == k - len(starts)):
             starts.append(i)
             total = 0.0
         total += e

@@ -95,15 +95,16 @@ def test_linear_partition_by_hand() -> None:
     assert starts == [0, 4, 6]
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.floats(0, 10), min_size=1, max_size=9), st.integers(1, 9))
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(st.floats(0, 10), st.just(0.0), st.just(1e-5)), min_size=1, max_size=9),
+       st.integers(1, 9))
 def test_linear_partition_is_optimal(ent: list[float], k: int) -> None:
     e = np.array(ent)
     starts = linear_partition(e, k)
     assert len(starts) == min(k, len(e)) and starts[0] == 0 and starts == sorted(set(starts))
     edges = [*starts, len(e)]
     got = max(e[a:b].sum() for a, b in zip(edges[:-1], edges[1:]))
-    assert got <= _brute_max(e, min(k, len(e))) + 1e-9
+    assert got <= _brute_max(e, min(k, len(e))) * (1 + 1e-8) + 1e-8
 
 
 PIECES = ["\n", "\n\n", " ", ".", ",", " the", " value", "x", " =", " 3", " Wait", " So", "So", " But",
