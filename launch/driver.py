@@ -28,10 +28,11 @@ from rredcot.launch.services import EmbeddedRedis
 
 log = logging.getLogger(__name__)
 
-# tier -> (module, class): the class takes (cfg: Config, name: str, rank: int) and has run() -> dict
+# tier -> (module, class): the class takes (cfg: Config, name: str) (the learner also its rank) and
+# has run(), which returns when the run's work is done or its stop flag is raised
 STAGE_CLASSES = {
     "generator": ("rredcot.actors.generator", "Generator"),
-    "redistributor": ("rredcot.redistributor.worker", "Worker"),
+    "redistributor": ("rredcot.redistributor.worker", "Redistributor"),
     "learner": ("rredcot.learner.trainer", "Trainer"),
 }
 WORKER_PREFIX = {"generator": "gen", "redistributor": "red", "learner": "learner"}
@@ -49,10 +50,12 @@ class StageWorker:
 
         module, cls = STAGE_CLASSES[tier]
         stage_cls = getattr(importlib.import_module(module), cls)
-        self.stage = stage_cls(from_dict(cfg), f"{WORKER_PREFIX[tier]}{rank}", rank)
+        name = f"{WORKER_PREFIX[tier]}{rank}"
+        self.stage = stage_cls(from_dict(cfg), name, rank) if tier == "learner" else stage_cls(from_dict(cfg), name)
 
     def run(self) -> dict[str, float]:
-        return self.stage.run()
+        result = self.stage.run()
+        return result.snapshot() if hasattr(result, "snapshot") else result
 
 
 def _with_redis_url(cfg: Config, url: str) -> Config:
@@ -196,10 +199,10 @@ def train(cfg: Config) -> Path:
     run_dir = Path(cfg.run.dir).resolve()
     report_dir = run_dir / "report"
     report_dir.mkdir(parents=True, exist_ok=True)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     with contextlib.ExitStack() as stack:
-        stack.callback(signal.signal, signal.SIGTERM, previous)
         _init_ray(cfg, stack)
+        # after ray.init, which installs its own SIGTERM handler: ours tears the run down cleanly
+        stack.callback(signal.signal, signal.SIGTERM, signal.signal(signal.SIGTERM, _raise_interrupt))
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         check_plan(cfg, ray.cluster_resources(), nodes=len(nodes))  # fails before any actor starts
         if not cfg.redis.url:
@@ -288,8 +291,8 @@ def _write_report(cfg: Config, run_dir: Path, report_dir: Path, monitor: Monitor
                  "tensorboard": str(run_dir / "tensorboard")}
     heatmaps = _render_heatmaps(cfg, run_dir, report_dir)
     artefacts.update({f"credit heatmap {i}": p for i, p in enumerate(heatmaps)})
-    final_model = run_dir / "final_model"
-    if final_model.exists():
+    final_model = _final_model(run_dir, report_dir)
+    if final_model is not None:
         artefacts["final HF model"] = str(final_model)
     write_summary(report_dir / "summary.md", to_yaml(cfg), monitor.evals, control.all_metrics(),
                   time.monotonic() - started, artefacts)
@@ -298,15 +301,36 @@ def _write_report(cfg: Config, run_dir: Path, report_dir: Path, monitor: Monitor
 
 
 def _render_heatmaps(cfg: Config, run_dir: Path, report_dir: Path, limit: int = 3) -> list[str]:
-    """Heatmaps of the traces the redistributors saved under ``run_dir/traces``."""
+    """Heatmaps of the traces the redistributors saved under ``run_dir/traces`` (the most-credited sample)."""
     traces = sorted((run_dir / "traces").glob("*.msgpack"))[:limit]
     if not traces:
         return []
     from rredcot.common.models import load_tokenizer, resolve_model_path
-    from rredcot.redistributor.heatmap import render_file
+    from rredcot.redistributor.heatmap import load_group, render_heatmap
 
     tok = load_tokenizer(cfg.model.tokenizer or resolve_model_path(cfg.model.path, seed=cfg.run.seed))
-    return [str(render_file(t, tok, report_dir / t.stem)) for t in traces]
+    out = []
+    for trace in traces:
+        group = load_group(str(trace), None)
+        sample = max(group.samples, key=lambda s: abs(s.advantage))
+        html = report_dir / f"heatmap_{trace.stem}.html"
+        render_heatmap(sample, tok, html, html.with_suffix(".png"))
+        out.append(str(html))
+    return out
+
+
+def _final_model(run_dir: Path, report_dir: Path) -> Path | None:
+    """Link the newest checkpoint's HF directory as ``report/final_model``."""
+    from rredcot.learner.checkpoint import latest_checkpoint
+
+    ckpt = latest_checkpoint(run_dir / "checkpoints")
+    if ckpt is None:
+        return None
+    link = report_dir / "final_model"
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(ckpt / "hf", target_is_directory=True)
+    return link
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
