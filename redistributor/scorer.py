@@ -26,6 +26,14 @@ class Scorer:
         self.exit_ids = list(self.tokenizer(self.credit.exit_string, add_special_tokens=False)["input_ids"])
 
     def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        """Accept a weight update (e.g. the policy at ``version`` when ``credit.scorer=policy``)."""
-        self.model.load_state_dict(state_dict, strict=True)
+        """Accept a weight update (e.g. the policy at ``version`` when ``credit.scorer=policy``).
+
+        Every parameter must be present except tied ones (a tied LM head may be left out).
+        """
+        missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
+        params = dict(self.model.named_parameters())  # tied weights appear once
+        untied_missing = [k for k in missing if k in params]
+        if unexpected or untied_missing:
+            raise ValueError(f"weights v{version} do not fit the scorer: missing {untied_missing[:5]}, "
+                             f"unexpected {unexpected[:5]}")
         self.version = version

@@ -10,12 +10,15 @@ import time
 
 import msgpack
 import numpy as np
+import pytest
+import torch
 
 from rredcot.common.codec import decode, encode
 from rredcot.common.config import load_config
 from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir
 from rredcot.common.records import WeightedGroup
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Producer, dead_letters, key
+from rredcot.common.weight_sync import publish_weights
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.worker import GROUP, Redistributor
 from tests.factories import rollout_group
@@ -102,3 +105,21 @@ def test_worker_killed_mid_batch_loses_nothing(redis_client, redis_server, run_i
     assert len(out) <= len(groups) + 1
     assert redis_client.xlen(key(run_id, ROLLOUTS)) == 0
     assert redis_client.xpending(key(run_id, ROLLOUTS), GROUP)["pending"] == 0
+
+
+def test_policy_scorer_follows_published_weights(redis_client, redis_server, run_id, tmp_path) -> None:
+    """credit.scorer=policy: the worker loads each newer published version (tied head left out)."""
+    cfg = _cfg(redis_server.url, run_id, "credit.scorer=policy")
+    scorer = Scorer(build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit)
+    worker = Redistributor(cfg, "red0", scorer)
+    assert not worker.sync_scorer()  # nothing published yet
+    policy = build_tiny_model("qwen3", seed=5)
+    publish_weights(redis_client, run_id, 3, policy.named_parameters(), tmp_path)
+    assert worker.sync_scorer() and scorer.version == 3 and not worker.sync_scorer()
+    for (name, a), b in zip(scorer.model.state_dict().items(), policy.state_dict().values()):
+        assert torch.equal(a, b), name
+    _put_groups(redis_client, run_id, 1)
+    worker.step(block_ms=100)
+    assert _batches(redis_client, run_id)[0].scorer_version == 3
+    with pytest.raises(ValueError, match="do not fit"):
+        scorer.load_weights({"model.embed_tokens.weight": policy.model.embed_tokens.weight}, 4)
