@@ -278,6 +278,12 @@ def validate(cfg: Config) -> None:
         cfg.generation.max_tokens,
         f"< model.max_model_len ({cfg.model.max_model_len})",
     )
+    _check(
+        cfg.learner.micro_token_budget >= cfg.model.max_model_len,
+        "learner.micro_token_budget",
+        cfg.learner.micro_token_budget,
+        f">= model.max_model_len ({cfg.model.max_model_len}) so that the longest sample fits one micro-batch",
+    )
     url = cfg.redis.url
     _check(
         url is None or url.startswith(("redis://", "rediss://", "unix://")),

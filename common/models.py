@@ -55,8 +55,8 @@ def tiny_config(arch: str = "qwen3", vocab_size: int = 151669, hidden: int = 64,
     return cls(
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
-        tie_word_embeddings=tie, bos_token_id=None, eos_token_id=151645,
-        pad_token_id=151643, **extra,
+        tie_word_embeddings=tie, bos_token_id=None, eos_token_id=min(151645, vocab_size - 1),
+        pad_token_id=min(151643, vocab_size - 2), **extra,
     )
 
 

@@ -1,7 +1,10 @@
 """Staleness-bounded prompt admission shared by all generators (AReaL's rule), kept in Redis.
 
 A generator may admit prompt number ``n`` (0-based, counted once across all generators) only
-while ``n < (learner_version + eta + 1) * prompts_per_step``. Then no sample is trained more than
+while ``n < (learner_version + eta + 1) * prompts_per_step``, where ``learner_version`` is the
+number of global batches the learner has consumed. That equals the policy version except after a
+skipped step (all-zero advantages or a non-finite loss): the step still consumes its batch and
+advances admission, or the generators would wait forever for a version that never comes. Then no sample is trained more than
 ``eta`` versions after the version that generated it; ``eta = 0`` is synchronous on-policy
 training. The admission count doubles as the global dataset position, so every admitted prompt is
 a distinct problem and a resumed run continues where it stopped.
@@ -45,7 +48,7 @@ class Admission:
         return int(self.client.get(self.version_key) or 0)
 
     def publish_version(self, version: int) -> None:
-        """Called by the learner after each optimizer step (monotone)."""
+        """Called by the learner after each global batch, applied or skipped (monotone)."""
         self.client.set(self.version_key, version)
 
     def rebase(self, admitted: int, version: int) -> None:

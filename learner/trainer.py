@@ -70,11 +70,11 @@ class Trainer:
             self.step = int(pipeline["step"])
             self.totals.update(pipeline.get("totals", {}))
             if self.rank == 0:
-                self.admission.rebase(max(self.admission.admitted(), int(pipeline["admitted"])), self.engine.version)
+                self.admission.rebase(max(self.admission.admitted(), int(pipeline["admitted"])), self.step)
             log.info("resumed from %s at step %d, version %d", ckpt, self.step, self.engine.version)
         self._broadcast()  # receivers start from the learner's weights (matters after a resume)
         if self.rank == 0:
-            self.admission.publish_version(self.engine.version)
+            self.admission.publish_version(self.step)
 
     # ----- the loop -----
     def run(self) -> dict[str, float]:
@@ -103,8 +103,8 @@ class Trainer:
         metrics = dict(result.metrics)
         if result.applied and self.engine.version % self.cfg.learner.broadcast_every == 0:
             metrics["broadcast_s"] = self._broadcast()
-        if self.rank == 0:
-            self.admission.publish_version(self.engine.version)
+        if self.rank == 0:  # steps, not versions: a skipped step must still let generators admit more
+            self.admission.publish_version(self.step)
         self.totals["busy_s"] += time.perf_counter() - t0
         metrics |= self._pipeline_metrics(samples, version)
         self._log(metrics)

@@ -32,6 +32,7 @@ def test_overrides_apply_and_interpolate():
         ("generation.group_size=1", ["generation.group_size", ">= 2"]),
         ("redis.url=http://x", ["redis.url", "redis://"]),
         ("generation.max_tokens=5000", ["generation.max_tokens", "model.max_model_len"]),
+        ("learner.micro_token_budget=100", ["learner.micro_token_budget", "100", "model.max_model_len (512)"]),
     ],
 )
 def test_invalid_values_name_key_value_and_allowed(override, fragments):
