@@ -4,14 +4,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from rredcot.common.config import Config
 from rredcot.common.records import RolloutGroup, RolloutRecord, WeightedGroup, WeightedSample
-from rredcot.redistributor.entropy import TraceScores, score_trace
+from rredcot.redistributor.entropy import TraceScores, score_traces
 from rredcot.redistributor.mc import mc_values
 from rredcot.redistributor.registry import CreditContext, SampleCredit, get_method, register
 from rredcot.redistributor.scorer import Scorer
@@ -59,24 +59,42 @@ def _scorer(ctx: CreditContext) -> Scorer:
     return ctx.scorer
 
 
-def _trace(scorer: Scorer, prompt: Sequence[int], s: RolloutRecord, keep_cache: bool) -> TraceScores:
-    trace = score_trace(scorer.model, list(prompt), s.completion_ids.tolist(), scorer.credit.entropy_chunk,
-                        keep_cache=keep_cache, forward_chunk=scorer.credit.token_budget)
-    scorer.tokens.trace += trace.counter.trace
-    return trace
+def budget_batches(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Indices grouped by ascending length so that rows × longest row ≤ ``budget`` (≥ 1 per batch)."""
+    batches: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        if batches and (len(batches[-1]) + 1) * lengths[i] <= budget:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def _scored(
+    scorer: Scorer, group: RolloutGroup, keep_cache: bool
+) -> Iterator[tuple[int, RolloutRecord, TraceScores, float]]:
+    """(index, sample, trace, scorer seconds per sample), one ``credit.token_budget`` batch at a time
+    (a batch's KV cache is released when the next batch starts)."""
+    c, prompt = scorer.credit, group.prompt_ids.tolist()
+    comps = [s.completion_ids.tolist() for s in group.samples]
+    for batch in budget_batches([len(prompt) + len(x) for x in comps], c.token_budget):
+        t0 = time.perf_counter()
+        traces = score_traces(scorer.model, [(prompt, comps[i]) for i in batch], c.entropy_chunk,
+                              keep_cache=keep_cache, forward_chunk=c.token_budget)
+        seconds = (time.perf_counter() - t0) / len(batch)
+        scorer.tokens.trace += traces[0].counter.trace * len(batch)
+        for i, trace in zip(batch, traces):
+            yield i, group.samples[i], trace, seconds
 
 
 @register("entropy", return_equivalent=True, needs_scorer=True)
 def entropy_credit(ctx: CreditContext) -> list[SampleCredit]:
     """σ ∝ scorer token entropy (non-finite entropies count as 0; uniform when all are 0)."""
-    scorer = _scorer(ctx)
-    out = []
-    for s in ctx.group.samples:
-        t0 = time.perf_counter()
-        h = np.nan_to_num(_trace(scorer, ctx.group.prompt_ids, s, False).entropy.double().cpu().numpy(),
-                          nan=0.0, posinf=0.0, neginf=0.0).clip(min=0.0)
+    out: list[SampleCredit] = [SampleCredit(_uniform(0))] * len(ctx.group.samples)
+    for i, _, trace, seconds in _scored(_scorer(ctx), ctx.group, keep_cache=False):
+        h = np.nan_to_num(trace.entropy.double().cpu().numpy(), nan=0.0, posinf=0.0, neginf=0.0).clip(min=0.0)
         sigma = (h / h.sum()).astype(np.float32) if h.sum() > 0 else _uniform(len(h))
-        out.append(SampleCredit(sigma, timings={"entropy": time.perf_counter() - t0}))
+        out[i] = SampleCredit(sigma, timings={"entropy": seconds})
     return out
 
 
@@ -125,11 +143,9 @@ def rredcot(ctx: CreditContext) -> list[SampleCredit]:
     """Entropy → segments → importance-sampled exit values → segment rewards → σ."""
     scorer, c = _scorer(ctx), ctx.cfg.credit
     refs = reference_pairs(ctx.group, scorer)
-    out = []
-    for s, adv in zip(ctx.group.samples, ctx.advantages):
+    out: list[SampleCredit] = [SampleCredit(_uniform(0))] * len(ctx.group.samples)
+    for i, s, trace, t_entropy in _scored(scorer, ctx.group, keep_cache=bool(refs)):
         n = len(s.completion_ids)
-        t0 = time.perf_counter()
-        trace = _trace(scorer, ctx.group.prompt_ids, s, keep_cache=bool(refs))
         t1 = time.perf_counter()
         exits = _exits(_segments(scorer, s, trace), n, c.answer_part)
         t2 = time.perf_counter()
@@ -139,12 +155,10 @@ def rredcot(ctx: CreditContext) -> list[SampleCredit]:
                                       c.entropy_chunk)
             scorer.tokens.branch += trace.counter.branch
             values = exit_values(bl, [1.0] * len(refs), c.value_space)
-        del trace
         t3 = time.perf_counter()
-        credit = _sigma(exits, values, n, float(adv), ctx)
-        credit.timings = {"entropy": t1 - t0, "segment": t2 - t1, "values": t3 - t2,
+        out[i] = _sigma(exits, values, n, float(ctx.advantages[i]), ctx)
+        out[i].timings = {"entropy": t_entropy, "segment": t2 - t1, "values": t3 - t2,
                           "sigma": time.perf_counter() - t3}
-        out.append(credit)
     return out
 
 
@@ -154,18 +168,16 @@ def mc(ctx: CreditContext) -> list[SampleCredit]:
     scorer, c = _scorer(ctx), ctx.cfg.credit
     if ctx.sampler is None or ctx.reward_fn is None:
         raise ValueError("credit method 'mc' needs a continuation sampler and a reward function")
-    out = []
-    for s, adv in zip(ctx.group.samples, ctx.advantages):
+    out: list[SampleCredit] = [SampleCredit(_uniform(0))] * len(ctx.group.samples)
+    for i, s, trace, t_entropy in _scored(scorer, ctx.group, keep_cache=False):
         n = len(s.completion_ids)
-        t0 = time.perf_counter()
-        exits = _exits(_segments(scorer, s, _trace(scorer, ctx.group.prompt_ids, s, False)), n, c.answer_part)
         t1 = time.perf_counter()
+        exits = _exits(_segments(scorer, s, trace), n, c.answer_part)
+        t2 = time.perf_counter()
         values, _ = mc_values(ctx.sampler, ctx.reward_fn, ctx.group.prompt_ids.tolist(), s.completion_ids.tolist(),
                               exits.tolist(), c.mc_samples, ctx.cfg.generation.max_tokens, ctx.group.answer)
-        t2 = time.perf_counter()
-        credit = _sigma(exits, values, n, float(adv), ctx)
-        credit.timings = {"segment": t1 - t0, "values": t2 - t1}
-        out.append(credit)
+        out[i] = _sigma(exits, values, n, float(ctx.advantages[i]), ctx)
+        out[i].timings = {"entropy": t_entropy, "segment": t2 - t1, "values": time.perf_counter() - t2}
     return out
 
 

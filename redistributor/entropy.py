@@ -8,6 +8,7 @@ recomputing any prefix.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,8 +35,9 @@ class TraceScores:
     prompt_len: int
     entropy: torch.Tensor  # float32 [L]
     logprob: torch.Tensor  # float32 [L], log p(o_j | x, o_<j)
-    cache: DynamicCache | None  # KV of the whole trace (None when not kept)
-    counter: TokenCounter = field(default_factory=TokenCounter)
+    cache: DynamicCache | None  # KV of the whole trace (None when not kept), batch row ``row``
+    counter: TokenCounter = field(default_factory=TokenCounter)  # trace: padded width forwarded
+    row: int = 0
 
 
 def head_stats(
@@ -59,43 +61,56 @@ def head_stats(
 
 
 @torch.no_grad()
-def score_trace(
-    model: Any, prompt_ids: list[int], completion_ids: list[int], chunk: int, keep_cache: bool = True,
+def score_traces(
+    model: Any, seqs: Sequence[tuple[Sequence[int], Sequence[int]]], chunk: int, keep_cache: bool = True,
     stats: bool = True, forward_chunk: int | None = None,
-) -> TraceScores:
-    """Forward ``prompt ⊕ completion`` once, ``forward_chunk`` positions per forward (default
-    ``chunk``) and ``chunk`` rows per LM-head call.
+) -> list[TraceScores]:
+    """Forward several ``(prompt, completion)`` traces once, as one right-padded batch.
 
-    Token j of the completion is predicted from the hidden state at position P + j − 1, so the
-    prompt must hold at least one token. ``stats=False`` only fills the KV cache (no LM head:
-    entropy and logprob come back empty).
+    Each forward holds at most ``forward_chunk`` tokens (default ``chunk``) over the batch; the LM
+    head takes ``chunk`` rows at a time. Padding sits after each row's tokens, so causal attention
+    keeps the rows exact. Token j of a completion is predicted from the hidden state at position
+    P + j − 1: every prompt must hold at least one token. ``stats=False`` only fills the KV cache
+    (entropy and logprob come back empty). The traces share one cache (``TraceScores.row``).
     """
-    if not prompt_ids:
+    if any(not p for p, _ in seqs):
         raise ValueError("the prompt must hold at least one token (it predicts the first completion token)")
     base, head = model.get_decoder(), model.get_output_embeddings()
     device = head.weight.device
-    ids = torch.tensor(list(prompt_ids) + list(completion_ids), dtype=torch.long, device=device)
-    p, n = len(prompt_ids), ids.numel()
+    rows = [[*p, *c] for p, c in seqs]
+    width = max(map(len, rows))
+    ids = torch.zeros((len(rows), width), dtype=torch.long, device=device)
+    for b, r in enumerate(rows):
+        ids[b, : len(r)] = torch.tensor(r, dtype=torch.long)
     cache = DynamicCache(config=model.config)
-    ents, lps = [], []
-    step = forward_chunk or chunk
-    for start in range(0, n, step):
-        piece = ids[start : start + step]
-        pos = torch.arange(start, start + piece.numel(), device=device)
-        hidden = base(
-            input_ids=piece[None], position_ids=pos[None], past_key_values=cache, use_cache=True
-        ).last_hidden_state[0]
-        # rows whose next token is a completion token: positions p-1 .. n-2
-        lo, hi = max(p - 1, start), min(n - 1, start + piece.numel())
-        if stats and lo < hi:
-            e, lp = head_stats(head, hidden[lo - start : hi - start], ids[lo + 1 : hi + 1], chunk)
-            ents.append(e)
-            lps.append(lp)
+    ents: list[list[torch.Tensor]] = [[] for _ in rows]
+    lps: list[list[torch.Tensor]] = [[] for _ in rows]
+    step = max(1, (forward_chunk or chunk) // len(rows))
+    for start in range(0, width, step):
+        piece = ids[:, start : start + step]
+        pos = torch.arange(start, start + piece.shape[1], device=device).expand_as(piece)
+        hidden = base(input_ids=piece, position_ids=pos, past_key_values=cache, use_cache=True).last_hidden_state
+        for b, ((p, _), r) in enumerate(zip(seqs, rows)):
+            # rows whose next token is a completion token: positions p-1 .. n-2
+            lo, hi = max(len(p) - 1, start), min(len(r) - 1, start + piece.shape[1])
+            if stats and lo < hi:
+                e, lp = head_stats(head, hidden[b, lo - start : hi - start], ids[b, lo + 1 : hi + 1], chunk)
+                ents[b].append(e)
+                lps[b].append(lp)
     empty = torch.zeros(0, dtype=torch.float32, device=device)
-    return TraceScores(
-        prompt_len=p,
-        entropy=torch.cat(ents) if ents else empty,
-        logprob=torch.cat(lps) if lps else empty,
-        cache=cache if keep_cache else None,
-        counter=TokenCounter(trace=n),
-    )
+    return [
+        TraceScores(
+            prompt_len=len(p), entropy=torch.cat(ents[b]) if ents[b] else empty,
+            logprob=torch.cat(lps[b]) if lps[b] else empty, cache=cache if keep_cache else None,
+            counter=TokenCounter(trace=width), row=b,
+        )
+        for b, (p, _) in enumerate(seqs)
+    ]
+
+
+def score_trace(
+    model: Any, prompt_ids: Sequence[int], completion_ids: Sequence[int], chunk: int, keep_cache: bool = True,
+    stats: bool = True, forward_chunk: int | None = None,
+) -> TraceScores:
+    """``score_traces`` for one trace."""
+    return score_traces(model, [(prompt_ids, completion_ids)], chunk, keep_cache, stats, forward_chunk)[0]

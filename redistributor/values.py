@@ -118,7 +118,7 @@ def branch_logprobs_fast(
         mask = torch.cat([sees_trace, sees_branch], dim=1)[None, None]
         hidden = base(
             input_ids=ids_t[None], position_ids=torch.tensor(pos, device=device)[None],
-            attention_mask=mask, past_key_values=_prefix_cache(trace.cache, limit, model.config), use_cache=True,
+            attention_mask=mask, past_key_values=_prefix_cache(trace, limit, model.config), use_cache=True,
         ).last_hidden_state[0]
         # scored rows: within each branch, positions n_exit-1 .. n-2 predict tokens n_exit .. n-1
         rows, targets, owners = [], [], []
@@ -137,9 +137,11 @@ def branch_logprobs_fast(
     return _collect(branches, out, len(exit_points), len(refs))
 
 
-def _prefix_cache(cache: DynamicCache, n: int, config: Any) -> DynamicCache:
-    """A cache holding the first ``n`` positions of ``cache`` (the branch forward appends to it)."""
-    return DynamicCache([(layer.keys[:, :, :n], layer.values[:, :, :n]) for layer in cache.layers], config=config)
+def _prefix_cache(trace: TraceScores, n: int, config: Any) -> DynamicCache:
+    """A cache holding the first ``n`` positions of the trace's row (the branch forward appends to it)."""
+    b = trace.row
+    layers = trace.cache.layers  # type: ignore[union-attr]
+    return DynamicCache([(la.keys[b : b + 1, :, :n], la.values[b : b + 1, :, :n]) for la in layers], config=config)
 
 
 @torch.no_grad()

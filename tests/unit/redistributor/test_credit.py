@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from rredcot.common.config import Config, CreditConfig
 from rredcot.common.models import build_tiny_model
-from rredcot.redistributor.credit import group_advantages, redistribute_group, reference_pairs
+from rredcot.redistributor.credit import budget_batches, group_advantages, redistribute_group, reference_pairs
 from rredcot.redistributor.entropy import score_trace
 from rredcot.redistributor.mc import HFContinuationSampler
 from rredcot.redistributor.registry import CREDIT_METHODS, SampleCredit, register
@@ -28,6 +28,28 @@ def test_group_advantages_by_hand() -> None:
     np.testing.assert_allclose(group_advantages([1, 0, 0, 1], True), [1, -1, -1, 1], atol=1e-5)
     np.testing.assert_allclose(group_advantages([1, 0, 0, 1], False), [0.5, -0.5, -0.5, 0.5])
     np.testing.assert_allclose(group_advantages([1, 1, 1], True), [0, 0, 0])
+
+
+def test_budget_batches_by_hand() -> None:
+    # ascending length; a batch grows while rows x its longest row stays within the budget
+    assert budget_batches([50, 10, 30, 20], 60) == [[1, 3], [2], [0]]  # 2x20 <= 60, 3x30 > 60, 2x50 > 60
+    assert budget_batches([50, 10, 30, 20], 1000) == [[1, 3, 2, 0]]
+    assert budget_batches([500], 10) == [[0]]  # a row longer than the budget still goes alone
+    assert budget_batches([], 10) == []
+
+
+@pytest.mark.parametrize("method", ["rredcot", "entropy"])
+def test_scorer_batching_does_not_change_credit(qwen_tok, qwen_model, method) -> None:
+    group = make_group(qwen_tok)
+    outs = []
+    for budget in (64, 8192):  # one sample per batch (chunked forwards) vs the whole group at once
+        cfg = Config()
+        cfg.credit = CreditConfig(method=method, segments=3, token_budget=budget, uniform_mix=0.2)
+        outs.append(redistribute_group(group, cfg, Scorer(qwen_model, qwen_tok, cfg.credit)))
+    for a, b in zip(*(o.samples for o in outs)):
+        np.testing.assert_allclose(a.sigma, b.sigma, atol=1e-6)
+        np.testing.assert_allclose(a.exit_values, b.exit_values, atol=1e-4)
+        assert a.exit_points.tolist() == b.exit_points.tolist()
 
 
 def test_uniform_methods_by_hand(qwen_tok) -> None:

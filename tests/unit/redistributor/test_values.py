@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from rredcot.redistributor.entropy import TokenCounter, score_trace
+from rredcot.redistributor.entropy import TokenCounter, score_trace, score_traces
 from rredcot.redistributor.values import (
     BranchLogprobs,
     branch_logprobs_fast,
@@ -105,3 +105,21 @@ def test_degenerate_trace_inputs(make_lm) -> None:
     counter = TokenCounter()
     branch_logprobs_reference(model, [1, 2], [3, 4], [0, 2], [([5], [6])], [9], counter)
     assert counter.trace == 2 + 4 and counter.branch == 2 * 3
+
+
+def test_batched_traces_match_single_traces(make_lm) -> None:
+    """Right-padded batches (rows of different lengths) give each row's own entropies and branches."""
+    model = make_lm("qwen3", 7)
+    cases = [_random_case(10 + i, 3 + i, n, 3, 2) for i, n in enumerate([30, 55, 12])]
+    seqs = [(p, c) for p, c, *_ in cases]
+    batched = score_traces(model, seqs, chunk=8, forward_chunk=48)  # 16 positions per forward
+    for (prompt, comp, exits, refs, exit_ids), trace in zip(cases, batched):
+        single = score_trace(model, prompt, comp, chunk=64)
+        torch.testing.assert_close(trace.entropy, single.entropy, atol=1e-5, rtol=0)
+        torch.testing.assert_close(trace.logprob, single.logprob, atol=1e-5, rtol=0)
+        fast = branch_logprobs_fast(model, trace, exits, refs, exit_ids, token_budget=40)
+        ref = branch_logprobs_reference(model, prompt, comp, exits, refs, exit_ids)
+        np.testing.assert_allclose(fast.log_u, ref.log_u, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(fast.log_y, ref.log_y, atol=1e-5, rtol=0)
+    assert {t.row for t in batched} == {0, 1, 2}
+    assert batched[0].counter.trace == max(len(p) + len(c) for p, c in seqs)  # padded width forwarded
