@@ -30,24 +30,28 @@ def mc_values(
 
 
 class HFContinuationSampler:
-    """``ContinuationSampler`` on transformers ``generate`` (one prefix at a time, M sequences each)."""
+    """``ContinuationSampler`` on transformers ``generate`` (one prefix at a time, M sequences each;
+    greedy when ``temperature`` is 0)."""
 
     def __init__(self, model: Any, temperature: float = 1.0, eos_token_id: int | None = None, seed: int = 0):
-        self.model, self.temperature, self.eos = model, temperature, eos_token_id
-        self.generator_seed = seed
+        self.model, self.eos, self.seed = model, eos_token_id, seed
+        self.greedy = temperature <= 0
+        self.sampling = {"do_sample": False} if self.greedy else {"do_sample": True, "temperature": temperature,
+                                                                   "top_k": 0}
 
     @torch.no_grad()
     def sample(self, prefixes: list[list[int]], m: int, max_tokens: int) -> list[list[list[int]]]:
-        torch.manual_seed(self.generator_seed)
+        torch.manual_seed(self.seed)
         out = []
         for prefix in prefixes:
             ids = torch.tensor([prefix], device=self.model.device)
             gen = self.model.generate(
-                ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=self.temperature,
-                top_k=0, max_new_tokens=max_tokens, min_new_tokens=0, num_return_sequences=m,
-                eos_token_id=self.eos, pad_token_id=self.eos if self.eos is not None else 0,
+                ids, attention_mask=torch.ones_like(ids), **self.sampling, max_new_tokens=max_tokens,
+                min_new_tokens=0, num_return_sequences=1 if self.greedy else m, eos_token_id=self.eos,
+                pad_token_id=self.eos if self.eos is not None else 0,
             )[:, len(prefix) :].tolist()
-            out.append([_until_eos(c, self.eos) for c in gen])
+            conts = [_until_eos(c, self.eos) for c in gen]
+            out.append(conts * m if self.greedy else conts)  # greedy: M identical continuations
         return out
 
 

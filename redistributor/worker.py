@@ -93,7 +93,9 @@ class Redistributor:
         self.scorer = scorer if scorer is not None or not self.method.needs_scorer else build_scorer(cfg)
         self.extra: dict[str, Any] = {}
         if self.method.needs_sampler and self.scorer is not None:
-            self.extra = {"sampler": HFContinuationSampler(self.scorer.model, cfg.generation.temperature),
+            sampler = HFContinuationSampler(self.scorer.model, cfg.generation.temperature,
+                                            self.scorer.tokenizer.eos_token_id, cfg.run.seed)
+            self.extra = {"sampler": sampler,
                           "reward_fn": verifier_reward(self.scorer.tokenizer)}
         self.metrics = WorkerMetrics()
         self._resumed = False
