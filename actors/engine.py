@@ -186,10 +186,6 @@ class Engine:
         by_id = {g.request_id: g for g in self.run()}
         return [by_id[rid] for rid in ids]
 
-    def abort_all(self) -> None:
-        self._core.abort_request(list(self._live))
-        self._live.clear()
-
     # ----- weights -----
     def load_weights_file(self, path: str, version: int, in_flight: str = "finish") -> float:
         """Apply a safetensors file as ``version``; returns the seconds the update took."""
