@@ -52,7 +52,8 @@ def _segment_rows(sample: WeightedSample) -> list[str]:
         mass = float(sample.sigma[e[k] : e[k + 1]].sum())
         vals = f"{_fmt(v[k])} → {_fmt(v[k + 1])}" if len(v) == len(e) else "—"
         reward = float(r[k]) if k < len(r) else 0.0
-        bar = f'<span class="bar" style="width:{round(mass * 200)}px;background:#2a5"></span>'
+        colour = "#2a5" if sample.advantage >= 0 else "#c33"
+        bar = f'<span class="bar" style="width:{round(mass * 200)}px;background:{colour}"></span>'
         rows.append(f"<tr><td>{k}</td><td>{e[k]}–{e[k + 1]}</td><td>{e[k + 1] - e[k]}</td><td>{vals}</td>"
                     f"<td>{reward:+.4g}</td><td>{mass:.3f} {bar}</td></tr>")
     return rows
