@@ -116,6 +116,7 @@ class CreditConfig:
     entropy_chunk: int = bounded(1024, 16)
     mc_samples: int = bounded(4, 1)  # M, for method=mc
     group_timeout_s: float = bounded(60.0, 0.0)
+    save_traces: int = bounded(3, 0)  # weighted groups (with a non-zero advantage) each worker saves for heatmaps
 
 
 @dataclass

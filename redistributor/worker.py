@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,7 +22,7 @@ from rredcot.common.codec import decode, encode
 from rredcot.common.config import Config, ConfigError
 from rredcot.common.control import RunControl
 from rredcot.common.models import load_causal_lm, load_tokenizer, resolve_model_path
-from rredcot.common.records import RecordError, RolloutGroup
+from rredcot.common.records import RecordError, RolloutGroup, WeightedGroup
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Entry, Producer, connect, key
 from rredcot.common.verifier import answers_match, extract_answer
 from rredcot.common.weight_sync import latest_manifest, load_tensors
@@ -98,6 +99,7 @@ class Redistributor:
             self.extra = {"sampler": sampler,
                           "reward_fn": verifier_reward(self.scorer.tokenizer)}
         self.metrics = WorkerMetrics()
+        self.saved = 0
         self._resumed = False
 
     def sync_scorer(self) -> bool:
@@ -146,6 +148,17 @@ class Redistributor:
         self.producer.put(payload)
         self.consumer.ack([entry.id])
         self._count(group, out.samples, time.perf_counter() - t0)
+        self._maybe_save(out, payload)
+
+    def _maybe_save(self, out: WeightedGroup, payload: bytes) -> None:
+        """Keep the first ``credit.save_traces`` groups with a non-zero advantage under
+        ``run.dir/traces`` (encoded records, for ``rredcot inspect`` and the run report)."""
+        if self.saved >= self.cfg.credit.save_traces or not any(s.advantage for s in out.samples):
+            return
+        folder = Path(self.cfg.run.dir) / "traces"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{self.name}-{out.group_id}.msgpack").write_bytes(payload)
+        self.saved += 1
 
     def _count(self, group: RolloutGroup, samples: list[Any], seconds: float) -> None:
         m = self.metrics

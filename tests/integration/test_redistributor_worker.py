@@ -43,7 +43,8 @@ def _batches(client, run_id: str) -> list[WeightedGroup]:
     return [decode(f[b"d"], WeightedGroup) for _, f in client.xrange(key(run_id, BATCHES))]
 
 
-def test_every_rollout_becomes_one_weighted_sample_or_dead_letter(redis_client, redis_server, run_id) -> None:
+def test_every_rollout_becomes_one_weighted_sample_or_dead_letter(redis_client, redis_server, run_id,
+                                                                   tmp_path) -> None:
     groups = _put_groups(redis_client, run_id, 3)
     bad = rollout_group(seed=9)
     bad.samples[0].completion_ids = bad.samples[0].completion_ids.astype(np.int64)  # breaks the schema
@@ -51,10 +52,12 @@ def test_every_rollout_becomes_one_weighted_sample_or_dead_letter(redis_client, 
     producer = Producer(redis_client, key(run_id, ROLLOUTS), maxlen=64)
     producer.put(b"\x00not msgpack")
     producer.put(raw)
-    cfg = _cfg(redis_server.url, run_id)
+    cfg = _cfg(redis_server.url, run_id, f"run.dir={tmp_path}", "credit.save_traces=2")
     scorer = Scorer(build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit)
     worker = Redistributor(cfg, "red0", scorer)
     metrics = worker.run(idle_exit_s=1.0)
+    saved = sorted((tmp_path / "traces").glob("red0-*.msgpack"))
+    assert len(saved) == 2 and all(decode(p.read_bytes(), WeightedGroup).group_id in groups for p in saved)
     out = _batches(redis_client, run_id)
     assert {g.group_id: [s.rollout.id for s in g.samples] for g in out} == groups
     for g in out:
