@@ -16,10 +16,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import AutoModelForCausalLM
 
 from rredcot.common.config import Config, CreditConfig
-from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir, tiny_config
+from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir
 from rredcot.common.records import RolloutGroup, RolloutRecord, new_id
 from rredcot.redistributor.credit import redistribute_group
 from rredcot.redistributor.entropy import TokenCounter, score_trace
@@ -62,10 +61,8 @@ def timed(fn, repeat: int = 1):
 def body_heavy_model(vocab: int = 1024) -> Any:
     """A random Qwen3 whose body outweighs its LM head per token, as in real models (hidden 256,
     4 layers, small vocab); the tiny 151k-vocab model spends nearly all its time in the head."""
-    cfg = tiny_config("qwen3", vocab_size=vocab, hidden=256, layers=4, heads=4, kv_heads=2, max_positions=8192)
-    cfg.pad_token_id = cfg.eos_token_id = None
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    return build_tiny_model("qwen3", seed=0, vocab_size=vocab, hidden=256, layers=4, heads=4, kv_heads=2,
+                            max_positions=8192)
 
 
 def bench_values(model, tok, length: int, k: int, n_refs: int, vocab: int | None = None) -> dict[str, float]:
