@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 
 import pytest
 import torch
@@ -116,3 +118,28 @@ def test_staleness_bound_with_two_generators(setup, redis_server, redis_client, 
     assert all(g.metrics.weight_updates >= 1 for g in gens)
     for g in gens:
         g.close()
+
+
+def test_backpressure_blocks_the_generator_until_the_stream_drains(setup, redis_server, redis_client, run_id):
+    path, engines, _, _ = setup
+    _reset(engines)
+    cfg = _cfg(path, redis_server.url, run_id, "run.steps=2", "generation.prompts_per_step=2", "staleness.eta=1",
+               "redis.maxlen=1", "redis.block_timeout_s=60")
+    gen = Generator(cfg, "g0", engine=engines[0])
+    stream = key(run_id, ROLLOUTS)
+    drained: list[bytes] = []
+
+    def consume_slowly() -> None:  # a lagging consumer: takes one entry per second
+        while len(drained) < 4:
+            time.sleep(1.0)
+            for entry_id, _ in redis_client.xrange(stream, count=1):
+                redis_client.xdel(stream, entry_id)
+                drained.append(entry_id)
+
+    consumer = threading.Thread(target=consume_slowly, daemon=True)
+    consumer.start()
+    metrics = gen.run(timeout_s=60)
+    consumer.join(timeout=30)
+    gen.close()
+    assert metrics["finished_groups"] == 4 and len(drained) == 4
+    assert metrics["blocked_backpressure_s"] > 1.0  # waited for room instead of trimming unread data
