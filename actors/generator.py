@@ -95,6 +95,7 @@ class Generator:
         self.engine = engine or Engine(EngineSpec(
             resolve_model_path(cfg.model.path, seed=cfg.run.seed), max_model_len=cfg.model.max_model_len,
             kv_cache_bytes=cfg.generation.kv_cache_bytes, dtype=cfg.model.dtype, seed=cfg.run.seed,
+            nccl=cfg.generation.weight_transport == "nccl",
         ))
         g = cfg.generation
         self.sampling = Sampling(n=g.group_size, temperature=g.temperature, top_p=g.top_p,
@@ -111,11 +112,16 @@ class Generator:
         manifest = latest_manifest(self.client, self.run_id)
         if manifest is None or manifest.version <= self.engine.version:
             return False
-        try:
-            data = read_weights(manifest)
-        except FileNotFoundError:  # pruned by a newer publication: pick that one up next time
-            return False
-        seconds = self.engine.load_weights_bytes(data, manifest.version, self.cfg.generation.in_flight)
+        policy = self.cfg.generation.in_flight
+        if manifest.transport == "nccl":  # GPU: joins the learner's broadcast (see join_nccl)
+            seconds = self.engine.load_weights_nccl(manifest.names, manifest.dtypes, manifest.shapes,
+                                                    manifest.version, policy)
+        else:
+            try:
+                data = read_weights(manifest)
+            except FileNotFoundError:  # pruned by a newer publication: pick that one up next time
+                return False
+            seconds = self.engine.load_weights_bytes(data, manifest.version, policy)
         self._write_finished(self.engine.step())  # groups drained by the "finish" policy
         self.metrics.weight_updates += 1
         self.metrics.weight_update_s += seconds
@@ -251,6 +257,10 @@ class GeneratorActor:
 
     def metrics(self) -> dict[str, float]:
         return self.generator.metrics.snapshot()
+
+    def join_nccl(self, master_address: str, master_port: int, rank_offset: int, world_size: int) -> None:
+        """GPU (``generation.weight_transport=nccl``): join the learner's weight-broadcast group."""
+        self.generator.engine.init_nccl(master_address, master_port, rank_offset, world_size)
 
 
 def remote_generator(cfg: Config, name: str, **options: Any) -> Any:
