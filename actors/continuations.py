@@ -22,9 +22,11 @@ class VLLMContinuations:
     def sample(self, prefixes: list[list[int]], m: int, max_tokens: int) -> list[list[list[int]]]:
         """For each prefix, ``m`` continuations (ids after the prefix) of at most ``max_tokens`` tokens."""
         self._calls += 1
-        sampling = Sampling(n=m, temperature=self.temperature, top_p=self.top_p, max_tokens=max_tokens)
+        greedy = self.temperature == 0.0  # vLLM refuses n > 1 when greedy: sample once, repeat
+        sampling = Sampling(n=1 if greedy else m, temperature=self.temperature, top_p=self.top_p,
+                            max_tokens=max_tokens)
         groups = self.engine.generate(prefixes, sampling, prefix=f"mc{self._calls}")
-        return [[c.token_ids for c in g.completions] for g in groups]
+        return [[c.token_ids for c in g.completions] * (m if greedy else 1) for g in groups]
 
     def rewards(self, prefixes: list[list[int]], prompt_lens: list[int], answers: list[str], m: int,
                 max_tokens: int, verifier: Verifier) -> list[list[float]]:

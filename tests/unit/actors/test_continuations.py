@@ -15,10 +15,10 @@ def test_greedy_continuations_match_transformers(tied, helpers):
     sampler = VLLMContinuations(engine, temperature=0.0)
     assert isinstance(sampler, ContinuationSampler)
     prefixes = [[9707, 11, 1879], [785, 3974, 13876, 38835, 30]]
-    out = sampler.sample(prefixes, m=1, max_tokens=6)
+    out = sampler.sample(prefixes, m=2, max_tokens=6)
     assert len(out) == 2
     for prefix, conts in zip(prefixes, out):
-        assert len(conts) == 1
+        assert len(conts) == 2 and conts[0] == conts[1]
         assert conts[0] == helpers.hf_greedy(m0, prefix, len(conts[0])) and 0 < len(conts[0]) <= 6
 
 
