@@ -25,6 +25,7 @@ import numpy as np
 from rredcot.actors.engine import Engine, EngineSpec, GroupOutput, PromptTooLong, Sampling
 from rredcot.common.codec import encode
 from rredcot.common.config import Config, ConfigError, from_dict, to_dict
+from rredcot.common.control import RunControl
 from rredcot.common.data import Problem, ProblemOrder, load_problems, split_eval
 from rredcot.common.models import resolve_model_path
 from rredcot.common.prompts import prompt_ids
@@ -85,11 +86,12 @@ class Generator:
             raise ConfigError("redis.url is not set: a generator needs the run's Redis server (redis.url=redis://...)")
         self.cfg, self.name, self.run_id = cfg, name, cfg.run.name
         self.client = connect(cfg.redis.url)
-        self.admission = Admission(self.client, self.run_id, cfg.generation.prompts_per_step, cfg.staleness.eta)
+        self.admission = Admission(self.client, self.run_id, cfg.generation.prompts_per_step, cfg.staleness.eta,
+                                   budget=cfg.run.steps * cfg.generation.prompts_per_step)
+        self.control = RunControl(self.client, self.run_id)
         self.producer = Producer(self.client, key(self.run_id, ROLLOUTS), cfg.redis.maxlen,
                                  cfg.redis.block_timeout_s)
         self.inflight_key = key(self.run_id, f"inflight:{name}")
-        self.metrics_key = key(self.run_id, f"metrics:{name}")
         train, _ = split_eval(load_problems(cfg.data, seed=cfg.run.seed), cfg.data.eval_size, cfg.data.shuffle_seed)
         self.order = ProblemOrder(train, cfg.data.shuffle_seed)
         self.engine = engine or Engine(EngineSpec(
@@ -102,9 +104,7 @@ class Generator:
                                  max_tokens=g.max_tokens, stop=tuple(g.stop))
         self.verifier = Verifier(g.verifier_timeout_s)
         self.metrics = GeneratorMetrics(version=self.engine.version)
-        self.budget = cfg.run.steps * g.prompts_per_step  # prompts the whole run admits
         self._problems: dict[str, tuple[int, Problem]] = {}
-        self._exhausted = False
 
     # ----- weights -----
     def sync_weights(self) -> bool:
@@ -139,15 +139,9 @@ class Generator:
     def fill(self) -> int:
         """Admit and submit prompts while staleness and the local in-flight cap allow."""
         added = 0
-        while not self._exhausted and self.engine.num_unfinished < self.cfg.generation.max_in_flight_groups:
-            if self.admission.admitted() >= self.budget:
-                self._exhausted = True
-                break
+        while not self.admission.exhausted and self.engine.num_unfinished < self.cfg.generation.max_in_flight_groups:
             index = self.admission.try_admit()
-            if index is None:  # staleness forbids one now
-                break
-            if index >= self.budget:  # another generator took the last one in between
-                self._exhausted = True
+            if index is None:  # staleness forbids one now, or the run's budget is admitted
                 break
             self.client.sadd(self.inflight_key, index)
             self.metrics.admitted += 1
@@ -162,7 +156,7 @@ class Generator:
             self.engine.submit(rid, ids, self.sampling)
         except PromptTooLong as e:
             self.metrics.rejected_too_long += 1
-            self.client.incr(key(self.run_id, "rejected_prompts"))
+            self.admission.reject()  # frees the slot: the learner still gets a full step of groups
             log.warning("generator %s: rejected problem %s: %s", self.name, problem.id, e)
             self.client.srem(self.inflight_key, index)
             return 0
@@ -180,7 +174,7 @@ class Generator:
             self.client.srem(self.inflight_key, index)
             self.metrics.finished_groups += 1
         if groups:
-            self.client.hset(self.metrics_key, mapping=self.metrics.snapshot())
+            self.control.publish_metrics(self.name, "generator", self.metrics.snapshot())
 
     def _record(self, group: GroupOutput, index: int, problem: Problem) -> RolloutGroup:
         tok = self.engine.tokenizer
@@ -214,7 +208,7 @@ class Generator:
         self.sync_weights()
         self.fill()
         if not self.engine.num_unfinished:
-            if not self._exhausted:
+            if not self.admission.exhausted:
                 time.sleep(self.cfg.generation.idle_poll_s)
                 self.metrics.blocked_staleness_s += self.cfg.generation.idle_poll_s
             return 0
@@ -227,16 +221,18 @@ class Generator:
 
     @property
     def done(self) -> bool:
-        return self._exhausted and not self.engine.num_unfinished
+        return self.admission.exhausted and not self.engine.num_unfinished
 
     def run(self, max_groups: int | None = None, timeout_s: float | None = None) -> dict[str, float]:
         """Load the latest weights, resume held prompts, then loop until the run's prompt budget is
-        generated (or ``max_groups`` / the timeout)."""
+        generated, the run's stop flag is raised, or ``max_groups`` / the timeout is reached."""
         self.sync_weights()
         self.resume()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while not self.done and (max_groups is None or self.metrics.finished_groups < max_groups):
             if deadline is not None and time.monotonic() > deadline:
+                break
+            if self.control.stop_requested():
                 break
             self.step()
         return self.metrics.snapshot()

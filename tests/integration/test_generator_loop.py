@@ -61,14 +61,16 @@ def test_records_on_redis_decode_validate_and_long_prompt_is_rejected(setup, red
     metrics = gen.run(timeout_s=60)
     gen.close()
     assert gen.done
-    assert metrics["admitted"] == 5 and metrics["rejected_too_long"] == 1 and metrics["finished_groups"] == 4
-    assert int(redis_client.get(key(run_id, "rejected_prompts"))) == 1
+    # the rejected prompt frees its slot: the run still gets its 5 usable groups for the learner's step
+    rejected = metrics["rejected_too_long"]
+    assert rejected >= 1 and metrics["finished_groups"] == 5 and metrics["admitted"] == 5 + rejected
+    assert int(redis_client.get(key(run_id, "rejected_prompts"))) == rejected
     assert redis_client.scard(key(run_id, "inflight:g0")) == 0
     entries = redis_client.xrange(key(run_id, ROLLOUTS))
     groups = [decode(fields[b"d"], expect=RolloutGroup) for _, fields in entries]
-    assert len(groups) == 4
-    long_index = next(i for i in range(5) if "+ 1 +" in gen.order.at(i).problem)
-    assert {g.group_id for g in groups} == {stable_id(run_id, i) for i in range(5) if i != long_index}
+    assert len(groups) == 5
+    used = [i for i in range(5 + rejected) if "+ 1 +" not in gen.order.at(i).problem]
+    assert {g.group_id for g in groups} == {stable_id(run_id, i) for i in used}
     for g in groups:
         assert len(g.samples) == 2 and g.answer == str(3 * int(g.prompt_id.split("-")[-1]) - 3)
         assert len({s.id for s in g.samples}) == 2
@@ -77,7 +79,8 @@ def test_records_on_redis_decode_validate_and_long_prompt_is_rejected(setup, red
             assert s.verdict in ("wrong", "no_answer") and s.reward == 0.0
         assert tok_text(gen, g.ref_answer_ids[0]) == f"Answer: {g.answer}"
     stored = redis_client.hgetall(key(run_id, "metrics:g0"))
-    assert float(stored[b"finished_groups"]) == 4 and float(stored[b"tokens_per_s"]) > 0
+    assert stored[b"tier"] == b"generator"
+    assert float(stored[b"finished_groups"]) == 5 and float(stored[b"tokens_per_s"]) > 0
 
 
 def tok_text(gen: Generator, ids) -> str:
