@@ -143,6 +143,7 @@ class Generator:
             index = self.admission.try_admit()
             if index is None:  # staleness forbids one now, or the run's budget is admitted
                 break
+            self.sync_weights()  # the learner may have published between the loop's sync and this admission
             self.client.sadd(self.inflight_key, index)
             self.metrics.admitted += 1
             added += self._submit(index)

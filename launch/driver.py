@@ -225,9 +225,11 @@ def train(cfg: Config) -> Path:
         stack.callback(remove_placement_group, pg)
         cfg_dict = to_dict(cfg)
 
-        evaluator = ray.remote(Evaluator).options(num_cpus=0).remote(cfg_dict)
-        stack.callback(ray.kill, evaluator)
-        monitor.add_eval(ray.get(evaluator.evaluate_latest.remote()), 0)
+        evaluator = None
+        if cfg.data.eval_size:
+            evaluator = ray.remote(Evaluator).options(num_cpus=0).remote(cfg_dict)
+            stack.callback(ray.kill, evaluator)
+            monitor.add_eval(ray.get(evaluator.evaluate_latest.remote()), 0)
 
         master = _learner_master(pg, [t for t, _, _ in plan].index("learner"), free_port())
         actors, refs = [], {}
@@ -247,7 +249,7 @@ def train(cfg: Config) -> Path:
         control.request_stop("learner finished")
         ray.wait(list(refs), num_returns=len(refs), timeout=60)
         monitor.poll()
-        if not monitor.evals or monitor.evals[-1]["step"] != monitor.step:
+        if evaluator is not None and monitor.evals[-1]["step"] != monitor.step:
             monitor.add_eval(ray.get(evaluator.evaluate_latest.remote()), monitor.step)
         artefacts = _write_report(cfg, run_dir, report_dir, monitor, control, plot_curves, write_summary, started)
         log.info("run finished: report in %s (%s)", report_dir, ", ".join(artefacts))
@@ -274,7 +276,7 @@ def _watch(cfg: Config, monitor: Monitor, control: RunControl, client: Any, refs
                 pending.discard(r)
                 ray.get(r)  # raises the actor's exception (error path tears everything down)
             snaps = monitor.poll()
-            if next_eval and monitor.step >= next_eval and any(r in pending for r in learner_refs):
+            if evaluator is not None and next_eval and monitor.step >= next_eval and any(r in pending for r in learner_refs):
                 monitor.add_eval(ray.get(evaluator.evaluate_latest.remote()), monitor.step)
                 next_eval += cfg.logging.eval_every
             if live is not None:

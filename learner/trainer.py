@@ -53,7 +53,8 @@ class Trainer:
         self.engine = LearnerEngine(load_causal_lm(path), cfg.learner, temperature=cfg.generation.temperature)
         self.rank, self.world = self.engine.rank, self.engine.world
         self.step = 0
-        self.totals = Counter({"wait_s": 0.0, "busy_s": 0.0, "broadcast_s": 0.0, "duplicates": 0, "groups": 0})
+        self.totals = Counter({"wait_s": 0.0, "busy_s": 0.0, "broadcast_s": 0.0, "duplicates": 0, "groups": 0,
+                               "samples": 0, "staleness_max": 0})
         self.writer = self._tensorboard() if self.rank == 0 and cfg.logging.tensorboard else None
         self._resume()
 
@@ -133,6 +134,7 @@ class Trainer:
                 samples.extend(self._fresh(samples_from_group(group)))
         self.totals["wait_s"] += time.perf_counter() - t0
         self.totals["groups"] += len(entries)
+        self.totals["samples"] += len(samples)
         return entries, samples
 
     def _decode(self, entry: Entry) -> WeightedGroup | None:
@@ -173,8 +175,13 @@ class Trainer:
                "broadcast_s_total": self.totals["broadcast_s"]}
         for name in (ROLLOUTS, BATCHES):
             out[f"queue_{name}"] = float(self.client.xlen(key(self.run_id, name)))
+        out["groups_consumed"] = float(self.totals["groups"])
+        out["samples_consumed"] = float(self.totals["samples"])
+        out["samples_trained"] = float(self.engine.counters["samples"])
         if samples:
             lag = np.concatenate([version - s.versions for s in samples])
+            self.totals["staleness_max"] = max(self.totals["staleness_max"], int(lag.max()))
+            out["staleness_max"] = float(self.totals["staleness_max"])
             hist = np.bincount(np.minimum(lag, STALENESS_BINS - 1), minlength=STALENESS_BINS) / len(lag)
             out |= {f"staleness_{i}" if i < STALENESS_BINS - 1 else f"staleness_{i}plus": float(h)
                     for i, h in enumerate(hist)}
