@@ -268,7 +268,7 @@ def _watch(cfg: Config, monitor: Monitor, control: RunControl, client: Any, refs
         live = Live(refresh_per_second=2, transient=False)
         live.start()
     pending = set(refs)
-    next_eval = cfg.logging.eval_every
+    next_eval = cfg.logging.eval_every if evaluator is not None else 0
     try:
         while any(r in pending for r in learner_refs):
             done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
@@ -276,7 +276,7 @@ def _watch(cfg: Config, monitor: Monitor, control: RunControl, client: Any, refs
                 pending.discard(r)
                 ray.get(r)  # raises the actor's exception (error path tears everything down)
             snaps = monitor.poll()
-            if evaluator is not None and next_eval and monitor.step >= next_eval and any(r in pending for r in learner_refs):
+            if next_eval and monitor.step >= next_eval and any(r in pending for r in learner_refs):
                 monitor.add_eval(ray.get(evaluator.evaluate_latest.remote()), monitor.step)
                 next_eval += cfg.logging.eval_every
             if live is not None:
