@@ -89,6 +89,8 @@ def _init_ray(cfg: Config, stack: contextlib.ExitStack) -> None:
     if cfg.cluster.address:
         ray.init(address=cfg.cluster.address, dashboard_host=cfg.cluster.dashboard_host)
     else:
+        # One machine: keep every Ray address on loopback (Ray otherwise binds the node's network IP).
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         need = sum(b.get("CPU", 0.0) for _, _, b in bundles(cfg))
         ray.init(num_cpus=max(os.cpu_count() or 1, int(need + 0.999) + 1), include_dashboard=False,
                  log_to_driver=True)

@@ -10,6 +10,7 @@ import pytest
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray on loopback only (one-machine tests)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
