@@ -13,8 +13,16 @@ from __future__ import annotations
 import os
 import sys
 
-# This file is named like the stdlib ``queue`` that redis-py imports: drop its folder from the path.
-sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+if __name__ == "queue":
+    # Running any ``python bench/<x>.py`` puts bench/ first on sys.path, so a plain ``import queue``
+    # (redis-py does one) lands here. Hand the importer the standard-library module instead: the
+    # import system returns whatever sys.modules holds under the name once this file has run.
+    import importlib.util
+    import sysconfig
+
+    _spec = importlib.util.spec_from_file_location("queue", os.path.join(sysconfig.get_paths()["stdlib"], "queue.py"))
+    sys.modules["queue"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules["queue"])
 
 import argparse  # noqa: E402
 import json  # noqa: E402

@@ -116,7 +116,6 @@ class CreditConfig:
     token_budget: int = bounded(8192, 64)  # scorer batch size in tokens
     entropy_chunk: int = bounded(1024, 16)
     mc_samples: int = bounded(4, 1)  # M, for method=mc
-    group_timeout_s: float = bounded(60.0, 0.0)
     save_traces: int = bounded(3, 0)  # weighted groups (with a non-zero advantage) each worker saves for heatmaps
 
 
@@ -158,6 +157,7 @@ class ClusterConfig:
     cpus_per_redistributor: float = bounded(1.0, 0.0)
     cpus_per_learner: float = bounded(1.0, 0.0)
     placement: str = choice("pack", "pack", "spread")  # placement-group strategy across nodes
+    dashboard: bool = False  # start Ray's dashboard with a local Ray (bound to dashboard_host)
     dashboard_host: str = "127.0.0.1"
 
 
@@ -285,6 +285,19 @@ def validate(cfg: Config) -> None:
         "learner.micro_token_budget",
         cfg.learner.micro_token_budget,
         f">= model.max_model_len ({cfg.model.max_model_len}) so that the longest sample fits one micro-batch",
+    )
+    _check(
+        cfg.generation.temperature > 0,
+        "generation.temperature",
+        cfg.generation.temperature,
+        "> 0: a group of samples needs sampling (vLLM refuses greedy decoding with n > 1)",
+    )
+    _check(
+        cfg.generation.top_p == 1.0,
+        "generation.top_p",
+        cfg.generation.top_p,
+        "1.0: the learner's importance ratio does not model top-p truncation, so any other value biases "
+        "every ratio from the first step",
     )
     url = cfg.redis.url
     _check(

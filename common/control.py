@@ -7,6 +7,8 @@ for the live display, TensorBoard and the report's curves.
 
 from __future__ import annotations
 
+import time
+
 import redis
 
 from rredcot.common.streams import key
@@ -28,7 +30,8 @@ class RunControl:
         self.client.delete(self.stop_key)
 
     def publish_metrics(self, worker: str, tier: str, values: dict[str, float]) -> None:
-        mapping = {"tier": tier, **{k: float(v) for k, v in values.items()}}
+        """Replace-or-add the worker's values; ``cpu_s`` (this process's CPU seconds) is added."""
+        mapping = {"tier": tier, **{k: float(v) for k, v in values.items()}, "cpu_s": time.process_time()}
         self.client.hset(self._metrics_prefix + worker, mapping=mapping)
 
     def all_metrics(self) -> dict[str, dict[str, float | str]]:

@@ -15,6 +15,8 @@ import dataclasses
 import importlib
 import logging
 import os
+import re
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -62,6 +64,33 @@ def _with_redis_url(cfg: Config, url: str) -> Config:
     return dataclasses.replace(cfg, redis=dataclasses.replace(cfg.redis, url=url))
 
 
+RUN_DIR_OUTPUTS = ("redis", "checkpoints", "weights", "traces", "tensorboard", "report", "placement.json")
+
+
+def _clear_run_dir(run_dir: Path) -> None:
+    """``run.resume=never`` starts afresh: remove what an earlier run of this name left in its dir."""
+    found = [run_dir / name for name in RUN_DIR_OUTPUTS if (run_dir / name).exists()]
+    for path in found:
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    if found:
+        log.info("run.resume=never: cleared the previous run's %s in %s", ", ".join(p.name for p in found), run_dir)
+
+
+def _clear_run_keys(client: Any, run_id: str) -> None:
+    """``run.resume=never`` on a shared server: drop the run's old streams, counters and metrics."""
+    old = list(client.scan_iter(match=key(run_id, "*"), count=1000))
+    if old:
+        client.delete(*old)
+        log.info("run.resume=never: deleted %d keys of an earlier run %r", len(old), run_id)
+
+
+def _redacted(cfg: Config) -> Config:
+    """The config without secrets (for ``config.yaml`` and the report)."""
+    url = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", cfg.redis.url or "") or None
+    return dataclasses.replace(cfg, redis=dataclasses.replace(
+        cfg.redis, url=url, password="***" if cfg.redis.password else None))
+
+
 def _threads(cpus: float) -> str:
     return str(max(1, int(cpus)))
 
@@ -87,14 +116,24 @@ def _init_ray(cfg: Config, stack: contextlib.ExitStack) -> None:
     if ray.is_initialized():
         return
     if cfg.cluster.address:
-        ray.init(address=cfg.cluster.address, dashboard_host=cfg.cluster.dashboard_host)
+        ray.init(address=cfg.cluster.address)
     else:
         # One machine: keep every Ray address on loopback (Ray otherwise binds the node's network IP).
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         need = sum(b.get("CPU", 0.0) for _, _, b in bundles(cfg))
-        ray.init(num_cpus=max(os.cpu_count() or 1, int(need + 0.999) + 1), include_dashboard=False,
-                 log_to_driver=True)
+        ray.init(num_cpus=max(os.cpu_count() or 1, int(need + 0.999) + 1), include_dashboard=cfg.cluster.dashboard,
+                 dashboard_host=cfg.cluster.dashboard_host, log_to_driver=True)
     stack.callback(ray.shutdown)
+
+
+def _write_placement(pg: Any, plan: list[tuple[str, int, dict[str, float]]], out: Path) -> None:
+    """Which node holds each worker's bundle (``placement.json`` in the run dir)."""
+    import json
+
+    from ray.util.placement_group import placement_group_table
+
+    nodes = placement_group_table(pg)["bundles_to_node_id"]
+    out.write_text(json.dumps({f"{WORKER_PREFIX[t]}{r}": nodes[i] for i, (t, r, _) in enumerate(plan)}, indent=1))
 
 
 def _learner_master(pg: Any, bundle_index: int, port: int) -> tuple[str, int]:
@@ -177,8 +216,8 @@ def _display_table(snaps: dict[str, dict[str, Any]], depths: dict[str, int], eva
             waiting = f"stale {v.get('blocked_staleness_s', 0):.0f}s  bp {v.get('blocked_backpressure_s', 0):.0f}s"
         else:
             progress = f"{v.get('groups', 0):.0f} groups"
-            rate = f"{v.get('samples_per_s', 0):.2f} samples/s"
-            quality = f"dead {v.get('dead_lettered', 0):.0f}"
+            rate = f"{v.get('rollouts_per_s', 0):.2f} samples/s"
+            quality = f"dead {v.get('dead_letters', 0):.0f}"
             waiting = f"lag {v.get('queue_lag_s', 0):.1f}s"
         table.add_row(worker, str(tier), progress, rate, quality, waiting)
     ev = f"held-out sampled acc {evals[-1]['sampled']:.3f} (step {evals[-1]['step']})" if evals else "no eval yet"
@@ -200,22 +239,25 @@ def train(cfg: Config) -> Path:
     started = time.monotonic()
     run_dir = Path(cfg.run.dir).resolve()
     report_dir = run_dir / "report"
-    report_dir.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         _init_ray(cfg, stack)
         # after ray.init, which installs its own SIGTERM handler: ours tears the run down cleanly
         stack.callback(signal.signal, signal.SIGTERM, signal.signal(signal.SIGTERM, _raise_interrupt))
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         check_plan(cfg, ray.cluster_resources(), nodes=len(nodes))  # fails before any actor starts
+        if cfg.run.resume == "never":
+            _clear_run_dir(run_dir)
+        report_dir.mkdir(parents=True, exist_ok=True)
         if not cfg.redis.url:
             host = "127.0.0.1" if len(nodes) <= 1 else ray.util.get_node_ip_address()
             server = EmbeddedRedis(run_dir / "redis", host=host, password=cfg.redis.password,
                                    server=cfg.redis.server)
             stack.enter_context(server)
             cfg = _with_redis_url(cfg, server.url)
-        (run_dir / "config.yaml").write_text(to_yaml(_with_redis_url(cfg, "<redacted>") if cfg.redis.password
-                                                     else cfg))
+        (run_dir / "config.yaml").write_text(to_yaml(_redacted(cfg)))
         client = connect(cfg.redis.url)
+        if cfg.run.resume == "never":
+            _clear_run_keys(client, cfg.run.name)
         control = RunControl(client, cfg.run.name)
         control.clear_stop()
         monitor = Monitor(cfg, control, run_dir / "tensorboard")
@@ -225,6 +267,7 @@ def train(cfg: Config) -> Path:
         pg = placement_group([b for _, _, b in plan], strategy=cfg.cluster.placement.upper())
         ray.get(pg.ready(), timeout=300)
         stack.callback(remove_placement_group, pg)
+        _write_placement(pg, plan, run_dir / "placement.json")
         cfg_dict = to_dict(cfg)
 
         evaluator = None
@@ -298,7 +341,7 @@ def _write_report(cfg: Config, run_dir: Path, report_dir: Path, monitor: Monitor
     final_model = _final_model(run_dir, report_dir)
     if final_model is not None:
         artefacts["final HF model"] = str(final_model)
-    write_summary(report_dir / "summary.md", to_yaml(cfg), monitor.evals, control.all_metrics(),
+    write_summary(report_dir / "summary.md", to_yaml(_redacted(cfg)), monitor.evals, control.all_metrics(),
                   time.monotonic() - started, artefacts)
     artefacts["summary"] = str(report_dir / "summary.md")
     return artefacts

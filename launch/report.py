@@ -16,7 +16,7 @@ CURVES = [
     ("policy loss", "learner", "loss"),
     ("clip fraction", "learner", "clip_frac"),
     ("generator tokens/s", "generator", "tokens_per_s"),
-    ("redistributor samples/s", "redistributor", "samples_per_s"),
+    ("redistributor samples/s", "redistributor", "rollouts_per_s"),
     ("learner idle fraction", "learner", "idle_frac"),
 ]
 

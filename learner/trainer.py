@@ -168,7 +168,7 @@ class Trainer:
 
     def _pipeline_metrics(self, samples: list[TrainSample], version: int) -> dict[str, float]:
         busy, wait = self.totals["busy_s"], self.totals["wait_s"]
-        out = {"step": float(self.step), "version": float(self.engine.version),
+        out = {"step": float(self.step), "version": float(self.engine.version), "busy_s": busy, "wait_s": wait,
                "idle_frac": wait / max(busy + wait, 1e-9), "duplicates": float(self.totals["duplicates"]),
                "skipped_nonfinite": float(self.engine.counters["skipped_nonfinite"]),
                "skipped_empty": float(self.engine.counters["skipped_empty"]),
