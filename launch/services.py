@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -79,8 +80,10 @@ class EmbeddedRedis:
                 "--save", "", "--protected-mode", "yes", "--daemonize", "no", "--logfile", "server.log"]
         if self.password:
             args += ["--requirepass", self.password]
+        # PDEATHSIG follows the *thread* that forked: only tie the server to the main thread's life
+        on_main = threading.current_thread() is threading.main_thread()
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     preexec_fn=_die_with_parent)
+                                     preexec_fn=_die_with_parent if on_main else None)
         atexit.register(self.stop)
         deadline = time.monotonic() + timeout_s
         client = redis.Redis(host=self.host, port=self.port, password=self.password)

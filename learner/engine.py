@@ -48,6 +48,11 @@ def init_distributed() -> tuple[int, int]:
         os.environ.setdefault(k, v)
     os.environ.setdefault("MASTER_PORT", str(free_port()))
     if not dist.is_initialized():
+        # Another library in this process (vLLM tears down its world group on shutdown) may have
+        # destroyed the group DeepSpeed cached: drop those references before initialising again.
+        from deepspeed.utils.groups import _release_process_group_references
+
+        _release_process_group_references()
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     return dist.get_rank(), dist.get_world_size()
 
