@@ -8,6 +8,7 @@ bounded number declares its range with ``bounded(...)``. ``validate`` walks the 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -298,6 +299,12 @@ def validate(cfg: Config) -> None:
         cfg.generation.top_p,
         "1.0: the learner's importance ratio does not model top-p truncation, so any other value biases "
         "every ratio from the first step",
+    )
+    _check(
+        not cfg.logging.wandb or importlib.util.find_spec("wandb") is not None,
+        "logging.wandb",
+        cfg.logging.wandb,
+        "false, or install the wandb package first (pip install wandb)",
     )
     url = cfg.redis.url
     _check(

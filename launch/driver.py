@@ -157,11 +157,16 @@ class Monitor:
         self.evals: list[dict[str, Any]] = []
         self._last_step: dict[str, float] = {}
         self.step = 0  # the slowest learner rank's step at the last poll
-        self.writer = None
+        self.writer = self.wandb = None
         if cfg.logging.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(str(tb_dir))
+        if cfg.logging.wandb:
+            import wandb
+
+            self.wandb = wandb.init(project=cfg.logging.wandb_project, name=cfg.run.name, dir=str(tb_dir.parent),
+                                    config=to_dict(_redacted(cfg)))
 
     def poll(self) -> dict[str, dict[str, Any]]:
         snaps = self.control.all_metrics()
@@ -176,23 +181,28 @@ class Monitor:
             self._last_step[worker] = marker
             self.history.append({"t": now, "tier": values.get("tier", "?"), "worker": worker, "step": step,
                                  "values": nums})
-            if self.writer is not None:
-                for k, v in nums.items():
-                    self.writer.add_scalar(f"{values.get('tier', '?')}/{worker}/{k}", v, step)
+            self._log({f"{values.get('tier', '?')}/{worker}/{k}": v for k, v in nums.items()}, step)
         return snaps
+
+    def _log(self, scalars: dict[str, float], step: int) -> None:
+        if self.writer is not None:
+            for name, v in scalars.items():
+                self.writer.add_scalar(name, v, step)
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=step)
 
     def add_eval(self, result: dict[str, Any], step: int) -> None:
         result = {**result, "step": step}
         self.evals.append(result)
-        if self.writer is not None:
-            for name in ("sampled", "greedy"):
-                self.writer.add_scalar(f"eval/{name}_accuracy", result[name], step)
+        self._log({f"eval/{name}_accuracy": result[name] for name in ("sampled", "greedy")}, step)
         log.info("eval at step %d: sampled %.3f [%.3f, %.3f], greedy %.3f", step, result["sampled"],
                  result["sampled_low"], result["sampled_high"], result["greedy"])
 
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+        if self.wandb is not None:
+            self.wandb.finish()
 
 
 def _display_table(snaps: dict[str, dict[str, Any]], depths: dict[str, int], evals: list[dict[str, Any]],
