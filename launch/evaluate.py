@@ -46,6 +46,7 @@ class EvalResult:
     greedy_low: float
     greedy_high: float
     seconds: float
+    sampled_per_problem: list[float]  # for paired comparisons between evaluations of the same problems
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,9 +70,25 @@ def evaluate(engine: Engine, problems: list[Problem], cfg: Config, verifier: Ver
         texts = [engine.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in group.completions]
         return sum(verifier.score(t, problem.answer).reward for t in texts) / len(texts)
 
-    s = mean_ci([accuracy(grp, p) for grp, p in zip(sampled, problems)])
+    per_problem = [accuracy(grp, p) for grp, p in zip(sampled, problems)]
+    s = mean_ci(per_problem)
     gr = mean_ci([accuracy(grp, p) for grp, p in zip(greedy, problems)])
-    return EvalResult(engine.version, len(problems), g.group_size, *s, *gr, time.perf_counter() - start)
+    return EvalResult(engine.version, len(problems), g.group_size, *s, *gr, time.perf_counter() - start,
+                      per_problem)
+
+
+def paired_change(before: list[float], after: list[float]) -> tuple[float, float, float]:
+    """Mean change of per-problem accuracy on the same problems, with its 95% interval.
+
+    Problem difficulty cancels in the differences, so this interval is much tighter than the gap
+    between two independent intervals: the honest test of "did training help on held-out data".
+    """
+    diffs = [a - b for b, a in zip(before, after, strict=True)]
+    n = len(diffs)
+    m = sum(diffs) / n if n else float("nan")
+    sd = math.sqrt(sum((d - m) ** 2 for d in diffs) / (n - 1)) if n > 1 else 0.0
+    half = 1.96 * sd / math.sqrt(n) if n else float("nan")
+    return m, m - half, m + half
 
 
 class Evaluator:

@@ -75,9 +75,14 @@ def write_summary(out: Path, cfg_yaml: str, evals: list[dict[str, Any]], final: 
             "| learner step | policy version | sampled | greedy |", "|---:|---:|---|---|",
         ]
         lines += [f"| {e['step']} | {e['version']} | {_fmt(e, 'sampled')} | {_fmt(e, 'greedy')} |" for e in evals]
-        delta = last["sampled"] - first["sampled"]
-        lines += ["", f"Sampled accuracy changed by {delta:+.3f} from the starting model "
-                  f"({first['sampled']:.3f} → {last['sampled']:.3f})."]
+        if len(evals) > 1:
+            from rredcot.launch.evaluate import paired_change
+
+            d, lo, hi = paired_change(first["sampled_per_problem"], last["sampled_per_problem"])
+            verdict = "improved" if lo > 0 else ("got worse" if hi < 0 else "did not change measurably")
+            lines += ["", f"Sampled accuracy {verdict}: {first['sampled']:.3f} → {last['sampled']:.3f}, a change of "
+                      f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}] (95% interval of the mean per-problem change, paired "
+                      "over the same held-out problems)."]
     lines += ["", "## Final counters per worker", "", "| worker | tier | metrics |", "|---|---|---|"]
     for worker, values in sorted(final.items()):
         shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(values.items()) if k != "tier" and isinstance(v, float))
