@@ -80,3 +80,49 @@ def test_logprobs_match_full_forward_at_temperature(make_model, make_samples, ch
         expected = full[len(sample.prompt_ids) - 1 :].gather(-1, ids[0, len(sample.prompt_ids) :, None])[:, 0]
         got = token_logprobs(model, collate([sample]), chunk, temperature)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def _grouped(make_samples, sizes: list[int], prompt_len: int) -> list:
+    """Samples in groups that share one prompt each (as a GRPO group does)."""
+    import dataclasses
+
+    rng = np.random.default_rng(7)
+    samples = make_samples(sum(sizes), lengths=[int(x) for x in rng.integers(1, 30, sum(sizes))])
+    out, i = [], 0
+    for g, size in enumerate(sizes):
+        prompt = rng.integers(1, 900, prompt_len + g).astype(np.int32)
+        out += [dataclasses.replace(s, prompt_ids=prompt) for s in samples[i : i + size]]
+        i += size
+    return out
+
+
+@pytest.mark.parametrize("budget", [400, 90])  # 90 forces a group to be split over several units
+def test_shared_prompt_layout_equals_packed_and_computes_each_prompt_once(make_model, make_samples, budget):
+    samples = _grouped(make_samples, [5, 1, 3], prompt_len=40)
+    results = []
+    for layout in ("packed", "shared"):
+        model = make_model()
+        total, tokens = torch.zeros(()), 0
+        for mb in micro_batches(samples, budget, layout):
+            loss, _ = policy_loss(token_logprobs(model, mb, 5), mb, 0,
+                                  sample_coefficients(mb, "sample", len(samples)), LossSettings())
+            loss.backward()
+            total += loss.detach()
+            tokens += mb.n_tokens
+        results.append((total, {n: p.grad.clone() for n, p in model.named_parameters()}, tokens))
+    (lp, gp, tp), (ls, gs, ts) = results
+    torch.testing.assert_close(lp, ls, atol=1e-5, rtol=0)
+    for name in gp:
+        torch.testing.assert_close(gp[name], gs[name], atol=1e-5, rtol=1e-4, msg=name)
+    assert ts < tp  # prompts are forwarded once per unit, not once per sample
+    if budget == 400:
+        assert ts == sum(len(s.completion_ids) for s in samples) + 40 + 41 + 42
+
+
+def test_shared_plan_keeps_units_within_budget(make_samples):
+    samples = _grouped(make_samples, [6, 4], prompt_len=30)
+    for row in plan_micro_batches(samples, 80, "shared"):
+        mb = collate([samples[i] for i in row], "shared")
+        assert mb.n_tokens <= 80 and mb.attention_mask.shape[-1] == mb.n_tokens
+    covered = sorted(i for row in plan_micro_batches(samples, 80, "shared") for i in row)
+    assert covered == list(range(len(samples)))
