@@ -1,4 +1,5 @@
-"""Learner benchmark: packed vs padded throughput, weight broadcast vs step time, ZeRO-2 vs ZeRO-3.
+"""Learner benchmark: packed vs padded throughput, weight broadcast vs step time, ZeRO-2 vs ZeRO-3,
+and shared-prompt vs packed on GRPO-shaped groups (G samples behind one long prompt).
 
 One process, real DeepSpeed (gloo on CPU), a random Qwen3-shaped model and a mixed-length batch
 (completion lengths log-uniform in [--min-len, --max-len]). Prints a table; the last line is one
@@ -8,6 +9,7 @@ JSON object. Usage: python bench/learner.py [--samples 24 --max-len 1024 ...]
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import tempfile
@@ -31,7 +33,17 @@ def parse() -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--steps", type=int, default=3, help="timed steps per configuration (after 1 warm-up)")
+    p.add_argument("--groups", type=int, default=8, help="GRPO-shaped batch: prompts")
+    p.add_argument("--group-size", type=int, default=8, help="GRPO-shaped batch: samples per prompt")
+    p.add_argument("--prompt-len", type=int, default=120)
+    p.add_argument("--completion-len", type=int, default=16)
     return p.parse_args()
+
+
+def grouped_batch(groups: int, size: int, prompt_len: int, completion_len: int) -> list:
+    """GRPO-shaped batch: ``groups`` prompts, ``size`` completions each, sharing their prompt."""
+    samples = random_samples(groups * size, seed=1, lengths=[completion_len] * (groups * size), prompt=prompt_len)
+    return [dataclasses.replace(s, prompt_ids=samples[i - i % size].prompt_ids) for i, s in enumerate(samples)]
 
 
 def timed_steps(engine: LearnerEngine, batch: list, steps: int) -> float:
@@ -77,6 +89,10 @@ def main() -> None:
     del packed
     rows["packed (ZeRO-3) step s"] = timed_steps(engine(zero_stage=3), batch, args.steps)
 
+    grouped = grouped_batch(args.groups, args.group_size, args.prompt_len, args.completion_len)
+    rows["groups: packed step s"] = timed_steps(engine(packing="packed"), grouped, args.steps)
+    rows["groups: shared step s"] = timed_steps(engine(packing="shared"), grouped, args.steps)
+
     params = sum(p.numel() for p in tiny_lm(0, vocab_size=args.vocab, hidden=args.hidden, layers=args.layers,
                                            heads=4, kv_heads=2).parameters())
     result = {
@@ -87,6 +103,7 @@ def main() -> None:
         "zero3_step_s": rows["packed (ZeRO-3) step s"],
         "packed_tokens_per_s": tokens / rows["packed (ZeRO-2) step s"],
         "padded_tokens_per_s": tokens / rows["padded step s"],
+        "shared_vs_packed": rows["groups: packed step s"] / rows["groups: shared step s"],
         "batch_tokens": tokens,
         "params": params,
     }
@@ -94,7 +111,7 @@ def main() -> None:
           f"budget {args.budget}, model {params / 1e6:.1f}M params")
     for name, value in rows.items():
         print(f"  {name:<26} {value:8.3f}")
-    for name in ("packed_vs_padded", "broadcast_vs_step", "zero3_vs_zero2_step"):
+    for name in ("packed_vs_padded", "broadcast_vs_step", "zero3_vs_zero2_step", "shared_vs_packed"):
         print(f"  {name:<26} {result[name]:8.3f}")
     print(json.dumps(result))
 
