@@ -19,6 +19,7 @@ class RunControl:
         self.client, self.run_id = client, run_id
         self.stop_key = key(run_id, "stop")
         self._metrics_prefix = key(run_id, "metrics:")
+        self._cpu_start: float | None = None
 
     def request_stop(self, reason: str = "done") -> None:
         self.client.set(self.stop_key, reason)
@@ -30,8 +31,12 @@ class RunControl:
         self.client.delete(self.stop_key)
 
     def publish_metrics(self, worker: str, tier: str, values: dict[str, float]) -> None:
-        """Replace-or-add the worker's values; ``cpu_s`` (this process's CPU seconds) is added."""
-        mapping = {"tier": tier, **{k: float(v) for k, v in values.items()}, "cpu_s": time.process_time()}
+        """Replace-or-add the worker's values, plus ``cpu_s``: this process's CPU seconds since its
+        first report (so start-up — imports, model loading — is not counted as work)."""
+        if self._cpu_start is None:
+            self._cpu_start = time.process_time()
+        cpu = time.process_time() - self._cpu_start
+        mapping = {"tier": tier, **{k: float(v) for k, v in values.items()}, "cpu_s": cpu}
         self.client.hset(self._metrics_prefix + worker, mapping=mapping)
 
     def all_metrics(self) -> dict[str, dict[str, float | str]]:
