@@ -67,3 +67,4 @@ def test_invalid_resource_plan_fails_before_anything_starts(local_ray, redis_ser
         _run(tmp_path, redis_server, run_id, "cluster.gpus_per_learner=2")
     assert not (tmp_path / run_id / "config.yaml").exists()
     assert not list(redis_client.scan_iter(match=key(run_id, "*")))  # nothing was written or started
+
