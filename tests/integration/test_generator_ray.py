@@ -19,7 +19,7 @@ from rredcot.common.weight_sync import publish_weights
 
 @pytest.fixture
 def ray_local(tmp_path):
-    ray = pytest.importorskip("ray")
+    import ray
     os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20, log_to_driver=False)
     yield ray

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import ray
 
 from rredcot.common.config import load_config
 from rredcot.common.control import RunControl
@@ -10,8 +11,6 @@ from rredcot.common.staleness import Admission
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, key
 from rredcot.launch.driver import train
 from rredcot.launch.plan import PlanError
-
-ray = pytest.importorskip("ray")
 
 
 @pytest.fixture(scope="module")

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 
-import pytest
+import ray
 
 from tests.integration.test_pipeline import _run, _workers
-
-ray = pytest.importorskip("ray")
 
 
 def test_fake_two_node_cluster_places_tiers_on_different_nodes(redis_server, redis_client, run_id, tmp_path):
