@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from rredcot.common.models import load_tokenizer
+from rredcot.common.config import Config
+from rredcot.common.models import load_tokenizer, resolve_model_path
 
 IN_FLIGHT = ("finish", "pause")
 _EXTENSION = "rredcot.actors.weight_receiver.WeightReceiver"
@@ -89,6 +90,15 @@ class EngineSpec:
     dtype: str = "float32"
     seed: int = 0
     nccl: bool = False  # GPU: enable vLLM's NCCL weight-transfer engine
+
+    @classmethod
+    def from_config(cls, cfg: Config, seed_offset: int = 0) -> EngineSpec:
+        """The run's engine: ``model.*`` and ``generation.*``, seeded ``run.seed + seed_offset``."""
+        return cls(
+            resolve_model_path(cfg.model.path, seed=cfg.run.seed), max_model_len=cfg.model.max_model_len,
+            kv_cache_bytes=cfg.generation.kv_cache_bytes, dtype=cfg.model.dtype, seed=cfg.run.seed + seed_offset,
+            nccl=cfg.generation.weight_transport == "nccl",
+        )
 
 
 class Engine:

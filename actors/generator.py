@@ -26,8 +26,7 @@ from rredcot.actors.engine import Engine, EngineSpec, GroupOutput, PromptTooLong
 from rredcot.common.codec import encode
 from rredcot.common.config import Config, ConfigError, from_dict, to_dict
 from rredcot.common.control import RunControl
-from rredcot.common.data import Problem, ProblemOrder, load_problems, split_eval
-from rredcot.common.models import resolve_model_path
+from rredcot.common.data import Problem, ProblemOrder, train_and_held_out
 from rredcot.common.prompts import prompt_ids
 from rredcot.common.records import RolloutGroup, RolloutRecord
 from rredcot.common.staleness import Admission
@@ -92,13 +91,9 @@ class Generator:
         self.producer = Producer(self.client, key(self.run_id, ROLLOUTS), cfg.redis.maxlen,
                                  cfg.redis.block_timeout_s)
         self.inflight_key = key(self.run_id, f"inflight:{name}")
-        train, _ = split_eval(load_problems(cfg.data, seed=cfg.run.seed), cfg.data.eval_size, cfg.data.shuffle_seed)
+        train, _ = train_and_held_out(cfg.data, cfg.run.seed)
         self.order = ProblemOrder(train, cfg.data.shuffle_seed)
-        self.engine = engine or Engine(EngineSpec(
-            resolve_model_path(cfg.model.path, seed=cfg.run.seed), max_model_len=cfg.model.max_model_len,
-            kv_cache_bytes=cfg.generation.kv_cache_bytes, dtype=cfg.model.dtype, seed=cfg.run.seed,
-            nccl=cfg.generation.weight_transport == "nccl",
-        ))
+        self.engine = engine or Engine(EngineSpec.from_config(cfg))
         g = cfg.generation
         self.sampling = Sampling(n=g.group_size, temperature=g.temperature, top_p=g.top_p,
                                  max_tokens=g.max_tokens, stop=tuple(g.stop))
@@ -109,8 +104,8 @@ class Generator:
     # ----- weights -----
     def sync_weights(self) -> bool:
         """Apply the newest published weights if they are newer than the engine's; True if applied."""
-        manifest = latest_manifest(self.client, self.run_id)
-        if manifest is None or manifest.version <= self.engine.version:
+        manifest = latest_manifest(self.client, self.run_id, newer_than=self.engine.version)
+        if manifest is None:
             return False
         policy = self.cfg.generation.in_flight
         if manifest.transport == "nccl":  # GPU: joins the learner's broadcast (see join_nccl)

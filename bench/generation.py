@@ -25,7 +25,7 @@ from safetensors.torch import save  # noqa: E402
 from rredcot.actors.engine import Engine, EngineSpec, Sampling  # noqa: E402
 from rredcot.actors.generator import Generator  # noqa: E402
 from rredcot.common.config import Config, load_config  # noqa: E402
-from rredcot.common.data import ProblemOrder, load_problems, split_eval  # noqa: E402
+from rredcot.common.data import ProblemOrder, train_and_held_out  # noqa: E402
 from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir, save_model_dir  # noqa: E402
 from rredcot.common.prompts import prompt_ids  # noqa: E402
 from rredcot.launch.services import EmbeddedRedis  # noqa: E402
@@ -70,7 +70,7 @@ def bench_model(label: str, root: Path, url: str, args: argparse.Namespace) -> d
     cfg = cfgs[0]
     engine = Engine(EngineSpec(path, max_model_len=cfg.model.max_model_len,
                                kv_cache_bytes=cfg.generation.kv_cache_bytes, seed=0))
-    order = ProblemOrder(split_eval(load_problems(cfg.data), cfg.data.eval_size, cfg.data.shuffle_seed)[0],
+    order = ProblemOrder(train_and_held_out(cfg.data, cfg.run.seed)[0],
                          cfg.data.shuffle_seed)
     prompts = [prompt_ids(order.at(i), cfg.data, engine.tokenizer) for i in range(args.prompts)]
     sampling = Sampling(n=args.group, temperature=cfg.generation.temperature, max_tokens=args.max_tokens)

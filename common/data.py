@@ -115,6 +115,11 @@ def split_eval(problems: list[Problem], eval_size: int, seed: int) -> tuple[list
     return train, [problems[i] for i in sorted(held)]
 
 
+def train_and_held_out(cfg: DataConfig, seed: int) -> tuple[list[Problem], list[Problem]]:
+    """The run's (training, held-out) problems: every stage and the evaluator use this one split."""
+    return split_eval(load_problems(cfg, seed=seed), cfg.eval_size, cfg.shuffle_seed)
+
+
 class ProblemOrder:
     """Deterministic epoch-wise shuffled order; ``at(n)`` is the n-th problem ever drawn.
 

@@ -75,6 +75,10 @@ def latest_key(run_id: str) -> str:
     return f"rredcot:{run_id}:weights:latest"
 
 
+def version_key(run_id: str) -> str:
+    return f"rredcot:{run_id}:weights:version"
+
+
 def channel(run_id: str) -> str:
     return f"rredcot:{run_id}:weights"
 
@@ -116,7 +120,10 @@ def publish_weights(
         nbytes=len(data),
         created=time.time(),
     )
-    client.set(latest_key(run_id), manifest.encode())
+    pipe = client.pipeline(transaction=True)
+    pipe.set(latest_key(run_id), manifest.encode())
+    pipe.set(version_key(run_id), version)
+    pipe.execute()
     client.publish(channel(run_id), str(version))
     prune(out_dir, keep)
     return manifest
@@ -133,8 +140,12 @@ def prune(out_dir: str | Path, keep: int = 2) -> list[Path]:
     return doomed
 
 
-def latest_manifest(client: redis.Redis, run_id: str) -> WeightManifest | None:
-    """The newest published manifest, or None before the first publication."""
+def latest_manifest(client: redis.Redis, run_id: str, newer_than: int | None = None) -> WeightManifest | None:
+    """The newest published manifest, or None before the first publication — or, with
+    ``newer_than``, when nothing newer than that version exists (checked on a small version key,
+    so receivers can poll every engine step without fetching and decoding the whole manifest)."""
+    if newer_than is not None and int(client.get(version_key(run_id)) or -1) <= newer_than:
+        return None
     data = client.get(latest_key(run_id))
     return None if data is None else WeightManifest.decode(data)
 

@@ -242,7 +242,6 @@ def train(cfg: Config) -> Path:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from rredcot.launch.evaluate import Evaluator
-    from rredcot.launch.report import plot_curves, write_summary
     from rredcot.launch.services import free_port
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -299,20 +298,20 @@ def train(cfg: Config) -> Path:
         for a in actors:
             stack.callback(ray.kill, a)
         learner_refs = [r for r, (tier, _) in refs.items() if tier == "learner"]
-        _watch(cfg, monitor, control, client, refs, learner_refs, evaluator)
+        _watch(cfg, monitor, client, refs, learner_refs, evaluator)
 
         control.request_stop("learner finished")
         ray.wait(list(refs), num_returns=len(refs), timeout=60)
         monitor.poll()
         if evaluator is not None and monitor.evals[-1]["step"] != monitor.step:
             monitor.add_eval(ray.get(evaluator.evaluate_latest.remote()), monitor.step)
-        artefacts = _write_report(cfg, run_dir, report_dir, monitor, control, plot_curves, write_summary, started)
+        artefacts = _write_report(cfg, run_dir, report_dir, monitor, control, started)
         log.info("run finished: report in %s (%s)", report_dir, ", ".join(artefacts))
     return report_dir
 
 
-def _watch(cfg: Config, monitor: Monitor, control: RunControl, client: Any, refs: dict[Any, tuple[str, int]],
-           learner_refs: list[Any], evaluator: Any) -> None:
+def _watch(cfg: Config, monitor: Monitor, client: Any, refs: dict[Any, tuple[str, int]], learner_refs: list[Any],
+           evaluator: Any) -> None:
     """Poll until every learner rank returns; surface any actor's failure at once."""
     import ray
 
@@ -343,7 +342,9 @@ def _watch(cfg: Config, monitor: Monitor, control: RunControl, client: Any, refs
 
 
 def _write_report(cfg: Config, run_dir: Path, report_dir: Path, monitor: Monitor, control: RunControl,
-                  plot_curves: Any, write_summary: Any, started: float) -> dict[str, str]:
+                  started: float) -> dict[str, str]:
+    from rredcot.launch.report import plot_curves, write_summary
+
     artefacts = {"learning curves": str(plot_curves(monitor.history, monitor.evals, report_dir / "curves.png")),
                  "tensorboard": str(run_dir / "tensorboard")}
     heatmaps = _render_heatmaps(cfg, run_dir, report_dir)

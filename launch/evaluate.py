@@ -13,8 +13,7 @@ from typing import Any
 
 from rredcot.actors.engine import Engine, EngineSpec, Sampling
 from rredcot.common.config import Config, from_dict
-from rredcot.common.data import Problem, load_problems, split_eval
-from rredcot.common.models import resolve_model_path
+from rredcot.common.data import Problem, train_and_held_out
 from rredcot.common.prompts import prompt_ids
 from rredcot.common.streams import connect
 from rredcot.common.verifier import Verifier
@@ -50,11 +49,6 @@ class EvalResult:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def held_out(cfg: Config) -> list[Problem]:
-    _, held = split_eval(load_problems(cfg.data, seed=cfg.run.seed), cfg.data.eval_size, cfg.data.shuffle_seed)
-    return held
 
 
 def evaluate(engine: Engine, problems: list[Problem], cfg: Config, verifier: Verifier) -> EvalResult:
@@ -97,17 +91,15 @@ class Evaluator:
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.cfg = from_dict(cfg)
         c = self.cfg
-        self.engine = Engine(EngineSpec(
-            resolve_model_path(c.model.path, seed=c.run.seed), max_model_len=c.model.max_model_len,
-            kv_cache_bytes=c.generation.kv_cache_bytes, dtype=c.model.dtype, seed=c.run.seed + 1,
-        ))
+        self.engine = Engine(EngineSpec.from_config(c, seed_offset=1))
         self.client = connect(c.redis.url) if c.redis.url else None
-        self.problems = held_out(c)
+        self.problems = train_and_held_out(c.data, c.run.seed)[1]
         self.verifier = Verifier(c.generation.verifier_timeout_s)
 
     def evaluate_latest(self) -> dict[str, Any]:
         """Load the newest published weights (if newer) and evaluate the held-out problems."""
-        manifest = latest_manifest(self.client, self.cfg.run.name) if self.client else None
-        if manifest is not None and manifest.version > self.engine.version:
+        manifest = latest_manifest(self.client, self.cfg.run.name, newer_than=self.engine.version) \
+            if self.client else None
+        if manifest is not None:
             self.engine.load_weights_bytes(read_weights(manifest), manifest.version)
         return evaluate(self.engine, self.problems, self.cfg, self.verifier).as_dict()

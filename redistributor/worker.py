@@ -106,8 +106,8 @@ class Redistributor:
         """With ``credit.scorer=policy``, load the newest published policy weights; True if applied."""
         if self.cfg.credit.scorer != "policy" or self.scorer is None:
             return False
-        manifest = latest_manifest(self.client, self.run_id)
-        if manifest is None or manifest.version <= self.scorer.version:
+        manifest = latest_manifest(self.client, self.run_id, newer_than=self.scorer.version)
+        if manifest is None:
             return False
         try:
             tensors = load_tensors(manifest)

@@ -59,3 +59,10 @@ def test_manifest_encoding_is_msgpack_not_pickle():
     assert WeightManifest.decode(raw) == m
     with pytest.raises(WeightSyncError, match="not a weight manifest"):
         WeightManifest.decode(b"\x93\x01")
+
+
+def test_newer_than_polls_only_the_version(redis_client, run_id, tmp_path):
+    assert latest_manifest(redis_client, run_id, newer_than=0) is None  # nothing published yet
+    publish_weights(redis_client, run_id, 3, [("w", torch.ones(2))], tmp_path)
+    assert latest_manifest(redis_client, run_id, newer_than=3) is None
+    assert latest_manifest(redis_client, run_id, newer_than=2).version == 3
