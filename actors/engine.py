@@ -13,12 +13,14 @@ and is driven step by step, so that
   first) or ``pause`` (running requests are preempted, their KV cache is recomputed with the new
   weights, and they continue on the new version).
 
-Weight transports: a safetensors file or bytes applied by ``actors.weight_receiver`` (CPU and GPU),
-or, on GPU, vLLM's NCCL weight-transfer API (``weight_transfer_config``) with packed buckets.
+Weight transports (``actors.weight_receiver``, CPU and GPU): a safetensors file or bytes, or the
+learner's weight group (``common.weight_group``: gloo on CPU, NCCL on GPU), joined by the engine's
+worker, which receives each version's buckets and applies them between two engine steps.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -29,6 +31,8 @@ import torch
 
 from rredcot.common.config import Config
 from rredcot.common.models import load_tokenizer, resolve_model_path
+from rredcot.common.weight_group import GroupInfo
+from rredcot.common.weight_sync import WeightManifest
 
 IN_FLIGHT = ("finish", "pause")
 _EXTENSION = "rredcot.actors.weight_receiver.WeightReceiver"
@@ -89,7 +93,6 @@ class EngineSpec:
     kv_cache_bytes: int = 256 * 2**20
     dtype: str = "float32"
     seed: int = 0
-    nccl: bool = False  # GPU: enable vLLM's NCCL weight-transfer engine
 
     @classmethod
     def from_config(cls, cfg: Config, seed_offset: int = 0) -> EngineSpec:
@@ -97,7 +100,6 @@ class EngineSpec:
         return cls(
             resolve_model_path(cfg.model.path, seed=cfg.run.seed), max_model_len=cfg.model.max_model_len,
             kv_cache_bytes=cfg.generation.kv_cache_bytes, dtype=cfg.model.dtype, seed=cfg.run.seed + seed_offset,
-            nccl=cfg.generation.weight_transport == "nccl",
         )
 
 
@@ -108,17 +110,11 @@ class Engine:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
 
-        kwargs: dict[str, Any] = {}
-        if spec.nccl:
-            from vllm.config import WeightTransferConfig
-
-            kwargs["weight_transfer_config"] = WeightTransferConfig(backend="nccl")
         self.llm = LLM(
             model=spec.model, dtype=spec.dtype, seed=spec.seed, max_model_len=spec.max_model_len,
             kv_cache_memory_bytes=spec.kv_cache_bytes, enforce_eager=not torch.cuda.is_available(),
             logprobs_mode="processed_logprobs", worker_extension_cls=_EXTENSION,
             async_scheduling=False,  # step outputs belong to the step just run: exact token versions
-            **kwargs,
         )
         self._core = self.llm.llm_engine
         self.tokenizer = load_tokenizer(spec.model)
@@ -205,22 +201,19 @@ class Engine:
         """Apply safetensors bytes as ``version``; returns the seconds the update took."""
         return self._update(lambda: self._rpc("rredcot_load_bytes", data=data), version, in_flight)
 
-    def init_nccl(self, master_address: str, master_port: int, rank_offset: int, world_size: int) -> None:
-        """GPU: join the learner's NCCL group (vLLM weight-transfer API; packed buckets)."""
-        self._rpc("init_weight_transfer_engine", init_info={
-            "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
-            "world_size": world_size, "packed": True,
-        })
+    def join_weight_group(self, info: GroupInfo, rank: int, timeout_s: float) -> None:
+        """Join the learner's weight group as ``rank`` (one engine = one worker = one rank)."""
+        self._rpc("rredcot_join_group", info=dataclasses.asdict(info), rank=rank, timeout_s=timeout_s)
 
-    def load_weights_nccl(self, names: list[str], dtypes: list[str], shapes: list[list[int]], version: int,
-                          in_flight: str = "finish") -> float:
-        """GPU: receive ``version`` broadcast by the learner in manifest order; returns seconds."""
-        def receive() -> None:
-            self._rpc("start_weight_update")
-            self._rpc("update_weights", update_info={"names": names, "dtype_names": dtypes, "shapes": shapes})
-            self._rpc("finish_weight_update")
+    def leave_weight_group(self) -> None:
+        self._rpc("rredcot_leave_group")
 
-        return self._update(receive, version, in_flight)
+    def load_weights_broadcast(self, manifest: WeightManifest, in_flight: str = "finish") -> tuple[int, float]:
+        """Receive the next version broadcast on the weight group (laid out as ``manifest``) at once,
+        then apply it under the in-flight policy; returns (its version, seconds of the update)."""
+        version = self._rpc("rredcot_receive", names=manifest.names, shapes=manifest.shapes,
+                            dtypes=manifest.dtypes, buckets=manifest.buckets)
+        return version, self._update(lambda: self._rpc("rredcot_apply_received"), version, in_flight)
 
     def _update(self, apply: Callable[[], Any], version: int, in_flight: str) -> float:
         if in_flight not in IN_FLIGHT:
@@ -238,4 +231,5 @@ class Engine:
         return time.perf_counter() - start
 
     def _rpc(self, method: str, **kwargs: Any) -> Any:
-        return self.llm.collective_rpc(method, kwargs=kwargs)
+        """Call a ``WeightReceiver`` method on the engine's (single) worker; its result."""
+        return self.llm.collective_rpc(method, kwargs=kwargs)[0]

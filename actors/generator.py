@@ -32,6 +32,7 @@ from rredcot.common.records import RolloutGroup, RolloutRecord
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import ROLLOUTS, Producer, connect, key
 from rredcot.common.verifier import Verifier
+from rredcot.common.weight_group import read_group
 from rredcot.common.weight_sync import latest_manifest, read_weights
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,8 @@ def reference_texts(problem: Problem) -> tuple[str, str]:
 class Generator:
     """One generator: an engine, a verifier and the run's Redis state."""
 
-    def __init__(self, cfg: Config, name: str = "gen0", engine: Engine | None = None) -> None:
+    def __init__(self, cfg: Config, name: str = "gen0", engine: Engine | None = None, rank: int = 0) -> None:
+        """``rank``: this generator's index (weight-group rank ``rank + 1`` on the collective transport)."""
         if not cfg.redis.url:
             raise ConfigError("redis.url is not set: a generator needs the run's Redis server (redis.url=redis://...)")
         self.cfg, self.name, self.run_id = cfg, name, cfg.run.name
@@ -100,27 +102,52 @@ class Generator:
         self.verifier = Verifier(g.verifier_timeout_s)
         self.metrics = GeneratorMetrics(version=self.engine.version)
         self._problems: dict[str, tuple[int, Problem]] = {}
+        self.in_group = g.weight_transport == "collective" and self._join_group(rank + 1)
 
     # ----- weights -----
+    def _join_group(self, group_rank: int) -> bool:
+        """Join the learner's weight group (waits for the learner to host it); False → use files."""
+        timeout = self.cfg.generation.weight_group_timeout_s
+        deadline = time.monotonic() + timeout
+        while (info := read_group(self.client, self.run_id)) is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        try:
+            if info is None:
+                raise TimeoutError(f"no weight group published within {timeout:.0f} s")
+            self.engine.join_weight_group(info, group_rank, timeout)
+        except Exception as e:  # noqa: BLE001 - the learner falls back to files when the group is incomplete
+            log.warning("%s: cannot join the weight group (%s: %s); following weight files", self.name,
+                        type(e).__name__, e)
+            return False
+        return True
+
     def sync_weights(self) -> bool:
         """Apply the newest published weights if they are newer than the engine's; True if applied."""
         manifest = latest_manifest(self.client, self.run_id, newer_than=self.engine.version)
         if manifest is None:
             return False
         policy = self.cfg.generation.in_flight
-        if manifest.transport == "nccl":  # GPU: joins the learner's broadcast (see join_nccl)
-            seconds = self.engine.load_weights_nccl(manifest.names, manifest.dtypes, manifest.shapes,
-                                                    manifest.version, policy)
-        else:
+        if manifest.transport == "collective" and self.in_group:
+            try:
+                version, seconds = self.engine.load_weights_broadcast(manifest, policy)
+            except Exception as e:  # noqa: BLE001 - a broken group: the learner re-publishes as files
+                log.warning("%s: weight broadcast failed (%s: %s); following weight files", self.name,
+                            type(e).__name__, e)
+                self.engine.leave_weight_group()
+                self.in_group = False
+                return False
+        elif manifest.path:
             try:
                 data = read_weights(manifest)
             except FileNotFoundError:  # pruned by a newer publication: pick that one up next time
                 return False
-            seconds = self.engine.load_weights_bytes(data, manifest.version, policy)
+            version, seconds = manifest.version, self.engine.load_weights_bytes(data, manifest.version, policy)
+        else:  # broadcast only, and this generator is outside the group: the learner will publish a file
+            return False
         self._write_finished(self.engine.step())  # groups drained by the "finish" policy
         self.metrics.weight_updates += 1
         self.metrics.weight_update_s += seconds
-        self.metrics.version = manifest.version
+        self.metrics.version = version
         return True
 
     # ----- admission -----
@@ -231,6 +258,9 @@ class Generator:
             if self.control.stop_requested():
                 break
             self.step()
+        while self.done and self.in_group and not self.control.stop_requested():
+            if not self.sync_weights():  # stay in the group until the learner has sent its last version
+                time.sleep(self.cfg.generation.idle_poll_s)
         return self.metrics.snapshot()
 
     def close(self) -> None:
@@ -241,18 +271,14 @@ class Generator:
 class GeneratorActor:
     """Ray actor body: the config crosses as a plain dict (``to_dict``), never a pickled object."""
 
-    def __init__(self, cfg: dict[str, Any], name: str) -> None:
-        self.generator = Generator(from_dict(cfg), name)
+    def __init__(self, cfg: dict[str, Any], name: str, rank: int = 0) -> None:
+        self.generator = Generator(from_dict(cfg), name, rank=rank)
 
     def run(self, max_groups: int | None = None, timeout_s: float | None = None) -> dict[str, float]:
         return self.generator.run(max_groups, timeout_s)
 
     def metrics(self) -> dict[str, float]:
         return self.generator.metrics.snapshot()
-
-    def join_nccl(self, master_address: str, master_port: int, rank_offset: int, world_size: int) -> None:
-        """GPU (``generation.weight_transport=nccl``): join the learner's weight-broadcast group."""
-        self.generator.engine.init_nccl(master_address, master_port, rank_offset, world_size)
 
 
 def remote_generator(cfg: Config, name: str, **options: Any) -> Any:

@@ -1,8 +1,10 @@
 """vLLM worker extension that applies published weights inside the worker process.
 
 vLLM mixes this class into its worker (``LLM(worker_extension_cls=...)``); the engine adapter
-reaches the methods through ``collective_rpc``. Only a path or raw safetensors bytes cross that
-call (tensors cannot cross it in multiprocess mode, and no pickle is used). The tensors are
+reaches the methods through ``collective_rpc``. Only a path, raw safetensors bytes or plain
+lists cross that call (tensors cannot cross it in multiprocess mode, and no pickle is used); on the
+collective transport the worker joins the learner's weight group itself and receives the buckets
+into its own memory (``common.weight_group``), then applies them when the engine says so. The tensors are
 applied with the worker's ``reload_weights`` (on CPU ``model.load_weights`` fails: linear weights
 are prepacked), then a tied ``lm_head`` is repacked from the fresh embedding, because the packed
 copy vLLM-CPU keeps for it is not refreshed by the reload.
@@ -15,6 +17,8 @@ from typing import Any
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import load_file as st_load_file
+
+from rredcot.common.weight_group import GroupInfo, device_for, open_group, receive_tensors
 
 
 class WeightReceiver:
@@ -29,6 +33,28 @@ class WeightReceiver:
     def rredcot_load_bytes(self, data: bytes) -> int:
         """Apply safetensors bytes (HF parameter names); returns the number of tensors."""
         return self._rredcot_apply(st_load(bytes(data)))
+
+    def rredcot_join_group(self, info: dict[str, Any], rank: int, timeout_s: float) -> None:
+        """Join the learner's weight group as ``rank`` (blocks until every member joined)."""
+        group_info = GroupInfo(**info)
+        self._rredcot_group = open_group(group_info, rank, timeout_s)
+        self._rredcot_device = device_for(group_info.backend)
+
+    def rredcot_leave_group(self) -> None:
+        self._rredcot_group = None
+        self._rredcot_received = None
+
+    def rredcot_receive(self, names: list[str], shapes: list[list[int]], dtypes: list[str],
+                        buckets: list[int]) -> int:
+        """Receive the next broadcast version into memory (not applied yet); returns its number."""
+        version, self._rredcot_received = receive_tensors(self._rredcot_group, names, shapes, dtypes, buckets,
+                                                          self._rredcot_device)
+        return version
+
+    def rredcot_apply_received(self) -> int:
+        """Apply what ``rredcot_receive`` got; returns the number of tensors."""
+        tensors, self._rredcot_received = self._rredcot_received, None
+        return self._rredcot_apply(tensors)
 
     def _rredcot_apply(self, tensors: dict[str, torch.Tensor]) -> int:
         self.reload_weights(weights_iterator=iter(tensors.items()))  # type: ignore[attr-defined]

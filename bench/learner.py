@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from rredcot.common.config import LearnerConfig
-from rredcot.learner.broadcast import broadcast
+from rredcot.learner.broadcast import WeightPublisher
 from rredcot.learner.engine import LearnerEngine
 from rredcot.learner.synthetic import random_samples, tiny_lm
 
@@ -83,7 +83,8 @@ def main() -> None:
         from rredcot.common.streams import connect
 
         client = connect(server.url)
-        seconds = [broadcast(packed.module, client, "bench", v, f"{tmp}/weights", 0)[1] for v in range(args.steps)]
+        publisher = WeightPublisher(client, "bench", f"{tmp}/weights", 0)
+        seconds = [publisher.publish(packed.module, v)[1] for v in range(args.steps)]
         rows["broadcast s"] = statistics.median(seconds)
         client.close()
     del packed

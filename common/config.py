@@ -86,7 +86,8 @@ class GenerationConfig:
     verifier_timeout_s: float = bounded(5.0, 0.01)
     max_in_flight_groups: int = bounded(16, 1)  # groups one generator keeps in its engine at once
     idle_poll_s: float = bounded(0.05, 0.001)  # wait between admission retries while staleness blocks
-    weight_transport: str = choice("file", "file", "nccl")  # nccl: GPU only, vLLM's NCCL weight transfer
+    weight_transport: str = choice("file", "file", "collective")  # collective: broadcast group (gloo CPU, NCCL GPU)
+    weight_group_timeout_s: float = bounded(600.0, 1.0)  # joining the weight group, and each broadcast
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Weight-sync protocol between the learner (publisher) and generators / scorers (receivers).
 
-CPU path (implemented here): learner rank 0 writes the full weights of version ``v`` as ONE
+File path (CPU and GPU, any receiver): learner rank 0 writes the full weights of version ``v`` as ONE
 safetensors file in Hugging Face parameter naming (``model.layers.0.self_attn.q_proj.weight``,
 tied ``lm_head`` omitted, exactly what ``model.named_parameters()`` yields), atomically
 (temporary file + ``os.replace``), then sets the Redis key ``rredcot:{run_id}:weights:latest``
@@ -11,11 +11,11 @@ or subscribes, reads the manifest with :func:`latest_manifest`, and gets verifie
 last ``keep`` files stay on disk: a receiver that finds its file pruned re-reads the latest
 manifest. Receivers must share the learner's filesystem (one node, or a shared mount).
 
-GPU path (interface, implemented by the learner/generator adapters, not here): the same
-manifest is published first (``path`` empty, ``transport="nccl"``), then the learner and every
-receiver join one NCCL group (vLLM's weight-transfer API) and the learner broadcasts the tensors
-in buckets of ``bucket_bytes`` in manifest order; receivers load each bucket as it arrives and
-check the manifest's names/shapes/dtypes. Never one remote call per tensor.
+Collective path (``common.weight_group``; gloo on CPU, NCCL on GPU): the manifest carries
+``transport="collective"`` and ``buckets`` (tensors per bucket); learner rank 0 then broadcasts the
+buckets to the generators of its weight group. ``path`` is set as well when the learner also wrote
+the file (for receivers outside the group: the evaluator, a policy-following scorer, a generator
+that lost the group); if a broadcast fails, the learner re-publishes that version as a file.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import os
 import re
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import msgpack
@@ -51,10 +51,11 @@ class WeightManifest:
     shapes: list[list[int]]
     dtypes: list[str]  # torch dtype names without the "torch." prefix, e.g. "float32"
     checksum: str  # "sha256:<hex>" of the file bytes
-    path: str  # absolute path of the safetensors file ("" on the NCCL path)
-    nbytes: int  # file size in bytes
+    path: str  # absolute path of the safetensors file ("" when only broadcast)
+    nbytes: int  # file size in bytes (0 without a file)
     created: float = 0.0  # unix time of publication
-    transport: str = "file"  # "file" (CPU) or "nccl" (GPU)
+    transport: str = "file"  # "file" or "collective" (common.weight_group)
+    buckets: list[int] = field(default_factory=list)  # collective: tensors per broadcast bucket
 
     def encode(self) -> bytes:
         return msgpack.packb({"schema": MANIFEST_SCHEMA, **asdict(self)})
@@ -91,16 +92,10 @@ def _checksum(data: bytes | memoryview) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def publish_weights(
-    client: redis.Redis,
-    run_id: str,
-    version: int,
-    named_tensors: Iterable[tuple[str, torch.Tensor]],
-    out_dir: str | Path,
-    keep: int = 2,
-) -> WeightManifest:
-    """Write version ``version`` as one safetensors file, point the latest key at it, prune old files."""
-    tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in named_tensors}
+def write_weights(version: int, named_tensors: Iterable[tuple[str, torch.Tensor]], out_dir: str | Path,
+                  keep: int = 2) -> WeightManifest:
+    """Write version ``version`` as one safetensors file (atomically), prune old files; its manifest."""
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in named_tensors}
     data = st_save(tensors, metadata={"version": str(version)})
     path = weights_file(out_dir, version).resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -110,7 +105,8 @@ def publish_weights(
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    manifest = WeightManifest(
+    prune(out_dir, keep)
+    return WeightManifest(
         version=version,
         names=list(tensors),
         shapes=[list(t.shape) for t in tensors.values()],
@@ -120,12 +116,22 @@ def publish_weights(
         nbytes=len(data),
         created=time.time(),
     )
+
+
+def publish_manifest(client: redis.Redis, run_id: str, manifest: WeightManifest) -> None:
+    """Point the latest key at ``manifest``, bump the version key, wake subscribers."""
     pipe = client.pipeline(transaction=True)
     pipe.set(latest_key(run_id), manifest.encode())
-    pipe.set(version_key(run_id), version)
+    pipe.set(version_key(run_id), manifest.version)
     pipe.execute()
-    client.publish(channel(run_id), str(version))
-    prune(out_dir, keep)
+    client.publish(channel(run_id), str(manifest.version))
+
+
+def publish_weights(client: redis.Redis, run_id: str, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                    out_dir: str | Path, keep: int = 2) -> WeightManifest:
+    """The file path: write version ``version`` as a safetensors file and publish its manifest."""
+    manifest = write_weights(version, named_tensors, out_dir, keep)
+    publish_manifest(client, run_id, manifest)
     return manifest
 
 

@@ -25,12 +25,13 @@ from typing import Any
 from rredcot.common.config import Config, to_dict, to_yaml
 from rredcot.common.control import RunControl
 from rredcot.common.streams import BATCHES, ROLLOUTS, connect, key
+from rredcot.common.weight_group import group_key
 from rredcot.launch.plan import bundles, check_plan
 from rredcot.launch.services import EmbeddedRedis
 
 log = logging.getLogger(__name__)
 
-# tier -> (module, class): the class takes (cfg: Config, name: str) (the learner also its rank) and
+# tier -> (module, class): the class takes (cfg: Config, name: str) (learner, generator: also rank=) and
 # has run(), which returns when the run's work is done or its stop flag is raised
 STAGE_CLASSES = {
     "generator": ("rredcot.actors.generator", "Generator"),
@@ -53,7 +54,8 @@ class StageWorker:
         module, cls = STAGE_CLASSES[tier]
         stage_cls = getattr(importlib.import_module(module), cls)
         name = f"{WORKER_PREFIX[tier]}{rank}"
-        self.stage = stage_cls(from_dict(cfg), name, rank) if tier == "learner" else stage_cls(from_dict(cfg), name)
+        ranked = tier in ("learner", "generator")
+        self.stage = stage_cls(from_dict(cfg), name, rank=rank) if ranked else stage_cls(from_dict(cfg), name)
 
     def run(self) -> dict[str, float]:
         result = self.stage.run()
@@ -286,6 +288,7 @@ def train(cfg: Config) -> Path:
             monitor.add_eval(ray.get(evaluator.evaluate_latest.remote()), 0)
 
         master = _learner_master(pg, [t for t, _, _ in plan].index("learner"), free_port())
+        client.delete(group_key(cfg.run.name))  # generators must not join an earlier learner's weight group
         actors, refs = [], {}
         for index, (tier, rank, bundle) in enumerate(plan):
             actor = ray.remote(StageWorker).options(

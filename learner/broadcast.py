@@ -1,62 +1,165 @@
 """Full weights out of a (possibly ZeRO-3 partitioned) model, and their versioned publication.
 
 Parameters are gathered in buckets of about ``bucket_bytes`` (one ``GatheredParameters`` call per
-bucket, all ranks take part), copied to CPU, and handed to ``common.weight_sync`` by rank 0 as
-one safetensors file per version — never one remote call per tensor.
+bucket, all ranks take part). Rank 0 then delivers them through the run's transport:
+
+- ``file``: one safetensors file per version plus its manifest (``common.weight_sync``);
+- ``collective``: each bucket is copied into one flat buffer on the learner's device, and a
+  background thread publishes the manifest and broadcasts the buckets to the generators' weight
+  group (``common.weight_group``; gloo on CPU, NCCL on GPU) while the next step trains. At most
+  one send is in flight: the next publication waits for it. The file is written too when a
+  receiver outside the group needs it. If the group cannot be formed or a send fails, the
+  version is re-published as a file and the run continues on files.
+
+Never one remote call per tensor.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import redis
 import torch
 
-from rredcot.common.weight_sync import WeightManifest, publish_weights
+from rredcot.common.weight_group import (
+    GroupInfo,
+    bucket_counts,
+    flatten,
+    open_group,
+    publish_group,
+    send_buckets,
+    unflatten,
+)
+from rredcot.common.weight_sync import WeightManifest, publish_manifest, publish_weights, write_weights
 
+log = logging.getLogger(__name__)
 BUCKET_BYTES = 256 * 2**20
-
-
-def _is_partitioned(p: torch.nn.Parameter) -> bool:
-    return hasattr(p, "ds_id")
-
-
-def gathered_buckets(module: torch.nn.Module, bucket_bytes: int = BUCKET_BYTES,
-                     ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """(HF name, full CPU tensor) lists of about ``bucket_bytes`` each; a collective under ZeRO-3."""
-    import deepspeed
-
-    named = list(module.named_parameters())
-    start = 0
-    while start < len(named):
-        end, size = start, 0
-        while end < len(named) and (end == start or size + _numel(named[end][1]) * 4 <= bucket_bytes):
-            size += _numel(named[end][1]) * 4
-            end += 1
-        bucket = named[start:end]
-        params = [p for _, p in bucket if _is_partitioned(p)]
-        with deepspeed.zero.GatheredParameters(params, enabled=bool(params)):
-            yield [(n, p.detach().to("cpu", copy=True)) for n, p in bucket]
-        start = end
+Layout = tuple[str, list[int], str]  # (HF name, shape, dtype name) of one tensor in a bucket
 
 
 def _numel(p: torch.nn.Parameter) -> int:
     return int(getattr(p, "ds_numel", p.numel()))
 
 
+def _shape(p: torch.nn.Parameter) -> list[int]:
+    return list(getattr(p, "ds_shape", p.shape))
+
+
+def gathered_buckets(module: torch.nn.Module, bucket_bytes: int = BUCKET_BYTES,
+                     ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """(HF name, full parameter) lists of about ``bucket_bytes`` each; a collective under ZeRO-3.
+
+    The tensors are the live (gathered) parameters: use them before asking for the next bucket.
+    """
+    import deepspeed
+
+    named = list(module.named_parameters())
+    start = 0
+    for count in bucket_counts([_numel(p) * p.element_size() for _, p in named], bucket_bytes):
+        bucket = named[start:start + count]
+        start += count
+        partitioned = [p for _, p in bucket if hasattr(p, "ds_id")]
+        with deepspeed.zero.GatheredParameters(partitioned, enabled=bool(partitioned)):
+            yield [(n, p.detach()) for n, p in bucket]
+
+
 def full_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """All parameters as full CPU tensors by HF name (a collective under ZeRO-3)."""
-    return {n: t for bucket in gathered_buckets(module) for n, t in bucket}
+    return {n: t.to("cpu", copy=True) for bucket in gathered_buckets(module) for n, t in bucket}
 
 
-def broadcast(module: torch.nn.Module, client: redis.Redis | None, run_id: str, version: int,
-              out_dir: str | Path, rank: int, keep: int = 2) -> tuple[WeightManifest | None, float]:
-    """Publish ``version`` (rank 0; every rank gathers); returns (manifest on rank 0, seconds)."""
-    t0 = time.perf_counter()
-    state = full_state(module)
-    manifest = None
-    if rank == 0 and client is not None:
-        manifest = publish_weights(client, run_id, version, state.items(), out_dir, keep=keep)
-    return manifest, time.perf_counter() - t0
+class WeightPublisher:
+    """Publishes weight versions; every learner rank calls ``publish``, rank 0 delivers."""
+
+    def __init__(self, client: redis.Redis | None, run_id: str, out_dir: str | Path, rank: int, *,
+                 group_address: str | None = None, receivers: int = 0, file_too: bool = True,
+                 timeout_s: float = 600.0, keep: int = 2, bucket_bytes: int = BUCKET_BYTES) -> None:
+        """``group_address``: host the collective transport's group there, for ``receivers`` generators
+        (None: the file transport)."""
+        self.client, self.run_id, self.out_dir, self.rank = client, run_id, Path(out_dir), rank
+        self.file_too, self.timeout_s, self.keep, self.bucket_bytes = file_too, timeout_s, keep, bucket_bytes
+        self.send_s = 0.0  # seconds spent in background sends (collective)
+        self.fallbacks = 0  # versions re-published as files after a failed send
+        self.uses_group = group_address is not None
+        self._group = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: Future | None = None
+        if self.uses_group and rank == 0:
+            self.group_info, self._store = GroupInfo.host(group_address, receivers, timeout_s)
+            publish_group(client, run_id, self.group_info)
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="weight-send")
+
+    @property
+    def collective(self) -> bool:
+        """Whether versions still go over the weight group (False after a failure)."""
+        return self._pool is not None
+
+    def publish(self, module: torch.nn.Module, version: int) -> tuple[WeightManifest | None, float]:
+        """Publish ``version``; returns (the manifest when published on this thread, seconds here)."""
+        t0 = time.perf_counter()
+        manifest = None
+        if not self.uses_group:
+            state = full_state(module)
+            if self.rank == 0 and self.client is not None:
+                manifest = publish_weights(self.client, self.run_id, version, state.items(), self.out_dir, self.keep)
+            return manifest, time.perf_counter() - t0
+        device = next(module.parameters()).device
+        layout: list[list[Layout]] = []
+        buffers: list[torch.Tensor] = []
+        for bucket in gathered_buckets(module, self.bucket_bytes):
+            if self.rank == 0:
+                layout.append([(n, list(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in bucket])
+                buffers.append(flatten([t for _, t in bucket], device))
+        if self.rank == 0:
+            self.wait()
+            if self.collective:
+                self._pending = self._pool.submit(self._send, version, layout, buffers)
+            else:
+                manifest = self._write_file(version, layout, buffers)
+                publish_manifest(self.client, self.run_id, manifest)
+        return manifest, time.perf_counter() - t0
+
+    def wait(self) -> None:
+        """Block until the send in flight (if any) has finished."""
+        if self._pending is not None:
+            self._pending.result()
+            self._pending = None
+
+    def close(self) -> None:
+        self.wait()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    # ----- rank 0, background thread -----
+    def _send(self, version: int, layout: list[list[Layout]], buffers: list[torch.Tensor]) -> None:
+        t0 = time.perf_counter()
+        try:
+            if self._group is None:
+                self._group = open_group(self.group_info, 0, self.timeout_s, self._store)
+            flat = [x for bucket in layout for x in bucket]
+            manifest = (self._write_file(version, layout, buffers) if self.file_too else WeightManifest(
+                version, [n for n, _, _ in flat], [s for _, s, _ in flat], [d for _, _, d in flat],
+                checksum="", path="", nbytes=0, created=time.time()))
+            publish_manifest(self.client, self.run_id, dataclasses.replace(
+                manifest, transport="collective", buckets=[len(b) for b in layout]))
+            send_buckets(self._group, version, buffers)
+        except Exception as e:  # noqa: BLE001 - whatever broke the group, the run continues on files
+            log.warning("weight group failed at v%d (%s: %s); publishing files from now on",
+                        version, type(e).__name__, e)
+            pool, self._pool, self._group = self._pool, None, None
+            pool.shutdown(wait=False)  # this is the pool's last task
+            self.fallbacks += 1
+            publish_manifest(self.client, self.run_id, self._write_file(version, layout, buffers))
+        finally:
+            self.send_s += time.perf_counter() - t0
+
+    def _write_file(self, version: int, layout: list[list[Layout]], buffers: list[torch.Tensor]) -> WeightManifest:
+        named = ((name, tensor) for bucket, buffer in zip(layout, buffers, strict=True)
+                 for (name, _, _), tensor in zip(bucket, unflatten(buffer.cpu(), [s for _, s, _ in bucket],
+                                                                     [d for _, _, d in bucket]), strict=True))
+        return write_weights(version, named, self.out_dir, self.keep)

@@ -10,6 +10,7 @@ steps) and the new version that the generators' staleness admission reads.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -24,7 +25,7 @@ from rredcot.common.models import load_causal_lm, load_tokenizer, resolve_model_
 from rredcot.common.records import RecordError, WeightedGroup
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Entry, connect, key
-from rredcot.learner.broadcast import broadcast
+from rredcot.learner.broadcast import WeightPublisher
 from rredcot.learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rredcot.learner.engine import LearnerEngine
 from rredcot.learner.packing import TrainSample, samples_from_group
@@ -56,6 +57,7 @@ class Trainer:
         self.totals = Counter({"wait_s": 0.0, "busy_s": 0.0, "broadcast_s": 0.0, "duplicates": 0, "groups": 0,
                                "samples": 0, "staleness_max": 0})
         self.writer = self._tensorboard() if self.rank == 0 and cfg.logging.tensorboard else None
+        self.publisher = self._publisher()
         self._resume()
 
     # ----- setup -----
@@ -63,6 +65,17 @@ class Trainer:
         from torch.utils.tensorboard import SummaryWriter
 
         return SummaryWriter(str(self.run_dir / "tensorboard" / "learner"))
+
+    def _publisher(self) -> WeightPublisher:
+        """The weight transport: files, or (``collective``) a group hosted at this rank's address."""
+        g = self.cfg.generation
+        collective = g.weight_transport == "collective"
+        return WeightPublisher(
+            self.client, self.run_id, self.run_dir / "weights", self.rank,
+            group_address=os.environ.get("MASTER_ADDR", "127.0.0.1") if collective else None,
+            receivers=self.cfg.cluster.generators, timeout_s=g.weight_group_timeout_s,
+            # receivers outside the group read files: the evaluator and a policy-following scorer
+            file_too=self.cfg.data.eval_size > 0 or self.cfg.credit.scorer == "policy")
 
     def _resume(self) -> None:
         ckpt = latest_checkpoint(self.run_dir / "checkpoints") if self.cfg.run.resume == "auto" else None
@@ -88,6 +101,7 @@ class Trainer:
             metrics = self.train_on(*batch)
         if self.cfg.learner.checkpoint_every == 0 or self.step % self.cfg.learner.checkpoint_every:
             self.checkpoint()
+        self.publisher.close()  # the last version reaches the generators before the run stops
         if self.writer is not None:
             self.writer.close()
         return metrics
@@ -156,8 +170,7 @@ class Trainer:
 
     # ----- outputs -----
     def _broadcast(self) -> float:
-        _, seconds = broadcast(self.engine.module, self.client, self.run_id, self.engine.version,
-                               self.run_dir / "weights", self.rank)
+        _, seconds = self.publisher.publish(self.engine.module, self.engine.version)
         self.totals["broadcast_s"] += seconds
         return seconds
 
@@ -172,7 +185,8 @@ class Trainer:
                "idle_frac": wait / max(busy + wait, 1e-9), "duplicates": float(self.totals["duplicates"]),
                "skipped_nonfinite": float(self.engine.counters["skipped_nonfinite"]),
                "skipped_empty": float(self.engine.counters["skipped_empty"]),
-               "broadcast_s_total": self.totals["broadcast_s"]}
+               "broadcast_s_total": self.totals["broadcast_s"], "broadcast_send_s_total": self.publisher.send_s,
+               "broadcast_fallbacks": float(self.publisher.fallbacks)}
         for name in (ROLLOUTS, BATCHES):
             out[f"queue_{name}"] = float(self.client.xlen(key(self.run_id, name)))
         out["groups_consumed"] = float(self.totals["groups"])

@@ -16,7 +16,7 @@ from rredcot.actors.engine import Engine, EngineSpec, Sampling
 from rredcot.common.config import LearnerConfig
 from rredcot.common.models import build_tiny_model, load_causal_lm, load_tokenizer, qwen_tokenizer_dir, save_model_dir
 from rredcot.common.weight_sync import latest_manifest, read_weights
-from rredcot.learner.broadcast import broadcast
+from rredcot.learner.broadcast import WeightPublisher
 from rredcot.learner.engine import LearnerEngine
 from rredcot.learner.packing import TrainSample
 
@@ -54,7 +54,7 @@ def test_first_step_gap_is_zero_and_broadcast_reaches_the_generator(model_dir, t
     result = learner.train_step(first)
     assert result.applied and result.metrics["logp_gap"] < 1e-4 and result.metrics["clip_frac"] == 0
 
-    broadcast(learner.module, redis_client, run_id, learner.version, tmp_path / "weights", rank=0)
+    WeightPublisher(redis_client, run_id, tmp_path / "weights", rank=0).publish(learner.module, learner.version)
     manifest = latest_manifest(redis_client, run_id)
     generator.load_weights_bytes(read_weights(manifest), manifest.version)
     second = samples_from(generator.generate(prompts, sampling, "b"), 1, "b")

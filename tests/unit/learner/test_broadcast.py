@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import torch
 
 from rredcot.common.config import LearnerConfig
+from rredcot.common.weight_group import open_group, read_group, receive_tensors
 from rredcot.common.weight_sync import latest_manifest, load_tensors
-from rredcot.learner.broadcast import broadcast, gathered_buckets
+from rredcot.learner.broadcast import WeightPublisher, gathered_buckets
 from rredcot.learner.engine import LearnerEngine
+
+CPU = torch.device("cpu")
 
 
 def test_zero3_buckets_cover_all_parameters_in_order_and_publish(make_model, tmp_path, redis_client, run_id):
@@ -15,7 +21,8 @@ def test_zero3_buckets_cover_all_parameters_in_order_and_publish(make_model, tmp
     original = {n: p.detach().clone() for n, p in model.named_parameters()}
     engine = LearnerEngine(model, LearnerConfig(zero_stage=3, zero3_persistence_threshold=0))
     assert any(p.numel() == 0 for p in engine.module.parameters())  # really partitioned
-    buckets = list(gathered_buckets(engine.module, bucket_bytes=64 * 1024))
+    # the yielded tensors are the live gathered parameters: copy each bucket before asking for the next
+    buckets = [[(n, t.clone()) for n, t in b] for b in gathered_buckets(engine.module, bucket_bytes=64 * 1024)]
     assert len(buckets) > 3 and all(len(b) >= 1 for b in buckets)
     names = [n for b in buckets for n, _ in b]
     assert names == list(original)
@@ -23,7 +30,56 @@ def test_zero3_buckets_cover_all_parameters_in_order_and_publish(make_model, tmp
         assert len(bucket) == 1 or sum(t.numel() * 4 for _, t in bucket) <= 64 * 1024
         for name, tensor in bucket:
             assert torch.equal(tensor, original[name]), name
-    manifest, seconds = broadcast(engine.module, redis_client, run_id, 7, tmp_path, rank=0)
+    manifest, seconds = WeightPublisher(redis_client, run_id, tmp_path, rank=0).publish(engine.module, 7)
     assert manifest == latest_manifest(redis_client, run_id) and manifest.version == 7 and seconds > 0
     received = load_tensors(manifest)
     assert all(torch.equal(received[n], t) for n, t in original.items())
+
+
+def _receive_one(client, run_id: str, timeout_s: float = 30) -> tuple[int, dict[str, torch.Tensor]]:
+    """A bare receiver (group rank 1): join, wait for the manifest, receive one version."""
+    info = read_group(client, run_id)
+    group = open_group(info, 1, timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while (manifest := latest_manifest(client, run_id)) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert manifest.transport == "collective"
+    return receive_tensors(group, manifest.names, manifest.shapes, manifest.dtypes, manifest.buckets, CPU)
+
+
+def test_collective_publication_reaches_the_group_and_writes_the_file_too(make_model, tmp_path, redis_client,
+                                                                          run_id):
+    model = make_model()
+    original = {n: p.detach().clone() for n, p in model.named_parameters()}
+    engine = LearnerEngine(model, LearnerConfig(zero_stage=3, zero3_persistence_threshold=0))
+    publisher = WeightPublisher(redis_client, run_id, tmp_path, rank=0, group_address="127.0.0.1", receivers=1,
+                                timeout_s=30, bucket_bytes=64 * 1024)
+    with ThreadPoolExecutor(1) as pool:
+        receiver = pool.submit(_receive_one, redis_client, run_id)
+        manifest, seconds = publisher.publish(engine.module, 5)  # returns while the send runs behind
+        assert manifest is None and seconds > 0
+        version, received = receiver.result(60)
+    publisher.close()
+    assert version == 5 and publisher.collective and publisher.fallbacks == 0 and publisher.send_s > 0
+    assert received.keys() == original.keys()
+    assert all(torch.equal(received[n], t) for n, t in original.items())
+    manifest = latest_manifest(redis_client, run_id)
+    assert manifest.transport == "collective" and len(manifest.buckets) > 3 and sum(manifest.buckets) == len(original)
+    on_disk = load_tensors(manifest)  # file_too: receivers outside the group read the same weights
+    assert all(torch.equal(on_disk[n], t) for n, t in original.items())
+
+
+def test_a_group_that_never_forms_falls_back_to_files(make_model, tmp_path, redis_client, run_id):
+    engine = LearnerEngine(make_model(), LearnerConfig(zero_stage=0))
+    publisher = WeightPublisher(redis_client, run_id, tmp_path, rank=0, group_address="127.0.0.1", receivers=1,
+                                file_too=False, timeout_s=1)
+    publisher.publish(engine.module, 1)  # nobody joins: the send times out in the background
+    publisher.wait()
+    assert not publisher.collective and publisher.fallbacks == 1
+    first = latest_manifest(redis_client, run_id)
+    assert first.transport == "file" and first.version == 1
+    manifest, _ = publisher.publish(engine.module, 2)  # from now on: files, published on this thread
+    assert manifest == latest_manifest(redis_client, run_id) and manifest.version == 2
+    state = load_tensors(manifest)
+    assert all(torch.equal(state[n], p) for n, p in engine.module.named_parameters())
+    publisher.close()

@@ -1,0 +1,204 @@
+"""The collective weight transport: learner rank 0 broadcasts flat byte buckets to every generator.
+
+One process group holds learner rank 0 (group rank 0, the source) and generator ``i`` (group rank
+``i + 1``). It is built from its own ``TCPStore`` (hosted by the learner) and a store prefix unique
+to each learner start (``epoch``), so it never touches the default process group of DeepSpeed or
+vLLM and a receiver never joins a stale group. Backend: gloo on CPU, NCCL on GPU — the same code.
+
+Wire format of one version: the manifest (``common.weight_sync``, ``transport="collective"``,
+``buckets`` = tensors per bucket) is published in Redis first; then rank 0 broadcasts each bucket
+after a 16-byte header (version, total bytes) as one contiguous ``uint8`` buffer (the bucket's
+tensors in manifest order, each at a 16-byte aligned offset), then the 32-byte SHA-256 digest of all bucket bytes.
+The header labels the bytes: a sender may run a version ahead of a slow receiver (socket buffers),
+and the receiver still applies each version under its own number. A receiver sizes its buffers from
+the manifest (the layout is the same for every version), checks the digest, and only then hands
+the tensors on. Never one call per tensor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+
+import msgpack
+import redis
+import torch
+import torch.distributed as dist
+
+from rredcot.common.weight_sync import WeightSyncError
+
+DIGEST_BYTES = 32
+ALIGN = 16  # every tensor starts at a multiple of this in its bucket (any dtype can view it)
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """Where and how to join the weight group (published by learner rank 0 in Redis)."""
+
+    address: str
+    port: int
+    world: int  # 1 + number of generators
+    backend: str  # "gloo" (CPU) or "nccl" (GPU)
+    epoch: str  # unique per learner start
+
+    @classmethod
+    def host(cls, address: str, receivers: int, timeout_s: float) -> tuple[GroupInfo, dist.TCPStore]:
+        """Rank 0: start the group's store on a free port of ``address``; (its info, the store)."""
+        store = dist.TCPStore(address, 0, receivers + 1, True, timedelta(seconds=timeout_s), wait_for_workers=False)
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        return cls(address, store.port, receivers + 1, backend, uuid.uuid4().hex), store
+
+    def encode(self) -> bytes:
+        return msgpack.packb(asdict(self))
+
+    @classmethod
+    def decode(cls, data: bytes) -> GroupInfo:
+        return cls(**msgpack.unpackb(data, raw=False))
+
+
+def group_key(run_id: str) -> str:
+    return f"rredcot:{run_id}:weights:group"
+
+
+def publish_group(client: redis.Redis, run_id: str, info: GroupInfo) -> None:
+    client.set(group_key(run_id), info.encode())
+
+
+def read_group(client: redis.Redis, run_id: str) -> GroupInfo | None:
+    data = client.get(group_key(run_id))
+    return None if data is None else GroupInfo.decode(data)
+
+
+def device_for(backend: str) -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+
+
+def open_group(info: GroupInfo, rank: int, timeout_s: float, store: dist.TCPStore | None = None,
+               ) -> dist.ProcessGroup:
+    """Join the group as ``rank`` (rank 0 passes the store it hosts); blocks until all ranks joined."""
+    timeout = timedelta(seconds=timeout_s)
+    if store is None:
+        store = dist.TCPStore(info.address, info.port, info.world, False, timeout)
+    prefixed = dist.PrefixStore(f"rredcot-weights/{info.epoch}", store)
+    if info.backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(prefixed, rank, info.world, options)
+    return dist.ProcessGroupGloo(prefixed, rank, info.world, timeout)
+
+
+def bucket_counts(sizes: Sequence[int], bucket_bytes: int) -> list[int]:
+    """Greedy split of tensors of ``sizes`` bytes into buckets of at most ``bucket_bytes`` (≥ 1 each)."""
+    counts: list[int] = []
+    filled = bucket_bytes + 1
+    for size in sizes:
+        if counts and filled + size <= bucket_bytes:
+            counts[-1] += 1
+            filled += size
+        else:
+            counts.append(1)
+            filled = size
+    return counts
+
+
+def tensor_nbytes(shape: Sequence[int], dtype: str) -> int:
+    return math.prod(shape) * getattr(torch, dtype).itemsize
+
+
+def _slot(nbytes: int) -> int:
+    """Bytes a tensor takes in a bucket: its size rounded up, so every tensor starts aligned."""
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+def bucket_nbytes(shapes: Sequence[Sequence[int]], dtypes: Sequence[str], counts: Sequence[int]) -> list[int]:
+    """Bytes of each bucket, from the manifest's shapes, dtypes and tensors per bucket."""
+    sizes = [_slot(tensor_nbytes(s, d)) for s, d in zip(shapes, dtypes, strict=True)]
+    out, start = [], 0
+    for n in counts:
+        out.append(sum(sizes[start:start + n]))
+        start += n
+    if start != len(sizes):
+        raise WeightSyncError(f"buckets hold {start} tensors, the manifest names {len(sizes)}")
+    return out
+
+
+def flatten(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The tensors' bytes in one new ``uint8`` buffer on ``device``, each at an ``ALIGN``-byte offset."""
+    sizes = [t.numel() * t.element_size() for t in tensors]
+    buffer = torch.zeros(sum(map(_slot, sizes)), dtype=torch.uint8, device=device)
+    offset = 0
+    for t, n in zip(tensors, sizes, strict=True):
+        buffer[offset:offset + n].view(t.dtype).view(t.shape).copy_(t.detach())
+        offset += _slot(n)
+    return buffer
+
+
+def unflatten(buffer: torch.Tensor, shapes: Sequence[Sequence[int]], dtypes: Sequence[str]) -> list[torch.Tensor]:
+    """Views of ``buffer`` as the tensors ``flatten`` packed (``shapes``/``dtypes`` in order)."""
+    out, offset = [], 0
+    for shape, dtype in zip(shapes, dtypes, strict=True):
+        n = tensor_nbytes(shape, dtype)
+        out.append(buffer[offset:offset + n].view(getattr(torch, dtype)).view(list(shape)))
+        offset += _slot(n)
+    if offset != buffer.numel():
+        raise WeightSyncError(f"bucket of {buffer.numel()} bytes, its tensors take {offset}")
+    return out
+
+
+def _digest(buffers: Iterable[torch.Tensor]) -> bytes:
+    h = hashlib.sha256()
+    for b in buffers:
+        h.update(b.cpu().numpy())
+    return h.digest()
+
+
+def _broadcast(group: dist.ProcessGroup, tensor: torch.Tensor) -> None:
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    group.broadcast([tensor], opts).wait()
+
+
+def send_buckets(group: dist.ProcessGroup, version: int, buffers: Sequence[torch.Tensor]) -> str:
+    """Rank 0: broadcast the header, every bucket (at least one), then their SHA-256 digest (returned, hex)."""
+    header = torch.tensor([version, sum(b.numel() for b in buffers)], dtype=torch.int64)
+    _broadcast(group, header.view(torch.uint8).to(buffers[0].device))
+    for b in buffers:
+        _broadcast(group, b)
+    digest = _digest(buffers)
+    _broadcast(group, torch.frombuffer(bytearray(digest), dtype=torch.uint8).to(buffers[0].device))
+    return digest.hex()
+
+
+def receive_buckets(group: dist.ProcessGroup, nbytes: Sequence[int], device: torch.device,
+                    ) -> tuple[int, list[torch.Tensor]]:
+    """Receive one version: (its number, buckets of ``nbytes`` each); raises ``WeightSyncError`` on a
+    layout or digest mismatch."""
+    header = torch.empty(16, dtype=torch.uint8, device=device)
+    _broadcast(group, header)
+    version, total = header.cpu().view(torch.int64).tolist()
+    if total != sum(nbytes):
+        raise WeightSyncError(f"the learner sends {total} bytes of weights, the manifest describes {sum(nbytes)}")
+    buffers = [torch.empty(n, dtype=torch.uint8, device=device) for n in nbytes]
+    for b in buffers:
+        _broadcast(group, b)
+    sent = torch.empty(DIGEST_BYTES, dtype=torch.uint8, device=device)
+    _broadcast(group, sent)
+    if bytes(sent.cpu().numpy()) != _digest(buffers):
+        raise WeightSyncError(f"received weights v{version} do not match the sender's SHA-256 digest")
+    return version, buffers
+
+
+def receive_tensors(group: dist.ProcessGroup, names: Sequence[str], shapes: Sequence[Sequence[int]],
+                    dtypes: Sequence[str], buckets: Sequence[int], device: torch.device,
+                    ) -> tuple[int, dict[str, torch.Tensor]]:
+    """Receive one version laid out as a manifest describes it: (its number, tensors by HF name)."""
+    version, buffers = receive_buckets(group, bucket_nbytes(shapes, dtypes, buckets), device)
+    tensors, start = [], 0
+    for buffer, n in zip(buffers, buckets, strict=True):
+        tensors += unflatten(buffer, shapes[start:start + n], dtypes[start:start + n])
+        start += n
+    return version, dict(zip(names, tensors, strict=True))
