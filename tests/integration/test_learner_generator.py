@@ -2,12 +2,14 @@
 
 The learner's log-probs match the generator's behaviour log-probs (at T ≠ 1) at the first step of a
 fresh run, and after the learner publishes version 1 the generator's samples match the learner's
-new weights exactly — while the old behaviour log-probs no longer do (the check can fail).
+new weights exactly — while the old behaviour log-probs no longer do (the check can fail). Both
+weight transports: the file, and the collective group (gloo here) joined by the engine's worker.
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ import pytest
 from rredcot.actors.engine import Engine, EngineSpec, Sampling
 from rredcot.common.config import LearnerConfig
 from rredcot.common.models import build_tiny_model, load_causal_lm, load_tokenizer, qwen_tokenizer_dir, save_model_dir
+from rredcot.common.weight_group import read_group
 from rredcot.common.weight_sync import latest_manifest, read_weights
 from rredcot.learner.broadcast import WeightPublisher
 from rredcot.learner.engine import LearnerEngine
@@ -43,7 +46,29 @@ def model_dir(tmp_path_factory) -> str:
     return str(save_model_dir(build_tiny_model("qwen3", seed=0), tok, tmp_path_factory.mktemp("m") / "m0"))
 
 
-def test_first_step_gap_is_zero_and_broadcast_reaches_the_generator(model_dir, tmp_path, redis_client, run_id):
+def _deliver(transport: str, learner: LearnerEngine, generator: Engine, client, run_id: str, out) -> None:
+    """Publish the learner's weights and apply them in the generator's engine, over ``transport``."""
+    if transport == "file":
+        WeightPublisher(client, run_id, out, rank=0).publish(learner.module, learner.version)
+        manifest = latest_manifest(client, run_id)
+        generator.load_weights_bytes(read_weights(manifest), manifest.version)
+        return
+    publisher = WeightPublisher(client, run_id, out, rank=0, group_address="127.0.0.1", receivers=1,
+                                file_too=False, timeout_s=60)
+    publisher.publish(learner.module, learner.version)  # the group forms and the send runs behind
+    generator.join_weight_group(read_group(client, run_id), 1, 60)  # the engine's worker joins as rank 1
+    deadline = time.monotonic() + 60
+    while (manifest := latest_manifest(client, run_id)) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert manifest.transport == "collective" and manifest.path == ""
+    version, seconds = generator.load_weights_broadcast(manifest)
+    publisher.close()
+    assert version == learner.version == generator.version and seconds > 0 and publisher.fallbacks == 0
+
+
+@pytest.mark.parametrize("transport", ["file", "collective"])
+def test_first_step_gap_is_zero_and_broadcast_reaches_the_generator(transport, model_dir, tmp_path, redis_client,
+                                                                    run_id):
     generator = Engine(EngineSpec(model_dir, max_model_len=128, kv_cache_bytes=16 * 2**20, seed=0))
     sampling = Sampling(n=4, temperature=TEMPERATURE, max_tokens=12)
     prompts = [[151644, 872, 198, 100 + k, 151645, 198] for k in range(2)]
@@ -54,9 +79,7 @@ def test_first_step_gap_is_zero_and_broadcast_reaches_the_generator(model_dir, t
     result = learner.train_step(first)
     assert result.applied and result.metrics["logp_gap"] < 1e-4 and result.metrics["clip_frac"] == 0
 
-    WeightPublisher(redis_client, run_id, tmp_path / "weights", rank=0).publish(learner.module, learner.version)
-    manifest = latest_manifest(redis_client, run_id)
-    generator.load_weights_bytes(read_weights(manifest), manifest.version)
+    _deliver(transport, learner, generator, redis_client, run_id, tmp_path / "weights")
     second = samples_from(generator.generate(prompts, sampling, "b"), 1, "b")
     probe = learner.accumulate(second)  # version 1 tokens under version 1 weights
     assert probe.stats.result()["logp_gap"] < 1e-4
