@@ -148,6 +148,7 @@ class Generator:
         self.metrics.weight_updates += 1
         self.metrics.weight_update_s += seconds
         self.metrics.version = version
+        self.control.publish_metrics(self.name, "generator", self.metrics.snapshot())
         return True
 
     # ----- admission -----

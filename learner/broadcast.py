@@ -8,8 +8,9 @@ bucket, all ranks take part). Rank 0 then delivers them through the run's transp
   background thread publishes the manifest and broadcasts the buckets to the generators' weight
   group (``common.weight_group``; gloo on CPU, NCCL on GPU) while the next step trains. At most
   one send is in flight: the next publication waits for it. The file is written too when a
-  receiver outside the group needs it. If the group cannot be formed or a send fails, the
-  version is re-published as a file and the run continues on files.
+  receiver outside the group needs it. Version 0 (what every receiver starts from) is never
+  broadcast, only written when a file is wanted. If the group cannot be formed or a send fails,
+  the version is re-published as a file and the run continues on files.
 
 Never one remote call per tensor.
 """
@@ -93,6 +94,7 @@ class WeightPublisher:
             self.group_info, self._store = GroupInfo.host(group_address, receivers, timeout_s)
             publish_group(client, run_id, self.group_info)
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="weight-send")
+            self._pending = self._pool.submit(self._open)  # the generators join while the learner starts
 
     @property
     def collective(self) -> bool:
@@ -103,7 +105,9 @@ class WeightPublisher:
         """Publish ``version``; returns (the manifest when published on this thread, seconds here)."""
         t0 = time.perf_counter()
         manifest = None
-        if not self.uses_group:
+        if self.uses_group and version == 0 and not self.file_too:
+            return None, 0.0  # every receiver starts from version 0: the group never carries it
+        if not self.uses_group or version == 0:
             state = full_state(module)
             if self.rank == 0 and self.client is not None:
                 manifest = publish_weights(self.client, self.run_id, version, state.items(), self.out_dir, self.keep)
@@ -136,11 +140,20 @@ class WeightPublisher:
             self._pool.shutdown(wait=True)
 
     # ----- rank 0, background thread -----
+    def _open(self) -> None:
+        try:
+            self._group = open_group(self.group_info, 0, self.timeout_s, self._store)
+        except Exception as e:  # noqa: BLE001 - a generator that never joined: files instead
+            log.warning("the weight group did not form (%s: %s); publishing files", type(e).__name__, e)
+            self._stop_group()
+
+    def _stop_group(self) -> None:
+        pool, self._pool, self._group = self._pool, None, None
+        pool.shutdown(wait=False)  # called from the pool's (last) task
+
     def _send(self, version: int, layout: list[list[Layout]], buffers: list[torch.Tensor]) -> None:
         t0 = time.perf_counter()
         try:
-            if self._group is None:
-                self._group = open_group(self.group_info, 0, self.timeout_s, self._store)
             flat = [x for bucket in layout for x in bucket]
             manifest = (self._write_file(version, layout, buffers) if self.file_too else WeightManifest(
                 version, [n for n, _, _ in flat], [s for _, s, _ in flat], [d for _, _, d in flat],
@@ -151,8 +164,7 @@ class WeightPublisher:
         except Exception as e:  # noqa: BLE001 - whatever broke the group, the run continues on files
             log.warning("weight group failed at v%d (%s: %s); publishing files from now on",
                         version, type(e).__name__, e)
-            pool, self._pool, self._group = self._pool, None, None
-            pool.shutdown(wait=False)  # this is the pool's last task
+            self._stop_group()
             self.fallbacks += 1
             publish_manifest(self.client, self.run_id, self._write_file(version, layout, buffers))
         finally:

@@ -55,8 +55,8 @@ def _deliver(transport: str, learner: LearnerEngine, generator: Engine, client, 
         return
     publisher = WeightPublisher(client, run_id, out, rank=0, group_address="127.0.0.1", receivers=1,
                                 file_too=False, timeout_s=60)
-    publisher.publish(learner.module, learner.version)  # the group forms and the send runs behind
     generator.join_weight_group(read_group(client, run_id), 1, 60)  # the engine's worker joins as rank 1
+    publisher.publish(learner.module, learner.version)  # returns while the send runs behind
     deadline = time.monotonic() + 60
     while (manifest := latest_manifest(client, run_id)) is None and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -35,11 +35,12 @@ def _workers(redis_client, run_id):
     return gens, reds, learner
 
 
-@pytest.mark.parametrize(("method", "eta"), [("rredcot", 2), ("grpo", 0)])
+@pytest.mark.parametrize(("method", "eta", "transport"),
+                         [("rredcot", 2, "file"), ("grpo", 0, "file"), ("rredcot", 1, "collective")])
 def test_pipeline_trains_every_sample_once_within_the_staleness_bound(local_ray, redis_server, redis_client, run_id,
-                                                                      tmp_path, method, eta):
+                                                                      tmp_path, method, eta, transport):
     cfg, report = _run(tmp_path, redis_server, run_id, f"credit.method={method}", f"staleness.eta={eta}",
-                       "run.steps=4", "learner.skip_zero_advantage=false")
+                       "run.steps=4", "learner.skip_zero_advantage=false", f"generation.weight_transport={transport}")
     gens, reds, learner = _workers(redis_client, run_id)
     generated = sum(g["samples"] for g in gens)
     assert generated == cfg.run.steps * cfg.generation.prompts_per_step * cfg.generation.group_size
@@ -56,6 +57,10 @@ def test_pipeline_trains_every_sample_once_within_the_staleness_bound(local_ray,
     assert learner["staleness_max"] <= eta
     assert Admission(redis_client, run_id, 2, eta).admitted() == cfg.run.steps * cfg.generation.prompts_per_step
     assert min(g["version"] for g in gens) >= learner["version"] - (eta + 1)  # generators followed the learner
+    if transport == "collective":  # every version went over the group, the last one included
+        assert learner["broadcast_fallbacks"] == 0 and learner["broadcast_send_s_total"] > 0
+        assert [g["version"] for g in gens] == [learner["version"]] * len(gens)
+        assert all(g["weight_updates"] >= learner["version"] for g in gens)
     assert (report / "summary.md").exists() and (report / "curves.png").stat().st_size > 10_000
     assert any(report.glob("heatmap_*.html"))  # the report shows where credit landed
     assert (report / "final_model" / "config.json").exists()

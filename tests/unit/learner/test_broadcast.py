@@ -67,19 +67,36 @@ def test_collective_publication_reaches_the_group_and_writes_the_file_too(make_m
     assert manifest.transport == "collective" and len(manifest.buckets) > 3 and sum(manifest.buckets) == len(original)
     on_disk = load_tensors(manifest)  # file_too: receivers outside the group read the same weights
     assert all(torch.equal(on_disk[n], t) for n, t in original.items())
+    assert publisher.publish(engine.module, 0)[0].transport == "file"  # v0 is every receiver's start: no send
 
 
-def test_a_group_that_never_forms_falls_back_to_files(make_model, tmp_path, redis_client, run_id):
+def _assert_file_holds(manifest, module) -> None:
+    state = load_tensors(manifest)
+    assert all(torch.equal(state[n], p) for n, p in module.named_parameters())
+
+
+def test_a_group_that_never_forms_means_files(make_model, tmp_path, redis_client, run_id):
     engine = LearnerEngine(make_model(), LearnerConfig(zero_stage=0))
     publisher = WeightPublisher(redis_client, run_id, tmp_path, rank=0, group_address="127.0.0.1", receivers=1,
                                 file_too=False, timeout_s=1)
-    publisher.publish(engine.module, 1)  # nobody joins: the send times out in the background
+    manifest, _ = publisher.publish(engine.module, 1)  # nobody joined within the timeout
+    assert not publisher.collective and publisher.fallbacks == 0
+    assert manifest == latest_manifest(redis_client, run_id) and manifest.transport == "file"
+    _assert_file_holds(manifest, engine.module)
+    publisher.close()
+
+
+def test_a_receiver_lost_after_joining_turns_the_version_into_a_file(make_model, tmp_path, redis_client, run_id):
+    engine = LearnerEngine(make_model(), LearnerConfig(zero_stage=0))
+    publisher = WeightPublisher(redis_client, run_id, tmp_path, rank=0, group_address="127.0.0.1", receivers=1,
+                                file_too=False, timeout_s=5)
+    open_group(read_group(redis_client, run_id), 1, 5)  # joins, then is gone (its group is dropped)
+    assert publisher.publish(engine.module, 1)[0] is None  # the send runs, and fails, behind
     publisher.wait()
     assert not publisher.collective and publisher.fallbacks == 1
     first = latest_manifest(redis_client, run_id)
     assert first.transport == "file" and first.version == 1
+    _assert_file_holds(first, engine.module)
     manifest, _ = publisher.publish(engine.module, 2)  # from now on: files, published on this thread
     assert manifest == latest_manifest(redis_client, run_id) and manifest.version == 2
-    state = load_tensors(manifest)
-    assert all(torch.equal(state[n], p) for n, p in engine.module.named_parameters())
     publisher.close()
