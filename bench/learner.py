@@ -1,5 +1,7 @@
 """Learner benchmark: packed vs padded throughput, weight broadcast vs step time, ZeRO-2 vs ZeRO-3,
-and shared-prompt vs packed on GRPO-shaped groups (G samples behind one long prompt).
+shared-prompt vs packed on GRPO-shaped groups (G samples behind one long prompt), and the two
+weight transports (file vs collective: time the training thread is blocked, time until a
+receiver holds the weights).
 
 One process, real DeepSpeed (gloo on CPU), a random Qwen3-shaped model and a mixed-length batch
 (completion lengths log-uniform in [--min-len, --max-len]). Prints a table; the last line is one
@@ -11,13 +13,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import queue
 import statistics
 import tempfile
+import threading
 import time
 
 import numpy as np
+import torch
 
 from rredcot.common.config import LearnerConfig
+from rredcot.common.weight_group import open_group, read_group, receive_tensors
+from rredcot.common.weight_sync import latest_manifest, load_tensors
 from rredcot.learner.broadcast import WeightPublisher
 from rredcot.learner.engine import LearnerEngine
 from rredcot.learner.synthetic import random_samples, tiny_lm
@@ -57,6 +64,39 @@ def timed_steps(engine: LearnerEngine, batch: list, steps: int) -> float:
     return statistics.median(times)
 
 
+def delivery_times(module, client, out: str, transport: str, versions: int) -> tuple[float, float]:
+    """Median (seconds the training thread is blocked, seconds until one receiver holds the tensors)
+    per version, over the ``file`` or ``collective`` weight transport (one receiver thread)."""
+    run_id = f"bench-{transport}"
+    group = transport == "collective"
+    publisher = WeightPublisher(client, run_id, out, 0, group_address="127.0.0.1" if group else None, receivers=1,
+                                file_too=False, timeout_s=120)
+    received: queue.Queue = queue.Queue()
+
+    def receive() -> None:
+        member = open_group(read_group(client, run_id), 1, 120)
+        for _ in range(versions):
+            while (m := latest_manifest(client, run_id)) is None or m.version <= received.qsize():
+                time.sleep(0.001)
+            receive_tensors(member, m.names, m.shapes, m.dtypes, m.buckets, torch.device("cpu"))
+            received.put(time.perf_counter())
+
+    receiver = threading.Thread(target=receive, daemon=True) if group else None
+    if receiver is not None:
+        receiver.start()
+    blocking, delivery = [], []
+    for v in range(1, versions + 1):
+        t0 = time.perf_counter()
+        blocking.append(publisher.publish(module, v)[1])
+        if receiver is None:
+            load_tensors(latest_manifest(client, run_id))
+            delivery.append(time.perf_counter() - t0)
+        else:
+            delivery.append(received.get(timeout=120) - t0)
+    publisher.close()
+    return statistics.median(blocking), statistics.median(delivery)
+
+
 def main() -> None:
     args = parse()
     rng = np.random.default_rng(0)
@@ -83,9 +123,10 @@ def main() -> None:
         from rredcot.common.streams import connect
 
         client = connect(server.url)
-        publisher = WeightPublisher(client, "bench", f"{tmp}/weights", 0)
-        seconds = [publisher.publish(packed.module, v)[1] for v in range(args.steps)]
-        rows["broadcast s"] = statistics.median(seconds)
+        for transport in ("file", "collective"):
+            blocking, delivery = delivery_times(packed.module, client, f"{tmp}/{transport}", transport, args.steps)
+            rows[f"{transport}: learner-blocking s"] = blocking
+            rows[f"{transport}: delivery s"] = delivery
         client.close()
     del packed
     rows["packed (ZeRO-3) step s"] = timed_steps(engine(zero_stage=3), batch, args.steps)
@@ -98,7 +139,9 @@ def main() -> None:
                                            heads=4, kv_heads=2).parameters())
     result = {
         "packed_vs_padded": rows["padded step s"] / rows["packed (ZeRO-2) step s"],
-        "broadcast_vs_step": rows["broadcast s"] / rows["packed (ZeRO-2) step s"],
+        "broadcast_vs_step": rows["file: learner-blocking s"] / rows["packed (ZeRO-2) step s"],
+        "collective_vs_file_delivery": rows["file: delivery s"] / rows["collective: delivery s"],
+        "collective_vs_file_blocking": rows["file: learner-blocking s"] / rows["collective: learner-blocking s"],
         "zero3_vs_zero2_step": rows["packed (ZeRO-3) step s"] / rows["packed (ZeRO-2) step s"],
         "zero2_step_s": rows["packed (ZeRO-2) step s"],
         "zero3_step_s": rows["packed (ZeRO-3) step s"],
@@ -112,7 +155,8 @@ def main() -> None:
           f"budget {args.budget}, model {params / 1e6:.1f}M params")
     for name, value in rows.items():
         print(f"  {name:<26} {value:8.3f}")
-    for name in ("packed_vs_padded", "broadcast_vs_step", "zero3_vs_zero2_step", "shared_vs_packed"):
+    for name in ("packed_vs_padded", "broadcast_vs_step", "zero3_vs_zero2_step", "shared_vs_packed",
+                 "collective_vs_file_delivery", "collective_vs_file_blocking"):
         print(f"  {name:<26} {result[name]:8.3f}")
     print(json.dumps(result))
 

@@ -47,12 +47,14 @@ def init_distributed() -> tuple[int, int]:
     for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
         os.environ.setdefault(k, v)
     os.environ.setdefault("MASTER_PORT", str(free_port()))
-    if not dist.is_initialized():
-        # Another library in this process (vLLM tears down its world group on shutdown) may have
-        # destroyed the group DeepSpeed cached: drop those references before initialising again.
-        from deepspeed.utils.groups import _release_process_group_references
+    from deepspeed.utils import groups
 
-        _release_process_group_references()
+    cached = groups._WORLD_GROUP
+    if not dist.is_initialized() or (cached is not None and cached not in dist.distributed_c10d._world.pg_map):
+        # Another library in this process (vLLM tears down its world group on shutdown, and makes a
+        # new one for its next engine) may have replaced the group DeepSpeed cached: drop it.
+        groups._release_process_group_references()
+    if not dist.is_initialized():
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     return dist.get_rank(), dist.get_world_size()
 
