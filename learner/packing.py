@@ -1,9 +1,11 @@
 """Token-budget micro-batches: several samples packed per row with per-sample position ids.
 
 A packed row concatenates samples (prompt + completion each) and restarts ``position_ids`` at 0
-for every sample with no attention mask; transformers then detects the packed layout from the
-position ids and builds attention that never crosses a sample boundary (block-diagonal causal
-mask for sdpa/eager, varlen kernels for flash attention). The padded layout (one sample per row,
+for every sample with no attention mask (rows are as wide as the micro-batch's longest sample:
+sdpa on CPU materialises a width² mask per row, so one budget-wide row would cost far more);
+transformers then detects the packed layout from the position ids and builds attention that never
+crosses a sample boundary (block-diagonal causal mask for sdpa/eager, varlen kernels for flash
+attention). The padded layout (one sample per row,
 right padding, attention mask) is kept as the reference and the benchmark baseline.
 
 The shared layout packs a group's samples behind ONE copy of their common prompt:
@@ -95,8 +97,9 @@ class MicroBatch:
 def plan_micro_batches(samples: list[TrainSample], budget: int, layout: str = "packed") -> list[list[int]]:
     """Group sample indices into micro-batches of at most ``budget`` input tokens (deterministic).
 
-    packed: first-fit decreasing into rows of ``budget`` tokens, one row per micro-batch.
-    padded: longest first, as many rows as fit ``rows × longest ≤ budget``.
+    packed: first-fit decreasing into rows as wide as the micro-batch's longest sample, as many
+    rows as fit ``rows × longest ≤ budget`` (never wider: attention costs width² per row).
+    padded: longest first, one sample per row, as many rows as fit ``rows × longest ≤ budget``.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r} not in {LAYOUTS}")
@@ -110,25 +113,55 @@ def plan_micro_batches(samples: list[TrainSample], budget: int, layout: str = "p
     if layout == "shared":
         return _plan_shared(samples, budget)
     order = sorted(range(len(samples)), key=lambda i: (-samples[i].length, samples[i].id))
-    bins: list[list[int]] = []
     if layout == "packed":
-        free: list[int] = []
-        for i in order:
-            n = samples[i].length
-            j = next((b for b, f in enumerate(free) if f >= n), None)
-            if j is None:
-                bins.append([])
-                free.append(budget)
-                j = len(bins) - 1
-            bins[j].append(i)
-            free[j] -= n
-    else:
-        for i in order:
-            if bins and samples[bins[-1][0]].length * (len(bins[-1]) + 1) <= budget:
-                bins[-1].append(i)
-            else:
-                bins.append([i])
+        return _plan_packed([samples[i].length for i in order], order, budget)
+    bins: list[list[int]] = []
+    for i in order:
+        if bins and samples[bins[-1][0]].length * (len(bins[-1]) + 1) <= budget:
+            bins[-1].append(i)
+        else:
+            bins.append([i])
     return bins
+
+
+def _plan_packed(lengths: list[int], order: list[int], budget: int) -> list[list[int]]:
+    """First-fit decreasing into rows as wide as each micro-batch's longest (first) sample, with
+    ``rows × width ≤ budget``: free space in any row first, then a new row, then a new micro-batch."""
+    bins: list[list[int]] = []
+    width: list[int] = []
+    free: list[list[int]] = []  # free tokens of each row, per micro-batch
+    for i, n in zip(order, lengths, strict=True):
+        spot = next(((m, r) for m, rows in enumerate(free) for r, f in enumerate(rows) if f >= n), None)
+        if spot is None:
+            m = next((m for m, rows in enumerate(free) if (len(rows) + 1) * width[m] <= budget), None)
+            if m is None:
+                bins.append([])
+                width.append(n)
+                free.append([])
+                m = len(bins) - 1
+            free[m].append(width[m])
+            spot = (m, len(free[m]) - 1)
+        m, r = spot
+        bins[m].append(i)
+        free[m][r] -= n
+    return bins
+
+
+def packed_rows(samples: list[TrainSample]) -> list[list[TrainSample]]:
+    """The rows of a packed micro-batch: first-fit decreasing into rows of its longest sample's width
+    (the same rows ``_plan_packed`` counted)."""
+    rows: list[list[TrainSample]] = []
+    free: list[int] = []
+    width = max(s.length for s in samples)
+    for s in sorted(samples, key=lambda s: (-s.length, s.id)):
+        r = next((r for r, f in enumerate(free) if f >= s.length), None)
+        if r is None:
+            rows.append([])
+            free.append(width)
+            r = len(rows) - 1
+        rows[r].append(s)
+        free[r] -= s.length
+    return rows
 
 
 def _plan_shared(samples: list[TrainSample], budget: int) -> list[list[int]]:
@@ -201,15 +234,17 @@ def _collate_shared(samples: list[TrainSample], pad_id: int) -> MicroBatch:
 
 
 def collate(samples: list[TrainSample], layout: str = "packed", pad_id: int = 0) -> MicroBatch:
-    """Tensors of one micro-batch: one packed row, one padded row per sample, or one shared-prompt row."""
+    """Tensors of one micro-batch: packed rows, one padded row per sample, or one shared-prompt row.
+
+    Samples keep their order in the per-token tensors (``token_index`` points into the rows)."""
     if layout == "shared":
         return _collate_shared(samples, pad_id)
-    rows: list[list[TrainSample]] = [samples] if layout == "packed" else [[s] for s in samples]
-    width = max(sum(s.length for s in row) for row in rows)
+    rows = packed_rows(samples) if layout == "packed" else [[s] for s in samples]
+    width = max(s.length for s in samples)
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     position_ids = torch.zeros((len(rows), width), dtype=torch.long)
     mask = None if layout == "packed" else torch.zeros((len(rows), width), dtype=torch.long)
-    token_index: list[np.ndarray] = []
+    token_index: dict[str, np.ndarray] = {}
     for r, row in enumerate(rows):
         offset = 0
         for s in row:
@@ -219,9 +254,9 @@ def collate(samples: list[TrainSample], layout: str = "packed", pad_id: int = 0)
             if mask is not None:
                 mask[r, offset : offset + s.length] = 1
             start = r * width + offset + len(s.prompt_ids) - 1
-            token_index.append(np.arange(start, start + len(s.completion_ids)))
+            token_index[s.id] = np.arange(start, start + len(s.completion_ids))
             offset += s.length
-    return _micro_batch(samples, input_ids, position_ids, mask, np.concatenate(token_index),
+    return _micro_batch(samples, input_ids, position_ids, mask, np.concatenate([token_index[s.id] for s in samples]),
                         n_tokens=sum(s.length for s in samples))
 
 

@@ -11,6 +11,7 @@ from rredcot.learner.packing import (
     BudgetError,
     collate,
     micro_batches,
+    packed_rows,
     plan_micro_batches,
     token_logprobs,
 )
@@ -23,9 +24,13 @@ def test_plan_respects_budget_and_covers_every_sample(make_samples):
         assert sorted(i for b in bins for i in b) == list(range(30))
         for b in bins:
             lens = [samples[i].length for i in b]
-            used = sum(lens) if layout == "packed" else max(lens) * len(lens)
-            assert used <= 100
-    assert len(plan_micro_batches(samples, 100, "packed")) < len(plan_micro_batches(samples, 100, "padded"))
+            rows = packed_rows([samples[i] for i in b]) if layout == "packed" else [[i] for i in b]
+            assert max(lens) * len(rows) <= 100  # tensor cells: rows × the longest sample
+            assert all(sum(s.length for s in row) <= max(lens) for row in rows) if layout == "packed" else True
+    cells = {layout: sum(max(samples[i].length for i in b) * (len(packed_rows([samples[i] for i in b]))
+                                                             if layout == "packed" else len(b))
+                         for b in plan_micro_batches(samples, 100, layout)) for layout in ("packed", "padded")}
+    assert cells["packed"] < cells["padded"]  # packing removes padding
 
 
 def test_too_long_sample_names_the_budget(make_samples):
