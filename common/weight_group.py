@@ -149,6 +149,16 @@ def unflatten(buffer: torch.Tensor, shapes: Sequence[Sequence[int]], dtypes: Seq
     return out
 
 
+def unflatten_buckets(buffers: Sequence[torch.Tensor], shapes: Sequence[Sequence[int]], dtypes: Sequence[str],
+                      counts: Sequence[int]) -> list[torch.Tensor]:
+    """All tensors of the buckets, in order (bucket ``i`` holds ``counts[i]`` of them)."""
+    tensors, start = [], 0
+    for buffer, n in zip(buffers, counts, strict=True):
+        tensors += unflatten(buffer, shapes[start:start + n], dtypes[start:start + n])
+        start += n
+    return tensors
+
+
 def _digest(buffers: Iterable[torch.Tensor]) -> bytes:
     h = hashlib.sha256()
     for b in buffers:
@@ -197,8 +207,4 @@ def receive_tensors(group: dist.ProcessGroup, names: Sequence[str], shapes: Sequ
                     ) -> tuple[int, dict[str, torch.Tensor]]:
     """Receive one version laid out as a manifest describes it: (its number, tensors by HF name)."""
     version, buffers = receive_buckets(group, bucket_nbytes(shapes, dtypes, buckets), device)
-    tensors, start = [], 0
-    for buffer, n in zip(buffers, buckets, strict=True):
-        tensors += unflatten(buffer, shapes[start:start + n], dtypes[start:start + n])
-        start += n
-    return version, dict(zip(names, tensors, strict=True))
+    return version, dict(zip(names, unflatten_buckets(buffers, shapes, dtypes, buckets), strict=True))

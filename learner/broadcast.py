@@ -34,7 +34,7 @@ from rredcot.common.weight_group import (
     open_group,
     publish_group,
     send_buckets,
-    unflatten,
+    unflatten_buckets,
 )
 from rredcot.common.weight_sync import WeightManifest, publish_manifest, publish_weights, write_weights
 
@@ -153,11 +153,13 @@ class WeightPublisher:
 
     def _send(self, version: int, layout: list[list[Layout]], buffers: list[torch.Tensor]) -> None:
         t0 = time.perf_counter()
+        written = None  # the file's manifest, once written
         try:
             flat = [x for bucket in layout for x in bucket]
-            manifest = (self._write_file(version, layout, buffers) if self.file_too else WeightManifest(
+            written = self._write_file(version, layout, buffers) if self.file_too else None
+            manifest = written or WeightManifest(
                 version, [n for n, _, _ in flat], [s for _, s, _ in flat], [d for _, _, d in flat],
-                checksum="", path="", nbytes=0, created=time.time()))
+                checksum="", path="", nbytes=0, created=time.time())
             publish_manifest(self.client, self.run_id, dataclasses.replace(
                 manifest, transport="collective", buckets=[len(b) for b in layout]))
             send_buckets(self._group, version, buffers)
@@ -166,12 +168,12 @@ class WeightPublisher:
                         version, type(e).__name__, e)
             self._stop_group()
             self.fallbacks += 1
-            publish_manifest(self.client, self.run_id, self._write_file(version, layout, buffers))
+            publish_manifest(self.client, self.run_id, written or self._write_file(version, layout, buffers))
         finally:
             self.send_s += time.perf_counter() - t0
 
     def _write_file(self, version: int, layout: list[list[Layout]], buffers: list[torch.Tensor]) -> WeightManifest:
-        named = ((name, tensor) for bucket, buffer in zip(layout, buffers, strict=True)
-                 for (name, _, _), tensor in zip(bucket, unflatten(buffer.cpu(), [s for _, s, _ in bucket],
-                                                                     [d for _, _, d in bucket]), strict=True))
-        return write_weights(version, named, self.out_dir, self.keep)
+        flat = [x for bucket in layout for x in bucket]
+        tensors = unflatten_buckets([b.cpu() for b in buffers], [s for _, s, _ in flat], [d for _, _, d in flat],
+                                    [len(b) for b in layout])
+        return write_weights(version, zip([n for n, _, _ in flat], tensors, strict=True), self.out_dir, self.keep)
