@@ -1,10 +1,12 @@
-"""Learner benchmark: packed vs padded throughput, weight broadcast vs step time, ZeRO-2 vs ZeRO-3,
+"""Learner benchmark: packed vs padded throughput (padded in the order samples came, and padded after
+sorting by length), weight broadcast vs step time, ZeRO-2 vs ZeRO-3,
 shared-prompt vs packed on GRPO-shaped groups (G samples behind one long prompt), and the two
 weight transports (file vs collective: time the training thread is blocked, time until a
 receiver holds the weights).
 
-One process, real DeepSpeed (gloo on CPU), a random Qwen3-shaped model and a mixed-length batch
-(completion lengths log-uniform in [--min-len, --max-len]). Prints a table; the last line is one
+One process, real DeepSpeed (gloo on CPU), a random Qwen3-shaped model whose decoder-to-LM-head
+cost ratio is a real LLM's, and a mixed-length batch (completion lengths log-uniform in
+[--min-len, --max-len], in random order). Prints a table; the last line is one
 JSON object. Usage: python bench/learner.py [--samples 24 --max-len 1024 ...]
 """
 
@@ -27,6 +29,7 @@ from rredcot.common.weight_group import open_group, read_group, receive_tensors
 from rredcot.common.weight_sync import latest_manifest, load_tensors
 from rredcot.learner.broadcast import WeightPublisher
 from rredcot.learner.engine import LearnerEngine
+from rredcot.learner.packing import micro_batches
 from rredcot.learner.synthetic import random_samples, tiny_lm
 
 
@@ -36,9 +39,10 @@ def parse() -> argparse.Namespace:
     p.add_argument("--min-len", type=int, default=16)
     p.add_argument("--max-len", type=int, default=1024)
     p.add_argument("--budget", type=int, default=2048, help="learner.micro_token_budget")
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--vocab", type=int, default=32000)
+    # default shape: decoder FLOPs per token ≈ 5.4 × the LM head's, as in Qwen2.5-1.5B (≈ 5.6)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--vocab", type=int, default=2560)
     p.add_argument("--steps", type=int, default=3, help="timed steps per configuration (after 1 warm-up)")
     p.add_argument("--groups", type=int, default=8, help="GRPO-shaped batch: prompts")
     p.add_argument("--group-size", type=int, default=8, help="GRPO-shaped batch: samples per prompt")
@@ -113,6 +117,10 @@ def main() -> None:
     rows: dict[str, float] = {}
     padded = engine(packing="padded")
     rows["padded step s"] = timed_steps(padded, batch, args.steps)
+    by_length = sorted(batch, key=lambda s: -s.length)
+    rows["padded, sorted step s"] = timed_steps(padded, by_length, args.steps)
+    cells = {name: sum(mb.input_ids.numel() for mb in micro_batches(b, args.budget, "padded"))
+             for name, b in (("padded", batch), ("sorted", by_length))}
     del padded
     packed = engine(packing="packed")
     rows["packed (ZeRO-2) step s"] = timed_steps(packed, batch, args.steps)
@@ -139,6 +147,9 @@ def main() -> None:
                                            heads=4, kv_heads=2).parameters())
     result = {
         "packed_vs_padded": rows["padded step s"] / rows["packed (ZeRO-2) step s"],
+        "packed_vs_sorted_padded": rows["padded, sorted step s"] / rows["packed (ZeRO-2) step s"],
+        "padded_cells_per_token": cells["padded"] / tokens,
+        "sorted_padded_cells_per_token": cells["sorted"] / tokens,
         "broadcast_vs_step": rows["file: learner-blocking s"] / rows["packed (ZeRO-2) step s"],
         "collective_vs_file_delivery": rows["file: delivery s"] / rows["collective: delivery s"],
         "collective_vs_file_blocking": rows["file: learner-blocking s"] / rows["collective: learner-blocking s"],
@@ -155,7 +166,8 @@ def main() -> None:
           f"budget {args.budget}, model {params / 1e6:.1f}M params")
     for name, value in rows.items():
         print(f"  {name:<26} {value:8.3f}")
-    for name in ("packed_vs_padded", "broadcast_vs_step", "zero3_vs_zero2_step", "shared_vs_packed",
+    for name in ("packed_vs_padded", "packed_vs_sorted_padded", "padded_cells_per_token",
+                 "sorted_padded_cells_per_token", "broadcast_vs_step", "zero3_vs_zero2_step", "shared_vs_packed",
                  "collective_vs_file_delivery", "collective_vs_file_blocking"):
         print(f"  {name:<26} {result[name]:8.3f}")
     print(json.dumps(result))

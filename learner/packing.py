@@ -1,12 +1,11 @@
 """Token-budget micro-batches: several samples packed per row with per-sample position ids.
 
-A packed row concatenates samples (prompt + completion each) and restarts ``position_ids`` at 0
-for every sample with no attention mask (rows are as wide as the micro-batch's longest sample:
-sdpa on CPU materialises a width² mask per row, so one budget-wide row would cost far more);
-transformers then detects the packed layout from the position ids and builds attention that never
-crosses a sample boundary (block-diagonal causal mask for sdpa/eager, varlen kernels for flash
-attention). The padded layout (one sample per row,
-right padding, attention mask) is kept as the reference and the benchmark baseline.
+A packed micro-batch is ONE row: its samples (prompt + completion each) back to back, no padding,
+``position_ids`` restarting at 0 for every sample, and ``sample_bounds`` (where each sample starts,
+then the row's end). The learner's varlen attention (``attention.py``) runs causal attention
+within each sample and never across, at Σ Lᵢ² cost. The padded layout (one sample per row, right
+padding, micro-batches in the order the samples came) is kept as the reference and the benchmark
+baseline: right padding needs no attention mask, since no real token attends to a later position.
 
 The shared layout packs a group's samples behind ONE copy of their common prompt:
 ``[prompt, c_1, …, c_G]`` with a 4D mask in which each completion sees the prompt and itself only,
@@ -25,6 +24,7 @@ import numpy as np
 import torch
 
 from rredcot.common.records import WeightedGroup
+from rredcot.learner.attention import use_varlen_attention
 
 LAYOUTS = ("packed", "padded", "shared")
 
@@ -73,7 +73,8 @@ class MicroBatch:
 
     input_ids: torch.Tensor  # long [R, W]
     position_ids: torch.Tensor  # long [R, W]
-    attention_mask: torch.Tensor | None  # long [R, W] padded; bool [1, 1, W, W] shared; None packed
+    attention_mask: torch.Tensor | None  # bool [1, 1, W, W] in the shared layout, else None
+    sample_bounds: tuple[int, ...] | None  # packed: row offsets where samples start, then W; else None
     token_index: torch.Tensor  # long [T]: flat index into [R*W] of the logits predicting each token
     targets: torch.Tensor  # long [T]
     behaviour_logprobs: torch.Tensor  # float32 [T]
@@ -97,9 +98,9 @@ class MicroBatch:
 def plan_micro_batches(samples: list[TrainSample], budget: int, layout: str = "packed") -> list[list[int]]:
     """Group sample indices into micro-batches of at most ``budget`` input tokens (deterministic).
 
-    packed: first-fit decreasing into rows as wide as the micro-batch's longest sample, as many
-    rows as fit ``rows × longest ≤ budget`` (never wider: attention costs width² per row).
-    padded: longest first, one sample per row, as many rows as fit ``rows × longest ≤ budget``.
+    packed: first-fit decreasing into rows of ``budget`` tokens, one row per micro-batch.
+    padded: in the order given, one sample per row, as many rows as fit ``rows × longest ≤ budget``.
+    shared: a prompt with its completions as one unit, first-fit decreasing into ``budget`` tokens.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r} not in {LAYOUTS}")
@@ -111,66 +112,44 @@ def plan_micro_batches(samples: list[TrainSample], budget: int, layout: str = "p
                 f"raise the budget to at least {s.length}"
             )
     if layout == "shared":
-        return _plan_shared(samples, budget)
-    order = sorted(range(len(samples)), key=lambda i: (-samples[i].length, samples[i].id))
+        return _first_fit_decreasing(_shared_units(samples, budget), budget)
     if layout == "packed":
-        return _plan_packed([samples[i].length for i in order], order, budget)
+        return _first_fit_decreasing([(s.length, [i]) for i, s in enumerate(samples)], budget)
     bins: list[list[int]] = []
-    for i in order:
-        if bins and samples[bins[-1][0]].length * (len(bins[-1]) + 1) <= budget:
+    longest = 0
+    for i, s in enumerate(samples):
+        if bins and max(longest, s.length) * (len(bins[-1]) + 1) <= budget:
             bins[-1].append(i)
+            longest = max(longest, s.length)
         else:
             bins.append([i])
+            longest = s.length
     return bins
 
 
-def _plan_packed(lengths: list[int], order: list[int], budget: int) -> list[list[int]]:
-    """First-fit decreasing into rows as wide as each micro-batch's longest (first) sample, with
-    ``rows × width ≤ budget``: free space in any row first, then a new row, then a new micro-batch."""
+def _first_fit_decreasing(units: list[tuple[int, list[int]]], budget: int) -> list[list[int]]:
+    """Bins of at most ``budget`` tokens from (tokens, sample indices) units, largest unit first
+    (ties by the indices, so the plan is deterministic); each bin lists its samples unit by unit."""
     bins: list[list[int]] = []
-    width: list[int] = []
-    free: list[list[int]] = []  # free tokens of each row, per micro-batch
-    for i, n in zip(order, lengths, strict=True):
-        spot = next(((m, r) for m, rows in enumerate(free) for r, f in enumerate(rows) if f >= n), None)
-        if spot is None:
-            m = next((m for m, rows in enumerate(free) if (len(rows) + 1) * width[m] <= budget), None)
-            if m is None:
-                bins.append([])
-                width.append(n)
-                free.append([])
-                m = len(bins) - 1
-            free[m].append(width[m])
-            spot = (m, len(free[m]) - 1)
-        m, r = spot
-        bins[m].append(i)
-        free[m][r] -= n
+    free: list[int] = []
+    for size, unit in sorted(units, key=lambda u: (-u[0], u[1])):
+        j = next((b for b, f in enumerate(free) if f >= size), None)
+        if j is None:
+            bins.append([])
+            free.append(budget)
+            j = len(bins) - 1
+        bins[j] += unit
+        free[j] -= size
     return bins
 
 
-def packed_rows(samples: list[TrainSample]) -> list[list[TrainSample]]:
-    """The rows of a packed micro-batch: first-fit decreasing into rows of its longest sample's width
-    (the same rows ``_plan_packed`` counted)."""
-    rows: list[list[TrainSample]] = []
-    free: list[int] = []
-    width = max(s.length for s in samples)
-    for s in sorted(samples, key=lambda s: (-s.length, s.id)):
-        r = next((r for r, f in enumerate(free) if f >= s.length), None)
-        if r is None:
-            rows.append([])
-            free.append(width)
-            r = len(rows) - 1
-        rows[r].append(s)
-        free[r] -= s.length
-    return rows
-
-
-def _plan_shared(samples: list[TrainSample], budget: int) -> list[list[int]]:
-    """Units (a prompt and its samples' completions, split where one would exceed the budget),
-    first-fit decreasing into rows of ``budget`` tokens; each row lists its samples unit by unit."""
+def _shared_units(samples: list[TrainSample], budget: int) -> list[tuple[int, list[int]]]:
+    """A prompt and its samples' completions as (tokens, sample indices), split where one unit
+    would exceed the budget."""
     by_prompt: dict[bytes, list[int]] = {}
     for i in sorted(range(len(samples)), key=lambda i: samples[i].id):
         by_prompt.setdefault(samples[i].prompt_ids.astype(np.int64).tobytes(), []).append(i)
-    units: list[tuple[int, list[int]]] = []  # (tokens, sample indices)
+    units: list[tuple[int, list[int]]] = []
     for members in by_prompt.values():
         prompt_len = len(samples[members[0]].prompt_ids)
         size, unit = prompt_len, []
@@ -181,18 +160,7 @@ def _plan_shared(samples: list[TrainSample], budget: int) -> list[list[int]]:
                 size, unit = prompt_len, []
             size, unit = size + n, unit + [i]
         units.append((size, unit))
-    units.sort(key=lambda u: (-u[0], u[1]))
-    bins: list[list[int]] = []
-    free: list[int] = []
-    for size, unit in units:
-        j = next((b for b, f in enumerate(free) if f >= size), None)
-        if j is None:
-            bins.append([])
-            free.append(budget)
-            j = len(bins) - 1
-        bins[j] += unit
-        free[j] -= size
-    return bins
+    return units
 
 
 def _causal(n: int) -> torch.Tensor:
@@ -234,34 +202,30 @@ def _collate_shared(samples: list[TrainSample], pad_id: int) -> MicroBatch:
 
 
 def collate(samples: list[TrainSample], layout: str = "packed", pad_id: int = 0) -> MicroBatch:
-    """Tensors of one micro-batch: packed rows, one padded row per sample, or one shared-prompt row.
-
-    Samples keep their order in the per-token tensors (``token_index`` points into the rows)."""
+    """Tensors of one micro-batch: one packed row, one right-padded row per sample, or one
+    shared-prompt row. Samples keep their order in the per-token tensors (``token_index`` points
+    into the rows)."""
     if layout == "shared":
         return _collate_shared(samples, pad_id)
-    rows = packed_rows(samples) if layout == "packed" else [[s] for s in samples]
-    width = max(s.length for s in samples)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    position_ids = torch.zeros((len(rows), width), dtype=torch.long)
-    mask = None if layout == "packed" else torch.zeros((len(rows), width), dtype=torch.long)
-    token_index: dict[str, np.ndarray] = {}
-    for r, row in enumerate(rows):
-        offset = 0
-        for s in row:
-            ids = np.concatenate([s.prompt_ids, s.completion_ids]).astype(np.int64)
-            input_ids[r, offset : offset + s.length] = torch.from_numpy(ids)
-            position_ids[r, offset : offset + s.length] = torch.arange(s.length)
-            if mask is not None:
-                mask[r, offset : offset + s.length] = 1
-            start = r * width + offset + len(s.prompt_ids) - 1
-            token_index[s.id] = np.arange(start, start + len(s.completion_ids))
-            offset += s.length
-    return _micro_batch(samples, input_ids, position_ids, mask, np.concatenate([token_index[s.id] for s in samples]),
-                        n_tokens=sum(s.length for s in samples))
+    packed = layout == "packed"
+    lengths = [s.length for s in samples]
+    starts = np.cumsum([0, *lengths]) if packed else np.arange(len(samples) + 1) * max(lengths)
+    input_ids = np.full(starts[-1], pad_id, dtype=np.int64)
+    position_ids = np.zeros(starts[-1], dtype=np.int64)
+    token_index = []
+    for s, start in zip(samples, starts, strict=False):
+        input_ids[start : start + s.length] = np.concatenate([s.prompt_ids, s.completion_ids])
+        position_ids[start : start + s.length] = np.arange(s.length)
+        token_index.append(np.arange(len(s.completion_ids)) + start + len(s.prompt_ids) - 1)
+    shape = (1, -1) if packed else (len(samples), -1)
+    return _micro_batch(samples, torch.from_numpy(input_ids).view(shape), torch.from_numpy(position_ids).view(shape),
+                        None, np.concatenate(token_index), n_tokens=sum(lengths),
+                        sample_bounds=tuple(int(x) for x in starts) if packed else None)
 
 
 def _micro_batch(samples: list[TrainSample], input_ids: torch.Tensor, position_ids: torch.Tensor,
-                 mask: torch.Tensor | None, token_index: np.ndarray, n_tokens: int) -> MicroBatch:
+                 mask: torch.Tensor | None, token_index: np.ndarray, n_tokens: int,
+                 sample_bounds: tuple[int, ...] | None = None) -> MicroBatch:
     lengths = [len(s.completion_ids) for s in samples]
 
     def cat(name: str, dtype: torch.dtype) -> torch.Tensor:
@@ -271,6 +235,7 @@ def _micro_batch(samples: list[TrainSample], input_ids: torch.Tensor, position_i
         input_ids=input_ids,
         position_ids=position_ids,
         attention_mask=mask,
+        sample_bounds=sample_bounds,
         token_index=torch.from_numpy(token_index).long(),
         targets=cat("completion_ids", torch.long),
         behaviour_logprobs=cat("behaviour_logprobs", torch.float32),
@@ -300,19 +265,22 @@ class TokenLogProbs(torch.nn.Module):
     tokens, so at most [chunk, V] logits are alive at once (forward and backward). Logits are
     divided by the sampling ``temperature`` so that log-probs match the generator's processed
     behaviour log-probs. Wrapping the whole computation in one module lets DeepSpeed see every
-    micro-batch as one engine forward.
+    micro-batch as one engine forward. ``lm`` is switched to the varlen attention, which gives the
+    same results as sdpa for every layout and never attends across the samples of a packed row.
     """
 
     def __init__(self, lm: torch.nn.Module, chunk: int = 0, temperature: float = 1.0) -> None:
         super().__init__()
-        self.lm = lm
+        self.lm = use_varlen_attention(lm)
         self.chunk = chunk
         self.inv_temperature = 1.0 / temperature if temperature > 0 else 1.0
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                token_index: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+                token_index: torch.Tensor, targets: torch.Tensor,
+                sample_bounds: tuple[int, ...] | None = None) -> torch.Tensor:
         hidden = self.lm.get_decoder()(
-            input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask, use_cache=False
+            input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask, use_cache=False,
+            sample_bounds=sample_bounds,
         ).last_hidden_state
         h = hidden.reshape(-1, hidden.shape[-1])[token_index]
         if self.chunk <= 0 or len(h) <= self.chunk:
@@ -331,10 +299,10 @@ class TokenLogProbs(torch.nn.Module):
         return logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1)
 
 
-def model_inputs(mb: MicroBatch) -> dict[str, torch.Tensor | None]:
+def model_inputs(mb: MicroBatch) -> dict[str, torch.Tensor | tuple[int, ...] | None]:
     """Keyword arguments of ``TokenLogProbs.forward`` for ``mb``."""
     return {"input_ids": mb.input_ids, "position_ids": mb.position_ids, "attention_mask": mb.attention_mask,
-            "token_index": mb.token_index, "targets": mb.targets}
+            "token_index": mb.token_index, "targets": mb.targets, "sample_bounds": mb.sample_bounds}
 
 
 def token_logprobs(model: torch.nn.Module, mb: MicroBatch, chunk: int = 0, temperature: float = 1.0) -> torch.Tensor:

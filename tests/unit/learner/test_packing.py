@@ -11,7 +11,6 @@ from rredcot.learner.packing import (
     BudgetError,
     collate,
     micro_batches,
-    packed_rows,
     plan_micro_batches,
     token_logprobs,
 )
@@ -19,18 +18,17 @@ from rredcot.learner.packing import (
 
 def test_plan_respects_budget_and_covers_every_sample(make_samples):
     samples = make_samples(30, lengths=[int(x) for x in np.random.default_rng(1).integers(1, 90, 30)])
+    cells = {}
     for layout in ("packed", "padded"):
         bins = plan_micro_batches(samples, 100, layout)
         assert sorted(i for b in bins for i in b) == list(range(30))
-        for b in bins:
-            lens = [samples[i].length for i in b]
-            rows = packed_rows([samples[i] for i in b]) if layout == "packed" else [[i] for i in b]
-            assert max(lens) * len(rows) <= 100  # tensor cells: rows × the longest sample
-            assert all(sum(s.length for s in row) <= max(lens) for row in rows) if layout == "packed" else True
-    cells = {layout: sum(max(samples[i].length for i in b) * (len(packed_rows([samples[i] for i in b]))
-                                                             if layout == "packed" else len(b))
-                         for b in plan_micro_batches(samples, 100, layout)) for layout in ("packed", "padded")}
-    assert cells["packed"] < cells["padded"]  # packing removes padding
+        mbs = [collate([samples[i] for i in b], layout) for b in bins]
+        assert all(mb.input_ids.numel() <= 100 for mb in mbs)  # tensor cells within the budget
+        cells[layout] = sum(mb.input_ids.numel() for mb in mbs)
+    assert cells["packed"] == sum(s.length for s in samples)  # packed rows carry no padding
+    assert cells["packed"] < cells["padded"]
+    padded = plan_micro_batches(samples, 100, "padded")
+    assert [i for b in padded for i in b] == list(range(30))  # padded keeps the samples' order
 
 
 def test_too_long_sample_names_the_budget(make_samples):
@@ -47,9 +45,9 @@ def test_packed_attention_never_crosses_samples(make_model, make_samples):
         packed = token_logprobs(model, collate(samples, "packed"))
         alone = torch.cat([token_logprobs(model, collate([s], "packed")) for s in samples])
     torch.testing.assert_close(packed, alone, atol=1e-5, rtol=0)
-    # the check can fail: a row WITHOUT restarting positions (one long sequence) differs
+    # the check can fail: the same row attended as ONE sequence (no sample bounds) differs
     mb = collate(samples, "packed")
-    mb.position_ids = torch.arange(mb.input_ids.shape[1])[None]
+    mb.sample_bounds = None
     with torch.no_grad():
         assert (token_logprobs(model, mb) - alone).abs().max() > 1e-3
 

@@ -1,0 +1,59 @@
+"""Varlen attention: a packed row equals transformers' own sdpa with its block-diagonal mask."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from rredcot.learner.attention import VARLEN_ATTENTION, use_varlen_attention
+from rredcot.learner.packing import collate
+
+
+def _hidden(model: torch.nn.Module, mb, **kwargs) -> torch.Tensor:
+    return model.get_decoder()(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False,
+                               **kwargs).last_hidden_state
+
+
+def test_packed_row_matches_sdpa_block_mask_forward_and_backward(make_model, make_samples):
+    """Reference: the untouched sdpa model, which builds a block-diagonal mask from the restarting
+    position ids; the varlen model runs one causal sdpa per sample (GQA: 4 heads, 2 kv heads)."""
+    samples = make_samples(5, lengths=[1, 37, 4, 60, 9])
+    mb = collate(samples, "packed")
+    outputs, grads = [], []
+    for varlen in (False, True):
+        model = make_model(heads=4, kv_heads=2)
+        if varlen:
+            use_varlen_attention(model)
+        kwargs = {"sample_bounds": mb.sample_bounds} if varlen else {}
+        hidden = _hidden(model, mb, **kwargs)
+        hidden.pow(2).mean().backward()
+        outputs.append(hidden.detach())
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    torch.testing.assert_close(outputs[1], outputs[0], atol=1e-5, rtol=0)
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_bounds_decide_what_each_token_sees(make_model, make_samples):
+    """Tokens of the second sample change when the bounds merge it with the first (it can fail)."""
+    model = use_varlen_attention(make_model()).eval()
+    samples = make_samples(2, lengths=[8, 8])
+    mb = collate(samples, "packed")
+    first = len(samples[0].prompt_ids) + 8
+    with torch.no_grad():
+        split = _hidden(model, mb, sample_bounds=mb.sample_bounds)
+        merged = _hidden(model, mb, sample_bounds=(0, mb.sample_bounds[-1]))
+    torch.testing.assert_close(split[:, :first], merged[:, :first], atol=1e-6, rtol=0)
+    assert (split[:, first:] - merged[:, first:]).abs().max() > 1e-3
+
+
+def test_saved_model_does_not_name_the_learner_attention(make_model, tmp_path):
+    """Checkpoints must load in transformers and vLLM, where the varlen name is not registered."""
+    model = use_varlen_attention(make_model())
+    assert model.config._attn_implementation == VARLEN_ATTENTION
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert VARLEN_ATTENTION not in json.dumps(config)
+    assert config["model_type"] == "qwen3"  # the file is the model's real config
