@@ -43,7 +43,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--vocab", type=int, default=2560)
-    p.add_argument("--steps", type=int, default=3, help="timed steps per configuration (after 1 warm-up)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per configuration (after 1 warm-up)")
     p.add_argument("--groups", type=int, default=8, help="GRPO-shaped batch: prompts")
     p.add_argument("--group-size", type=int, default=8, help="GRPO-shaped batch: samples per prompt")
     p.add_argument("--prompt-len", type=int, default=120)

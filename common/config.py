@@ -134,7 +134,7 @@ class LearnerConfig:
     dtype: str = choice("float32", "float32", "bfloat16")
     grad_checkpointing: bool = False
     offload: bool = False
-    micro_token_budget: int = bounded(4096, 16)  # token cells per micro-batch (rows × longest sample)
+    micro_token_budget: int = bounded(4096, 16)  # tensor cells per micro-batch (packed: one row of samples)
     packing: str = choice("packed", "packed", "padded", "shared")  # shared: one prompt copy per group (4D mask)
     logprob_chunk: int = bounded(4096, 0)  # LM-head chunk (tokens) for log-probs; 0 = all at once
     zero3_persistence_threshold: int = bounded(100000, 0)  # ZeRO-3: params below this stay whole
