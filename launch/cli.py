@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--out", default="credit_heatmap", help="output path prefix")
     inspect.add_argument("--index", type=int, default=0, help="which sample of the group")
     bench = sub.add_parser("bench", help="run a benchmark from bench/ (prints a table and a JSON line)")
-    bench.add_argument("name", help="queue | redistribution | generation | learner | pipeline")
+    bench.add_argument("name", help="queue | redistribution | generation | learner | learner_long | pipeline")
     bench.add_argument("args", nargs=argparse.REMAINDER)
     return parser
 
