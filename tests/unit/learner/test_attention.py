@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from rredcot.learner.attention import VARLEN_ATTENTION, use_varlen_attention
@@ -15,14 +16,18 @@ def _hidden(model: torch.nn.Module, mb, **kwargs) -> torch.Tensor:
                                **kwargs).last_hidden_state
 
 
-def test_packed_row_matches_sdpa_block_mask_forward_and_backward(make_model, make_samples):
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (sdpa's flash kernel there)")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+def test_packed_row_matches_sdpa_block_mask_forward_and_backward(make_model, make_samples, device):
     """Reference: the untouched sdpa model, which builds a block-diagonal mask from the restarting
     position ids; the varlen model runs one causal sdpa per sample (GQA: 4 heads, 2 kv heads)."""
     samples = make_samples(5, lengths=[1, 37, 4, 60, 9])
-    mb = collate(samples, "packed")
+    mb = collate(samples, "packed").to(device)
     outputs, grads = [], []
     for varlen in (False, True):
-        model = make_model(heads=4, kv_heads=2)
+        model = make_model(heads=4, kv_heads=2).to(device)
         if varlen:
             use_varlen_attention(model)
         kwargs = {"sample_bounds": mb.sample_bounds} if varlen else {}
