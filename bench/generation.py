@@ -68,10 +68,8 @@ def bench_model(label: str, root: Path, url: str, args: argparse.Namespace) -> d
         "staleness.eta=0", "redis.maxlen=100000",
     ]) for r in range(args.repeats)]
     cfg = cfgs[0]
-    engine = Engine(EngineSpec(path, max_model_len=cfg.model.max_model_len,
-                               kv_cache_bytes=cfg.generation.kv_cache_bytes, seed=0))
-    order = ProblemOrder(train_and_held_out(cfg.data, cfg.run.seed)[0],
-                         cfg.data.shuffle_seed)
+    engine = Engine(EngineSpec.from_config(cfg))
+    order = ProblemOrder(train_and_held_out(cfg.data, cfg.run.seed)[0], cfg.data.shuffle_seed)
     prompts = [prompt_ids(order.at(i), cfg.data, engine.tokenizer) for i in range(args.prompts)]
     sampling = Sampling(n=args.group, temperature=cfg.generation.temperature, max_tokens=args.max_tokens)
     plain_tokens_per_s(engine, prompts, sampling)  # warm-up: the first large batch is slow

@@ -20,8 +20,10 @@ from rredcot.common.verifier import Verifier
 from rredcot.common.weight_sync import latest_manifest, read_weights
 
 
-def mean_ci(values: list[float], z: float = 1.96) -> tuple[float, float, float]:
-    """(mean, low, high) of a normal-approximation interval; a single value has a zero-width one."""
+def mean_ci(values: list[float], z: float = 1.96, clip: tuple[float, float] | None = (0.0, 1.0),
+            ) -> tuple[float, float, float]:
+    """(mean, low, high) of a normal-approximation interval, clipped to ``clip`` (accuracies: [0, 1]);
+    a single value has a zero-width one."""
     n = len(values)
     if n == 0:
         return float("nan"), float("nan"), float("nan")
@@ -30,7 +32,9 @@ def mean_ci(values: list[float], z: float = 1.96) -> tuple[float, float, float]:
         return m, m, m
     sd = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1))
     half = z * sd / math.sqrt(n)
-    return m, max(0.0, m - half), min(1.0, m + half)
+    if clip is None:
+        return m, m - half, m + half
+    return m, max(clip[0], m - half), min(clip[1], m + half)
 
 
 @dataclass
@@ -77,12 +81,7 @@ def paired_change(before: list[float], after: list[float]) -> tuple[float, float
     Problem difficulty cancels in the differences, so this interval is much tighter than the gap
     between two independent intervals: the honest test of "did training help on held-out data".
     """
-    diffs = [a - b for b, a in zip(before, after, strict=True)]
-    n = len(diffs)
-    m = sum(diffs) / n if n else float("nan")
-    sd = math.sqrt(sum((d - m) ** 2 for d in diffs) / (n - 1)) if n > 1 else 0.0
-    half = 1.96 * sd / math.sqrt(n) if n else float("nan")
-    return m, m - half, m + half
+    return mean_ci([a - b for b, a in zip(before, after, strict=True)], clip=None)
 
 
 class Evaluator:

@@ -155,11 +155,9 @@ class WeightPublisher:
         t0 = time.perf_counter()
         written = None  # the file's manifest, once written
         try:
-            flat = [x for bucket in layout for x in bucket]
             written = self._write_file(version, layout, buffers) if self.file_too else None
-            manifest = written or WeightManifest(
-                version, [n for n, _, _ in flat], [s for _, s, _ in flat], [d for _, _, d in flat],
-                checksum="", path="", nbytes=0, created=time.time())
+            manifest = written or WeightManifest(version, *_columns(layout), checksum="", path="", nbytes=0,
+                                                 created=time.time())
             publish_manifest(self.client, self.run_id, dataclasses.replace(
                 manifest, transport="collective", buckets=[len(b) for b in layout]))
             send_buckets(self._group, version, buffers)
@@ -173,7 +171,12 @@ class WeightPublisher:
             self.send_s += time.perf_counter() - t0
 
     def _write_file(self, version: int, layout: list[list[Layout]], buffers: list[torch.Tensor]) -> WeightManifest:
-        flat = [x for bucket in layout for x in bucket]
-        tensors = unflatten_buckets([b.cpu() for b in buffers], [s for _, s, _ in flat], [d for _, _, d in flat],
-                                    [len(b) for b in layout])
-        return write_weights(version, zip([n for n, _, _ in flat], tensors, strict=True), self.out_dir, self.keep)
+        names, shapes, dtypes = _columns(layout)
+        tensors = unflatten_buckets([b.cpu() for b in buffers], shapes, dtypes, [len(b) for b in layout])
+        return write_weights(version, zip(names, tensors, strict=True), self.out_dir, self.keep)
+
+
+def _columns(layout: list[list[Layout]]) -> tuple[list[str], list[list[int]], list[str]]:
+    """(names, shapes, dtypes) of every tensor of the buckets, in order."""
+    flat = [x for bucket in layout for x in bucket]
+    return [n for n, _, _ in flat], [s for _, s, _ in flat], [d for _, _, d in flat]
