@@ -31,12 +31,17 @@ import torch
 
 from rredcot.common.config import Config
 from rredcot.common.models import load_tokenizer, resolve_model_path
+from rredcot.common.precision import resolve_dtype
 from rredcot.common.weight_group import GroupInfo
 from rredcot.common.weight_sync import WeightManifest
 
 IN_FLIGHT = ("finish", "pause")
 _EXTENSION = "rredcot.actors.weight_receiver.WeightReceiver"
 _FINISH = {"stop": "stop", "length": "length"}
+# vLLM-CPU's attention takes multiples of 32; its default of 128 gives a 120-token prompt no full block,
+# so nothing is prefix-cached and each of a group's n samples prefills the prompt again (3.3× slower
+# evaluation of the CPU demo, docs/benchmarks.md)
+CPU_BLOCK_SIZE = 32
 
 
 class PromptTooLong(ValueError):
@@ -93,13 +98,15 @@ class EngineSpec:
     kv_cache_bytes: int = 256 * 2**20
     dtype: str = "float32"
     seed: int = 0
+    block_size: int = 0  # 0: CPU_BLOCK_SIZE on CPU, vLLM's default on GPU
 
     @classmethod
     def from_config(cls, cfg: Config, seed_offset: int = 0) -> EngineSpec:
         """The run's engine: ``model.*`` and ``generation.*``, seeded ``run.seed + seed_offset``."""
         return cls(
             resolve_model_path(cfg.model.path, seed=cfg.run.seed), max_model_len=cfg.model.max_model_len,
-            kv_cache_bytes=cfg.generation.kv_cache_bytes, dtype=cfg.model.dtype, seed=cfg.run.seed + seed_offset,
+            kv_cache_bytes=cfg.generation.kv_cache_bytes, dtype=resolve_dtype(cfg.model.dtype).dtype,
+            seed=cfg.run.seed + seed_offset, block_size=cfg.generation.kv_block_size,
         )
 
 
@@ -110,17 +117,21 @@ class Engine:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
 
+        gpu = torch.cuda.is_available()
+        block = {"block_size": spec.block_size or CPU_BLOCK_SIZE} if spec.block_size or not gpu else {}
         self.llm = LLM(
             model=spec.model, dtype=spec.dtype, seed=spec.seed, max_model_len=spec.max_model_len,
-            kv_cache_memory_bytes=spec.kv_cache_bytes, enforce_eager=not torch.cuda.is_available(),
+            kv_cache_memory_bytes=spec.kv_cache_bytes, enforce_eager=not gpu,
             logprobs_mode="processed_logprobs", worker_extension_cls=_EXTENSION,
             async_scheduling=False,  # step outputs belong to the step just run: exact token versions
+            **block,
         )
         self._core = self.llm.llm_engine
         self.tokenizer = load_tokenizer(spec.model)
         self.max_model_len: int = self._core.model_config.max_model_len
         self.version = 0
         self.generated_tokens = 0
+        self.finished_samples = 0  # completions that reached a finish reason
         self._live: dict[str, GroupOutput] = {}
         self._done: list[GroupOutput] = []
 
@@ -166,6 +177,7 @@ class Engine:
             self.generated_tokens += len(ids)
             if c.finish_reason is not None:
                 group.completions[c.index].finish_reason = _FINISH.get(c.finish_reason, "abort")
+                self.finished_samples += 1
         if out.finished:
             group.finished = time.time()
             for c in group.completions:
@@ -177,19 +189,23 @@ class Engine:
     def num_unfinished(self) -> int:
         return len(self._live)
 
-    def run(self) -> list[GroupOutput]:
-        """Step until every queued group has finished."""
-        done: list[GroupOutput] = []
-        while self._live or self._done:
-            done += self.step()
-        return done
-
     def generate(self, prompts: list[list[int]], sampling: Sampling, prefix: str = "g") -> list[GroupOutput]:
         """Generate one group per prompt (in prompt order)."""
-        ids = [f"{prefix}-{i}" for i in range(len(prompts))]
-        for rid, p in zip(ids, prompts):
-            self.submit(rid, p, sampling)
-        by_id = {g.request_id: g for g in self.run()}
+        return self.generate_batch([(p, sampling) for p in prompts], prefix)
+
+    def generate_batch(self, requests: list[tuple[list[int], Sampling]], prefix: str = "g",
+                       progress: Callable[[int], None] | None = None) -> list[GroupOutput]:
+        """One group per ``(prompt, sampling)``, all in flight together (one batch even when the
+        samplings differ); returned in request order. ``progress(samples finished)`` after each step."""
+        ids = [f"{prefix}-{i}" for i in range(len(requests))]
+        for rid, (prompt, sampling) in zip(ids, requests):
+            self.submit(rid, prompt, sampling)
+        by_id: dict[str, GroupOutput] = {}
+        start = self.finished_samples
+        while self._live or self._done:
+            by_id |= {g.request_id: g for g in self.step()}
+            if progress is not None:
+                progress(self.finished_samples - start)
         return [by_id[rid] for rid in ids]
 
     # ----- weights -----

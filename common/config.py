@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,7 @@ class RunConfig:
 class ModelConfig:
     path: str = "tiny-qwen3"  # HF dir, hub id, or a builtin: tiny-qwen3 | tiny-qwen2 | smollm2-135m
     tokenizer: str | None = None  # defaults to the model's own
-    dtype: str = choice("float32", "float32", "bfloat16")
+    dtype: str = choice("auto", "auto", "float32", "bfloat16")  # generators and the scorer; auto: bf16 where native
     max_model_len: int = bounded(1024, 16)
     think_start: str = "<think>"
     think_end: str = "</think>"
@@ -82,6 +83,9 @@ class GenerationConfig:
     max_tokens: int = bounded(64, 1)
     stop: list[str] = field(default_factory=list)
     kv_cache_bytes: int = bounded(256 * 2**20, 2**20)
+    # KV-cache block (tokens); 0: 32 on CPU (vLLM-CPU's smallest; its 128 default leaves short prompts
+    # with no full block to share, so every sample re-prefills its prompt), vLLM's default on GPU
+    kv_block_size: int = bounded(0, 0)
     in_flight: str = choice("finish", "finish", "pause")  # running requests on a weight update
     verifier_timeout_s: float = bounded(5.0, 0.01)
     max_in_flight_groups: int = bounded(16, 1)  # groups one generator keeps in its engine at once
@@ -131,7 +135,7 @@ class LearnerConfig:
     kl_coef: float = bounded(0.0, 0.0)
     loss_agg: str = choice("sample", "sample", "token")
     zero_stage: int = bounded(2, 0, 3)
-    dtype: str = choice("float32", "float32", "bfloat16")
+    dtype: str = choice("auto", "auto", "float32", "bfloat16")  # auto: bf16 where native (common.precision)
     grad_checkpointing: bool = False
     offload: bool = False
     micro_token_budget: int = bounded(4096, 16)  # tensor cells per micro-batch (packed: one row of samples)
@@ -346,6 +350,13 @@ def _range_text(lo: float | None, hi: float | None) -> str:
 def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
     if not ok:
         raise ConfigError(f"{key} = {value!r} is not allowed; expected {allowed}")
+
+
+def redacted(cfg: Config) -> Config:
+    """The config without secrets (Redis password, and the password inside ``redis.url``)."""
+    url = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", cfg.redis.url or "") or None
+    return dataclasses.replace(cfg, redis=dataclasses.replace(
+        cfg.redis, url=url, password="***" if cfg.redis.password else None))
 
 
 def to_yaml(cfg: Config) -> str:

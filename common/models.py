@@ -116,8 +116,11 @@ def resolve_model_path(path: str, seed: int = 0) -> str:
 
 
 def load_causal_lm(path: str, dtype: str = "float32") -> Any:
+    """An HF causal LM in eval mode; ``dtype`` ``auto`` is resolved for this process's device."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    from rredcot.common.precision import resolve_dtype
+
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[resolve_dtype(dtype).dtype]
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).eval()

@@ -32,7 +32,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rredcot", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (_, _, help_text) in STAGES.items():
-        _add_config_args(sub.add_parser(name, help=help_text))
+        _add_config_args(stage := sub.add_parser(name, help=help_text))
+        if name == "train":
+            stage.add_argument(
+                "--verbose",
+                action="store_true",
+                help="also show other libraries' (vLLM, Ray, DeepSpeed) log lines on the console",
+            )
+    doctor = sub.add_parser("doctor", help="check this machine (and a config's needs) and say what to fix")
+    doctor.add_argument("config", nargs="?", default="demo_cpu", help="config to check against (default: demo_cpu)")
+    doctor.add_argument("overrides", nargs="*", help="dotlist overrides")
     config = sub.add_parser("config", help="show the resolved config")
     config_sub = config.add_subparsers(dest="action", required=True, metavar="ACTION")
     _add_config_args(config_sub.add_parser("show", help="print the resolved, validated config as YAML"))
@@ -49,12 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _call_stage(module: str, func: str, cfg: Config) -> int:
-    if importlib.util.find_spec(module) is None:
-        print(f"rredcot: {module} is not yet available in this build", file=sys.stderr)
-        return 2
-    fn: Callable[[Config], object] = getattr(importlib.import_module(module), func)
-    fn(cfg)
+def _call_stage(module: str, func: str, cfg: Config, **options: object) -> int:
+    fn: Callable[..., object] = getattr(importlib.import_module(module), func)
+    fn(cfg, **options)
     return 0
 
 
@@ -63,7 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command in STAGES:
             module, func, _ = STAGES[args.command]
-            return _call_stage(module, func, load_config(args.config, args.overrides))
+            options = {"verbose": args.verbose} if args.command == "train" else {}
+            return _call_stage(module, func, load_config(args.config, args.overrides), **options)
+        if args.command == "doctor":
+            from rredcot.launch.doctor import doctor
+
+            return doctor(load_config(args.config, args.overrides))
         if args.command == "config":
             if args.action == "list":
                 print("\n".join(available_configs()))
@@ -82,19 +93,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _call_inspect(args: argparse.Namespace) -> int:
-    module = "rredcot.redistributor.heatmap"
-    if importlib.util.find_spec(module) is None:
-        print(f"rredcot: {module} is not yet available in this build", file=sys.stderr)
-        return 2
-    return int(importlib.import_module(module).inspect_command(args) or 0)
+    from rredcot.redistributor.heatmap import inspect_command
+
+    return int(inspect_command(args) or 0)
 
 
 def _run_bench(name: str, extra: list[str]) -> int:
     script = REPO_ROOT / "bench" / f"{name}.py"
     if not script.exists():
         found = sorted(p.stem for p in (REPO_ROOT / "bench").glob("*.py")) if (REPO_ROOT / "bench").exists() else []
-        print(f"rredcot: no benchmark {name!r} (found: {', '.join(found) or 'none — run from a source checkout'})",
-              file=sys.stderr)
+        print(
+            f"rredcot: no benchmark {name!r} (found: {', '.join(found) or 'none — run from a source checkout'})",
+            file=sys.stderr,
+        )
         return 2
     sys.argv = [str(script), *extra]
     runpy.run_path(str(script), run_name="__main__")

@@ -1,11 +1,14 @@
 """``rredcot train``: start services, place the three tiers on Ray, watch the run, write the report.
 
-Order: validate the config and the resource plan (before anything starts) → Redis (embedded when
-``redis.url`` is unset) → Ray (local unless ``cluster.address``) → placement group, one bundle
-per worker → held-out evaluation of the starting model → generator, redistributor and learner
-actors → live display until the learner has taken ``run.steps`` steps → stop flag → final
-evaluation → report. Every exit path (end, error, Ctrl-C, SIGTERM) removes what this run started
-and nothing else: its actors, its placement group, Ray only if it started it, its Redis server.
+Order: one line saying what starts (services, dtype, expected duration) → Ray (local unless
+``cluster.address``) and the resource plan check (before any actor starts) → Redis (embedded when
+``redis.url`` is unset) → placement group, one bundle per worker → held-out evaluation of the
+starting model → generator, redistributor and learner actors → progress until the learner has
+taken ``run.steps`` steps → stop flag → final evaluation → report (``summary.md`` and
+``summary.json``). On SIGTERM or Ctrl-C the workers are asked to stop, the learner checkpoints,
+and the report is written, all within ``STOP_GRACE_S`` + a few seconds. Every exit path removes
+what this run started and nothing else: its actors, its placement group, Ray only if it started
+it, its Redis server.
 """
 
 from __future__ import annotations
@@ -15,18 +18,22 @@ import dataclasses
 import importlib
 import logging
 import os
-import re
 import shutil
 import signal
-import time
+import sys
 from pathlib import Path
 from typing import Any
 
-from rredcot.common.config import Config, to_dict, to_yaml
+from rredcot.common.config import Config, redacted, to_dict, to_yaml
 from rredcot.common.control import RunControl
+from rredcot.common.precision import cpu_info, resolve_dtype
 from rredcot.common.streams import BATCHES, ROLLOUTS, connect, key
 from rredcot.common.weight_group import group_key
+from rredcot.launch.logs import redirect_output, route_library_loggers, setup_driver_logging, tail
+from rredcot.launch.monitor import Monitor, Phases, Progress, fmt_duration
 from rredcot.launch.plan import bundles, check_plan
+from rredcot.launch.report import RunOutcome, write_report
+from rredcot.launch.run_times import expected_seconds, record_seconds
 from rredcot.launch.services import EmbeddedRedis
 
 log = logging.getLogger(__name__)
@@ -39,6 +46,7 @@ STAGE_CLASSES = {
     "learner": ("rredcot.learner.trainer", "Trainer"),
 }
 WORKER_PREFIX = {"generator": "gen", "redistributor": "red", "learner": "learner"}
+STOP_GRACE_S = 20.0  # on SIGTERM / Ctrl-C: how long the learner gets to finish its step and checkpoint
 
 
 class StageWorker:
@@ -46,6 +54,8 @@ class StageWorker:
 
     def __init__(self, tier: str, cfg: dict[str, Any], rank: int, env: dict[str, str]) -> None:
         os.environ.update(env)
+        name = f"{WORKER_PREFIX[tier]}{rank}"
+        redirect_output(Path(cfg["run"]["dir"]).resolve() / "logs" / f"{name}.log")
         import torch
 
         torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
@@ -53,7 +63,6 @@ class StageWorker:
 
         module, cls = STAGE_CLASSES[tier]
         stage_cls = getattr(importlib.import_module(module), cls)
-        name = f"{WORKER_PREFIX[tier]}{rank}"
         ranked = tier in ("learner", "generator")
         self.stage = stage_cls(from_dict(cfg), name, rank=rank) if ranked else stage_cls(from_dict(cfg), name)
 
@@ -66,6 +75,7 @@ def _with_redis_url(cfg: Config, url: str) -> Config:
     return dataclasses.replace(cfg, redis=dataclasses.replace(cfg.redis, url=url))
 
 
+# what ``run.resume=never`` clears (``logs/`` goes earlier, before the driver's log file opens)
 RUN_DIR_OUTPUTS = ("redis", "checkpoints", "weights", "traces", "tensorboard", "report", "placement.json")
 
 
@@ -86,25 +96,30 @@ def _clear_run_keys(client: Any, run_id: str) -> None:
         log.info("run.resume=never: deleted %d keys of an earlier run %r", len(old), run_id)
 
 
-def _redacted(cfg: Config) -> Config:
-    """The config without secrets (for ``config.yaml`` and the report)."""
-    url = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", cfg.redis.url or "") or None
-    return dataclasses.replace(cfg, redis=dataclasses.replace(
-        cfg.redis, url=url, password="***" if cfg.redis.password else None))
-
-
 def _threads(cpus: float) -> str:
     return str(max(1, int(cpus)))
 
 
 def _stage_env(cfg: Config, tier: str, rank: int, master: tuple[str, int]) -> dict[str, str]:
-    cpus = {"generator": cfg.cluster.cpus_per_generator, "redistributor": cfg.cluster.cpus_per_redistributor,
-            "learner": cfg.cluster.cpus_per_learner}[tier]
-    env = {"OMP_NUM_THREADS": _threads(cpus), "TOKENIZERS_PARALLELISM": "false",
-           "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CACHE_ROOT": str(Path(cfg.run.dir).resolve() / "vllm_cache")}
+    cpus = {
+        "generator": cfg.cluster.cpus_per_generator,
+        "redistributor": cfg.cluster.cpus_per_redistributor,
+        "learner": cfg.cluster.cpus_per_learner,
+    }[tier]
+    env = {
+        "OMP_NUM_THREADS": _threads(cpus),
+        "TOKENIZERS_PARALLELISM": "false",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_CACHE_ROOT": str(Path(cfg.run.dir).resolve() / "vllm_cache"),
+    }
     if tier == "learner":
-        env.update(RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(cfg.cluster.learner_ranks),
-                   MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))
+        env.update(
+            RANK=str(rank),
+            LOCAL_RANK="0",
+            WORLD_SIZE=str(cfg.cluster.learner_ranks),
+            MASTER_ADDR=master[0],
+            MASTER_PORT=str(master[1]),
+        )
     import torch
 
     if not torch.cuda.is_available():
@@ -117,14 +132,23 @@ def _init_ray(cfg: Config, stack: contextlib.ExitStack) -> None:
 
     if ray.is_initialized():
         return
+    route_library_loggers("ray")
     if cfg.cluster.address:
-        ray.init(address=cfg.cluster.address)
+        ray.init(address=cfg.cluster.address, log_to_driver=False)
     else:
         # One machine: keep every Ray address on loopback (Ray otherwise binds the node's network IP).
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        # If the local GCS dies first (a signal sent to the whole process group), give up on it in
+        # seconds rather than Ray's default minute, so that a stop still ends within 30 s.
+        os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", "5")
         need = sum(b.get("CPU", 0.0) for _, _, b in bundles(cfg))
-        ray.init(num_cpus=max(os.cpu_count() or 1, int(need + 0.999) + 1), include_dashboard=cfg.cluster.dashboard,
-                 dashboard_host=cfg.cluster.dashboard_host, log_to_driver=True)
+        ray.init(
+            num_cpus=max(os.cpu_count() or 1, int(need + 0.999) + 1),
+            include_dashboard=cfg.cluster.dashboard,
+            dashboard_host=cfg.cluster.dashboard_host,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+        )
     stack.callback(ray.shutdown)
 
 
@@ -150,95 +174,71 @@ def _learner_master(pg: Any, bundle_index: int, port: int) -> tuple[str, int]:
     return nodes[node_id], port
 
 
-class Monitor:
-    """Polls worker metrics and queue depths; keeps history; drives the live display and TensorBoard."""
-
-    def __init__(self, cfg: Config, control: RunControl, tb_dir: Path) -> None:
-        self.cfg, self.control = cfg, control
-        self.history: list[dict[str, Any]] = []
-        self.evals: list[dict[str, Any]] = []
-        self._last_step: dict[str, float] = {}
-        self.step = 0  # the slowest learner rank's step at the last poll
-        self.writer = self.wandb = None
-        if cfg.logging.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(str(tb_dir))
-        if cfg.logging.wandb:
-            import wandb
-
-            self.wandb = wandb.init(project=cfg.logging.wandb_project, name=cfg.run.name, dir=str(tb_dir.parent),
-                                    config=to_dict(_redacted(cfg)))
-
-    def poll(self) -> dict[str, dict[str, Any]]:
-        snaps = self.control.all_metrics()
-        step = self.step = int(min((v.get("step", 0.0) for v in snaps.values() if v.get("tier") == "learner"),
-                                   default=0))
-        now = time.time()
-        for worker, values in snaps.items():
-            nums = {k: v for k, v in values.items() if isinstance(v, float)}
-            marker = nums.get("step", nums.get("groups", nums.get("finished_groups", 0.0)))
-            if self._last_step.get(worker) == marker:
-                continue
-            self._last_step[worker] = marker
-            self.history.append({"t": now, "tier": values.get("tier", "?"), "worker": worker, "step": step,
-                                 "values": nums})
-            self._log({f"{values.get('tier', '?')}/{worker}/{k}": v for k, v in nums.items()}, step)
-        return snaps
-
-    def _log(self, scalars: dict[str, float], step: int) -> None:
-        if self.writer is not None:
-            for name, v in scalars.items():
-                self.writer.add_scalar(name, v, step)
-        if self.wandb is not None:
-            self.wandb.log(scalars, step=step)
-
-    def add_eval(self, result: dict[str, Any], step: int) -> None:
-        result = {**result, "step": step}
-        self.evals.append(result)
-        self._log({f"eval/{name}_accuracy": result[name] for name in ("sampled", "greedy")}, step)
-        log.info("eval at step %d: sampled %.3f [%.3f, %.3f], greedy %.3f", step, result["sampled"],
-                 result["sampled_low"], result["sampled_high"], result["greedy"])
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-        if self.wandb is not None:
-            self.wandb.finish()
+def first_line(cfg: Config, run_dir: Path) -> str:
+    """What starts, with which dtype, and how long it is expected to take."""
+    choice = resolve_dtype(cfg.model.dtype)
+    learner = resolve_dtype(cfg.learner.dtype).dtype
+    dtype = choice.dtype if learner == choice.dtype else f"{choice.dtype} (learner {learner})"
+    redis = "Redis at redis.url" if cfg.redis.url else "an embedded Redis"
+    ray = f"Ray at {cfg.cluster.address}" if cfg.cluster.address else "a local Ray"
+    c = cfg.cluster
+    expected = expected_seconds(cfg)
+    when = (
+        f"expected ~{fmt_duration(expected)} (the last run of this config here)"
+        if expected
+        else "an ETA follows the first training step"
+    )
+    return (
+        f"run {cfg.run.name!r}: starting {redis}, {ray}, {c.generators} generator(s) + {c.redistributors} "
+        f"redistributor(s) + {c.learner_ranks} learner rank(s) for {cfg.run.steps} steps; dtype {dtype} on "
+        f"{cpu_info().describe()}: {choice.reason}; {when}; logs in {run_dir / 'logs'}"
+    )
 
 
-def _display_table(snaps: dict[str, dict[str, Any]], depths: dict[str, int], evals: list[dict[str, Any]],
-                   steps: int) -> Any:
-    from rich.table import Table
-
-    table = Table(title="rredcot", expand=False)
-    for col in ("worker", "tier", "progress", "rate", "reward / loss", "waiting"):
-        table.add_column(col)
-    for worker, v in sorted(snaps.items()):
-        tier = v.get("tier", "?")
-        if tier == "learner":
-            progress = f"step {v.get('step', 0):.0f}/{steps} v{v.get('version', 0):.0f}"
-            rate = f"{v.get('tokens_per_s', 0):.0f} tok/s"
-            quality = f"R {v.get('reward_mean', float('nan')):.3f}  loss {v.get('loss', float('nan')):.4f}"
-            waiting = f"idle {v.get('idle_frac', 0):.0%}"
-        elif tier == "generator":
-            progress = f"{v.get('finished_groups', 0):.0f} groups v{v.get('version', 0):.0f}"
-            rate = f"{v.get('tokens_per_s', 0):.0f} tok/s"
-            quality = f"R {v.get('reward_mean', float('nan')):.3f}"
-            waiting = f"stale {v.get('blocked_staleness_s', 0):.0f}s  bp {v.get('blocked_backpressure_s', 0):.0f}s"
-        else:
-            progress = f"{v.get('groups', 0):.0f} groups"
-            rate = f"{v.get('rollouts_per_s', 0):.2f} samples/s"
-            quality = f"dead {v.get('dead_letters', 0):.0f}"
-            waiting = f"lag {v.get('queue_lag_s', 0):.1f}s"
-        table.add_row(worker, str(tier), progress, rate, quality, waiting)
-    ev = f"held-out sampled acc {evals[-1]['sampled']:.3f} (step {evals[-1]['step']})" if evals else "no eval yet"
-    table.caption = f"queues: rollouts {depths[ROLLOUTS]}, batches {depths[BATCHES]}  |  {ev}"
-    return table
-
-
-def train(cfg: Config) -> Path:
+def train(cfg: Config, verbose: bool = False) -> Path:
     """Run the whole pipeline; returns the report directory."""
+    run_dir = Path(cfg.run.dir).resolve()
+    if cfg.run.resume == "never":
+        shutil.rmtree(run_dir / "logs", ignore_errors=True)
+    setup_driver_logging(run_dir / "logs" / "driver.log", verbose)
+    if not verbose and not sys.stdin.isatty() and not cfg.cluster.address:
+        # Not interactive: lead a process group of our own, so that a signal aimed at the launcher's
+        # group (timeout, kill -- -PGID) reaches this driver but not the local Ray's daemons, which
+        # then stay up while the driver stops the run in order. Ctrl-C on a terminal keeps working
+        # because a terminal session is left alone.
+        with contextlib.suppress(OSError):
+            os.setpgrp()
+    log.info(first_line(cfg, run_dir))
+    phases = Phases()
+    outcome = RunOutcome(status="failed", phases=phases)
+    with contextlib.ExitStack() as stack:
+        try:
+            _run(cfg, run_dir, phases, outcome, stack)
+        except KeyboardInterrupt as e:
+            outcome.status = f"interrupted ({e or 'Ctrl-C'})"
+            log.warning("stopping: %s; the learner checkpoints and the report is written", outcome.status)
+            _stop(outcome)
+        except BaseException as e:
+            outcome.status = f"failed: {type(e).__name__}: {e}"
+            _stop(outcome)
+            raise
+        finally:
+            if outcome.monitor is not None:
+                phases.enter("report")
+                artefacts = write_report(outcome.cfg or cfg, run_dir, outcome)
+                log.info(
+                    "run %s after %s: report in %s (%s)",
+                    outcome.status,
+                    fmt_duration(phases.elapsed()),
+                    run_dir / "report",
+                    ", ".join(artefacts),
+                )
+    if outcome.status == "finished":
+        record_seconds(cfg, phases.elapsed())
+    return run_dir / "report"
+
+
+def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack: contextlib.ExitStack) -> None:
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -246,152 +246,142 @@ def train(cfg: Config) -> Path:
     from rredcot.launch.evaluate import Evaluator
     from rredcot.launch.services import free_port
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    started = time.monotonic()
-    run_dir = Path(cfg.run.dir).resolve()
-    report_dir = run_dir / "report"
-    with contextlib.ExitStack() as stack:
-        _init_ray(cfg, stack)
-        # after ray.init, which installs its own SIGTERM handler: ours tears the run down cleanly
-        stack.callback(signal.signal, signal.SIGTERM, signal.signal(signal.SIGTERM, _raise_interrupt))
-        nodes = [n for n in ray.nodes() if n.get("Alive")]
-        check_plan(cfg, ray.cluster_resources(), nodes=len(nodes))  # fails before any actor starts
-        if cfg.run.resume == "never":
-            _clear_run_dir(run_dir)
-        report_dir.mkdir(parents=True, exist_ok=True)
-        if not cfg.redis.url:
-            host = "127.0.0.1" if len(nodes) <= 1 else ray.util.get_node_ip_address()
-            server = EmbeddedRedis(run_dir / "redis", host=host, password=cfg.redis.password,
-                                   server=cfg.redis.server)
-            stack.enter_context(server)
-            cfg = _with_redis_url(cfg, server.url)
-        (run_dir / "config.yaml").write_text(to_yaml(_redacted(cfg)))
-        client = connect(cfg.redis.url)
-        if cfg.run.resume == "never":
-            _clear_run_keys(client, cfg.run.name)
-        control = RunControl(client, cfg.run.name)
-        control.clear_stop()
-        monitor = Monitor(cfg, control, run_dir / "tensorboard")
-        stack.callback(monitor.close)
+    _init_ray(cfg, stack)
+    # after ray.init, which installs its own SIGTERM handler: ours tears the run down cleanly
+    stack.callback(signal.signal, signal.SIGTERM, signal.signal(signal.SIGTERM, _raise_interrupt))
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    check_plan(cfg, ray.cluster_resources(), nodes=len(nodes))  # fails before any actor starts
+    if cfg.run.resume == "never":
+        _clear_run_dir(run_dir)
+    (run_dir / "report").mkdir(parents=True, exist_ok=True)
+    if not cfg.redis.url:
+        host = "127.0.0.1" if len(nodes) <= 1 else ray.util.get_node_ip_address()
+        server = EmbeddedRedis(run_dir / "redis", host=host, password=cfg.redis.password, server=cfg.redis.server)
+        stack.enter_context(server)
+        cfg = _with_redis_url(cfg, server.url)
+    outcome.cfg = cfg
+    (run_dir / "config.yaml").write_text(to_yaml(redacted(cfg)))
+    client = connect(cfg.redis.url)
+    if cfg.run.resume == "never":
+        _clear_run_keys(client, cfg.run.name)
+    control = outcome.control = RunControl(client, cfg.run.name)
+    control.clear_stop()
+    monitor = outcome.monitor = Monitor(cfg, control, run_dir / "tensorboard", to_dict(redacted(cfg)))
+    stack.callback(monitor.close)
+    progress = Progress(cfg, phases)
+    stack.callback(progress.close)
+    watch = Watch(cfg, monitor, progress, client)
 
-        plan = bundles(cfg)
-        pg = placement_group([b for _, _, b in plan], strategy=cfg.cluster.placement.upper())
-        ray.get(pg.ready(), timeout=300)
-        stack.callback(remove_placement_group, pg)
-        _write_placement(pg, plan, run_dir / "placement.json")
-        cfg_dict = to_dict(cfg)
+    plan = bundles(cfg)
+    pg = placement_group([b for _, _, b in plan], strategy=cfg.cluster.placement.upper())
+    ray.get(pg.ready(), timeout=300)
+    stack.callback(remove_placement_group, pg)
+    _write_placement(pg, plan, run_dir / "placement.json")
+    cfg_dict = to_dict(cfg)
 
-        evaluator = None
-        if cfg.data.eval_size:
-            evaluator = ray.remote(Evaluator).options(num_cpus=0).remote(cfg_dict)
-            stack.callback(ray.kill, evaluator)
-            monitor.add_eval(ray.get(evaluator.evaluate_latest.remote()), 0)
+    evaluator = None
+    if cfg.data.eval_size:
+        evaluator = ray.remote(Evaluator).options(num_cpus=0).remote(cfg_dict)
+        stack.callback(ray.kill, evaluator)
+        phases.enter("evaluation (before training)")
+        monitor.add_eval(watch.wait(evaluator.evaluate_latest.remote(), evals_left=1), 0)
 
-        master = _learner_master(pg, [t for t, _, _ in plan].index("learner"), free_port())
-        client.delete(group_key(cfg.run.name))  # generators must not join an earlier learner's weight group
-        actors, refs = [], {}
-        for index, (tier, rank, bundle) in enumerate(plan):
-            actor = ray.remote(StageWorker).options(
-                num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0),
+    master = _learner_master(pg, [t for t, _, _ in plan].index("learner"), free_port())
+    client.delete(group_key(cfg.run.name))  # generators must not join an earlier learner's weight group
+    actors = []
+    for index, (tier, rank, bundle) in enumerate(plan):
+        actor = (
+            ray.remote(StageWorker)
+            .options(
+                num_cpus=bundle.get("CPU", 0),
+                num_gpus=bundle.get("GPU", 0),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
                 name=f"rredcot-{cfg.run.name}-{tier}{rank}",
-            ).remote(tier, cfg_dict, rank, _stage_env(cfg, tier, rank, master))
-            actors.append(actor)
-            refs[actor.run.remote()] = (tier, rank)
-        for a in actors:
-            stack.callback(ray.kill, a)
+            )
+            .remote(tier, cfg_dict, rank, _stage_env(cfg, tier, rank, master))
+        )
+        actors.append(actor)
+        outcome.refs[actor.run.remote()] = (tier, rank)
+        stack.callback(ray.kill, actor)
+    phases.enter("training")
+    watch.training(
+        outcome.refs,
+        next_eval=cfg.logging.eval_every if evaluator is not None else 0,
+        evaluate=None if evaluator is None else evaluator.evaluate_latest.remote,
+    )
+
+    control.request_stop("learner finished")
+    ray.wait(list(outcome.refs), num_returns=len(outcome.refs), timeout=60)
+    monitor.poll()
+    if evaluator is not None and monitor.evals[-1]["step"] != monitor.step:
+        phases.enter("final evaluation")
+        monitor.add_eval(watch.wait(evaluator.evaluate_latest.remote(), evals_left=0), monitor.step)
+    outcome.status = "finished"
+
+
+class Watch:
+    """The driver's waiting: polls metrics, shows progress, and surfaces any actor's failure at once."""
+
+    def __init__(self, cfg: Config, monitor: Monitor, progress: Progress, client: Any) -> None:
+        self.cfg, self.monitor, self.progress, self.client = cfg, monitor, progress, client
+
+    def tick(self, evals_left: int) -> None:
+        self.monitor.poll()
+        depths = {s: self.client.xlen(key(self.cfg.run.name, s)) for s in (ROLLOUTS, BATCHES)}
+        self.progress.update(self.monitor, depths, evals_left)
+
+    def wait(self, ref: Any, evals_left: int) -> Any:
+        """The result of ``ref`` (an evaluation), with progress while it runs."""
+        import ray
+
+        while not ray.wait([ref], timeout=1.0)[0]:
+            self.tick(evals_left)
+        self.tick(evals_left)
+        return ray.get(ref)
+
+    def training(self, refs: dict[Any, tuple[str, int]], next_eval: int, evaluate: Any) -> None:
+        """Until every learner rank returns; evaluations every ``next_eval`` steps when set."""
+        import ray
+
         learner_refs = [r for r, (tier, _) in refs.items() if tier == "learner"]
-        _watch(cfg, monitor, client, refs, learner_refs, evaluator)
-
-        control.request_stop("learner finished")
-        ray.wait(list(refs), num_returns=len(refs), timeout=60)
-        monitor.poll()
-        if evaluator is not None and monitor.evals[-1]["step"] != monitor.step:
-            monitor.add_eval(ray.get(evaluator.evaluate_latest.remote()), monitor.step)
-        artefacts = _write_report(cfg, run_dir, report_dir, monitor, control, started)
-        log.info("run finished: report in %s (%s)", report_dir, ", ".join(artefacts))
-    return report_dir
-
-
-def _watch(cfg: Config, monitor: Monitor, client: Any, refs: dict[Any, tuple[str, int]], learner_refs: list[Any],
-           evaluator: Any) -> None:
-    """Poll until every learner rank returns; surface any actor's failure at once."""
-    import ray
-
-    live = None
-    if cfg.logging.progress:
-        from rich.live import Live
-
-        live = Live(refresh_per_second=2, transient=False)
-        live.start()
-    pending = set(refs)
-    next_eval = cfg.logging.eval_every if evaluator is not None else 0
-    try:
+        pending = set(refs)
+        every = next_eval
+        final_eval = int(evaluate is not None)
         while any(r in pending for r in learner_refs):
             done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
             for r in done:
                 pending.discard(r)
                 ray.get(r)  # raises the actor's exception (error path tears everything down)
-            snaps = monitor.poll()
-            if next_eval and monitor.step >= next_eval and any(r in pending for r in learner_refs):
-                monitor.add_eval(ray.get(evaluator.evaluate_latest.remote()), monitor.step)
-                next_eval += cfg.logging.eval_every
-            if live is not None:
-                depths = {s: client.xlen(key(cfg.run.name, s)) for s in (ROLLOUTS, BATCHES)}
-                live.update(_display_table(snaps, depths, monitor.evals, cfg.run.steps))
-    finally:
-        if live is not None:
-            live.stop()
+            self.tick(final_eval)
+            if next_eval and self.monitor.step >= next_eval and any(r in pending for r in learner_refs):
+                self.monitor.add_eval(self.wait(evaluate(), final_eval), self.monitor.step)
+                next_eval += every
 
 
-def _write_report(cfg: Config, run_dir: Path, report_dir: Path, monitor: Monitor, control: RunControl,
-                  started: float) -> dict[str, str]:
-    from rredcot.launch.report import plot_curves, write_summary
+def _stop(outcome: RunOutcome) -> None:
+    """Ask every worker to stop and give the learner ``STOP_GRACE_S`` to checkpoint; say where a
+    failed worker's log is."""
+    import ray
 
-    artefacts = {"learning curves": str(plot_curves(monitor.history, monitor.evals, report_dir / "curves.png")),
-                 "tensorboard": str(run_dir / "tensorboard")}
-    heatmaps = _render_heatmaps(cfg, run_dir, report_dir)
-    artefacts.update({f"credit heatmap {i}": p for i, p in enumerate(heatmaps)})
-    final_model = _final_model(run_dir, report_dir)
-    if final_model is not None:
-        artefacts["final HF model"] = str(final_model)
-    write_summary(report_dir / "summary.md", to_yaml(_redacted(cfg)), monitor.evals, control.all_metrics(),
-                  time.monotonic() - started, artefacts)
-    artefacts["summary"] = str(report_dir / "summary.md")
-    return artefacts
-
-
-def _render_heatmaps(cfg: Config, run_dir: Path, report_dir: Path, limit: int = 3) -> list[str]:
-    """Heatmaps of the traces the redistributors saved under ``run_dir/traces`` (the most-credited sample)."""
-    traces = sorted((run_dir / "traces").glob("*.msgpack"))[:limit]
-    if not traces:
-        return []
-    from rredcot.common.models import load_tokenizer, resolve_model_path
-    from rredcot.redistributor.heatmap import load_group, render_heatmap
-
-    tok = load_tokenizer(cfg.model.tokenizer or resolve_model_path(cfg.model.path, seed=cfg.run.seed))
-    out = []
-    for trace in traces:
-        group = load_group(str(trace), None)
-        sample = max(group.samples, key=lambda s: abs(s.advantage))
-        html = report_dir / f"heatmap_{trace.stem}.html"
-        render_heatmap(sample, tok, html, html.with_suffix(".png"))
-        out.append(str(html))
-    return out
-
-
-def _final_model(run_dir: Path, report_dir: Path) -> Path | None:
-    """Link the newest checkpoint's HF directory as ``report/final_model``."""
-    from rredcot.learner.checkpoint import latest_checkpoint
-
-    ckpt = latest_checkpoint(run_dir / "checkpoints")
-    if ckpt is None:
-        return None
-    link = report_dir / "final_model"
-    if link.is_symlink() or link.exists():
-        link.unlink()
-    link.symlink_to(ckpt / "hf", target_is_directory=True)
-    return link
+    if outcome.control is None:
+        return
+    try:
+        outcome.control.request_stop(outcome.status)
+        learners = [r for r, (tier, _) in outcome.refs.items() if tier == "learner"]
+        done, _ = ray.wait(learners, num_returns=len(learners), timeout=STOP_GRACE_S) if learners else ([], [])
+        outcome.learner_stopped = bool(learners) and len(done) == len(learners)
+        for r in done:
+            with contextlib.suppress(Exception):
+                ray.get(r, timeout=1)
+        if outcome.monitor is not None:
+            outcome.monitor.poll()
+    except Exception as e:  # noqa: BLE001 - Redis or Ray already gone: report what the driver has
+        log.warning("could not stop the workers in order (%s: %s)", type(e).__name__, e)
+    if outcome.status.startswith("failed") and outcome.cfg is not None:
+        logs = Path(outcome.cfg.run.dir).resolve() / "logs"
+        for path in sorted(logs.glob("*.log")):
+            if path.name != "driver.log" and "Error" in (end := tail(path, 15)):
+                log.error("the end of %s:\n%s", path, end)
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

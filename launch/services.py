@@ -58,8 +58,15 @@ def free_port(host: str = "127.0.0.1") -> int:
 class EmbeddedRedis:
     """A Redis-protocol server process owned by this run."""
 
-    def __init__(self, data_dir: str | Path, host: str = "127.0.0.1", port: int | None = None,
-                 password: str | None = None, server: str = "auto", appendonly: bool = True) -> None:
+    def __init__(
+        self,
+        data_dir: str | Path,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        password: str | None = None,
+        server: str = "auto",
+        appendonly: bool = True,
+    ) -> None:
         if host not in ("127.0.0.1", "localhost") and not password:
             password = secrets.token_urlsafe(24)  # never a password-less server on a routable address
         self.data_dir = Path(data_dir)
@@ -75,15 +82,34 @@ class EmbeddedRedis:
 
     def start(self, timeout_s: float = 15.0) -> EmbeddedRedis:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        args = [self.binary, "--port", str(self.port), "--bind", self.host, "--dir", str(self.data_dir),
-                "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
-                "--save", "", "--protected-mode", "yes", "--daemonize", "no", "--logfile", "server.log"]
+        args = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            self.host,
+            "--dir",
+            str(self.data_dir),
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--appendfsync",
+            "everysec",
+            "--save",
+            "",
+            "--protected-mode",
+            "yes",
+            "--daemonize",
+            "no",
+            "--logfile",
+            "server.log",
+        ]
         if self.password:
             args += ["--requirepass", self.password]
         # PDEATHSIG follows the *thread* that forked: only tie the server to the main thread's life
         on_main = threading.current_thread() is threading.main_thread()
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     preexec_fn=_die_with_parent if on_main else None)
+        self.proc = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent if on_main else None
+        )
         atexit.register(self.stop)
         deadline = time.monotonic() + timeout_s
         client = redis.Redis(host=self.host, port=self.port, password=self.password)

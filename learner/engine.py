@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from rredcot.common.config import LearnerConfig
+from rredcot.common.precision import resolve_dtype
 from rredcot.learner.loss import LossSettings, Stats, policy_loss, sample_coefficients
 from rredcot.learner.packing import BudgetError, MicroBatch, TokenLogProbs, TrainSample, micro_batches, model_inputs
 
@@ -73,7 +74,7 @@ def ds_config(cfg: LearnerConfig) -> dict:
         "zero_optimization": zero,
         "zero_allow_untested_optimizer": True,
         "zero_force_ds_cpu_optimizer": False,
-        "bf16": {"enabled": cfg.dtype == "bfloat16"},
+        "bf16": {"enabled": resolve_dtype(cfg.dtype).dtype == "bfloat16"},
         "steps_per_print": 2**62,
     }
 

@@ -82,7 +82,7 @@ def _scored(
         traces = score_traces(scorer.model, [(prompt, comps[i]) for i in batch], c.entropy_chunk,
                               keep_cache=keep_cache, forward_chunk=c.token_budget)
         seconds = (time.perf_counter() - t0) / len(batch)
-        scorer.tokens.trace += traces[0].counter.trace * len(batch)
+        scorer.tokens.trace += sum(t.counter.trace for t in traces)
         for i, trace in zip(batch, traces):
             yield i, group.samples[i], trace, seconds
 

@@ -65,7 +65,8 @@ def score_traces(
     model: Any, seqs: Sequence[tuple[Sequence[int], Sequence[int]]], chunk: int, keep_cache: bool = True,
     stats: bool = True, forward_chunk: int | None = None,
 ) -> list[TraceScores]:
-    """Forward several ``(prompt, completion)`` traces once, as one right-padded batch.
+    """Forward several ``(prompt, completion)`` traces once, as one right-padded batch (a prompt that
+    every trace shares is forwarded once).
 
     Each forward holds at most ``forward_chunk`` tokens (default ``chunk``) over the batch; the LM
     head takes ``chunk`` rows at a time. Padding sits after each row's tokens, so causal attention
@@ -85,8 +86,19 @@ def score_traces(
     cache = DynamicCache(config=model.config)
     ents: list[list[torch.Tensor]] = [[] for _ in rows]
     lps: list[list[torch.Tensor]] = [[] for _ in rows]
-    step = max(1, (forward_chunk or chunk) // len(rows))
-    for start in range(0, width, step):
+    budget = forward_chunk or chunk
+    # A group's traces share their prompt: forward it once (all but its last token, which predicts
+    # each row's own first completion token) and copy that KV to every row.
+    shared = len(rows) - 1 if len(rows) > 1 and all(p == seqs[0][0] for p, _ in seqs) else 0
+    first = len(seqs[0][0]) - 1 if shared else 0
+    for start in range(0, first, budget):
+        piece = ids[:1, start : min(start + budget, first)]
+        pos = torch.arange(start, start + piece.shape[1], device=device)[None]
+        base(input_ids=piece, position_ids=pos, past_key_values=cache, use_cache=True)
+    if first:
+        cache.batch_repeat_interleave(len(rows))
+    step = max(1, budget // len(rows))
+    for start in range(first, width, step):
         piece = ids[:, start : start + step]
         pos = torch.arange(start, start + piece.shape[1], device=device).expand_as(piece)
         hidden = base(input_ids=piece, position_ids=pos, past_key_values=cache, use_cache=True).last_hidden_state
@@ -102,7 +114,7 @@ def score_traces(
         TraceScores(
             prompt_len=len(p), entropy=torch.cat(ents[b]) if ents[b] else empty,
             logprob=torch.cat(lps[b]) if lps[b] else empty, cache=cache if keep_cache else None,
-            counter=TokenCounter(trace=width), row=b,
+            counter=TokenCounter(trace=width - (first if b else 0)), row=b,  # the shared prompt counted once
         )
         for b, (p, _) in enumerate(seqs)
     ]

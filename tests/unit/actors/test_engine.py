@@ -44,8 +44,9 @@ def _check_greedy(engine, model, helpers, version: int) -> None:
         (c,) = group.completions
         assert c.token_ids == helpers.hf_greedy(model, prompt, len(c.token_ids))
         assert c.version_runs == [(0, version)]
-        torch.testing.assert_close(torch.tensor(c.logprobs), helpers.hf_logprobs(model, prompt, c.token_ids),
-                                   atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(c.logprobs), helpers.hf_logprobs(model, prompt, c.token_ids), atol=1e-4, rtol=0
+        )
 
 
 def test_update_from_file_tied_embeddings(tied, helpers):
@@ -80,15 +81,46 @@ def test_in_flight_policy_records_token_versions(tied, helpers, policy):
     assert c.token_ids[:k] == helpers.hf_greedy(m0, prompt, k)
     # tokens after the switch come from the new weights over a recomputed (not stale) KV cache
     assert c.token_ids[k:] == helpers.hf_greedy(m1, prompt + c.token_ids[:k], 12 - k)
-    ref = torch.cat([helpers.hf_logprobs(m0, prompt, c.token_ids[:k]),
-                     helpers.hf_logprobs(m1, prompt + c.token_ids[:k], c.token_ids[k:])])
+    ref = torch.cat(
+        [
+            helpers.hf_logprobs(m0, prompt, c.token_ids[:k]),
+            helpers.hf_logprobs(m1, prompt + c.token_ids[:k], c.token_ids[k:]),
+        ]
+    )
     torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=1e-4, rtol=0)
 
 
 def test_update_untied_qwen2(tmp_path, tokenizer, helpers):
     m0, m1 = helpers.make_model("qwen2", 2, tie=False), helpers.make_model("qwen2", 3, tie=False)
-    engine = Engine(EngineSpec(helpers.save(m0, tokenizer, tmp_path / "m0"), max_model_len=128,
-                               kv_cache_bytes=helpers.kv_bytes))
+    engine = Engine(
+        EngineSpec(helpers.save(m0, tokenizer, tmp_path / "m0"), max_model_len=128, kv_cache_bytes=helpers.kv_bytes)
+    )
     _check_greedy(engine, m0, helpers, version=0)
     engine.load_weights_bytes(save(helpers.weights(m1)), version=5)
     _check_greedy(engine, m1, helpers, version=5)
+
+
+def test_cpu_engine_uses_small_kv_blocks_so_groups_share_their_prompt(tied):
+    """vLLM-CPU's default 128-token block leaves a short prompt no full block to cache: every sample
+    of a group would prefill the prompt again. The engine asks for 32."""
+    engine, *_ = tied
+    if torch.cuda.is_available():
+        pytest.skip("GPU engines keep vLLM's default block size")
+    assert engine._core.vllm_config.cache_config.block_size == 32
+    assert engine._core.vllm_config.cache_config.enable_prefix_caching
+
+
+def test_generate_batch_mixes_samplings_and_reports_progress(tied):
+    engine, *_ = tied
+    seen: list[int] = []
+    groups = engine.generate_batch(
+        [
+            (PROMPTS[0], Sampling(n=3, temperature=1.0, max_tokens=6)),
+            (PROMPTS[1], Sampling(n=1, max_tokens=4, temperature=0.0)),
+        ],
+        "mix",
+        seen.append,
+    )
+    assert [len(g.completions) for g in groups] == [3, 1]
+    assert groups[0].prompt_ids == PROMPTS[0] and groups[1].prompt_ids == PROMPTS[1]
+    assert seen == sorted(seen) and seen[-1] == 4  # samples finished, counted up to all of them

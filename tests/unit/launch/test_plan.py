@@ -5,8 +5,16 @@ from rredcot.launch.plan import PlanError, bundles, check_plan, demand
 
 
 def test_bundles_follow_the_plan():
-    cfg = load_config("tests", ["cluster.generators=3", "cluster.redistributors=2", "cluster.learner_ranks=2",
-                                "cluster.gpus_per_generator=1", "cluster.gpus_per_learner=1"])
+    cfg = load_config(
+        "tests",
+        [
+            "cluster.generators=3",
+            "cluster.redistributors=2",
+            "cluster.learner_ranks=2",
+            "cluster.gpus_per_generator=1",
+            "cluster.gpus_per_learner=1",
+        ],
+    )
     tiers = [t for t, _, _ in bundles(cfg)]
     assert tiers == ["generator"] * 3 + ["redistributor"] * 2 + ["learner"] * 2
     assert demand(cfg) == {"CPU": 7.0, "GPU": 5.0}

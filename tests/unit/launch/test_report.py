@@ -1,0 +1,69 @@
+"""The end-of-run report: summary.md and summary.json from what the driver holds, at any end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rredcot.common.config import load_config
+from rredcot.launch.monitor import Phases
+from rredcot.launch.report import RunOutcome, summary_json, write_report
+
+
+def evaluation(step: int, per_problem: list[float]) -> dict:
+    mean = sum(per_problem) / len(per_problem)
+    return {
+        "version": step,
+        "problems": len(per_problem),
+        "samples_per_problem": 4,
+        "sampled": mean,
+        "sampled_low": mean - 0.1,
+        "sampled_high": mean + 0.1,
+        "greedy": 0.5,
+        "greedy_low": 0.4,
+        "greedy_high": 0.6,
+        "seconds": 12.0,
+        "sampled_per_problem": per_problem,
+        "step": step,
+    }
+
+
+class FakeMonitor:
+    def __init__(self, evals: list[dict]) -> None:
+        self.evals, self.step = evals, evals[-1]["step"] if evals else 0
+        self.history = [
+            {"t": 0.0, "tier": "learner", "worker": "learner0", "step": 1, "values": {"reward_mean": 0.4, "loss": 0.1}}
+        ]
+        self.last = {"learner0": {"tier": "learner", "step": float(self.step), "loss": 0.1}}
+
+
+@pytest.mark.parametrize("status", ["finished", "interrupted (signal 15)"])
+def test_report_writes_both_summaries(tmp_path: Path, status: str) -> None:
+    cfg = load_config("tests", [f"run.dir={tmp_path}", "redis.url=redis://:secret@127.0.0.1:1/0"])
+    before, after = [0.0, 0.25, 0.5, 0.5], [0.5, 0.5, 0.75, 1.0]
+    outcome = RunOutcome(
+        status=status, phases=Phases(), monitor=FakeMonitor([evaluation(0, before), evaluation(3, after)])
+    )
+    files = write_report(cfg, tmp_path, outcome)
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert summary["status"] == status and summary["steps"] == 3 and summary["steps_planned"] == 3
+    paired = summary["paired_change"]
+    assert paired["sampled_change"] == pytest.approx(0.375) and paired["problems"] == 4
+    assert paired["low"] < 0.375 < paired["high"]
+    assert [e["step"] for e in summary["evaluations"]] == [0, 3]
+    assert "sampled_per_problem" not in summary["evaluations"][0]
+    assert summary["dtype"]["model"] in ("float32", "bfloat16") and summary["cpu"]["model"]
+    assert set(summary["phases_s"]) == {"start-up"}
+    md = (tmp_path / "report" / "summary.md").read_text()
+    assert f"Status: {status}." in md and "secret" not in md
+    assert ("Sampled accuracy improved" in md) == (paired["low"] > 0)
+    assert Path(files["learning curves"]).exists()
+
+
+def test_summary_without_evaluations(tmp_path: Path) -> None:
+    cfg = load_config("tests", ["data.eval_size=0"])
+    summary = summary_json(cfg, RunOutcome("failed: RuntimeError: x", Phases(), monitor=FakeMonitor([])), {})
+    assert summary["evaluations"] == [] and summary["paired_change"] is None
+    assert summary["status"].startswith("failed")
