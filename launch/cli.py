@@ -53,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--out", default="credit_heatmap", help="output path prefix")
     inspect.add_argument("--index", type=int, default=0, help="which sample of the group")
     bench = sub.add_parser("bench", help="run a benchmark from bench/ (prints a table and a JSON line)")
-    bench.add_argument("name", help="queue | redistribution | generation | learner | learner_long | pipeline")
+    bench.add_argument(
+        "name", help="queue | redistribution | generation | learner | learner_long | pipeline | cpu_first_contact"
+    )
     bench.add_argument("args", nargs=argparse.REMAINDER)
     return parser
 
@@ -69,8 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command in STAGES:
             module, func, _ = STAGES[args.command]
-            options = {"verbose": args.verbose} if args.command == "train" else {}
-            return _call_stage(module, func, load_config(args.config, args.overrides), **options)
+            cfg = load_config(args.config, args.overrides)
+            options = {}
+            if args.command == "train":
+                from rredcot.launch.driver import lead_own_process_group
+
+                lead_own_process_group(cfg)
+                options = {"verbose": args.verbose}
+            return _call_stage(module, func, cfg, **options)
         if args.command == "doctor":
             from rredcot.launch.doctor import doctor
 

@@ -46,7 +46,7 @@ STAGE_CLASSES = {
     "learner": ("rredcot.learner.trainer", "Trainer"),
 }
 WORKER_PREFIX = {"generator": "gen", "redistributor": "red", "learner": "learner"}
-STOP_GRACE_S = 20.0  # on SIGTERM / Ctrl-C: how long the learner gets to finish its step and checkpoint
+STOP_GRACE_S = 18.0  # on SIGTERM / Ctrl-C: how long the learner gets to finish its step and checkpoint
 
 
 class StageWorker:
@@ -200,22 +200,15 @@ def train(cfg: Config, verbose: bool = False) -> Path:
     run_dir = Path(cfg.run.dir).resolve()
     if cfg.run.resume == "never":
         shutil.rmtree(run_dir / "logs", ignore_errors=True)
-    setup_driver_logging(run_dir / "logs" / "driver.log", verbose)
-    if not verbose and not sys.stdin.isatty() and not cfg.cluster.address:
-        # Not interactive: lead a process group of our own, so that a signal aimed at the launcher's
-        # group (timeout, kill -- -PGID) reaches this driver but not the local Ray's daemons, which
-        # then stay up while the driver stops the run in order. Ctrl-C on a terminal keeps working
-        # because a terminal session is left alone.
-        with contextlib.suppress(OSError):
-            os.setpgrp()
-    log.info(first_line(cfg, run_dir))
     phases = Phases()
     outcome = RunOutcome(status="failed", phases=phases)
     with contextlib.ExitStack() as stack:
+        stack.callback(setup_driver_logging(run_dir / "logs" / "driver.log", verbose))
+        log.info(first_line(cfg, run_dir))
         try:
             _run(cfg, run_dir, phases, outcome, stack)
         except KeyboardInterrupt as e:
-            outcome.status = f"interrupted ({e or 'Ctrl-C'})"
+            outcome.status = f"interrupted ({str(e) or 'SIGINT'})"
             log.warning("stopping: %s; the learner checkpoints and the report is written", outcome.status)
             _stop(outcome)
         except BaseException as e:
@@ -236,6 +229,16 @@ def train(cfg: Config, verbose: bool = False) -> Path:
     if outcome.status == "finished":
         record_seconds(cfg, phases.elapsed())
     return run_dir / "report"
+
+
+def lead_own_process_group(cfg: Config) -> None:
+    """``rredcot train`` not run from a terminal: lead a process group of its own, so that a signal
+    aimed at the launcher's group (``timeout``, ``kill -- -PGID``) reaches the driver but not the
+    local Ray's daemons, which then stay up while the driver stops the run in order. On a terminal
+    nothing changes, so that Ctrl-C still reaches the driver."""
+    if not sys.stdin.isatty() and not cfg.cluster.address:
+        with contextlib.suppress(OSError):
+            os.setpgrp()
 
 
 def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack: contextlib.ExitStack) -> None:
@@ -279,13 +282,8 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     _write_placement(pg, plan, run_dir / "placement.json")
     cfg_dict = to_dict(cfg)
 
-    evaluator = None
-    if cfg.data.eval_size:
-        evaluator = ray.remote(Evaluator).options(num_cpus=0).remote(cfg_dict)
-        stack.callback(ray.kill, evaluator)
-        phases.enter("evaluation (before training)")
-        monitor.add_eval(watch.wait(evaluator.evaluate_latest.remote(), evals_left=1), 0)
-
+    # The workers start (imports, model loading, engine and DeepSpeed set-up: a minute or more on a
+    # small CPU) while the starting model is evaluated; their run() is only called after it.
     master = _learner_master(pg, [t for t, _, _ in plan].index("learner"), free_port())
     client.delete(group_key(cfg.run.name))  # generators must not join an earlier learner's weight group
     actors = []
@@ -300,9 +298,17 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
             )
             .remote(tier, cfg_dict, rank, _stage_env(cfg, tier, rank, master))
         )
-        actors.append(actor)
-        outcome.refs[actor.run.remote()] = (tier, rank)
+        actors.append((actor, tier, rank))
         stack.callback(ray.kill, actor)
+
+    evaluator = None
+    if cfg.data.eval_size:
+        evaluator = ray.remote(Evaluator).options(num_cpus=0).remote(cfg_dict)
+        stack.callback(ray.kill, evaluator)
+        phases.enter("evaluation (before training)")
+        monitor.add_eval(watch.wait(evaluator.evaluate_latest.remote(), evals_left=1), 0)
+    for actor, tier, rank in actors:
+        outcome.refs[actor.run.remote()] = (tier, rank)
     phases.enter("training")
     watch.training(
         outcome.refs,
@@ -385,4 +391,4 @@ def _stop(outcome: RunOutcome) -> None:
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+    raise KeyboardInterrupt(signal.Signals(signum).name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -29,11 +30,13 @@ class ConsoleFilter(logging.Filter):
         return self.verbose or record.name.startswith("rredcot") or record.levelno >= logging.ERROR
 
 
-def setup_driver_logging(log_file: Path, verbose: bool = False) -> None:
-    """Root logger → ``log_file`` (INFO, everything) and stdout (filtered, short lines)."""
+def setup_driver_logging(log_file: Path, verbose: bool = False) -> Callable[[], None]:
+    """Root logger → ``log_file`` (INFO, everything) and stdout (filtered, short lines); returns
+    the function that puts the previous handlers and level back."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     root = logging.getLogger()
-    for h in list(root.handlers):
+    before, level = list(root.handlers), root.level
+    for h in before:
         root.removeHandler(h)
     root.setLevel(logging.INFO)
     to_file = logging.FileHandler(log_file, encoding="utf-8")
@@ -43,6 +46,16 @@ def setup_driver_logging(log_file: Path, verbose: bool = False) -> None:
     console.addFilter(ConsoleFilter(verbose))
     root.addHandler(to_file)
     root.addHandler(console)
+
+    def restore() -> None:
+        for h in (to_file, console):
+            root.removeHandler(h)
+            h.close()
+        for h in before:
+            root.addHandler(h)
+        root.setLevel(level)
+
+    return restore
 
 
 def route_library_loggers(*names: str) -> None:

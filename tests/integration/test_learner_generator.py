@@ -72,7 +72,7 @@ def test_first_step_gap_is_zero_and_broadcast_reaches_the_generator(transport, m
     generator = Engine(EngineSpec(model_dir, max_model_len=128, kv_cache_bytes=16 * 2**20, seed=0))
     sampling = Sampling(n=4, temperature=TEMPERATURE, max_tokens=12)
     prompts = [[151644, 872, 198, 100 + k, 151645, 198] for k in range(2)]
-    learner = LearnerEngine(load_causal_lm(model_dir), LearnerConfig(lr=3e-3, zero_stage=2, max_grad_norm=0.0),
+    learner = LearnerEngine(load_causal_lm(model_dir), LearnerConfig(dtype="float32", lr=3e-3, zero_stage=2, max_grad_norm=0.0),
                             temperature=TEMPERATURE)
 
     first = samples_from(generator.generate(prompts, sampling, "a"), 0, "a")

@@ -48,3 +48,14 @@ logging.getLogger("vllm").info("after redirect")
     worker = tail(tmp_path / "logs" / "gen0.log")
     assert "python print" in worker and "raw fd write" in worker and "after redirect" in worker
     assert tail(tmp_path / "missing.log") == ""
+
+
+def test_setup_returns_the_previous_handlers(tmp_path: Path) -> None:
+    from rredcot.launch.logs import setup_driver_logging
+
+    root = logging.getLogger()
+    before = list(root.handlers)
+    restore = setup_driver_logging(tmp_path / "driver.log")
+    assert root.handlers != before and len(root.handlers) == 2
+    restore()
+    assert root.handlers == before

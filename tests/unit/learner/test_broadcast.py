@@ -19,7 +19,7 @@ CPU = torch.device("cpu")
 def test_zero3_buckets_cover_all_parameters_in_order_and_publish(make_model, tmp_path, redis_client, run_id):
     model = make_model()
     original = {n: p.detach().clone() for n, p in model.named_parameters()}
-    engine = LearnerEngine(model, LearnerConfig(zero_stage=3, zero3_persistence_threshold=0))
+    engine = LearnerEngine(model, LearnerConfig(dtype="float32", zero_stage=3, zero3_persistence_threshold=0))
     assert any(p.numel() == 0 for p in engine.module.parameters())  # really partitioned
     # the yielded tensors are the live gathered parameters: copy each bucket before asking for the next
     buckets = [[(n, t.clone()) for n, t in b] for b in gathered_buckets(engine.module, bucket_bytes=64 * 1024)]
@@ -51,7 +51,7 @@ def test_collective_publication_reaches_the_group_and_writes_the_file_too(make_m
                                                                           run_id):
     model = make_model()
     original = {n: p.detach().clone() for n, p in model.named_parameters()}
-    engine = LearnerEngine(model, LearnerConfig(zero_stage=3, zero3_persistence_threshold=0))
+    engine = LearnerEngine(model, LearnerConfig(dtype="float32", zero_stage=3, zero3_persistence_threshold=0))
     publisher = WeightPublisher(redis_client, run_id, tmp_path, rank=0, group_address="127.0.0.1", receivers=1,
                                 timeout_s=30, bucket_bytes=64 * 1024)
     with ThreadPoolExecutor(1) as pool:
@@ -76,7 +76,7 @@ def _assert_file_holds(manifest, module) -> None:
 
 
 def test_a_group_that_never_forms_means_files(make_model, tmp_path, redis_client, run_id):
-    engine = LearnerEngine(make_model(), LearnerConfig(zero_stage=0))
+    engine = LearnerEngine(make_model(), LearnerConfig(dtype="float32", zero_stage=0))
     publisher = WeightPublisher(redis_client, run_id, tmp_path, rank=0, group_address="127.0.0.1", receivers=1,
                                 file_too=False, timeout_s=1)
     manifest, _ = publisher.publish(engine.module, 1)  # nobody joined within the timeout
@@ -87,7 +87,7 @@ def test_a_group_that_never_forms_means_files(make_model, tmp_path, redis_client
 
 
 def test_a_receiver_lost_after_joining_turns_the_version_into_a_file(make_model, tmp_path, redis_client, run_id):
-    engine = LearnerEngine(make_model(), LearnerConfig(zero_stage=0))
+    engine = LearnerEngine(make_model(), LearnerConfig(dtype="float32", zero_stage=0))
     publisher = WeightPublisher(redis_client, run_id, tmp_path, rank=0, group_address="127.0.0.1", receivers=1,
                                 file_too=False, timeout_s=5)
     open_group(read_group(redis_client, run_id), 1, 5)  # joins, then is gone (its group is dropped)

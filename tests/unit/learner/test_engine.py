@@ -17,7 +17,7 @@ from rredcot.learner.packing import BudgetError, collate, token_logprobs
 
 
 def config(**kw) -> LearnerConfig:
-    return LearnerConfig(**{"lr": 1e-3, "micro_token_budget": 64, "zero3_persistence_threshold": 0, **kw})
+    return LearnerConfig(**{"dtype": "float32", "lr": 1e-3, "micro_token_budget": 64, "zero3_persistence_threshold": 0, **kw})
 
 
 @pytest.mark.parametrize(("stage", "grad_ckpt", "chunk"), [(2, False, 0), (3, False, 8), (2, True, 8)])
