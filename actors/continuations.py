@@ -23,18 +23,25 @@ class VLLMContinuations:
         """For each prefix, ``m`` continuations (ids after the prefix) of at most ``max_tokens`` tokens."""
         self._calls += 1
         greedy = self.temperature == 0.0  # vLLM refuses n > 1 when greedy: sample once, repeat
-        sampling = Sampling(n=1 if greedy else m, temperature=self.temperature, top_p=self.top_p,
-                            max_tokens=max_tokens)
+        sampling = Sampling(n=1 if greedy else m, temperature=self.temperature, top_p=self.top_p, max_tokens=max_tokens)
         groups = self.engine.generate(prefixes, sampling, prefix=f"mc{self._calls}")
         return [[c.token_ids for c in g.completions] * (m if greedy else 1) for g in groups]
 
-    def rewards(self, prefixes: list[list[int]], prompt_lens: list[int], answers: list[str], m: int,
-                max_tokens: int, verifier: Verifier) -> list[list[float]]:
+    def rewards(
+        self,
+        prefixes: list[list[int]],
+        prompt_lens: list[int],
+        answers: list[str],
+        m: int,
+        max_tokens: int,
+        verifier: Verifier,
+    ) -> list[list[float]]:
         """Verified reward of each continued completion (partial completion ⊕ continuation)."""
         out = []
         tok = self.engine.tokenizer
-        for prefix, plen, answer, conts in zip(prefixes, prompt_lens, answers, self.sample(prefixes, m, max_tokens),
-                                               strict=True):
+        for prefix, plen, answer, conts in zip(
+            prefixes, prompt_lens, answers, self.sample(prefixes, m, max_tokens), strict=True
+        ):
             texts = (tok.decode(prefix[plen:] + c, skip_special_tokens=True) for c in conts)
             out.append([verifier.score(t, answer).reward for t in texts])
         return out

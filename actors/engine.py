@@ -104,9 +104,12 @@ class EngineSpec:
     def from_config(cls, cfg: Config, seed_offset: int = 0) -> EngineSpec:
         """The run's engine: ``model.*`` and ``generation.*``, seeded ``run.seed + seed_offset``."""
         return cls(
-            resolve_model_path(cfg.model.path, seed=cfg.run.seed), max_model_len=cfg.model.max_model_len,
-            kv_cache_bytes=cfg.generation.kv_cache_bytes, dtype=resolve_dtype(cfg.model.dtype).dtype,
-            seed=cfg.run.seed + seed_offset, block_size=cfg.generation.kv_block_size,
+            resolve_model_path(cfg.model.path, seed=cfg.run.seed),
+            max_model_len=cfg.model.max_model_len,
+            kv_cache_bytes=cfg.generation.kv_cache_bytes,
+            dtype=resolve_dtype(cfg.model.dtype).dtype,
+            seed=cfg.run.seed + seed_offset,
+            block_size=cfg.generation.kv_block_size,
         )
 
 
@@ -120,9 +123,14 @@ class Engine:
         gpu = torch.cuda.is_available()
         block = {"block_size": spec.block_size or CPU_BLOCK_SIZE} if spec.block_size or not gpu else {}
         self.llm = LLM(
-            model=spec.model, dtype=spec.dtype, seed=spec.seed, max_model_len=spec.max_model_len,
-            kv_cache_memory_bytes=spec.kv_cache_bytes, enforce_eager=not gpu,
-            logprobs_mode="processed_logprobs", worker_extension_cls=_EXTENSION,
+            model=spec.model,
+            dtype=spec.dtype,
+            seed=spec.seed,
+            max_model_len=spec.max_model_len,
+            kv_cache_memory_bytes=spec.kv_cache_bytes,
+            enforce_eager=not gpu,
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=_EXTENSION,
             async_scheduling=False,  # step outputs belong to the step just run: exact token versions
             **block,
         )
@@ -147,14 +155,22 @@ class Engine:
         from vllm.sampling_params import RequestOutputKind
 
         params = SamplingParams(
-            n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
-            max_tokens=sampling.max_tokens, stop=list(sampling.stop) or None, logprobs=0,
+            n=sampling.n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_tokens,
+            stop=list(sampling.stop) or None,
+            logprobs=0,
             prompt_logprobs=0 if sampling.prompt_logprobs else None,
-            detokenize=bool(sampling.stop), output_kind=RequestOutputKind.DELTA,
+            detokenize=bool(sampling.stop),
+            output_kind=RequestOutputKind.DELTA,
         )
         self._core.add_request(request_id, {"prompt_token_ids": list(prompt_ids)}, params)
         self._live[request_id] = GroupOutput(
-            request_id, list(prompt_ids), [Completion() for _ in range(sampling.n)], self.version,
+            request_id,
+            list(prompt_ids),
+            [Completion() for _ in range(sampling.n)],
+            self.version,
             started=time.time(),
         )
 
@@ -193,8 +209,12 @@ class Engine:
         """Generate one group per prompt (in prompt order)."""
         return self.generate_batch([(p, sampling) for p in prompts], prefix)
 
-    def generate_batch(self, requests: list[tuple[list[int], Sampling]], prefix: str = "g",
-                       progress: Callable[[int], None] | None = None) -> list[GroupOutput]:
+    def generate_batch(
+        self,
+        requests: list[tuple[list[int], Sampling]],
+        prefix: str = "g",
+        progress: Callable[[int], None] | None = None,
+    ) -> list[GroupOutput]:
         """One group per ``(prompt, sampling)``, all in flight together (one batch even when the
         samplings differ); returned in request order. ``progress(samples finished)`` after each step."""
         ids = [f"{prefix}-{i}" for i in range(len(requests))]
@@ -227,8 +247,13 @@ class Engine:
     def load_weights_broadcast(self, manifest: WeightManifest, in_flight: str = "finish") -> tuple[int, float]:
         """Receive the next version broadcast on the weight group (laid out as ``manifest``) at once,
         then apply it under the in-flight policy; returns (its version, seconds of the update)."""
-        version = self._rpc("rredcot_receive", names=manifest.names, shapes=manifest.shapes,
-                            dtypes=manifest.dtypes, buckets=manifest.buckets)
+        version = self._rpc(
+            "rredcot_receive",
+            names=manifest.names,
+            shapes=manifest.shapes,
+            dtypes=manifest.dtypes,
+            buckets=manifest.buckets,
+        )
         return version, self._update(lambda: self._rpc("rredcot_apply_received"), version, in_flight)
 
     def _update(self, apply: Callable[[], Any], version: int, in_flight: str) -> float:

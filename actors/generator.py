@@ -87,18 +87,23 @@ class Generator:
             raise ConfigError("redis.url is not set: a generator needs the run's Redis server (redis.url=redis://...)")
         self.cfg, self.name, self.run_id = cfg, name, cfg.run.name
         self.client = connect(cfg.redis.url)
-        self.admission = Admission(self.client, self.run_id, cfg.generation.prompts_per_step, cfg.staleness.eta,
-                                   budget=cfg.run.steps * cfg.generation.prompts_per_step)
+        self.admission = Admission(
+            self.client,
+            self.run_id,
+            cfg.generation.prompts_per_step,
+            cfg.staleness.eta,
+            budget=cfg.run.steps * cfg.generation.prompts_per_step,
+        )
         self.control = RunControl(self.client, self.run_id)
-        self.producer = Producer(self.client, key(self.run_id, ROLLOUTS), cfg.redis.maxlen,
-                                 cfg.redis.block_timeout_s)
+        self.producer = Producer(self.client, key(self.run_id, ROLLOUTS), cfg.redis.maxlen, cfg.redis.block_timeout_s)
         self.inflight_key = key(self.run_id, f"inflight:{name}")
         train, _ = train_and_held_out(cfg.data, cfg.run.seed)
         self.order = ProblemOrder(train, cfg.data.shuffle_seed)
         self.engine = engine or Engine(EngineSpec.from_config(cfg))
         g = cfg.generation
-        self.sampling = Sampling(n=g.group_size, temperature=g.temperature, top_p=g.top_p,
-                                 max_tokens=g.max_tokens, stop=tuple(g.stop))
+        self.sampling = Sampling(
+            n=g.group_size, temperature=g.temperature, top_p=g.top_p, max_tokens=g.max_tokens, stop=tuple(g.stop)
+        )
         self.verifier = Verifier(g.verifier_timeout_s)
         self.metrics = GeneratorMetrics(version=self.engine.version)
         self._problems: dict[str, tuple[int, Problem]] = {}
@@ -116,8 +121,9 @@ class Generator:
                 raise TimeoutError(f"no weight group published within {timeout:.0f} s")
             self.engine.join_weight_group(info, group_rank, timeout)
         except Exception as e:  # noqa: BLE001 - the learner falls back to files when the group is incomplete
-            log.warning("%s: cannot join the weight group (%s: %s); following weight files", self.name,
-                        type(e).__name__, e)
+            log.warning(
+                "%s: cannot join the weight group (%s: %s); following weight files", self.name, type(e).__name__, e
+            )
             return False
         return True
 
@@ -131,8 +137,9 @@ class Generator:
             try:
                 version, seconds = self.engine.load_weights_broadcast(manifest, policy)
             except Exception as e:  # noqa: BLE001 - a broken group: the learner re-publishes as files
-                log.warning("%s: weight broadcast failed (%s: %s); following weight files", self.name,
-                            type(e).__name__, e)
+                log.warning(
+                    "%s: weight broadcast failed (%s: %s); following weight files", self.name, type(e).__name__, e
+                )
                 self.engine.leave_weight_group()
                 self.in_group = False
                 return False
@@ -207,23 +214,36 @@ class Generator:
         for i, c in enumerate(group.completions):
             start = time.perf_counter()
             verdict = self.verifier.score(tok.decode(c.token_ids, skip_special_tokens=True), problem.answer)
-            samples.append(RolloutRecord(
-                id=stable_id(self.run_id, index, i), group_id=group.request_id, prompt_id=problem.id,
-                sample_index=i, completion_ids=np.asarray(c.token_ids, dtype=np.int32),
-                behaviour_logprobs=np.asarray(c.logprobs, dtype=np.float32),
-                version_runs=np.asarray(c.version_runs, dtype=np.int32).reshape(-1, 2),
-                finish_reason=c.finish_reason, reward=verdict.reward, verdict=verdict.verdict,
-                timings={"generate_s": group.finished - group.started, "verify_s": time.perf_counter() - start,
-                         "finished_at": group.finished},
-            ))
+            samples.append(
+                RolloutRecord(
+                    id=stable_id(self.run_id, index, i),
+                    group_id=group.request_id,
+                    prompt_id=problem.id,
+                    sample_index=i,
+                    completion_ids=np.asarray(c.token_ids, dtype=np.int32),
+                    behaviour_logprobs=np.asarray(c.logprobs, dtype=np.float32),
+                    version_runs=np.asarray(c.version_runs, dtype=np.int32).reshape(-1, 2),
+                    finish_reason=c.finish_reason,
+                    reward=verdict.reward,
+                    verdict=verdict.verdict,
+                    timings={
+                        "generate_s": group.finished - group.started,
+                        "verify_s": time.perf_counter() - start,
+                        "finished_at": group.finished,
+                    },
+                )
+            )
             self.metrics.samples += 1
             self.metrics.truncated += c.finish_reason == "length"
             self.metrics.reward_sum += verdict.reward
         return RolloutGroup(
-            group_id=group.request_id, prompt_id=problem.id, prompt_ids=np.asarray(group.prompt_ids, dtype=np.int32),
+            group_id=group.request_id,
+            prompt_id=problem.id,
+            prompt_ids=np.asarray(group.prompt_ids, dtype=np.int32),
             ref_solution_ids=[np.asarray(tok(u, add_special_tokens=False)["input_ids"], dtype=np.int32)],
             ref_answer_ids=[np.asarray(tok(y, add_special_tokens=False)["input_ids"], dtype=np.int32)],
-            samples=samples, answer=problem.answer,
+            samples=samples,
+            answer=problem.answer,
         )
 
     # ----- loop -----

@@ -44,11 +44,11 @@ class WeightReceiver:
         self._rredcot_group = None
         self._rredcot_received = None
 
-    def rredcot_receive(self, names: list[str], shapes: list[list[int]], dtypes: list[str],
-                        buckets: list[int]) -> int:
+    def rredcot_receive(self, names: list[str], shapes: list[list[int]], dtypes: list[str], buckets: list[int]) -> int:
         """Receive the next broadcast version into memory (not applied yet); returns its number."""
-        version, self._rredcot_received = receive_tensors(self._rredcot_group, names, shapes, dtypes, buckets,
-                                                          self._rredcot_device)
+        version, self._rredcot_received = receive_tensors(
+            self._rredcot_group, names, shapes, dtypes, buckets, self._rredcot_device
+        )
         return version
 
     def rredcot_apply_received(self) -> int:

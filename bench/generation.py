@@ -36,8 +36,9 @@ MODELS = {"tiny": {"hidden": 64, "heads": 2, "layers": 2}, "25M": {"hidden": 160
 def plain_tokens_per_s(engine: Engine, prompts: list[list[int]], sampling: Sampling) -> float:
     from vllm import SamplingParams  # the benchmark's baseline is vLLM itself, used directly
 
-    params = SamplingParams(n=sampling.n, temperature=sampling.temperature, max_tokens=sampling.max_tokens,
-                            logprobs=0, detokenize=False)  # as the actor's requests
+    params = SamplingParams(
+        n=sampling.n, temperature=sampling.temperature, max_tokens=sampling.max_tokens, logprobs=0, detokenize=False
+    )  # as the actor's requests
     start = time.perf_counter()
     outs = engine.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     seconds = time.perf_counter() - start
@@ -61,12 +62,24 @@ def bench_model(label: str, root: Path, url: str, args: argparse.Namespace) -> d
     model = build_tiny_model("qwen3", seed=0, **MODELS[label])
     params = sum(p.numel() for p in model.parameters())
     path = str(save_model_dir(model, tok, root / label))
-    cfgs = [load_config("tests", [
-        f"model.path={path}", f"redis.url={url}", f"run.name=bench-{label}-{r}", "run.steps=1",
-        f"generation.prompts_per_step={args.prompts}", f"generation.group_size={args.group}",
-        f"generation.max_tokens={args.max_tokens}", f"generation.max_in_flight_groups={args.prompts}",
-        "staleness.eta=0", "redis.maxlen=100000",
-    ]) for r in range(args.repeats)]
+    cfgs = [
+        load_config(
+            "tests",
+            [
+                f"model.path={path}",
+                f"redis.url={url}",
+                f"run.name=bench-{label}-{r}",
+                "run.steps=1",
+                f"generation.prompts_per_step={args.prompts}",
+                f"generation.group_size={args.group}",
+                f"generation.max_tokens={args.max_tokens}",
+                f"generation.max_in_flight_groups={args.prompts}",
+                "staleness.eta=0",
+                "redis.maxlen=100000",
+            ],
+        )
+        for r in range(args.repeats)
+    ]
     cfg = cfgs[0]
     engine = Engine(EngineSpec.from_config(cfg))
     order = ProblemOrder(train_and_held_out(cfg.data, cfg.run.seed)[0], cfg.data.shuffle_seed)
@@ -87,9 +100,15 @@ def bench_model(label: str, root: Path, url: str, args: argparse.Namespace) -> d
     start = time.perf_counter()
     engine.generate(prompts, sampling, prefix="step")
     step_s = time.perf_counter() - start
-    return {"params": params, "plain_tok_s": max(plain), "actor_tok_s": max(actor),
-            "actor_vs_plain": max(actor) / max(plain), "update_s": update_s, "step_s": step_s,
-            "update_vs_step": update_s / step_s}
+    return {
+        "params": params,
+        "plain_tok_s": max(plain),
+        "actor_tok_s": max(actor),
+        "actor_vs_plain": max(actor) / max(plain),
+        "update_s": update_s,
+        "step_s": step_s,
+        "update_vs_step": update_s / step_s,
+    }
 
 
 def main() -> None:
@@ -103,18 +122,29 @@ def main() -> None:
         os.environ.setdefault("VLLM_CACHE_ROOT", str(Path(tmp) / "vllm-cache"))
         with EmbeddedRedis(Path(tmp) / "redis") as redis_server:
             rows = {label: bench_model(label, Path(tmp), redis_server.url, args) for label in MODELS}
-    print(f"{'model':>6} {'params':>11} {'plain tok/s':>12} {'actor tok/s':>12} {'actor/plain':>12} "
-          f"{'update s':>9} {'step s':>8} {'update/step':>12}")
+    print(
+        f"{'model':>6} {'params':>11} {'plain tok/s':>12} {'actor tok/s':>12} {'actor/plain':>12} "
+        f"{'update s':>9} {'step s':>8} {'update/step':>12}"
+    )
     for label, r in rows.items():
-        print(f"{label:>6} {r['params']:>11,} {r['plain_tok_s']:>12.0f} {r['actor_tok_s']:>12.0f} "
-              f"{r['actor_vs_plain']:>12.3f} {r['update_s']:>9.3f} {r['step_s']:>8.3f} {r['update_vs_step']:>12.3f}")
+        print(
+            f"{label:>6} {r['params']:>11,} {r['plain_tok_s']:>12.0f} {r['actor_tok_s']:>12.0f} "
+            f"{r['actor_vs_plain']:>12.3f} {r['update_s']:>9.3f} {r['step_s']:>8.3f} {r['update_vs_step']:>12.3f}"
+        )
     summary = {
-        "actor_vs_plain": rows["25M"]["actor_vs_plain"], "update_vs_step": rows["25M"]["update_vs_step"],
-        "actor_vs_plain_tiny": rows["tiny"]["actor_vs_plain"], "update_vs_step_tiny": rows["tiny"]["update_vs_step"],
-        "update_s_tiny": rows["tiny"]["update_s"], "update_s_25M": rows["25M"]["update_s"],
+        "actor_vs_plain": rows["25M"]["actor_vs_plain"],
+        "update_vs_step": rows["25M"]["update_vs_step"],
+        "actor_vs_plain_tiny": rows["tiny"]["actor_vs_plain"],
+        "update_vs_step_tiny": rows["tiny"]["update_vs_step"],
+        "update_s_tiny": rows["tiny"]["update_s"],
+        "update_s_25M": rows["25M"]["update_s"],
         "params_25M": rows["25M"]["params"],
-        "config": {"prompts": args.prompts, "group": args.group, "max_tokens": args.max_tokens,
-                   "repeats": args.repeats},
+        "config": {
+            "prompts": args.prompts,
+            "group": args.group,
+            "max_tokens": args.max_tokens,
+            "repeats": args.repeats,
+        },
     }
     print(json.dumps(summary))
 

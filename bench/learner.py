@@ -73,8 +73,9 @@ def delivery_times(module, client, out: str, transport: str, versions: int) -> t
     per version, over the ``file`` or ``collective`` weight transport (one receiver thread)."""
     run_id = f"bench-{transport}"
     group = transport == "collective"
-    publisher = WeightPublisher(client, run_id, out, 0, group_address="127.0.0.1" if group else None, receivers=1,
-                                file_too=False, timeout_s=120)
+    publisher = WeightPublisher(
+        client, run_id, out, 0, group_address="127.0.0.1" if group else None, receivers=1, file_too=False, timeout_s=120
+    )
     received: queue.Queue = queue.Queue()
 
     def receive() -> None:
@@ -110,8 +111,9 @@ def main() -> None:
 
     def engine(**kw) -> LearnerEngine:
         model = tiny_lm(0, vocab_size=args.vocab, hidden=args.hidden, layers=args.layers, heads=4, kv_heads=2)
-        cfg = LearnerConfig(**{"lr": 1e-5, "micro_token_budget": args.budget, "zero_stage": 2,
-                               "zero3_persistence_threshold": 0, **kw})
+        cfg = LearnerConfig(
+            **{"lr": 1e-5, "micro_token_budget": args.budget, "zero_stage": 2, "zero3_persistence_threshold": 0, **kw}
+        )
         return LearnerEngine(model, cfg)
 
     rows: dict[str, float] = {}
@@ -119,8 +121,10 @@ def main() -> None:
     rows["padded step s"] = timed_steps(padded, batch, args.steps)
     by_length = sorted(batch, key=lambda s: -s.length)
     rows["padded, sorted step s"] = timed_steps(padded, by_length, args.steps)
-    cells = {name: sum(mb.input_ids.numel() for mb in micro_batches(b, args.budget, "padded"))
-             for name, b in (("padded", batch), ("sorted", by_length))}
+    cells = {
+        name: sum(mb.input_ids.numel() for mb in micro_batches(b, args.budget, "padded"))
+        for name, b in (("padded", batch), ("sorted", by_length))
+    }
     del padded
     packed = engine(packing="packed")
     rows["packed (ZeRO-2) step s"] = timed_steps(packed, batch, args.steps)
@@ -143,8 +147,12 @@ def main() -> None:
     rows["groups: packed step s"] = timed_steps(engine(packing="packed"), grouped, args.steps)
     rows["groups: shared step s"] = timed_steps(engine(packing="shared"), grouped, args.steps)
 
-    params = sum(p.numel() for p in tiny_lm(0, vocab_size=args.vocab, hidden=args.hidden, layers=args.layers,
-                                           heads=4, kv_heads=2).parameters())
+    params = sum(
+        p.numel()
+        for p in tiny_lm(
+            0, vocab_size=args.vocab, hidden=args.hidden, layers=args.layers, heads=4, kv_heads=2
+        ).parameters()
+    )
     result = {
         "packed_vs_padded": rows["padded step s"] / rows["packed (ZeRO-2) step s"],
         "packed_vs_sorted_padded": rows["padded, sorted step s"] / rows["packed (ZeRO-2) step s"],
@@ -162,13 +170,23 @@ def main() -> None:
         "batch_tokens": tokens,
         "params": params,
     }
-    print(f"learner bench: {args.samples} samples, {tokens} tokens (lengths {min(lengths)}-{max(lengths)}), "
-          f"budget {args.budget}, model {params / 1e6:.1f}M params")
+    print(
+        f"learner bench: {args.samples} samples, {tokens} tokens (lengths {min(lengths)}-{max(lengths)}), "
+        f"budget {args.budget}, model {params / 1e6:.1f}M params"
+    )
     for name, value in rows.items():
         print(f"  {name:<26} {value:8.3f}")
-    for name in ("packed_vs_padded", "packed_vs_sorted_padded", "padded_cells_per_token",
-                 "sorted_padded_cells_per_token", "broadcast_vs_step", "zero3_vs_zero2_step", "shared_vs_packed",
-                 "collective_vs_file_delivery", "collective_vs_file_blocking"):
+    for name in (
+        "packed_vs_padded",
+        "packed_vs_sorted_padded",
+        "padded_cells_per_token",
+        "sorted_padded_cells_per_token",
+        "broadcast_vs_step",
+        "zero3_vs_zero2_step",
+        "shared_vs_packed",
+        "collective_vs_file_delivery",
+        "collective_vs_file_blocking",
+    ):
         print(f"  {name:<26} {result[name]:8.3f}")
     print(json.dumps(result))
 

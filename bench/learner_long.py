@@ -25,10 +25,22 @@ from rredcot.learner.engine import LearnerEngine
 from rredcot.learner.synthetic import random_samples
 
 PRESETS = {
-    "qwen2.5-1.5b": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
-                     "num_attention_heads": 12, "num_key_value_heads": 2, "vocab_size": 151936},
-    "smoke": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 4096},
+    "qwen2.5-1.5b": {
+        "hidden_size": 1536,
+        "intermediate_size": 8960,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+        "vocab_size": 151936,
+    },
+    "smoke": {
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 4096,
+    },
 }
 
 
@@ -38,8 +50,12 @@ def parse() -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=25000, help="completion tokens of the sample")
     p.add_argument("--prompt", type=int, default=256, help="prompt tokens of the sample")
     p.add_argument("--zero", type=int, default=2, choices=[0, 1, 2, 3], help="learner.zero_stage")
-    p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
-                   help="learner.dtype (default: bfloat16 on GPU, float32 on CPU)")
+    p.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float32"],
+        default=None,
+        help="learner.dtype (default: bfloat16 on GPU, float32 on CPU)",
+    )
     p.add_argument("--no-grad-checkpointing", action="store_true")
     p.add_argument("--logprob-chunk", type=int, default=4096, help="learner.logprob_chunk")
     p.add_argument("--steps", type=int, default=2, help="timed steps (after 1 warm-up)")
@@ -62,8 +78,14 @@ def main() -> None:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     params = sum(p.numel() for p in model.parameters())
     budget = args.prompt + args.tokens
-    cfg = LearnerConfig(lr=1e-6, micro_token_budget=budget, zero_stage=args.zero, dtype=dtype,
-                        grad_checkpointing=not args.no_grad_checkpointing, logprob_chunk=args.logprob_chunk)
+    cfg = LearnerConfig(
+        lr=1e-6,
+        micro_token_budget=budget,
+        zero_stage=args.zero,
+        dtype=dtype,
+        grad_checkpointing=not args.no_grad_checkpointing,
+        logprob_chunk=args.logprob_chunk,
+    )
     engine = LearnerEngine(model, cfg)
     batch = random_samples(1, seed=0, lengths=[args.tokens], prompt=args.prompt)
     assert engine.train_step(batch).applied  # warm-up
@@ -75,12 +97,22 @@ def main() -> None:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     step = statistics.median(times)
-    result = {"device": torch.cuda.get_device_name() if gpu else "cpu", "preset": args.preset, "params": params,
-              "tokens": budget, "zero_stage": args.zero, "dtype": dtype,
-              "grad_checkpointing": not args.no_grad_checkpointing, "step_s": step, "tokens_per_s": budget / step,
-              "peak_memory_gib": peak_memory_gib()}
-    print(f"learner long step: {args.preset} ({params / 1e6:,.1f}M parameters), one {budget}-token sample, "
-          f"ZeRO-{args.zero}, {dtype}, on {result['device']}")
+    result = {
+        "device": torch.cuda.get_device_name() if gpu else "cpu",
+        "preset": args.preset,
+        "params": params,
+        "tokens": budget,
+        "zero_stage": args.zero,
+        "dtype": dtype,
+        "grad_checkpointing": not args.no_grad_checkpointing,
+        "step_s": step,
+        "tokens_per_s": budget / step,
+        "peak_memory_gib": peak_memory_gib(),
+    }
+    print(
+        f"learner long step: {args.preset} ({params / 1e6:,.1f}M parameters), one {budget}-token sample, "
+        f"ZeRO-{args.zero}, {dtype}, on {result['device']}"
+    )
     for name in ("step_s", "tokens_per_s", "peak_memory_gib"):
         print(f"  {name:<16} {result[name]:10.2f}")
     print(json.dumps(result))

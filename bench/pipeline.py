@@ -30,8 +30,17 @@ BUSY = {"generator": "generate_s", "redistributor": "busy_s", "learner": "busy_s
 
 
 def run(config: str, overrides: list[str], url: str, name: str, root: str) -> dict[str, Any]:
-    cfg = load_config(config, [*overrides, f"run.name={name}", f"run.dir={root}/{name}", f"redis.url={url}",
-                               "logging.progress=false", "data.eval_size=0"])
+    cfg = load_config(
+        config,
+        [
+            *overrides,
+            f"run.name={name}",
+            f"run.dir={root}/{name}",
+            f"redis.url={url}",
+            "logging.progress=false",
+            "data.eval_size=0",
+        ],
+    )
     t0 = time.perf_counter()
     train(cfg)
     wall = time.perf_counter() - t0
@@ -44,7 +53,9 @@ def run(config: str, overrides: list[str], url: str, name: str, root: str) -> di
     learner = next(v for v in snaps.values() if v["tier"] == "learner")
     loop_s = float(learner["busy_s"]) + float(learner["wait_s"])
     return {
-        "name": name, "wall_s": wall, "loop_s": loop_s,
+        "name": name,
+        "wall_s": wall,
+        "loop_s": loop_s,
         "samples_per_s": float(learner["samples_consumed"]) / loop_s,
         "idle_frac": float(learner["idle_frac"]),
         "step_s": float(learner["busy_s"]) / max(float(learner["step"]), 1.0),
@@ -70,12 +81,16 @@ def main() -> None:
     cores = os.cpu_count() or 1
     with tempfile.TemporaryDirectory() as root, EmbeddedRedis(f"{root}/redis", appendonly=False) as server:
         sync = run(args.config, [*base, "staleness.eta=0", "credit.method=rredcot"], server.url, "sync", root)
-        async_ = run(args.config, [*base, f"staleness.eta={args.eta}", "credit.method=rredcot"], server.url,
-                     "async", root)
+        async_ = run(
+            args.config, [*base, f"staleness.eta={args.eta}", "credit.method=rredcot"], server.url, "async", root
+        )
         grpo = run(args.config, [*base, f"staleness.eta={args.eta}", "credit.method=grpo"], server.url, "grpo", root)
     bound = overlap_bound(sync, cores)
     result = {
-        "config": args.config, "steps": args.steps, "eta": args.eta, "cores": cores,
+        "config": args.config,
+        "steps": args.steps,
+        "eta": args.eta,
+        "cores": cores,
         "async_vs_sync": async_["samples_per_s"] / sync["samples_per_s"],
         "overlap_bound": bound,
         "rredcot_vs_grpo": async_["samples_per_s"] / grpo["samples_per_s"],
@@ -85,10 +100,14 @@ def main() -> None:
     print(f"{'run':<8}{'samples/s':>11}{'loop s':>9}{'idle':>7}{'step s':>8}  tier busy s (gen / red / learn)")
     for r in (sync, async_, grpo):
         busy = " / ".join(f"{r['tiers'][t]['busy_s']:.1f}" for t in ("generator", "redistributor", "learner"))
-        print(f"{r['name']:<8}{r['samples_per_s']:>11.2f}{r['loop_s']:>9.1f}{r['idle_frac']:>7.0%}"
-              f"{r['step_s']:>8.2f}  {busy}")
-    print(f"async/sync {result['async_vs_sync']:.2f} (overlap bound {bound:.2f}, goal >= 0.85 x bound); "
-          f"rredcot/grpo {result['rredcot_vs_grpo']:.2f}; weight sync / step {result['sync_vs_step']:.3f}")
+        print(
+            f"{r['name']:<8}{r['samples_per_s']:>11.2f}{r['loop_s']:>9.1f}{r['idle_frac']:>7.0%}"
+            f"{r['step_s']:>8.2f}  {busy}"
+        )
+    print(
+        f"async/sync {result['async_vs_sync']:.2f} (overlap bound {bound:.2f}, goal >= 0.85 x bound); "
+        f"rredcot/grpo {result['rredcot_vs_grpo']:.2f}; weight sync / step {result['sync_vs_step']:.3f}"
+    )
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}))
 
 

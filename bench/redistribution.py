@@ -28,10 +28,14 @@ from rredcot.redistributor.segmentation import segment, token_texts
 from rredcot.redistributor.values import branch_logprobs_fast, branch_logprobs_reference
 
 LINES = [
-    "Let me compute {a}*{b} step by step.", "First, {a}*{b} = {a}*10 + {a}*{c}.",
-    "Wait, that is not right, {b} is not 10 + {c}.", "So I should write {b} = {d} + {e} instead.",
-    "Hmm, then {a}*{d} = {f} and {a}*{e} = {g}.", "Therefore the sum is {f} + {g} = {h}.",
-    "Alternatively, check with {b}*{a}: it also gives {h}.", "But let me double-check the last digit.",
+    "Let me compute {a}*{b} step by step.",
+    "First, {a}*{b} = {a}*10 + {a}*{c}.",
+    "Wait, that is not right, {b} is not 10 + {c}.",
+    "So I should write {b} = {d} + {e} instead.",
+    "Hmm, then {a}*{d} = {f} and {a}*{e} = {g}.",
+    "Therefore the sum is {f} + {g} = {h}.",
+    "Alternatively, check with {b}*{a}: it also gives {h}.",
+    "But let me double-check the last digit.",
 ]
 
 
@@ -61,8 +65,9 @@ def timed(fn, repeat: int = 1):
 def body_heavy_model(vocab: int = 1024) -> Any:
     """A random Qwen3 whose body outweighs its LM head per token, as in real models (hidden 256,
     4 layers, small vocab); the tiny 151k-vocab model spends nearly all its time in the head."""
-    return build_tiny_model("qwen3", seed=0, vocab_size=vocab, hidden=256, layers=4, heads=4, kv_heads=2,
-                            max_positions=8192)
+    return build_tiny_model(
+        "qwen3", seed=0, vocab_size=vocab, hidden=256, layers=4, heads=4, kv_heads=2, max_positions=8192
+    )
 
 
 def bench_values(model, tok, length: int, k: int, n_refs: int, vocab: int | None = None) -> dict[str, float]:
@@ -70,8 +75,13 @@ def bench_values(model, tok, length: int, k: int, n_refs: int, vocab: int | None
     prompt = tok("<|im_start|>user\nCompute the product.<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
     comp = reasoning_text(tok, length)
     cfg = CreditConfig(segments=k, entropy_chunk=512)
-    refs = [(tok(f"We get {i}*84 = {84 * i}.\n", add_special_tokens=False)["input_ids"],
-             tok(f"Answer: {84 * i}", add_special_tokens=False)["input_ids"]) for i in range(1, n_refs + 1)]
+    refs = [
+        (
+            tok(f"We get {i}*84 = {84 * i}.\n", add_special_tokens=False)["input_ids"],
+            tok(f"Answer: {84 * i}", add_special_tokens=False)["input_ids"],
+        )
+        for i in range(1, n_refs + 1)
+    ]
     exit_ids = tok(cfg.exit_string, add_special_tokens=False)["input_ids"]
     entropy = np.random.default_rng(0).random(len(comp))  # entropy only places the boundaries here
     exits = segment(token_texts(tok, comp), entropy, cfg, "<think>", "</think>").exit_points.tolist()
@@ -79,8 +89,9 @@ def bench_values(model, tok, length: int, k: int, n_refs: int, vocab: int | None
         prompt, comp, exit_ids = ([i % vocab for i in x] for x in (prompt, comp, exit_ids))
         refs = [([i % vocab for i in u], [i % vocab for i in y]) for u, y in refs]
 
-    t_ent, _ = timed(lambda: score_trace(model, prompt, comp, cfg.entropy_chunk, keep_cache=False,
-                                         forward_chunk=cfg.token_budget))
+    t_ent, _ = timed(
+        lambda: score_trace(model, prompt, comp, cfg.entropy_chunk, keep_cache=False, forward_chunk=cfg.token_budget)
+    )
 
     def kv_pass():  # the entropy pass is common to both paths (segmentation needs it): KV-only here
         return score_trace(model, prompt, comp, cfg.entropy_chunk, stats=False, forward_chunk=cfg.token_budget)
@@ -92,6 +103,7 @@ def bench_values(model, tok, length: int, k: int, n_refs: int, vocab: int | None
     t_fast, (bl_fast, counter) = timed(fast, repeat=3)
     trace = kv_pass()
     t_branch, _ = timed(lambda: branch_logprobs_fast(model, trace, exits, refs, exit_ids, cfg.token_budget), 3)
+
     def reference():
         counter = TokenCounter()
         return branch_logprobs_reference(model, prompt, comp, exits, refs, exit_ids, counter), counter
@@ -99,11 +111,18 @@ def bench_values(model, tok, length: int, k: int, n_refs: int, vocab: int | None
     t_ref, (bl_ref, ref_counter) = timed(reference, repeat=2)
     ideal = len(prompt) + len(comp) + len(exits) * sum(len(exit_ids) + len(u) + len(y) for u, y in refs)
     return {
-        "L": len(comp), "K": len(exits) - 1, "N": n_refs, "fast_s": t_fast, "reference_s": t_ref,
+        "L": len(comp),
+        "K": len(exits) - 1,
+        "N": n_refs,
+        "fast_s": t_fast,
+        "reference_s": t_ref,
         "max_abs_diff": float(np.abs(bl_fast.log_u - bl_ref.log_u).max() + np.abs(bl_fast.log_y - bl_ref.log_y).max()),
-        "tokens_vs_ideal": counter.total / ideal, "reference_tokens_vs_ideal": ref_counter.total / ideal,
-        "fast_vs_reference": t_ref / t_fast, "branches_only_s": t_branch,
-        "values_stage_vs_reference": t_ref / t_branch, "entropy_pass_s": t_ent,
+        "tokens_vs_ideal": counter.total / ideal,
+        "reference_tokens_vs_ideal": ref_counter.total / ideal,
+        "fast_vs_reference": t_ref / t_fast,
+        "branches_only_s": t_branch,
+        "values_stage_vs_reference": t_ref / t_branch,
+        "entropy_pass_s": t_ent,
     }
 
 
@@ -111,18 +130,44 @@ def make_group(tok, model, g: int, max_tokens: int) -> tuple[RolloutGroup, float
     prompt = tok("<|im_start|>user\nWhat is 12*7?<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
     ids = torch.tensor([prompt])
     torch.manual_seed(0)
-    t_gen, out = timed(lambda: model.generate(
-        ids, attention_mask=torch.ones_like(ids), do_sample=True, top_k=0, max_new_tokens=max_tokens,
-        min_new_tokens=max_tokens, num_return_sequences=g, pad_token_id=0))
+    t_gen, out = timed(
+        lambda: model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=True,
+            top_k=0,
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            num_return_sequences=g,
+            pad_token_id=0,
+        )
+    )
     gid = new_id()
     samples = [
-        RolloutRecord(new_id(), gid, "p", i, np.array(row[len(prompt):], np.int32), np.zeros(max_tokens, np.float32),
-                      np.array([[0, 0]], np.int32), "length", float(i % 2), "correct" if i % 2 else "wrong")
+        RolloutRecord(
+            new_id(),
+            gid,
+            "p",
+            i,
+            np.array(row[len(prompt) :], np.int32),
+            np.zeros(max_tokens, np.float32),
+            np.array([[0, 0]], np.int32),
+            "length",
+            float(i % 2),
+            "correct" if i % 2 else "wrong",
+        )
         for i, row in enumerate(out.tolist())
     ]
     enc = lambda t: np.array(tok(t, add_special_tokens=False)["input_ids"], np.int32)  # noqa: E731
-    group = RolloutGroup(gid, "p", np.array(prompt, np.int32), [enc("12*7 = 84.\n"), enc("7*12 = 84.\n")],
-                         [enc("Answer: 84"), enc("Answer: 84")], samples, answer="84")
+    group = RolloutGroup(
+        gid,
+        "p",
+        np.array(prompt, np.int32),
+        [enc("12*7 = 84.\n"), enc("7*12 = 84.\n")],
+        [enc("Answer: 84"), enc("Answer: 84")],
+        samples,
+        answer="84",
+    )
     return group, t_gen
 
 
@@ -136,10 +181,20 @@ def bench_pipeline(model, tok, g: int, length: int, k: int, m: int) -> dict[str,
     t_rr, _ = timed(lambda: redistribute_group(group, cfg, scorer))
     cfg.credit.method = "mc"
     sampler = HFContinuationSampler(model)
-    t_mc, _ = timed(lambda: redistribute_group(group, cfg, scorer, sampler=sampler,
-                                                 reward_fn=lambda ids, gold: float(len(ids) % 2)))
-    return {"G": g, "L": length, "K": k, "M": m, "generate_s": t_gen, "rredcot_s": t_rr, "mc_s": t_mc,
-            "redistribution_vs_generation": t_rr / t_gen, "mc_vs_rredcot_cost": t_mc / t_rr}
+    t_mc, _ = timed(
+        lambda: redistribute_group(group, cfg, scorer, sampler=sampler, reward_fn=lambda ids, gold: float(len(ids) % 2))
+    )
+    return {
+        "G": g,
+        "L": length,
+        "K": k,
+        "M": m,
+        "generate_s": t_gen,
+        "rredcot_s": t_rr,
+        "mc_s": t_mc,
+        "redistribution_vs_generation": t_rr / t_gen,
+        "mc_vs_rredcot_cost": t_mc / t_rr,
+    }
 
 
 def main() -> None:
@@ -164,14 +219,18 @@ def main() -> None:
     print(f"\n{'pipeline (tiny 151k vocab)':<30}{'value':>14}")
     for name, val in pipe.items():
         print(f"{name:<30}{val:>14.4g}")
-    print(json.dumps({
-        "tokens_vs_ideal": round(body["tokens_vs_ideal"], 4),
-        "fast_vs_reference": round(body["fast_vs_reference"], 2),
-        "values_stage_vs_reference": round(body["values_stage_vs_reference"], 2),
-        "fast_vs_reference_tiny_vocab_head_bound": round(head["fast_vs_reference"], 2),
-        "redistribution_vs_generation": round(pipe["redistribution_vs_generation"], 3),
-        "mc_vs_rredcot_cost": round(pipe["mc_vs_rredcot_cost"], 2),
-    }))
+    print(
+        json.dumps(
+            {
+                "tokens_vs_ideal": round(body["tokens_vs_ideal"], 4),
+                "fast_vs_reference": round(body["fast_vs_reference"], 2),
+                "values_stage_vs_reference": round(body["values_stage_vs_reference"], 2),
+                "fast_vs_reference_tiny_vocab_head_bound": round(head["fast_vs_reference"], 2),
+                "redistribution_vs_generation": round(pipe["redistribution_vs_generation"], 3),
+                "mc_vs_rredcot_cost": round(pipe["mc_vs_rredcot_cost"], 2),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -19,13 +19,25 @@ def make_group(tokens: int, seed: int) -> RolloutGroup:
     rng = np.random.default_rng(seed)
     gid = new_id()
     sample = RolloutRecord(
-        id=new_id(), group_id=gid, prompt_id="p", sample_index=0,
+        id=new_id(),
+        group_id=gid,
+        prompt_id="p",
+        sample_index=0,
         completion_ids=rng.integers(0, 151_000, tokens, dtype=np.int32),
         behaviour_logprobs=-rng.random(tokens, dtype=np.float32),
-        version_runs=np.zeros((1, 2), np.int32), finish_reason="length", reward=0.0, verdict="wrong",
+        version_runs=np.zeros((1, 2), np.int32),
+        finish_reason="length",
+        reward=0.0,
+        verdict="wrong",
     )
-    return RolloutGroup(group_id=gid, prompt_id="p", prompt_ids=rng.integers(0, 1000, 200, dtype=np.int32),
-                        ref_solution_ids=[], ref_answer_ids=[], samples=[sample])
+    return RolloutGroup(
+        group_id=gid,
+        prompt_id="p",
+        prompt_ids=rng.integers(0, 1000, 200, dtype=np.int32),
+        ref_solution_ids=[],
+        ref_answer_ids=[],
+        samples=[sample],
+    )
 
 
 def run_layer(client, payloads: list[bytes], batch: int, run: str) -> float:
@@ -33,7 +45,7 @@ def run_layer(client, payloads: list[bytes], batch: int, run: str) -> float:
     cons = Consumer(client, key(run, "s"), "g", "c", key(run, DEAD), claim_idle_ms=60_000)
     t0 = time.perf_counter()
     for i in range(0, len(payloads), batch):
-        for p in payloads[i:i + batch]:
+        for p in payloads[i : i + batch]:
             prod.put(p)
         got = cons.read(count=batch, block_ms=1000)
         cons.ack([e.id for e in got])
@@ -45,7 +57,7 @@ def run_raw(client, payloads: list[bytes], batch: int, run: str) -> float:
     ensure_group(client, stream, "g")
     t0 = time.perf_counter()
     for i in range(0, len(payloads), batch):
-        for p in payloads[i:i + batch]:
+        for p in payloads[i : i + batch]:
             client.xadd(stream, {"d": p})
         reply = client.xreadgroup("g", "c", {stream: ">"}, count=batch, block=1000)
         ids = [eid for _, entries in reply for eid, _ in entries]
@@ -92,13 +104,22 @@ def main() -> None:
     for name, rps, mbps in rows:
         print(f"{name:<24}{rps:>12.0f}{mbps:>10.0f}")
     print(f"stream layer / raw: {t_raw / t_layer:.3f}")
-    print(json.dumps({
-        "records": n, "tokens": args.tokens, "record_kb": round(mb / n * 1000, 1),
-        "layer_records_s": round(n / t_layer, 1), "layer_mb_s": round(mb / t_layer, 1),
-        "raw_records_s": round(n / t_raw, 1), "raw_mb_s": round(mb / t_raw, 1),
-        "stream_vs_raw": round(t_raw / t_layer, 3),
-        "encode_mb_s": round(mb / t_enc, 1), "decode_mb_s": round(mb / t_dec, 1),
-    }))
+    print(
+        json.dumps(
+            {
+                "records": n,
+                "tokens": args.tokens,
+                "record_kb": round(mb / n * 1000, 1),
+                "layer_records_s": round(n / t_layer, 1),
+                "layer_mb_s": round(mb / t_layer, 1),
+                "raw_records_s": round(n / t_raw, 1),
+                "raw_mb_s": round(mb / t_raw, 1),
+                "stream_vs_raw": round(t_raw / t_layer, 3),
+                "encode_mb_s": round(mb / t_enc, 1),
+                "decode_mb_s": round(mb / t_dec, 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

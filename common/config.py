@@ -102,8 +102,21 @@ class CreditConfig:
     min_segment_tokens: int = bounded(4, 1)
     keywords: list[str] = field(
         default_factory=lambda: [
-            "Wait", "But", "So", "Alternatively", "Hmm", "Let me", "Therefore", "Now",
-            "Next", "Then", "Actually", "First", "Finally", "Thus", "However",
+            "Wait",
+            "But",
+            "So",
+            "Alternatively",
+            "Hmm",
+            "Let me",
+            "Therefore",
+            "Now",
+            "Next",
+            "Then",
+            "Actually",
+            "First",
+            "Finally",
+            "Thus",
+            "However",
         ]
     )
     split_keywords: bool = True  # (a)
@@ -318,9 +331,7 @@ def validate(cfg: Config) -> None:
         url,
         "a URL starting with redis://, rediss:// or unix://, or null for an embedded server",
     )
-    _check(
-        cfg.learner.eps_low < 1.0, "learner.eps_low", cfg.learner.eps_low, "a value in [0, 1)"
-    )
+    _check(cfg.learner.eps_low < 1.0, "learner.eps_low", cfg.learner.eps_low, "a value in [0, 1)")
 
 
 def _validate_fields(node: Any, prefix: str) -> None:
@@ -355,8 +366,9 @@ def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
 def redacted(cfg: Config) -> Config:
     """The config without secrets (Redis password, and the password inside ``redis.url``)."""
     url = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", cfg.redis.url or "") or None
-    return dataclasses.replace(cfg, redis=dataclasses.replace(
-        cfg.redis, url=url, password="***" if cfg.redis.password else None))
+    return dataclasses.replace(
+        cfg, redis=dataclasses.replace(cfg.redis, url=url, password="***" if cfg.redis.password else None)
+    )
 
 
 def to_yaml(cfg: Config) -> str:

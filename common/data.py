@@ -60,8 +60,14 @@ def problems_from_rows(rows: Iterable[Mapping[str, Any]], source: str, cfg: Data
                 raise DatasetError(
                     f"{where}: no {cfg.answer_column!r} column and no \\boxed{{}} answer in the solution"
                 )
-        out.append(Problem(id=str(row.get("id", f"{Path(source).stem}-{row_no}")), problem=problem,
-                           solution=solution, answer=str(answer).strip()))
+        out.append(
+            Problem(
+                id=str(row.get("id", f"{Path(source).stem}-{row_no}")),
+                problem=problem,
+                solution=solution,
+                answer=str(answer).strip(),
+            )
+        )
     if not out:
         raise DatasetError(f"{source}: no rows")
     return out

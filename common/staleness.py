@@ -39,8 +39,9 @@ return -1
 class Admission:
     """The run's admission counter and published learner version."""
 
-    def __init__(self, client: redis.Redis, run_id: str, prompts_per_step: int, eta: int,
-                 budget: int | None = None) -> None:
+    def __init__(
+        self, client: redis.Redis, run_id: str, prompts_per_step: int, eta: int, budget: int | None = None
+    ) -> None:
         self.client, self.prompts_per_step, self.eta, self.budget = client, prompts_per_step, eta, budget
         self.admitted_key = key(run_id, "admitted")
         self.version_key = key(run_id, "learner_version")
@@ -52,8 +53,12 @@ class Admission:
         """The global index of a newly admitted prompt, or ``None`` (staleness forbids one now, or
         the budget is spent: then ``exhausted`` is set)."""
         budget = -1 if self.budget is None else self.budget
-        n = int(self._admit(keys=[self.admitted_key, self.version_key, self.rejected_key],
-                            args=[self.eta, self.prompts_per_step, budget]))
+        n = int(
+            self._admit(
+                keys=[self.admitted_key, self.version_key, self.rejected_key],
+                args=[self.eta, self.prompts_per_step, budget],
+            )
+        )
         self.exhausted = n == -2
         return None if n < 0 else n
 

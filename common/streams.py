@@ -34,6 +34,7 @@ BATCHES = "batches"
 DEAD = "dead"
 PAYLOAD = b"d"
 
+
 class Backpressure(TimeoutError):
     """The consumer side lags: the stream stayed full for the whole blocking timeout."""
 
@@ -65,8 +66,15 @@ class Entry:
 class Producer:
     """Appends payloads to a bounded stream, blocking while it is full."""
 
-    def __init__(self, client: redis.Redis, stream: str, maxlen: int, block_timeout_s: float = 600.0,
-                 poll_s: float = 0.005, report_every_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        stream: str,
+        maxlen: int,
+        block_timeout_s: float = 600.0,
+        poll_s: float = 0.005,
+        report_every_s: float = 10.0,
+    ) -> None:
         self.client, self.stream, self.maxlen = client, stream, maxlen
         self.block_timeout_s, self.poll_s, self.report_every_s = block_timeout_s, poll_s, report_every_s
         self.blocked_s = 0.0  # total time spent waiting for room (a metric)
@@ -98,8 +106,12 @@ class Producer:
                     "its consumers lag or are down"
                 )
             if now - last_report >= self.report_every_s:
-                log.warning("backpressure: %s full (%d entries) for %.0fs; waiting for consumers",
-                            self.stream, self.maxlen, now - start)
+                log.warning(
+                    "backpressure: %s full (%d entries) for %.0fs; waiting for consumers",
+                    self.stream,
+                    self.maxlen,
+                    now - start,
+                )
                 last_report = now
             time.sleep(delay)
             delay = min(delay * 2, 0.2)
@@ -108,8 +120,9 @@ class Producer:
 class Consumer:
     """A member of a consumer group on one stream."""
 
-    def __init__(self, client: redis.Redis, stream: str, group: str, name: str, dead_stream: str,
-                 claim_idle_ms: int = 30_000) -> None:
+    def __init__(
+        self, client: redis.Redis, stream: str, group: str, name: str, dead_stream: str, claim_idle_ms: int = 30_000
+    ) -> None:
         self.client, self.stream, self.group, self.name = client, stream, group, name
         self.dead_stream, self.claim_idle_ms = dead_stream, claim_idle_ms
         self.reclaimed = 0  # entries taken over from other (crashed) consumers
@@ -135,8 +148,14 @@ class Consumer:
         if self.claim_idle_ms <= 0 or now < self._next_claim:
             return []
         reply = self.client.execute_command(
-            "XAUTOCLAIM", self.stream, self.group, self.name, self.claim_idle_ms, self._claim_cursor,
-            "COUNT", count,
+            "XAUTOCLAIM",
+            self.stream,
+            self.group,
+            self.name,
+            self.claim_idle_ms,
+            self._claim_cursor,
+            "COUNT",
+            count,
         )
         cursor, entries, deleted = parse_autoclaim(reply)
         self._claim_cursor = cursor
@@ -160,8 +179,7 @@ class Consumer:
 
     def dead_letter(self, entry: Entry, reason: str) -> None:
         """Move a bad entry to the dead-letter stream with the reason, then ack it."""
-        fields: dict[str, Any] = {"reason": reason, "stream": self.stream, "id": entry.id,
-                                  "consumer": self.name}
+        fields: dict[str, Any] = {"reason": reason, "stream": self.stream, "id": entry.id, "consumer": self.name}
         if entry.payload is not None:
             fields["d"] = entry.payload
         self.client.xadd(self.dead_stream, fields)

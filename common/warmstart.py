@@ -18,8 +18,7 @@ from rredcot.common.tasks import synthetic_problems
 ARITH_TASK = DataConfig(task="mul", operand_min=2, operand_max=6, size=25, eval_size=0, prompt_style="chat")
 
 
-def sft_arith(model: Any, tokenizer: Any, steps: int = 150, lr: float = 3e-3, batch: int = 16,
-              seed: int = 0) -> Any:
+def sft_arith(model: Any, tokenizer: Any, steps: int = 150, lr: float = 3e-3, batch: int = 16, seed: int = 0) -> Any:
     """Supervised steps on (prompt, reference solution) pairs; loss on solution tokens only."""
     import torch
     import torch.nn.functional as F

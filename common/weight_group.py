@@ -77,8 +77,12 @@ def device_for(backend: str) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 
 
-def open_group(info: GroupInfo, rank: int, timeout_s: float, store: dist.TCPStore | None = None,
-               ) -> dist.ProcessGroup:
+def open_group(
+    info: GroupInfo,
+    rank: int,
+    timeout_s: float,
+    store: dist.TCPStore | None = None,
+) -> dist.ProcessGroup:
     """Join the group as ``rank`` (rank 0 passes the store it hosts); blocks until all ranks joined."""
     timeout = timedelta(seconds=timeout_s)
     if store is None:
@@ -119,7 +123,7 @@ def bucket_nbytes(shapes: Sequence[Sequence[int]], dtypes: Sequence[str], counts
     sizes = [_slot(tensor_nbytes(s, d)) for s, d in zip(shapes, dtypes, strict=True)]
     out, start = [], 0
     for n in counts:
-        out.append(sum(sizes[start:start + n]))
+        out.append(sum(sizes[start : start + n]))
         start += n
     if start != len(sizes):
         raise WeightSyncError(f"buckets hold {start} tensors, the manifest names {len(sizes)}")
@@ -132,7 +136,7 @@ def flatten(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tens
     buffer = torch.zeros(sum(map(_slot, sizes)), dtype=torch.uint8, device=device)
     offset = 0
     for t, n in zip(tensors, sizes, strict=True):
-        buffer[offset:offset + n].view(t.dtype).view(t.shape).copy_(t.detach())
+        buffer[offset : offset + n].view(t.dtype).view(t.shape).copy_(t.detach())
         offset += _slot(n)
     return buffer
 
@@ -142,19 +146,20 @@ def unflatten(buffer: torch.Tensor, shapes: Sequence[Sequence[int]], dtypes: Seq
     out, offset = [], 0
     for shape, dtype in zip(shapes, dtypes, strict=True):
         n = tensor_nbytes(shape, dtype)
-        out.append(buffer[offset:offset + n].view(getattr(torch, dtype)).view(list(shape)))
+        out.append(buffer[offset : offset + n].view(getattr(torch, dtype)).view(list(shape)))
         offset += _slot(n)
     if offset != buffer.numel():
         raise WeightSyncError(f"bucket of {buffer.numel()} bytes, its tensors take {offset}")
     return out
 
 
-def unflatten_buckets(buffers: Sequence[torch.Tensor], shapes: Sequence[Sequence[int]], dtypes: Sequence[str],
-                      counts: Sequence[int]) -> list[torch.Tensor]:
+def unflatten_buckets(
+    buffers: Sequence[torch.Tensor], shapes: Sequence[Sequence[int]], dtypes: Sequence[str], counts: Sequence[int]
+) -> list[torch.Tensor]:
     """All tensors of the buckets, in order (bucket ``i`` holds ``counts[i]`` of them)."""
     tensors, start = [], 0
     for buffer, n in zip(buffers, counts, strict=True):
-        tensors += unflatten(buffer, shapes[start:start + n], dtypes[start:start + n])
+        tensors += unflatten(buffer, shapes[start : start + n], dtypes[start : start + n])
         start += n
     return tensors
 
@@ -183,8 +188,11 @@ def send_buckets(group: dist.ProcessGroup, version: int, buffers: Sequence[torch
     return digest.hex()
 
 
-def receive_buckets(group: dist.ProcessGroup, nbytes: Sequence[int], device: torch.device,
-                    ) -> tuple[int, list[torch.Tensor]]:
+def receive_buckets(
+    group: dist.ProcessGroup,
+    nbytes: Sequence[int],
+    device: torch.device,
+) -> tuple[int, list[torch.Tensor]]:
     """Receive one version: (its number, buckets of ``nbytes`` each); raises ``WeightSyncError`` on a
     layout or digest mismatch."""
     header = torch.empty(16, dtype=torch.uint8, device=device)
@@ -202,9 +210,14 @@ def receive_buckets(group: dist.ProcessGroup, nbytes: Sequence[int], device: tor
     return version, buffers
 
 
-def receive_tensors(group: dist.ProcessGroup, names: Sequence[str], shapes: Sequence[Sequence[int]],
-                    dtypes: Sequence[str], buckets: Sequence[int], device: torch.device,
-                    ) -> tuple[int, dict[str, torch.Tensor]]:
+def receive_tensors(
+    group: dist.ProcessGroup,
+    names: Sequence[str],
+    shapes: Sequence[Sequence[int]],
+    dtypes: Sequence[str],
+    buckets: Sequence[int],
+    device: torch.device,
+) -> tuple[int, dict[str, torch.Tensor]]:
     """Receive one version laid out as a manifest describes it: (its number, tensors by HF name)."""
     version, buffers = receive_buckets(group, bucket_nbytes(shapes, dtypes, buckets), device)
     return version, dict(zip(names, unflatten_buckets(buffers, shapes, dtypes, buckets), strict=True))

@@ -92,8 +92,9 @@ def _checksum(data: bytes | memoryview) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def write_weights(version: int, named_tensors: Iterable[tuple[str, torch.Tensor]], out_dir: str | Path,
-                  keep: int = 2) -> WeightManifest:
+def write_weights(
+    version: int, named_tensors: Iterable[tuple[str, torch.Tensor]], out_dir: str | Path, keep: int = 2
+) -> WeightManifest:
     """Write version ``version`` as one safetensors file (atomically), prune old files; its manifest."""
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in named_tensors}
     data = st_save(tensors, metadata={"version": str(version)})
@@ -127,8 +128,14 @@ def publish_manifest(client: redis.Redis, run_id: str, manifest: WeightManifest)
     client.publish(channel(run_id), str(manifest.version))
 
 
-def publish_weights(client: redis.Redis, run_id: str, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]],
-                    out_dir: str | Path, keep: int = 2) -> WeightManifest:
+def publish_weights(
+    client: redis.Redis,
+    run_id: str,
+    version: int,
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    out_dir: str | Path,
+    keep: int = 2,
+) -> WeightManifest:
     """The file path: write version ``version`` as a safetensors file and publish its manifest."""
     manifest = write_weights(version, named_tensors, out_dir, keep)
     publish_manifest(client, run_id, manifest)
@@ -137,9 +144,7 @@ def publish_weights(client: redis.Redis, run_id: str, version: int, named_tensor
 
 def prune(out_dir: str | Path, keep: int = 2) -> list[Path]:
     """Delete all but the ``keep`` newest weight files in ``out_dir``; returns what was deleted."""
-    files = sorted(
-        (int(m.group(1)), p) for p in Path(out_dir).iterdir() if (m := _FILE_RE.match(p.name))
-    )
+    files = sorted((int(m.group(1)), p) for p in Path(out_dir).iterdir() if (m := _FILE_RE.match(p.name)))
     doomed = [p for _, p in files[: max(len(files) - keep, 0)]]
     for p in doomed:
         p.unlink(missing_ok=True)

@@ -23,14 +23,22 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 VARLEN_ATTENTION = "rredcot_varlen"
 
 
-def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                             attention_mask: torch.Tensor | None, sample_bounds: tuple[int, ...] | None = None,
-                             **kwargs) -> tuple[torch.Tensor, None]:
+def varlen_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    sample_bounds: tuple[int, ...] | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """Attention output ``[B, L, H, D]`` for ``query`` ``[B, H, L, D]`` (one row when ``sample_bounds``)."""
     if attention_mask is not None or sample_bounds is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    parts = [sdpa_attention_forward(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, **kwargs)[0]
-             for a, b in pairwise(sample_bounds)]
+    parts = [
+        sdpa_attention_forward(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, **kwargs)[0]
+        for a, b in pairwise(sample_bounds)
+    ]
     return torch.cat(parts, dim=1), None
 
 

@@ -51,8 +51,10 @@ def _shape(p: torch.nn.Parameter) -> list[int]:
     return list(getattr(p, "ds_shape", p.shape))
 
 
-def gathered_buckets(module: torch.nn.Module, bucket_bytes: int = BUCKET_BYTES,
-                     ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+def gathered_buckets(
+    module: torch.nn.Module,
+    bucket_bytes: int = BUCKET_BYTES,
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """(HF name, full parameter) lists of about ``bucket_bytes`` each; a collective under ZeRO-3.
 
     The tensors are the live (gathered) parameters: use them before asking for the next bucket.
@@ -62,7 +64,7 @@ def gathered_buckets(module: torch.nn.Module, bucket_bytes: int = BUCKET_BYTES,
     named = list(module.named_parameters())
     start = 0
     for count in bucket_counts([_numel(p) * p.element_size() for _, p in named], bucket_bytes):
-        bucket = named[start:start + count]
+        bucket = named[start : start + count]
         start += count
         partitioned = [p for _, p in bucket if hasattr(p, "ds_id")]
         with deepspeed.zero.GatheredParameters(partitioned, enabled=bool(partitioned)):
@@ -77,9 +79,20 @@ def full_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 class WeightPublisher:
     """Publishes weight versions; every learner rank calls ``publish``, rank 0 delivers."""
 
-    def __init__(self, client: redis.Redis | None, run_id: str, out_dir: str | Path, rank: int, *,
-                 group_address: str | None = None, receivers: int = 0, file_too: bool = True,
-                 timeout_s: float = 600.0, keep: int = 2, bucket_bytes: int = BUCKET_BYTES) -> None:
+    def __init__(
+        self,
+        client: redis.Redis | None,
+        run_id: str,
+        out_dir: str | Path,
+        rank: int,
+        *,
+        group_address: str | None = None,
+        receivers: int = 0,
+        file_too: bool = True,
+        timeout_s: float = 600.0,
+        keep: int = 2,
+        bucket_bytes: int = BUCKET_BYTES,
+    ) -> None:
         """``group_address``: host the collective transport's group there, for ``receivers`` generators
         (None: the file transport)."""
         self.client, self.run_id, self.out_dir, self.rank = client, run_id, Path(out_dir), rank
@@ -156,14 +169,19 @@ class WeightPublisher:
         written = None  # the file's manifest, once written
         try:
             written = self._write_file(version, layout, buffers) if self.file_too else None
-            manifest = written or WeightManifest(version, *_columns(layout), checksum="", path="", nbytes=0,
-                                                 created=time.time())
-            publish_manifest(self.client, self.run_id, dataclasses.replace(
-                manifest, transport="collective", buckets=[len(b) for b in layout]))
+            manifest = written or WeightManifest(
+                version, *_columns(layout), checksum="", path="", nbytes=0, created=time.time()
+            )
+            publish_manifest(
+                self.client,
+                self.run_id,
+                dataclasses.replace(manifest, transport="collective", buckets=[len(b) for b in layout]),
+            )
             send_buckets(self._group, version, buffers)
         except Exception as e:  # noqa: BLE001 - whatever broke the group, the run continues on files
-            log.warning("weight group failed at v%d (%s: %s); publishing files from now on",
-                        version, type(e).__name__, e)
+            log.warning(
+                "weight group failed at v%d (%s: %s); publishing files from now on", version, type(e).__name__, e
+            )
             self._stop_group()
             self.fallbacks += 1
             publish_manifest(self.client, self.run_id, written or self._write_file(version, layout, buffers))

@@ -67,8 +67,13 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
-def save_checkpoint(engine: LearnerEngine, root: str | Path, pipeline: dict[str, Any] | None = None,
-                    tokenizer: Any = None, keep: int = 2) -> Path:
+def save_checkpoint(
+    engine: LearnerEngine,
+    root: str | Path,
+    pipeline: dict[str, Any] | None = None,
+    tokenizer: Any = None,
+    keep: int = 2,
+) -> Path:
     """Write a checkpoint of the engine's current version (a collective: every rank calls it)."""
     path = checkpoint_dir(root, engine.version)
     state = full_state(engine.module)
@@ -77,8 +82,12 @@ def save_checkpoint(engine: LearnerEngine, root: str | Path, pipeline: dict[str,
         engine.module.save_pretrained(path / "hf", state_dict=state, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(path / "hf")
-        record = {"version": engine.version, "counters": engine.counters, "pipeline": pipeline or {},
-                  "rng": rng_state()}
+        record = {
+            "version": engine.version,
+            "counters": engine.counters,
+            "pipeline": pipeline or {},
+            "rng": rng_state(),
+        }
         tmp = path / (PIPELINE_FILE + ".tmp")
         tmp.write_text(json.dumps(record))
         os.replace(tmp, path / PIPELINE_FILE)

@@ -63,8 +63,10 @@ def init_distributed() -> tuple[int, int]:
 def ds_config(cfg: LearnerConfig) -> dict:
     zero: dict = {"stage": cfg.zero_stage, "overlap_comm": False}
     if cfg.zero_stage == 3:
-        zero |= {"stage3_param_persistence_threshold": cfg.zero3_persistence_threshold,
-                 "stage3_gather_16bit_weights_on_model_save": False}
+        zero |= {
+            "stage3_param_persistence_threshold": cfg.zero3_persistence_threshold,
+            "stage3_gather_16bit_weights_on_model_save": False,
+        }
     if cfg.offload and torch.cuda.is_available() and cfg.zero_stage >= 2:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     return {
@@ -100,8 +102,7 @@ class StepResult:
 class LearnerEngine:
     """A DeepSpeed-wrapped causal LM trained with the σ-weighted policy loss."""
 
-    def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, version: int = 0,
-                 temperature: float = 1.0) -> None:
+    def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, version: int = 0, temperature: float = 1.0) -> None:
         """``temperature``: the generators' sampling temperature (behaviour log-probs are taken after it)."""
         import deepspeed
 
@@ -110,16 +111,17 @@ class LearnerEngine:
         self.rank, self.world = init_distributed()
         self.ref_model = None
         if cfg.kl_coef > 0:
-            self.ref_model = TokenLogProbs(copy.deepcopy(model).eval().requires_grad_(False), cfg.logprob_chunk,
-                                          temperature)
+            self.ref_model = TokenLogProbs(
+                copy.deepcopy(model).eval().requires_grad_(False), cfg.logprob_chunk, temperature
+            )
         if cfg.grad_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        self.engine, *_ = deepspeed.initialize(model=TokenLogProbs(model, cfg.logprob_chunk, temperature),
-                                               optimizer=optimizer,
-                                               config=ds_config(cfg))
+        self.engine, *_ = deepspeed.initialize(
+            model=TokenLogProbs(model, cfg.logprob_chunk, temperature), optimizer=optimizer, config=ds_config(cfg)
+        )
         self.version = version
         self.counters = {"steps": 0, "skipped_nonfinite": 0, "skipped_empty": 0, "samples": 0, "tokens": 0}
 
@@ -143,13 +145,19 @@ class LearnerEngine:
         except BudgetError as e:  # raised on every rank below, so no rank waits in a collective
             mbs, error = [], e
         n_samples, n_tokens, n_mb, tokens, failed = self.all_reduce(
-            [len(samples), sum(len(s.completion_ids) for s in samples), len(mbs), sum(m.n_tokens for m in mbs),
-             float(error is not None)],
+            [
+                len(samples),
+                sum(len(s.completion_ids) for s in samples),
+                len(mbs),
+                sum(m.n_tokens for m in mbs),
+                float(error is not None),
+            ],
             ["sum", "sum", "max", "sum", "max"],
         )
         if failed:
             raise error or BudgetError(
-                f"a sample on another rank is longer than learner.micro_token_budget={self.cfg.micro_token_budget}")
+                f"a sample on another rank is longer than learner.micro_token_budget={self.cfg.micro_token_budget}"
+            )
         pending = Pending(t0, int(n_samples), int(tokens), int(n_mb))
         if n_samples == 0:
             return pending
@@ -186,9 +194,13 @@ class LearnerEngine:
         self.counters["samples"] += pending.samples
         self.counters["tokens"] += pending.tokens
         elapsed = time.perf_counter() - pending.t0
-        metrics |= {"grad_norm": float(self.engine.get_global_grad_norm() or 0.0), "step_time_s": elapsed,
-                    "tokens_per_s": pending.tokens / elapsed, "micro_batches": pending.micro_batches,
-                    "version": self.version}
+        metrics |= {
+            "grad_norm": float(self.engine.get_global_grad_norm() or 0.0),
+            "step_time_s": elapsed,
+            "tokens_per_s": pending.tokens / elapsed,
+            "micro_batches": pending.micro_batches,
+            "version": self.version,
+        }
         return StepResult(True, metrics)
 
     def _micro_loss(self, mb: MicroBatch, denom: float, stats: Stats) -> torch.Tensor:

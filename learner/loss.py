@@ -70,16 +70,21 @@ class Stats:
             self.maxes[k] = max(self.maxes[k], v)
 
     def as_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return (torch.tensor([self.sums[k] for k in SUM_KEYS], dtype=torch.float64),
-                torch.tensor([self.maxes[k] for k in MAX_KEYS], dtype=torch.float64))
+        return (
+            torch.tensor([self.sums[k] for k in SUM_KEYS], dtype=torch.float64),
+            torch.tensor([self.maxes[k] for k in MAX_KEYS], dtype=torch.float64),
+        )
 
     def load_tensors(self, sums: torch.Tensor, maxes: torch.Tensor) -> None:
         self.sums = dict(zip(SUM_KEYS, sums.tolist(), strict=True))
         self.maxes = dict(zip(MAX_KEYS, maxes.tolist(), strict=True))
 
     def result(self) -> dict[str, float]:
-        out = {name: self.sums[num] / (self.sums[den] if den else 1.0)
-               for name, (num, den) in MEANS.items() if den is None or self.sums[den] > 0}
+        out = {
+            name: self.sums[num] / (self.sums[den] if den else 1.0)
+            for name, (num, den) in MEANS.items()
+            if den is None or self.sums[den] > 0
+        }
         return out | dict(self.maxes) | {"samples": self.sums["samples"], "tokens": self.sums["tokens"]}
 
 
@@ -121,9 +126,17 @@ def policy_loss(
     return loss, _stats(loss, mb, ratio.detach(), raw_ratio, adv, stale, is_w, kl.detach(), settings)
 
 
-def _stats(loss: torch.Tensor, mb: MicroBatch, ratio: torch.Tensor, raw_ratio: torch.Tensor,
-           adv: torch.Tensor, stale: torch.Tensor, is_w: torch.Tensor, kl: torch.Tensor,
-           settings: LossSettings) -> Stats:
+def _stats(
+    loss: torch.Tensor,
+    mb: MicroBatch,
+    ratio: torch.Tensor,
+    raw_ratio: torch.Tensor,
+    adv: torch.Tensor,
+    stale: torch.Tensor,
+    is_w: torch.Tensor,
+    kl: torch.Tensor,
+    settings: LossSettings,
+) -> Stats:
     clipped = ((ratio > 1 + settings.eps_high) & (adv > 0)) | ((ratio < 1 - settings.eps_low) & (adv < 0))
     sig = mb.sigma.double()
     sig_sum = torch.zeros(mb.n_samples, dtype=torch.float64).index_add(0, mb.sample_of_token, sig)

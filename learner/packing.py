@@ -197,8 +197,14 @@ def _collate_shared(samples: list[TrainSample], pad_id: int) -> MicroBatch:
             token_index.append(np.concatenate([[offset + prompt_len - 1], np.arange(start, start + n - 1)]))
             start += n
         offset = start
-    return _micro_batch(samples, torch.from_numpy(ids)[None], torch.from_numpy(pos)[None], mask[None, None],
-                        np.concatenate(token_index), n_tokens=width)
+    return _micro_batch(
+        samples,
+        torch.from_numpy(ids)[None],
+        torch.from_numpy(pos)[None],
+        mask[None, None],
+        np.concatenate(token_index),
+        n_tokens=width,
+    )
 
 
 def collate(samples: list[TrainSample], layout: str = "packed", pad_id: int = 0) -> MicroBatch:
@@ -218,14 +224,26 @@ def collate(samples: list[TrainSample], layout: str = "packed", pad_id: int = 0)
         position_ids[start : start + s.length] = np.arange(s.length)
         token_index.append(np.arange(len(s.completion_ids)) + start + len(s.prompt_ids) - 1)
     shape = (1, -1) if packed else (len(samples), -1)
-    return _micro_batch(samples, torch.from_numpy(input_ids).view(shape), torch.from_numpy(position_ids).view(shape),
-                        None, np.concatenate(token_index), n_tokens=sum(lengths),
-                        sample_bounds=tuple(int(x) for x in starts) if packed else None)
+    return _micro_batch(
+        samples,
+        torch.from_numpy(input_ids).view(shape),
+        torch.from_numpy(position_ids).view(shape),
+        None,
+        np.concatenate(token_index),
+        n_tokens=sum(lengths),
+        sample_bounds=tuple(int(x) for x in starts) if packed else None,
+    )
 
 
-def _micro_batch(samples: list[TrainSample], input_ids: torch.Tensor, position_ids: torch.Tensor,
-                 mask: torch.Tensor | None, token_index: np.ndarray, n_tokens: int,
-                 sample_bounds: tuple[int, ...] | None = None) -> MicroBatch:
+def _micro_batch(
+    samples: list[TrainSample],
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    mask: torch.Tensor | None,
+    token_index: np.ndarray,
+    n_tokens: int,
+    sample_bounds: tuple[int, ...] | None = None,
+) -> MicroBatch:
     lengths = [len(s.completion_ids) for s in samples]
 
     def cat(name: str, dtype: torch.dtype) -> torch.Tensor:
@@ -251,8 +269,7 @@ def _micro_batch(samples: list[TrainSample], input_ids: torch.Tensor, position_i
     )
 
 
-def micro_batches(samples: list[TrainSample], budget: int, layout: str = "packed",
-                  pad_id: int = 0) -> list[MicroBatch]:
+def micro_batches(samples: list[TrainSample], budget: int, layout: str = "packed", pad_id: int = 0) -> list[MicroBatch]:
     """Plan and collate: the micro-batches of one rank's share of a global batch."""
     return [collate([samples[i] for i in b], layout, pad_id) for b in plan_micro_batches(samples, budget, layout)]
 
@@ -275,11 +292,20 @@ class TokenLogProbs(torch.nn.Module):
         self.chunk = chunk
         self.inv_temperature = 1.0 / temperature if temperature > 0 else 1.0
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                token_index: torch.Tensor, targets: torch.Tensor,
-                sample_bounds: tuple[int, ...] | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        token_index: torch.Tensor,
+        targets: torch.Tensor,
+        sample_bounds: tuple[int, ...] | None = None,
+    ) -> torch.Tensor:
         hidden = self.lm.get_decoder()(
-            input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask, use_cache=False,
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=attention_mask,
+            use_cache=False,
             sample_bounds=sample_bounds,
         ).last_hidden_state
         h = hidden.reshape(-1, hidden.shape[-1])[token_index]
@@ -301,8 +327,14 @@ class TokenLogProbs(torch.nn.Module):
 
 def model_inputs(mb: MicroBatch) -> dict[str, torch.Tensor | tuple[int, ...] | None]:
     """Keyword arguments of ``TokenLogProbs.forward`` for ``mb``."""
-    return {"input_ids": mb.input_ids, "position_ids": mb.position_ids, "attention_mask": mb.attention_mask,
-            "token_index": mb.token_index, "targets": mb.targets, "sample_bounds": mb.sample_bounds}
+    return {
+        "input_ids": mb.input_ids,
+        "position_ids": mb.position_ids,
+        "attention_mask": mb.attention_mask,
+        "token_index": mb.token_index,
+        "targets": mb.targets,
+        "sample_bounds": mb.sample_bounds,
+    }
 
 
 def token_logprobs(model: torch.nn.Module, mb: MicroBatch, chunk: int = 0, temperature: float = 1.0) -> torch.Tensor:

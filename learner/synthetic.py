@@ -20,8 +20,9 @@ def tiny_lm(seed: int = 0, **config_kwargs) -> torch.nn.Module:
     return AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
 
 
-def random_samples(n: int, seed: int = 0, lengths: list[int] | None = None, prompt: int = 5,
-                   sigma: str = "random", version: int = 0) -> list[TrainSample]:
+def random_samples(
+    n: int, seed: int = 0, lengths: list[int] | None = None, prompt: int = 5, sigma: str = "random", version: int = 0
+) -> list[TrainSample]:
     """``n`` samples with random tokens, behaviour log-probs near -7, non-zero advantages."""
     rng = np.random.default_rng(seed)
     lengths = lengths or [int(x) for x in rng.integers(3, 40, n)]
@@ -32,13 +33,15 @@ def random_samples(n: int, seed: int = 0, lengths: list[int] | None = None, prom
         else:
             s = rng.random(L).astype(np.float32) ** 3
             s /= s.sum()
-        out.append(TrainSample(
-            id=f"s{seed}-{i}",
-            prompt_ids=rng.integers(1, VOCAB, prompt).astype(np.int32),
-            completion_ids=rng.integers(1, VOCAB, L).astype(np.int32),
-            behaviour_logprobs=(-np.log(VOCAB) + rng.normal(0, 0.3, L)).astype(np.float32),
-            sigma=s.astype(np.float32),
-            versions=np.full(L, version, np.int32),
-            advantage=float(rng.choice([-1.0, 1.0]) * rng.uniform(0.5, 1.5)),
-        ))
+        out.append(
+            TrainSample(
+                id=f"s{seed}-{i}",
+                prompt_ids=rng.integers(1, VOCAB, prompt).astype(np.int32),
+                completion_ids=rng.integers(1, VOCAB, L).astype(np.int32),
+                behaviour_logprobs=(-np.log(VOCAB) + rng.normal(0, 0.3, L)).astype(np.float32),
+                sigma=s.astype(np.float32),
+                versions=np.full(L, version, np.int32),
+                advantage=float(rng.choice([-1.0, 1.0]) * rng.uniform(0.5, 1.5)),
+            )
+        )
     return out

@@ -46,16 +46,26 @@ class Trainer:
         self.client = connect(cfg.redis.url)
         self.control = RunControl(self.client, self.run_id)
         self.admission = Admission(self.client, self.run_id, cfg.generation.prompts_per_step, cfg.staleness.eta)
-        self.consumer = Consumer(self.client, key(self.run_id, BATCHES), GROUP, name, key(self.run_id, DEAD),
-                                 cfg.redis.claim_idle_ms)
+        self.consumer = Consumer(
+            self.client, key(self.run_id, BATCHES), GROUP, name, key(self.run_id, DEAD), cfg.redis.claim_idle_ms
+        )
         self.trained_key = key(self.run_id, "trained_ids")
         path = resolve_model_path(cfg.model.path, seed=cfg.run.seed)
         self.tokenizer = load_tokenizer(cfg.model.tokenizer or path)
         self.engine = LearnerEngine(load_causal_lm(path), cfg.learner, temperature=cfg.generation.temperature)
         self.rank, self.world = self.engine.rank, self.engine.world
         self.step = 0
-        self.totals = Counter({"wait_s": 0.0, "busy_s": 0.0, "broadcast_s": 0.0, "duplicates": 0, "groups": 0,
-                               "samples": 0, "staleness_max": 0})
+        self.totals = Counter(
+            {
+                "wait_s": 0.0,
+                "busy_s": 0.0,
+                "broadcast_s": 0.0,
+                "duplicates": 0,
+                "groups": 0,
+                "samples": 0,
+                "staleness_max": 0,
+            }
+        )
         self.writer = self._tensorboard() if self.rank == 0 and cfg.logging.tensorboard else None
         self.publisher = self._publisher()
         self._resume()
@@ -71,11 +81,16 @@ class Trainer:
         g = self.cfg.generation
         collective = g.weight_transport == "collective"
         return WeightPublisher(
-            self.client, self.run_id, self.run_dir / "weights", self.rank,
+            self.client,
+            self.run_id,
+            self.run_dir / "weights",
+            self.rank,
             group_address=os.environ.get("MASTER_ADDR", "127.0.0.1") if collective else None,
-            receivers=self.cfg.cluster.generators, timeout_s=g.weight_group_timeout_s,
+            receivers=self.cfg.cluster.generators,
+            timeout_s=g.weight_group_timeout_s,
             # receivers outside the group read files: the evaluator and a policy-following scorer
-            file_too=self.cfg.data.eval_size > 0 or self.cfg.credit.scorer == "policy")
+            file_too=self.cfg.data.eval_size > 0 or self.cfg.credit.scorer == "policy",
+        )
 
     def _resume(self) -> None:
         ckpt = latest_checkpoint(self.run_dir / "checkpoints") if self.cfg.run.resume == "auto" else None
@@ -176,17 +191,25 @@ class Trainer:
 
     def checkpoint(self) -> Path:
         pipeline = {"step": self.step, "admitted": self.admission.admitted(), "totals": dict(self.totals)}
-        return save_checkpoint(self.engine, self.run_dir / "checkpoints", pipeline, self.tokenizer,
-                               keep=self.cfg.learner.keep_checkpoints)
+        return save_checkpoint(
+            self.engine, self.run_dir / "checkpoints", pipeline, self.tokenizer, keep=self.cfg.learner.keep_checkpoints
+        )
 
     def _pipeline_metrics(self, samples: list[TrainSample], version: int) -> dict[str, float]:
         busy, wait = self.totals["busy_s"], self.totals["wait_s"]
-        out = {"step": float(self.step), "version": float(self.engine.version), "busy_s": busy, "wait_s": wait,
-               "idle_frac": wait / max(busy + wait, 1e-9), "duplicates": float(self.totals["duplicates"]),
-               "skipped_nonfinite": float(self.engine.counters["skipped_nonfinite"]),
-               "skipped_empty": float(self.engine.counters["skipped_empty"]),
-               "broadcast_s_total": self.totals["broadcast_s"], "broadcast_send_s_total": self.publisher.send_s,
-               "broadcast_fallbacks": float(self.publisher.fallbacks)}
+        out = {
+            "step": float(self.step),
+            "version": float(self.engine.version),
+            "busy_s": busy,
+            "wait_s": wait,
+            "idle_frac": wait / max(busy + wait, 1e-9),
+            "duplicates": float(self.totals["duplicates"]),
+            "skipped_nonfinite": float(self.engine.counters["skipped_nonfinite"]),
+            "skipped_empty": float(self.engine.counters["skipped_empty"]),
+            "broadcast_s_total": self.totals["broadcast_s"],
+            "broadcast_send_s_total": self.publisher.send_s,
+            "broadcast_fallbacks": float(self.publisher.fallbacks),
+        }
         for name in (ROLLOUTS, BATCHES):
             out[f"queue_{name}"] = float(self.client.xlen(key(self.run_id, name)))
         out["groups_consumed"] = float(self.totals["groups"])
@@ -197,8 +220,10 @@ class Trainer:
             self.totals["staleness_max"] = max(self.totals["staleness_max"], int(lag.max()))
             out["staleness_max"] = float(self.totals["staleness_max"])
             hist = np.bincount(np.minimum(lag, STALENESS_BINS - 1), minlength=STALENESS_BINS) / len(lag)
-            out |= {f"staleness_{i}" if i < STALENESS_BINS - 1 else f"staleness_{i}plus": float(h)
-                    for i, h in enumerate(hist)}
+            out |= {
+                f"staleness_{i}" if i < STALENESS_BINS - 1 else f"staleness_{i}plus": float(h)
+                for i, h in enumerate(hist)
+            }
             out["advantage_abs_mean"] = float(np.mean([abs(s.advantage) for s in samples]))
             out["reward_mean"] = float(np.mean([s.reward for s in samples]))
         return out

@@ -79,8 +79,13 @@ def _scored(
     comps = [s.completion_ids.tolist() for s in group.samples]
     for batch in budget_batches([len(prompt) + len(x) for x in comps], c.token_budget):
         t0 = time.perf_counter()
-        traces = score_traces(scorer.model, [(prompt, comps[i]) for i in batch], c.entropy_chunk,
-                              keep_cache=keep_cache, forward_chunk=c.token_budget)
+        traces = score_traces(
+            scorer.model,
+            [(prompt, comps[i]) for i in batch],
+            c.entropy_chunk,
+            keep_cache=keep_cache,
+            forward_chunk=c.token_budget,
+        )
         seconds = (time.perf_counter() - t0) / len(batch)
         scorer.tokens.trace += sum(t.counter.trace for t in traces)
         for i, trace in zip(batch, traces):
@@ -133,8 +138,10 @@ def _sigma(seg_exits: np.ndarray, values: np.ndarray, n: int, advantage: float, 
     rewards = segment_rewards(values) if values.size else np.zeros(max(len(seg_exits) - 1, 0))
     masses = segment_masses(rewards, advantage, c.sign, c.softmax_temperature)
     return SampleCredit(
-        token_sigma(n, seg_exits, masses, c.uniform_mix), seg_exits.astype(np.int32),
-        values.astype(np.float32), rewards.astype(np.float32),
+        token_sigma(n, seg_exits, masses, c.uniform_mix),
+        seg_exits.astype(np.int32),
+        values.astype(np.float32),
+        rewards.astype(np.float32),
     )
 
 
@@ -151,14 +158,19 @@ def rredcot(ctx: CreditContext) -> list[SampleCredit]:
         t2 = time.perf_counter()
         values = np.zeros(0)
         if refs:
-            bl = branch_logprobs_fast(scorer.model, trace, exits.tolist(), refs, scorer.exit_ids, c.token_budget,
-                                      c.entropy_chunk)
+            bl = branch_logprobs_fast(
+                scorer.model, trace, exits.tolist(), refs, scorer.exit_ids, c.token_budget, c.entropy_chunk
+            )
             scorer.tokens.branch += trace.counter.branch
             values = exit_values(bl, [1.0] * len(refs), c.value_space)
         t3 = time.perf_counter()
         out[i] = _sigma(exits, values, n, float(ctx.advantages[i]), ctx)
-        out[i].timings = {"entropy": t_entropy, "segment": t2 - t1, "values": t3 - t2,
-                          "sigma": time.perf_counter() - t3}
+        out[i].timings = {
+            "entropy": t_entropy,
+            "segment": t2 - t1,
+            "values": t3 - t2,
+            "sigma": time.perf_counter() - t3,
+        }
     return out
 
 
@@ -174,16 +186,22 @@ def mc(ctx: CreditContext) -> list[SampleCredit]:
         t1 = time.perf_counter()
         exits = _exits(_segments(scorer, s, trace), n, c.answer_part)
         t2 = time.perf_counter()
-        values, _ = mc_values(ctx.sampler, ctx.reward_fn, ctx.group.prompt_ids.tolist(), s.completion_ids.tolist(),
-                              exits.tolist(), c.mc_samples, ctx.cfg.generation.max_tokens, ctx.group.answer)
+        values, _ = mc_values(
+            ctx.sampler,
+            ctx.reward_fn,
+            ctx.group.prompt_ids.tolist(),
+            s.completion_ids.tolist(),
+            exits.tolist(),
+            c.mc_samples,
+            ctx.cfg.generation.max_tokens,
+            ctx.group.answer,
+        )
         out[i] = _sigma(exits, values, n, float(ctx.advantages[i]), ctx)
         out[i].timings = {"entropy": t_entropy, "segment": t2 - t1, "values": time.perf_counter() - t2}
     return out
 
 
-def redistribute_group(
-    group: RolloutGroup, cfg: Config, scorer: Scorer | None = None, **extra: Any
-) -> WeightedGroup:
+def redistribute_group(group: RolloutGroup, cfg: Config, scorer: Scorer | None = None, **extra: Any) -> WeightedGroup:
     """Advantages + the configured credit method for one group (``extra``: sampler, reward_fn)."""
     method = get_method(cfg.credit.method)
     adv = group_advantages([s.reward for s in group.samples], cfg.credit.advantage_std_norm)
@@ -192,5 +210,4 @@ def redistribute_group(
         WeightedSample(s, float(a), c.sigma, c.exit_points, c.exit_values, c.segment_rewards, method.name, c.timings)
         for s, a, c in zip(group.samples, adv, credits)
     ]
-    return WeightedGroup(group.group_id, group.prompt_id, group.prompt_ids, samples,
-                         scorer.version if scorer else 0)
+    return WeightedGroup(group.group_id, group.prompt_id, group.prompt_ids, samples, scorer.version if scorer else 0)

@@ -62,8 +62,12 @@ def head_stats(
 
 @torch.no_grad()
 def score_traces(
-    model: Any, seqs: Sequence[tuple[Sequence[int], Sequence[int]]], chunk: int, keep_cache: bool = True,
-    stats: bool = True, forward_chunk: int | None = None,
+    model: Any,
+    seqs: Sequence[tuple[Sequence[int], Sequence[int]]],
+    chunk: int,
+    keep_cache: bool = True,
+    stats: bool = True,
+    forward_chunk: int | None = None,
 ) -> list[TraceScores]:
     """Forward several ``(prompt, completion)`` traces once, as one right-padded batch (a prompt that
     every trace shares is forwarded once).
@@ -112,17 +116,25 @@ def score_traces(
     empty = torch.zeros(0, dtype=torch.float32, device=device)
     return [
         TraceScores(
-            prompt_len=len(p), entropy=torch.cat(ents[b]) if ents[b] else empty,
-            logprob=torch.cat(lps[b]) if lps[b] else empty, cache=cache if keep_cache else None,
-            counter=TokenCounter(trace=width - (first if b else 0)), row=b,  # the shared prompt counted once
+            prompt_len=len(p),
+            entropy=torch.cat(ents[b]) if ents[b] else empty,
+            logprob=torch.cat(lps[b]) if lps[b] else empty,
+            cache=cache if keep_cache else None,
+            counter=TokenCounter(trace=width - (first if b else 0)),
+            row=b,  # the shared prompt counted once
         )
         for b, (p, _) in enumerate(seqs)
     ]
 
 
 def score_trace(
-    model: Any, prompt_ids: Sequence[int], completion_ids: Sequence[int], chunk: int, keep_cache: bool = True,
-    stats: bool = True, forward_chunk: int | None = None,
+    model: Any,
+    prompt_ids: Sequence[int],
+    completion_ids: Sequence[int],
+    chunk: int,
+    keep_cache: bool = True,
+    stats: bool = True,
+    forward_chunk: int | None = None,
 ) -> TraceScores:
     """``score_traces`` for one trace."""
     return score_traces(model, [(prompt_ids, completion_ids)], chunk, keep_cache, stats, forward_chunk)[0]

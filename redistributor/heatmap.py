@@ -54,8 +54,10 @@ def _segment_rows(sample: WeightedSample) -> list[str]:
         reward = float(r[k]) if k < len(r) else 0.0
         colour = "#2a5" if sample.advantage >= 0 else "#c33"
         bar = f'<span class="bar" style="width:{round(mass * 200)}px;background:{colour}"></span>'
-        rows.append(f"<tr><td>{k}</td><td>{e[k]}–{e[k + 1]}</td><td>{e[k + 1] - e[k]}</td><td>{vals}</td>"
-                    f"<td>{reward:+.4g}</td><td>{mass:.3f} {bar}</td></tr>")
+        rows.append(
+            f"<tr><td>{k}</td><td>{e[k]}–{e[k + 1]}</td><td>{e[k + 1] - e[k]}</td><td>{vals}</td>"
+            f"<td>{reward:+.4g}</td><td>{mass:.3f} {bar}</td></tr>"
+        )
     return rows
 
 
@@ -74,12 +76,16 @@ def render_html(sample: WeightedSample, texts: list[str]) -> str:
             parts.append(f'<span class="cut" title="exit point {k} at token {j}">{html.escape(label)}</span>')
         if j < n:
             tip = f"token {j}: σ={sigma[j]:.3g} (σ·|o|={sigma[j] * n:.2f})"
-            parts.append(f'<span class="t" style="background:{_colour(sigma[j] / top, positive)}" '
-                         f'title="{tip}">{_token_html(texts[j])}</span>')
+            parts.append(
+                f'<span class="t" style="background:{_colour(sigma[j] / top, positive)}" '
+                f'title="{tip}">{_token_html(texts[j])}</span>'
+            )
     r = sample.rollout
-    summary = (f"method <b>{html.escape(sample.credit_method)}</b> · reward {r.reward:g} ({html.escape(r.verdict)}) · "
-               f"advantage {sample.advantage:+.3f} · {n} tokens · {len(sample.exit_points) - 1} segments · "
-               f"max σ·|o| = {top * n:.2f} · finish {html.escape(r.finish_reason)}")
+    summary = (
+        f"method <b>{html.escape(sample.credit_method)}</b> · reward {r.reward:g} ({html.escape(r.verdict)}) · "
+        f"advantage {sample.advantage:+.3f} · {n} tokens · {len(sample.exit_points) - 1} segments · "
+        f"max σ·|o| = {top * n:.2f} · finish {html.escape(r.finish_reason)}"
+    )
     legend = "".join(f'<span style="background:{_colour(w, positive)}"></span>' for w in np.linspace(0, 1, 6))
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>credit heatmap {html.escape(r.id)}</title>"
@@ -104,11 +110,21 @@ def render_png(sample: WeightedSample, out_png: str | Path) -> None:
     if len(v) == len(e) and len(v):
         ax_v.plot(e, v, marker="o", color="#245")
         for k, r in enumerate(sample.segment_rewards):
-            ax_v.annotate(f"{r:+.2g}", ((e[k] + e[k + 1]) / 2, (v[k] + v[k + 1]) / 2), fontsize=7, ha="center",
-                          color="#2a5" if r > 0 else "#c33")
+            ax_v.annotate(
+                f"{r:+.2g}",
+                ((e[k] + e[k + 1]) / 2, (v[k] + v[k + 1]) / 2),
+                fontsize=7,
+                ha="center",
+                color="#2a5" if r > 0 else "#c33",
+            )
     else:
-        ax_v.text(0.5, 0.5, "no exit values (method without values, or no reference pair)",
-                  transform=ax_v.transAxes, ha="center")
+        ax_v.text(
+            0.5,
+            0.5,
+            "no exit values (method without values, or no reference pair)",
+            transform=ax_v.transAxes,
+            ha="center",
+        )
     ax_v.set_ylabel("exit value v̂")
     ax_v.set_title(f"{sample.credit_method}: reward {sample.rollout.reward:g}, advantage {sample.advantage:+.3f}")
     n = len(sample.sigma)

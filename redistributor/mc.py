@@ -13,8 +13,14 @@ from rredcot.common.sampling import ContinuationSampler, RewardFn
 
 
 def mc_values(
-    sampler: ContinuationSampler, reward_fn: RewardFn, prompt_ids: Sequence[int], completion_ids: Sequence[int],
-    exit_points: Sequence[int], m: int, max_tokens: int, answer: str,
+    sampler: ContinuationSampler,
+    reward_fn: RewardFn,
+    prompt_ids: Sequence[int],
+    completion_ids: Sequence[int],
+    exit_points: Sequence[int],
+    m: int,
+    max_tokens: int,
+    answer: str,
 ) -> tuple[np.ndarray, int]:
     """v̂(s_t) = mean_j R(o[:e_t] ⊕ c_j) over M continuations c_j of x ⊕ o[:e_t] (prob space).
 
@@ -36,8 +42,9 @@ class HFContinuationSampler:
     def __init__(self, model: Any, temperature: float = 1.0, eos_token_id: int | None = None, seed: int = 0):
         self.model, self.eos, self.seed = model, eos_token_id, seed
         self.greedy = temperature <= 0
-        self.sampling = {"do_sample": False} if self.greedy else {"do_sample": True, "temperature": temperature,
-                                                                   "top_k": 0}
+        self.sampling = (
+            {"do_sample": False} if self.greedy else {"do_sample": True, "temperature": temperature, "top_k": 0}
+        )
 
     @torch.no_grad()
     def sample(self, prefixes: list[list[int]], m: int, max_tokens: int) -> list[list[list[int]]]:
@@ -46,8 +53,13 @@ class HFContinuationSampler:
         for prefix in prefixes:
             ids = torch.tensor([prefix], device=self.model.device)
             gen = self.model.generate(
-                ids, attention_mask=torch.ones_like(ids), **self.sampling, max_new_tokens=max_tokens,
-                min_new_tokens=0, num_return_sequences=1 if self.greedy else m, eos_token_id=self.eos,
+                ids,
+                attention_mask=torch.ones_like(ids),
+                **self.sampling,
+                max_new_tokens=max_tokens,
+                min_new_tokens=0,
+                num_return_sequences=1 if self.greedy else m,
+                eos_token_id=self.eos,
                 pad_token_id=self.eos if self.eos is not None else 0,
             )[:, len(prefix) :].tolist()
             conts = [_until_eos(c, self.eos) for c in gen]

@@ -34,6 +34,7 @@ class Scorer:
         params = dict(self.model.named_parameters())  # tied weights appear once
         untied_missing = [k for k in missing if k in params]
         if unexpected or untied_missing:
-            raise ValueError(f"weights v{version} do not fit the scorer: missing {untied_missing[:5]}, "
-                             f"unexpected {unexpected[:5]}")
+            raise ValueError(
+                f"weights v{version} do not fit the scorer: missing {untied_missing[:5]}, unexpected {unexpected[:5]}"
+            )
         self.version = version

@@ -135,9 +135,7 @@ class _Pieces:
         return [i for i, a in enumerate(self.alive) if a]
 
 
-def greedy_merge(
-    ent: np.ndarray, lens: np.ndarray, k: int | None, min_len: int
-) -> list[int]:
+def greedy_merge(ent: np.ndarray, lens: np.ndarray, k: int | None, min_len: int) -> list[int]:
     """Merge adjacent pieces, lowest total entropy first: while more than ``k`` remain (``k`` None:
     no cap), then while a piece is shorter than ``min_len`` (only pairs holding a short piece).
     Returns the indices of the pieces that start the merged segments."""

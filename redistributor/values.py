@@ -48,7 +48,9 @@ class _Branch:
 
 
 def _branches(
-    prompt_len: int, exit_points: Sequence[int], refs: Sequence[tuple[Sequence[int], Sequence[int]]],
+    prompt_len: int,
+    exit_points: Sequence[int],
+    refs: Sequence[tuple[Sequence[int], Sequence[int]]],
     exit_ids: Sequence[int],
 ) -> list[_Branch]:
     if not exit_ids:
@@ -89,8 +91,12 @@ def _batches(branches: list[_Branch], budget: int) -> list[list[int]]:
 
 @torch.no_grad()
 def branch_logprobs_fast(
-    model: Any, trace: TraceScores, exit_points: Sequence[int],
-    refs: Sequence[tuple[Sequence[int], Sequence[int]]], exit_ids: Sequence[int], token_budget: int,
+    model: Any,
+    trace: TraceScores,
+    exit_points: Sequence[int],
+    refs: Sequence[tuple[Sequence[int], Sequence[int]]],
+    exit_ids: Sequence[int],
+    token_budget: int,
     chunk: int = 1024,
 ) -> BranchLogprobs:
     """Branch log-probs on top of the cached trace (``trace.cache`` must hold the whole trace)."""
@@ -117,8 +123,11 @@ def branch_logprobs_fast(
         sees_branch = (item_t[:, None] == item_t[None, :]) & (local_t[None, :] <= local_t[:, None])
         mask = torch.cat([sees_trace, sees_branch], dim=1)[None, None]
         hidden = base(
-            input_ids=ids_t[None], position_ids=torch.tensor(pos, device=device)[None],
-            attention_mask=mask, past_key_values=_prefix_cache(trace, limit, model.config), use_cache=True,
+            input_ids=ids_t[None],
+            position_ids=torch.tensor(pos, device=device)[None],
+            attention_mask=mask,
+            past_key_values=_prefix_cache(trace, limit, model.config),
+            use_cache=True,
         ).last_hidden_state[0]
         # scored rows: within each branch, positions n_exit-1 .. n-2 predict tokens n_exit .. n-1
         rows, targets, owners = [], [], []
@@ -146,8 +155,12 @@ def _prefix_cache(trace: TraceScores, n: int, config: Any) -> DynamicCache:
 
 @torch.no_grad()
 def branch_logprobs_reference(
-    model: Any, prompt_ids: Sequence[int], completion_ids: Sequence[int], exit_points: Sequence[int],
-    refs: Sequence[tuple[Sequence[int], Sequence[int]]], exit_ids: Sequence[int],
+    model: Any,
+    prompt_ids: Sequence[int],
+    completion_ids: Sequence[int],
+    exit_points: Sequence[int],
+    refs: Sequence[tuple[Sequence[int], Sequence[int]]],
+    exit_ids: Sequence[int],
     counter: TokenCounter | None = None,
 ) -> BranchLogprobs:
     """Plain per-exit-point, per-pair recomputation of the whole prefix (the tests' reference)."""

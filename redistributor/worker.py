@@ -87,17 +87,18 @@ class Redistributor:
         self.cfg, self.name, self.run_id = cfg, name, cfg.run.name
         self.method = get_method(cfg.credit.method)
         self.client = connect(cfg.redis.url)
-        self.consumer = Consumer(self.client, key(self.run_id, ROLLOUTS), GROUP, name, key(self.run_id, DEAD),
-                                 cfg.redis.claim_idle_ms)
+        self.consumer = Consumer(
+            self.client, key(self.run_id, ROLLOUTS), GROUP, name, key(self.run_id, DEAD), cfg.redis.claim_idle_ms
+        )
         self.producer = Producer(self.client, key(self.run_id, BATCHES), cfg.redis.maxlen, cfg.redis.block_timeout_s)
         self.control = RunControl(self.client, self.run_id)
         self.scorer = scorer if scorer is not None or not self.method.needs_scorer else build_scorer(cfg)
         self.extra: dict[str, Any] = {}
         if self.method.needs_sampler and self.scorer is not None:
-            sampler = HFContinuationSampler(self.scorer.model, cfg.generation.temperature,
-                                            self.scorer.tokenizer.eos_token_id, cfg.run.seed)
-            self.extra = {"sampler": sampler,
-                          "reward_fn": verifier_reward(self.scorer.tokenizer)}
+            sampler = HFContinuationSampler(
+                self.scorer.model, cfg.generation.temperature, self.scorer.tokenizer.eos_token_id, cfg.run.seed
+            )
+            self.extra = {"sampler": sampler, "reward_fn": verifier_reward(self.scorer.tokenizer)}
         self.metrics = WorkerMetrics()
         self.saved = 0
         self._resumed = False
@@ -168,8 +169,12 @@ class Redistributor:
         m.busy_s += seconds
         if len(group.samples) < self.cfg.generation.group_size:
             m.incomplete_groups += 1
-            log.warning("group %s has %d of %d samples; redistributed as is", group.group_id,
-                        len(group.samples), self.cfg.generation.group_size)
+            log.warning(
+                "group %s has %d of %d samples; redistributed as is",
+                group.group_id,
+                len(group.samples),
+                self.cfg.generation.group_size,
+            )
         for stage in STAGES:
             setattr(m, f"{stage}_s", getattr(m, f"{stage}_s") + sum(s.timings.get(stage, 0.0) for s in samples))
 

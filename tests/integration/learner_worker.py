@@ -22,7 +22,9 @@ from rredcot.learner.synthetic import random_samples, tiny_lm
 
 
 def main(spec: dict) -> None:
-    cfg = LearnerConfig(dtype="float32", lr=1e-3, zero_stage=spec["stage"], micro_token_budget=96, zero3_persistence_threshold=0)
+    cfg = LearnerConfig(
+        dtype="float32", lr=1e-3, zero_stage=spec["stage"], micro_token_budget=96, zero3_persistence_threshold=0
+    )
     engine = LearnerEngine(tiny_lm(0), cfg)
     if spec.get("resume"):
         load_checkpoint(engine, spec["resume"])

@@ -35,10 +35,18 @@ def setup(tmp_path_factory):
 
 
 def _cfg(path: str, url: str, run_id: str, *overrides: str):
-    return load_config("tests", [
-        f"model.path={path}", f"model.max_model_len={MAX_LEN}", f"redis.url={url}", f"run.name={run_id}",
-        "generation.group_size=2", "generation.max_tokens=8", *overrides,
-    ])
+    return load_config(
+        "tests",
+        [
+            f"model.path={path}",
+            f"model.max_model_len={MAX_LEN}",
+            f"redis.url={url}",
+            f"run.name={run_id}",
+            "generation.group_size=2",
+            "generation.max_tokens=8",
+            *overrides,
+        ],
+    )
 
 
 def _reset(engines) -> None:
@@ -46,17 +54,30 @@ def _reset(engines) -> None:
         e.version = 0  # each test starts a fresh run whose first manifest is version 1
 
 
-def test_records_on_redis_decode_validate_and_long_prompt_is_rejected(setup, redis_server, redis_client,
-                                                                      run_id, tmp_path):
+def test_records_on_redis_decode_validate_and_long_prompt_is_rejected(
+    setup, redis_server, redis_client, run_id, tmp_path
+):
     path, engines, _, _ = setup
     _reset(engines)
-    rows = [{"problem": f"What is {i} * 3?", "solution": f"{i} * 3 = {3 * i}.\nAnswer: {3 * i}",
-             "answer": str(3 * i)} for i in range(5)]
+    rows = [
+        {"problem": f"What is {i} * 3?", "solution": f"{i} * 3 = {3 * i}.\nAnswer: {3 * i}", "answer": str(3 * i)}
+        for i in range(5)
+    ]
     rows[2]["problem"] = "What is " + " + ".join(["1"] * 400) + "?"  # far beyond the 256-token context
     data = tmp_path / "p.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in rows))
-    cfg = _cfg(path, redis_server.url, run_id, "data.source=jsonl", f"data.path={data}", "data.eval_size=0",
-               "data.shuffle_seed=3", "run.steps=1", "generation.prompts_per_step=5", "staleness.eta=0")
+    cfg = _cfg(
+        path,
+        redis_server.url,
+        run_id,
+        "data.source=jsonl",
+        f"data.path={data}",
+        "data.eval_size=0",
+        "data.shuffle_seed=3",
+        "run.steps=1",
+        "generation.prompts_per_step=5",
+        "staleness.eta=0",
+    )
     gen = Generator(cfg, "g0", engine=engines[0])
     metrics = gen.run(timeout_s=60)
     gen.close()
@@ -94,8 +115,15 @@ def test_staleness_bound_with_two_generators(setup, redis_server, redis_client, 
     path, engines, m1, root = setup
     _reset(engines)
     pps, steps = 2, 4
-    cfg = _cfg(path, redis_server.url, run_id, f"run.steps={steps}", f"generation.prompts_per_step={pps}",
-               f"staleness.eta={eta}", "generation.max_in_flight_groups=2")
+    cfg = _cfg(
+        path,
+        redis_server.url,
+        run_id,
+        f"run.steps={steps}",
+        f"generation.prompts_per_step={pps}",
+        f"staleness.eta={eta}",
+        "generation.max_in_flight_groups=2",
+    )
     gens = [Generator(cfg, f"g{i}", engine=e) for i, e in enumerate(engines)]
     admission = Admission(redis_client, run_id, pps, eta)
     learner = Consumer(redis_client, key(run_id, ROLLOUTS), "learner", "l0", key(run_id, DEAD))
@@ -126,8 +154,16 @@ def test_staleness_bound_with_two_generators(setup, redis_server, redis_client, 
 def test_backpressure_blocks_the_generator_until_the_stream_drains(setup, redis_server, redis_client, run_id):
     path, engines, _, _ = setup
     _reset(engines)
-    cfg = _cfg(path, redis_server.url, run_id, "run.steps=2", "generation.prompts_per_step=2", "staleness.eta=1",
-               "redis.maxlen=1", "redis.block_timeout_s=60")
+    cfg = _cfg(
+        path,
+        redis_server.url,
+        run_id,
+        "run.steps=2",
+        "generation.prompts_per_step=2",
+        "staleness.eta=1",
+        "redis.maxlen=1",
+        "redis.block_timeout_s=60",
+    )
     gen = Generator(cfg, "g0", engine=engines[0])
     stream = key(run_id, ROLLOUTS)
     drained: list[bytes] = []

@@ -20,23 +20,35 @@ from rredcot.common.weight_sync import publish_weights
 @pytest.fixture
 def ray_local(tmp_path):
     import ray
+
     os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20, log_to_driver=False)
     yield ray
     ray.shutdown()
 
 
-def test_killed_generator_resumes_with_latest_weights_and_no_lost_prompts(ray_local, redis_server, redis_client,
-                                                                         run_id, tmp_path):
+def test_killed_generator_resumes_with_latest_weights_and_no_lost_prompts(
+    ray_local, redis_server, redis_client, run_id, tmp_path
+):
     ray = ray_local
     tok = load_tokenizer(qwen_tokenizer_dir())
     path = str(save_model_dir(build_tiny_model("qwen3", seed=0), tok, tmp_path / "m0"))
     pps, steps = 2, 6
-    cfg = load_config("tests", [
-        f"model.path={path}", f"redis.url={redis_server.url}", f"run.name={run_id}", f"run.steps={steps}",
-        f"generation.prompts_per_step={pps}", "generation.group_size=2", "generation.max_tokens=64",
-        "generation.max_in_flight_groups=2", "generation.kv_cache_bytes=16777216", "staleness.eta=8",
-    ])
+    cfg = load_config(
+        "tests",
+        [
+            f"model.path={path}",
+            f"redis.url={redis_server.url}",
+            f"run.name={run_id}",
+            f"run.steps={steps}",
+            f"generation.prompts_per_step={pps}",
+            "generation.group_size=2",
+            "generation.max_tokens=64",
+            "generation.max_in_flight_groups=2",
+            "generation.kv_cache_bytes=16777216",
+            "staleness.eta=8",
+        ],
+    )
     admission = Admission(redis_client, run_id, pps, 8)
     weights_dir = tmp_path / "weights"
     for version, seed in ((1, 1), (2, 2)):
@@ -63,6 +75,6 @@ def test_killed_generator_resumes_with_latest_weights_and_no_lost_prompts(ray_lo
     dupes = {i for i in range(pps * steps) if ids.count(stable_id(run_id, i)) > 1}
     assert dupes <= held, "only prompts the in-flight record held may be generated twice"
     assert redis_client.scard(key(run_id, "inflight:g0")) == 0
-    after = groups[len(groups) - int(metrics["finished_groups"]):]  # written by the restarted incarnation
+    after = groups[len(groups) - int(metrics["finished_groups"]) :]  # written by the restarted incarnation
     assert after and all(s.version_runs.tolist() == [[0, 2]] for g in after for s in g.samples)
     assert metrics["weight_updates"] >= 1 and metrics["version"] == 2

@@ -31,11 +31,17 @@ def samples_from(outputs, version: int, prefix: str) -> list[TrainSample]:
     for g, group in enumerate(outputs):
         for i, c in enumerate(group.completions):
             n = len(c.token_ids)
-            out.append(TrainSample(
-                id=f"{prefix}{g}-{i}", prompt_ids=np.array(group.prompt_ids, np.int32),
-                completion_ids=np.array(c.token_ids, np.int32),
-                behaviour_logprobs=np.array(c.logprobs, np.float32), sigma=np.full(n, 1.0 / n, np.float32),
-                versions=np.full(n, version, np.int32), advantage=1.0 if i % 2 else -1.0))
+            out.append(
+                TrainSample(
+                    id=f"{prefix}{g}-{i}",
+                    prompt_ids=np.array(group.prompt_ids, np.int32),
+                    completion_ids=np.array(c.token_ids, np.int32),
+                    behaviour_logprobs=np.array(c.logprobs, np.float32),
+                    sigma=np.full(n, 1.0 / n, np.float32),
+                    versions=np.full(n, version, np.int32),
+                    advantage=1.0 if i % 2 else -1.0,
+                )
+            )
     return out
 
 
@@ -53,8 +59,9 @@ def _deliver(transport: str, learner: LearnerEngine, generator: Engine, client, 
         manifest = latest_manifest(client, run_id)
         generator.load_weights_bytes(read_weights(manifest), manifest.version)
         return
-    publisher = WeightPublisher(client, run_id, out, rank=0, group_address="127.0.0.1", receivers=1,
-                                file_too=False, timeout_s=60)
+    publisher = WeightPublisher(
+        client, run_id, out, rank=0, group_address="127.0.0.1", receivers=1, file_too=False, timeout_s=60
+    )
     generator.join_weight_group(read_group(client, run_id), 1, 60)  # the engine's worker joins as rank 1
     publisher.publish(learner.module, learner.version)  # returns while the send runs behind
     deadline = time.monotonic() + 60
@@ -67,13 +74,17 @@ def _deliver(transport: str, learner: LearnerEngine, generator: Engine, client, 
 
 
 @pytest.mark.parametrize("transport", ["file", "collective"])
-def test_first_step_gap_is_zero_and_broadcast_reaches_the_generator(transport, model_dir, tmp_path, redis_client,
-                                                                    run_id):
+def test_first_step_gap_is_zero_and_broadcast_reaches_the_generator(
+    transport, model_dir, tmp_path, redis_client, run_id
+):
     generator = Engine(EngineSpec(model_dir, max_model_len=128, kv_cache_bytes=16 * 2**20, seed=0))
     sampling = Sampling(n=4, temperature=TEMPERATURE, max_tokens=12)
     prompts = [[151644, 872, 198, 100 + k, 151645, 198] for k in range(2)]
-    learner = LearnerEngine(load_causal_lm(model_dir), LearnerConfig(dtype="float32", lr=3e-3, zero_stage=2, max_grad_norm=0.0),
-                            temperature=TEMPERATURE)
+    learner = LearnerEngine(
+        load_causal_lm(model_dir),
+        LearnerConfig(dtype="float32", lr=3e-3, zero_stage=2, max_grad_norm=0.0),
+        temperature=TEMPERATURE,
+    )
 
     first = samples_from(generator.generate(prompts, sampling, "a"), 0, "a")
     result = learner.train_step(first)

@@ -24,10 +24,23 @@ def run_ranks(spec: dict, world: int = 1, timeout: float = 240) -> None:
     port = str(free_port())
     procs = []
     for rank in range(world):
-        env = os.environ | {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
-                            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, str(WORKER), json.dumps(spec)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        env = os.environ | {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            "OMP_NUM_THREADS": "1",
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(WORKER), json.dumps(spec)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     for p in procs:
         out, _ = p.communicate(timeout=timeout)
         assert p.returncode == 0, out[-4000:]
@@ -45,8 +58,9 @@ def test_resume_is_exact(tmp_path):
     run_ranks({"stage": 2, "steps": 2, "save": str(tmp_path / "ckpt"), "out": str(tmp_path / "half.safetensors")})
     ckpt = latest_checkpoint(tmp_path / "ckpt")
     assert ckpt is not None and ckpt.name == "step-00000002"
-    run_ranks({"stage": 2, "steps": 4, "first_step": 2, "resume": str(ckpt),
-               "out": str(tmp_path / "resumed.safetensors")})
+    run_ranks(
+        {"stage": 2, "steps": 4, "first_step": 2, "resume": str(ckpt), "out": str(tmp_path / "resumed.safetensors")}
+    )
     straight = load_file(tmp_path / "straight.safetensors")
     assert_same(straight, load_file(tmp_path / "resumed.safetensors"), atol=1e-6)
     half = load_file(tmp_path / "half.safetensors")
@@ -58,8 +72,17 @@ def test_resume_is_exact(tmp_path):
 
 @pytest.mark.parametrize("stage", [2, 3])
 def test_two_ranks_agree_and_broadcast_matches(tmp_path, stage, redis_server, redis_client, run_id):
-    run_ranks({"stage": stage, "steps": 3, "out": str(tmp_path / "rankRANK.safetensors"), "run_id": run_id,
-               "redis_url": redis_server.url, "weights_dir": str(tmp_path / "weights")}, world=2)
+    run_ranks(
+        {
+            "stage": stage,
+            "steps": 3,
+            "out": str(tmp_path / "rankRANK.safetensors"),
+            "run_id": run_id,
+            "redis_url": redis_server.url,
+            "weights_dir": str(tmp_path / "weights"),
+        },
+        world=2,
+    )
     manifest = latest_manifest(redis_client, run_id)
     r0, r1 = load_file(tmp_path / "rank0.safetensors"), load_file(tmp_path / "rank1.safetensors")
     assert_same(r0, r1, atol=0)

@@ -23,27 +23,47 @@ def weighted_group(rng: np.random.Generator, version: int, size: int = 2) -> Wei
         n = int(rng.integers(4, 20))
         sigma = rng.random(n).astype(np.float32)
         rollout = RolloutRecord(
-            id=new_id(), group_id=gid, prompt_id="p", sample_index=i,
+            id=new_id(),
+            group_id=gid,
+            prompt_id="p",
+            sample_index=i,
             completion_ids=rng.integers(10, 5000, n).astype(np.int32),
             behaviour_logprobs=np.full(n, -11.9, np.float32),
-            version_runs=np.array([[0, version]], np.int32), finish_reason="stop", reward=float(i % 2),
-            verdict="correct" if i % 2 else "wrong")
-        samples.append(WeightedSample(
-            rollout=rollout, advantage=1.0 if i % 2 else -1.0, sigma=sigma / sigma.sum(),
-            exit_points=np.zeros(1, np.int32), exit_values=np.zeros(1, np.float32),
-            segment_rewards=np.zeros(0, np.float32), credit_method="rredcot"))
+            version_runs=np.array([[0, version]], np.int32),
+            finish_reason="stop",
+            reward=float(i % 2),
+            verdict="correct" if i % 2 else "wrong",
+        )
+        samples.append(
+            WeightedSample(
+                rollout=rollout,
+                advantage=1.0 if i % 2 else -1.0,
+                sigma=sigma / sigma.sum(),
+                exit_points=np.zeros(1, np.int32),
+                exit_values=np.zeros(1, np.float32),
+                segment_rewards=np.zeros(0, np.float32),
+                credit_method="rredcot",
+            )
+        )
     return WeightedGroup(gid, "p", rng.integers(10, 5000, 6).astype(np.int32), samples)
 
 
 def test_trainer_loop_end_to_end(tmp_path, redis_server, redis_client, run_id):
-    overrides = [f"run.name={run_id}", f"run.dir={tmp_path}", "run.steps=3", f"redis.url={redis_server.url}",
-                 "learner.checkpoint_every=2", "learner.lr=1e-3", "redis.claim_idle_ms=0", "run.resume=auto"]
+    overrides = [
+        f"run.name={run_id}",
+        f"run.dir={tmp_path}",
+        "run.steps=3",
+        f"redis.url={redis_server.url}",
+        "learner.checkpoint_every=2",
+        "learner.lr=1e-3",
+        "redis.claim_idle_ms=0",
+        "run.resume=auto",
+    ]
     cfg = load_config("tests", overrides)
     rng = np.random.default_rng(0)
     groups = [weighted_group(rng, version=0) for _ in range(7)]
     producer = Producer(redis_client, key(run_id, BATCHES), maxlen=64)
-    for payload in [encode(groups[0]), encode(groups[1]), encode(groups[0]), b"not msgpack",
-                    *map(encode, groups[2:])]:
+    for payload in [encode(groups[0]), encode(groups[1]), encode(groups[0]), b"not msgpack", *map(encode, groups[2:])]:
         producer.put(payload)
 
     trainer = Trainer(cfg)

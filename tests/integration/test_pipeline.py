@@ -21,8 +21,17 @@ def local_ray():
 
 
 def _run(tmp_path, redis_server, run_id, *overrides):
-    cfg = load_config("tests", [f"run.dir={tmp_path / run_id}", f"run.name={run_id}", f"redis.url={redis_server.url}",
-                                "logging.progress=false", "data.eval_size=0", *overrides])
+    cfg = load_config(
+        "tests",
+        [
+            f"run.dir={tmp_path / run_id}",
+            f"run.name={run_id}",
+            f"redis.url={redis_server.url}",
+            "logging.progress=false",
+            "data.eval_size=0",
+            *overrides,
+        ],
+    )
     report = train(cfg)
     return cfg, report
 
@@ -35,12 +44,22 @@ def _workers(redis_client, run_id):
     return gens, reds, learner
 
 
-@pytest.mark.parametrize(("method", "eta", "transport"),
-                         [("rredcot", 2, "file"), ("grpo", 0, "file"), ("rredcot", 1, "collective")])
-def test_pipeline_trains_every_sample_once_within_the_staleness_bound(local_ray, redis_server, redis_client, run_id,
-                                                                      tmp_path, method, eta, transport):
-    cfg, report = _run(tmp_path, redis_server, run_id, f"credit.method={method}", f"staleness.eta={eta}",
-                       "run.steps=4", "learner.skip_zero_advantage=false", f"generation.weight_transport={transport}")
+@pytest.mark.parametrize(
+    ("method", "eta", "transport"), [("rredcot", 2, "file"), ("grpo", 0, "file"), ("rredcot", 1, "collective")]
+)
+def test_pipeline_trains_every_sample_once_within_the_staleness_bound(
+    local_ray, redis_server, redis_client, run_id, tmp_path, method, eta, transport
+):
+    cfg, report = _run(
+        tmp_path,
+        redis_server,
+        run_id,
+        f"credit.method={method}",
+        f"staleness.eta={eta}",
+        "run.steps=4",
+        "learner.skip_zero_advantage=false",
+        f"generation.weight_transport={transport}",
+    )
     gens, reds, learner = _workers(redis_client, run_id)
     generated = sum(g["samples"] for g in gens)
     assert generated == cfg.run.steps * cfg.generation.prompts_per_step * cfg.generation.group_size
@@ -71,4 +90,3 @@ def test_invalid_resource_plan_fails_before_anything_starts(local_ray, redis_ser
         _run(tmp_path, redis_server, run_id, "cluster.gpus_per_learner=2")
     assert not (tmp_path / run_id / "config.yaml").exists()
     assert not list(redis_client.scan_iter(match=key(run_id, "*")))  # nothing was written or started
-

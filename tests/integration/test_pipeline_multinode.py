@@ -16,8 +16,16 @@ def test_fake_two_node_cluster_places_tiers_on_different_nodes(redis_server, red
     cluster.add_node(num_cpus=2)
     try:
         ray.init(address=cluster.address, log_to_driver=False)
-        _, _ = _run(tmp_path, redis_server, run_id, "cluster.nodes=2", "cluster.placement=spread", "run.steps=2",
-                    "credit.method=grpo", "learner.skip_zero_advantage=false")
+        _, _ = _run(
+            tmp_path,
+            redis_server,
+            run_id,
+            "cluster.nodes=2",
+            "cluster.placement=spread",
+            "run.steps=2",
+            "credit.method=grpo",
+            "learner.skip_zero_advantage=false",
+        )
         placement = json.loads((tmp_path / run_id / "placement.json").read_text())
         assert set(placement) == {"gen0", "red0", "learner0"}
         assert len(set(placement.values())) == 2  # the tiers really ran on both nodes

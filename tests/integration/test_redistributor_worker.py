@@ -25,8 +25,9 @@ from tests.factories import rollout_group
 
 
 def _cfg(url: str, run_id: str, *extra: str):
-    return load_config(None, [f"redis.url={url}", f"run.name={run_id}", "redis.claim_idle_ms=300",
-                              "credit.segments=4", *extra])
+    return load_config(
+        None, [f"redis.url={url}", f"run.name={run_id}", "redis.claim_idle_ms=300", "credit.segments=4", *extra]
+    )
 
 
 def _put_groups(client, run_id: str, n: int, length: int = 24) -> dict[str, list[str]]:
@@ -43,8 +44,7 @@ def _batches(client, run_id: str) -> list[WeightedGroup]:
     return [decode(f[b"d"], WeightedGroup) for _, f in client.xrange(key(run_id, BATCHES))]
 
 
-def test_every_rollout_becomes_one_weighted_sample_or_dead_letter(redis_client, redis_server, run_id,
-                                                                   tmp_path) -> None:
+def test_every_rollout_becomes_one_weighted_sample_or_dead_letter(redis_client, redis_server, run_id, tmp_path) -> None:
     groups = _put_groups(redis_client, run_id, 3)
     bad = rollout_group(seed=9)
     bad.samples[0].completion_ids = bad.samples[0].completion_ids.astype(np.int64)  # breaks the schema
@@ -83,8 +83,13 @@ Redistributor(cfg, "doomed").run()
 
 def test_worker_killed_mid_batch_loses_nothing(redis_client, redis_server, run_id) -> None:
     groups = _put_groups(redis_client, run_id, 8, length=48)
-    cfg_args = [f"redis.url={redis_server.url}", f"run.name={run_id}", "redis.claim_idle_ms=300",
-                "credit.segments=4", "model.path=tiny-qwen3"]
+    cfg_args = [
+        f"redis.url={redis_server.url}",
+        f"run.name={run_id}",
+        "redis.claim_idle_ms=300",
+        "credit.segments=4",
+        "model.path=tiny-qwen3",
+    ]
     proc = subprocess.Popen([sys.executable, "-c", WORKER, *cfg_args])
     try:
         deadline = time.monotonic() + 240

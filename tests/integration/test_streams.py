@@ -58,10 +58,12 @@ def test_backpressure_blocks_instead_of_dropping(redis_client, run_id):
 
     # A consumer frees room while the producer waits: the put then succeeds.
     prod.block_timeout_s = 10
+
     def drain():
         time.sleep(0.3)
         entries = cons.read(count=1, block_ms=100)
         cons.ack([e.id for e in entries])
+
     t = threading.Thread(target=drain)
     t.start()
     prod.put(b"x3")
@@ -107,8 +109,11 @@ def test_killed_consumer_entries_are_reclaimed(redis_server, redis_client, run_i
     groups = [rollout_group(seed=i) for i in range(8)]
     for g in groups:
         prod.put(encode(g))
-    proc = subprocess.Popen([sys.executable, "-c", _CRASHING_CONSUMER, redis_server.url, stream, key(run_id, DEAD)],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CRASHING_CONSUMER, redis_server.url, stream, key(run_id, DEAD)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout.readline().strip() == "5"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()

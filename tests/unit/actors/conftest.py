@@ -55,13 +55,19 @@ def hf_greedy(model, prompt: list[int], max_tokens: int) -> list[int]:
     with torch.no_grad():
         for _ in range(max_tokens):
             ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 @pytest.fixture(scope="session")
 def helpers() -> SimpleNamespace:
-    return SimpleNamespace(make_model=make_model, hf_logprobs=hf_logprobs, hf_greedy=hf_greedy, weights=weights,
-                           save=lambda model, tok, out: str(save_model_dir(model, tok, out)), kv_bytes=KV_BYTES)
+    return SimpleNamespace(
+        make_model=make_model,
+        hf_logprobs=hf_logprobs,
+        hf_greedy=hf_greedy,
+        weights=weights,
+        save=lambda model, tok, out: str(save_model_dir(model, tok, out)),
+        kv_bytes=KV_BYTES,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,7 @@ def test_sampled_continuations_and_verified_rewards(tied, tokenizer):
     conts = sampler.sample([prompt + partial], m=4, max_tokens=5)[0]
     assert len(conts) == 4 and all(0 < len(c) <= 5 for c in conts)
     with Verifier(timeout_s=10) as verifier:
-        rewards = sampler.rewards([prompt + partial, prompt], [len(prompt)] * 2, ["56", "57"], m=3,
-                                  max_tokens=1, verifier=verifier)
+        rewards = sampler.rewards(
+            [prompt + partial, prompt], [len(prompt)] * 2, ["56", "57"], m=3, max_tokens=1, verifier=verifier
+        )
     assert rewards == [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]

@@ -64,8 +64,10 @@ def test_25k_record_size_is_about_raw_size():
 @pytest.mark.parametrize(
     ("mutate", "reason"),
     [
-        (lambda g: setattr(g.samples[0], "behaviour_logprobs", np.zeros(3, np.float32)),
-         "behaviour_logprobs has length"),
+        (
+            lambda g: setattr(g.samples[0], "behaviour_logprobs", np.zeros(3, np.float32)),
+            "behaviour_logprobs has length",
+        ),
         (lambda g: setattr(g.samples[0], "completion_ids", np.zeros(32, np.int64)), "dtype int32"),
         (lambda g: setattr(g.samples[0], "finish_reason", "tired"), "finish_reason"),
         (lambda g: setattr(g.samples[0], "reward", float("nan")), "reward must be finite"),
@@ -94,9 +96,23 @@ def _envelope(body, kind="rollout_group", v=1):
         (_envelope({}, v=99), "schema version 99"),
         (_envelope({}, kind="pizza"), "unknown record kind"),
         (_envelope({"group_id": "g"}), "missing required field"),
-        (msgpack.packb({"v": 1, "kind": "rollout_group", "body": {"group_id": "g", "prompt_id": "p",
-                       "prompt_ids": msgpack.ExtType(1, b"<i4|2|\x00"), "ref_solution_ids": [],
-                       "ref_answer_ids": [], "samples": []}}), "corrupt array"),
+        (
+            msgpack.packb(
+                {
+                    "v": 1,
+                    "kind": "rollout_group",
+                    "body": {
+                        "group_id": "g",
+                        "prompt_id": "p",
+                        "prompt_ids": msgpack.ExtType(1, b"<i4|2|\x00"),
+                        "ref_solution_ids": [],
+                        "ref_answer_ids": [],
+                        "samples": [],
+                    },
+                }
+            ),
+            "corrupt array",
+        ),
     ],
 )
 def test_malformed_bytes_are_rejected_with_reason(data, reason):

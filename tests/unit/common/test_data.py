@@ -20,18 +20,26 @@ def test_last_boxed_balances_braces():
 
 
 def test_jsonl_numina_convention_answer_from_boxed(tmp_path):
-    f = _jsonl(tmp_path / "n.jsonl", [
-        {"problem": "1+1?", "solution": r"It is \boxed{2}."},
-        {"problem": "2*3?", "solution": "6", "answer": "6"},
-    ])
+    f = _jsonl(
+        tmp_path / "n.jsonl",
+        [
+            {"problem": "1+1?", "solution": r"It is \boxed{2}."},
+            {"problem": "2*3?", "solution": "6", "answer": "6"},
+        ],
+    )
     probs = load_problems(DataConfig(source="jsonl", path=str(f)))
     assert [(p.problem, p.answer) for p in probs] == [("1+1?", "2"), ("2*3?", "6")]
 
 
 def test_bad_row_names_file_and_row(tmp_path):
-    f = _jsonl(tmp_path / "bad.jsonl", [{"problem": "a", "solution": r"\boxed{1}"},
-                                        {"problem": "b", "solution": r"\boxed{2}"},
-                                        {"question": "c", "solution": r"\boxed{3}"}])
+    f = _jsonl(
+        tmp_path / "bad.jsonl",
+        [
+            {"problem": "a", "solution": r"\boxed{1}"},
+            {"problem": "b", "solution": r"\boxed{2}"},
+            {"question": "c", "solution": r"\boxed{3}"},
+        ],
+    )
     with pytest.raises(DatasetError) as e:
         load_problems(DataConfig(source="jsonl", path=str(f)))
     assert f"{f}: row 3" in str(e.value) and "'problem'" in str(e.value) and "question" in str(e.value)
@@ -52,8 +60,9 @@ def test_missing_answer_everywhere(tmp_path):
 def test_parquet_and_column_mapping(tmp_path):
     f = tmp_path / "openrs.parquet"
     pq.write_table(pa.table({"question": ["q1", "q2"], "sol": ["s1", "s2"], "ans": ["1", "2"]}), f)
-    cfg = DataConfig(source="parquet", path=str(f), problem_column="question", solution_column="sol",
-                     answer_column="ans")
+    cfg = DataConfig(
+        source="parquet", path=str(f), problem_column="question", solution_column="sol", answer_column="ans"
+    )
     assert [p.answer for p in load_problems(cfg)] == ["1", "2"]
 
 

@@ -7,7 +7,9 @@ import pytest
 from rredcot.common import precision
 from rredcot.common.precision import CpuInfo, cpu_native_bf16, parse_cpuinfo, resolve_dtype
 
-XEON_SAPPHIRE = "model name\t: Intel(R) Xeon(R) Platinum 8480+\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
+XEON_SAPPHIRE = (
+    "model name\t: Intel(R) Xeon(R) Platinum 8480+\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
+)
 XEON_NO_BF16 = "model name\t: Intel(R) Xeon(R) CPU @ 2.20GHz\nflags\t\t: fpu sse4_2 avx2 avx512f avx512bw\n"
 EPYC_AVX2 = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse4_2 avx avx2 fma\n"
 GRAVITON3 = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\nCPU implementer\t: 0x41\n"

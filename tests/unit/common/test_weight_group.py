@@ -34,8 +34,13 @@ def test_bucket_counts_fill_greedily_and_never_leave_a_bucket_empty():
 
 
 def test_flatten_and_unflatten_round_trip_mixed_dtypes_and_shapes():
-    tensors = [torch.randn(3, 5), torch.randn(7).to(torch.bfloat16), torch.arange(6).view(2, 3),
-               torch.tensor(2.5), torch.randn(4, 1, 2).transpose(0, 2)]  # a non-contiguous one
+    tensors = [
+        torch.randn(3, 5),
+        torch.randn(7).to(torch.bfloat16),
+        torch.arange(6).view(2, 3),
+        torch.tensor(2.5),
+        torch.randn(4, 1, 2).transpose(0, 2),
+    ]  # a non-contiguous one
     shapes = [list(t.shape) for t in tensors]
     dtypes = [str(t.dtype).removeprefix("torch.") for t in tensors]
     buffer = flatten(tensors, CPU)

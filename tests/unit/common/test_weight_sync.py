@@ -30,7 +30,8 @@ def test_publish_roundtrip_hf_names_and_pruning(redis_client, run_id, tmp_path):
     for name, p in model.named_parameters():
         assert torch.equal(tensors[name], p.detach()), name
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "weights-v00000002.safetensors", "weights-v00000003.safetensors"
+        "weights-v00000002.safetensors",
+        "weights-v00000003.safetensors",
     ]
     # a fresh model loading these weights by HF name reproduces the logits
     other = tiny_lm(1)

@@ -12,8 +12,9 @@ from rredcot.learner.packing import collate
 
 
 def _hidden(model: torch.nn.Module, mb, **kwargs) -> torch.Tensor:
-    return model.get_decoder()(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False,
-                               **kwargs).last_hidden_state
+    return model.get_decoder()(
+        input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False, **kwargs
+    ).last_hidden_state
 
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (sdpa's flash kernel there)")

@@ -47,13 +47,20 @@ def _receive_one(client, run_id: str, timeout_s: float = 30) -> tuple[int, dict[
     return receive_tensors(group, manifest.names, manifest.shapes, manifest.dtypes, manifest.buckets, CPU)
 
 
-def test_collective_publication_reaches_the_group_and_writes_the_file_too(make_model, tmp_path, redis_client,
-                                                                          run_id):
+def test_collective_publication_reaches_the_group_and_writes_the_file_too(make_model, tmp_path, redis_client, run_id):
     model = make_model()
     original = {n: p.detach().clone() for n, p in model.named_parameters()}
     engine = LearnerEngine(model, LearnerConfig(dtype="float32", zero_stage=3, zero3_persistence_threshold=0))
-    publisher = WeightPublisher(redis_client, run_id, tmp_path, rank=0, group_address="127.0.0.1", receivers=1,
-                                timeout_s=30, bucket_bytes=64 * 1024)
+    publisher = WeightPublisher(
+        redis_client,
+        run_id,
+        tmp_path,
+        rank=0,
+        group_address="127.0.0.1",
+        receivers=1,
+        timeout_s=30,
+        bucket_bytes=64 * 1024,
+    )
     with ThreadPoolExecutor(1) as pool:
         receiver = pool.submit(_receive_one, redis_client, run_id)
         manifest, seconds = publisher.publish(engine.module, 5)  # returns while the send runs behind
@@ -77,8 +84,9 @@ def _assert_file_holds(manifest, module) -> None:
 
 def test_a_group_that_never_forms_means_files(make_model, tmp_path, redis_client, run_id):
     engine = LearnerEngine(make_model(), LearnerConfig(dtype="float32", zero_stage=0))
-    publisher = WeightPublisher(redis_client, run_id, tmp_path, rank=0, group_address="127.0.0.1", receivers=1,
-                                file_too=False, timeout_s=1)
+    publisher = WeightPublisher(
+        redis_client, run_id, tmp_path, rank=0, group_address="127.0.0.1", receivers=1, file_too=False, timeout_s=1
+    )
     manifest, _ = publisher.publish(engine.module, 1)  # nobody joined within the timeout
     assert not publisher.collective and publisher.fallbacks == 0
     assert manifest == latest_manifest(redis_client, run_id) and manifest.transport == "file"
@@ -88,8 +96,9 @@ def test_a_group_that_never_forms_means_files(make_model, tmp_path, redis_client
 
 def test_a_receiver_lost_after_joining_turns_the_version_into_a_file(make_model, tmp_path, redis_client, run_id):
     engine = LearnerEngine(make_model(), LearnerConfig(dtype="float32", zero_stage=0))
-    publisher = WeightPublisher(redis_client, run_id, tmp_path, rank=0, group_address="127.0.0.1", receivers=1,
-                                file_too=False, timeout_s=5)
+    publisher = WeightPublisher(
+        redis_client, run_id, tmp_path, rank=0, group_address="127.0.0.1", receivers=1, file_too=False, timeout_s=5
+    )
     open_group(read_group(redis_client, run_id), 1, 5)  # joins, then is gone (its group is dropped)
     assert publisher.publish(engine.module, 1)[0] is None  # the send runs, and fails, behind
     publisher.wait()

@@ -34,7 +34,9 @@ def test_keep_last_n_restore_rng_and_hf_dir(make_model, make_samples, tmp_path):
     after_save = (torch.rand(3), np.random.rand(), random.random())  # first draws from the saved RNG states
     trained = full_state(engine.module)
 
-    fresh = LearnerEngine(make_model(seed=5), LearnerConfig(dtype="float32", lr=1e-3, zero_stage=1, micro_token_budget=128))
+    fresh = LearnerEngine(
+        make_model(seed=5), LearnerConfig(dtype="float32", lr=1e-3, zero_stage=1, micro_token_budget=128)
+    )
     assert load_checkpoint(fresh, latest) == {"next": 3}
     assert fresh.version == 3 and fresh.counters["steps"] == 3
     assert torch.equal(torch.rand(3), after_save[0])

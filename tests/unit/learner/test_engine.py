@@ -17,12 +17,13 @@ from rredcot.learner.packing import BudgetError, collate, token_logprobs
 
 
 def config(**kw) -> LearnerConfig:
-    return LearnerConfig(**{"dtype": "float32", "lr": 1e-3, "micro_token_budget": 64, "zero3_persistence_threshold": 0, **kw})
+    return LearnerConfig(
+        **{"dtype": "float32", "lr": 1e-3, "micro_token_budget": 64, "zero3_persistence_threshold": 0, **kw}
+    )
 
 
 @pytest.mark.parametrize(("stage", "grad_ckpt", "chunk"), [(2, False, 0), (3, False, 8), (2, True, 8)])
-def test_deepspeed_gradient_equals_autograd_of_sigma_weighted_loss(make_model, make_samples, stage, grad_ckpt,
-                                                                   chunk):
+def test_deepspeed_gradient_equals_autograd_of_sigma_weighted_loss(make_model, make_samples, stage, grad_ckpt, chunk):
     """Non-uniform σ, several micro-batches: DeepSpeed's accumulated gradient == autograd of Σ_i c_i Σ_j σ_j ℓ_j."""
     model = make_model()
     reference = copy.deepcopy(model).train()
@@ -31,8 +32,7 @@ def test_deepspeed_gradient_equals_autograd_of_sigma_weighted_loss(make_model, m
     pending = engine.accumulate(samples)
     assert pending.micro_batches > 1
     mb = collate(samples)  # the whole batch at once, one packed row, plain autograd
-    loss, _ = policy_loss(token_logprobs(reference, mb), mb, 0, sample_coefficients(mb, "sample", 6),
-                          LossSettings())
+    loss, _ = policy_loss(token_logprobs(reference, mb), mb, 0, sample_coefficients(mb, "sample", 6), LossSettings())
     loss.backward()
     for name, p in engine.module.named_parameters():
         ref = dict(reference.named_parameters())[name].grad

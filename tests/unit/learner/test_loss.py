@@ -30,13 +30,20 @@ def grpo_reference(logp, mu, adv, lengths, eps_low, eps_high, agg):
 def test_uniform_sigma_fresh_tokens_is_grpo(make_samples, agg):
     samples = make_samples(6, sigma="uniform", lengths=[4, 17, 1, 30, 9, 12])
     mb = collate(samples)
-    logp = (mb.behaviour_logprobs + torch.randn(len(mb.targets), generator=torch.Generator().manual_seed(0)) * 0.4)
+    logp = mb.behaviour_logprobs + torch.randn(len(mb.targets), generator=torch.Generator().manual_seed(0)) * 0.4
     logp.requires_grad_(True)
     s = LossSettings(eps_low=0.2, eps_high=0.28, loss_agg=agg)
     denom = len(samples) if agg == "sample" else float(mb.completion_lengths.sum())
     loss, stats = policy_loss(logp, mb, 0, sample_coefficients(mb, agg, denom), s)
-    ref = grpo_reference(logp.tolist(), mb.behaviour_logprobs.tolist(), [x.advantage for x in samples],
-                         mb.completion_lengths.tolist(), 0.2, 0.28, agg)
+    ref = grpo_reference(
+        logp.tolist(),
+        mb.behaviour_logprobs.tolist(),
+        [x.advantage for x in samples],
+        mb.completion_lengths.tolist(),
+        0.2,
+        0.28,
+        agg,
+    )
     assert loss.item() == pytest.approx(ref, abs=1e-6)
     m = stats.result()
     assert 0.05 < m["clip_frac"] < 0.95  # the clip branch is exercised

@@ -61,8 +61,9 @@ def test_packed_equals_padded_loss_and_grads(make_model, make_samples, chunk):
         model = make_model()
         total = torch.zeros(())
         for mb in micro_batches(samples, 200, layout):
-            loss, _ = policy_loss(token_logprobs(model, mb, chunk), mb, 0,
-                                  sample_coefficients(mb, "sample", len(samples)), settings)
+            loss, _ = policy_loss(
+                token_logprobs(model, mb, chunk), mb, 0, sample_coefficients(mb, "sample", len(samples)), settings
+            )
             loss.backward()
             total += loss.detach()
         results.append((total, {n: p.grad.clone() for n, p in model.named_parameters()}))
@@ -107,8 +108,9 @@ def test_shared_prompt_layout_equals_packed_and_computes_each_prompt_once(make_m
         model = make_model()
         total, tokens = torch.zeros(()), 0
         for mb in micro_batches(samples, budget, layout):
-            loss, _ = policy_loss(token_logprobs(model, mb, 5), mb, 0,
-                                  sample_coefficients(mb, "sample", len(samples)), LossSettings())
+            loss, _ = policy_loss(
+                token_logprobs(model, mb, 5), mb, 0, sample_coefficients(mb, "sample", len(samples)), LossSettings()
+            )
             loss.backward()
             total += loss.detach()
             tokens += mb.n_tokens

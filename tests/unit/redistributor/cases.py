@@ -19,10 +19,27 @@ def make_group(tok, traces=TRACES, rewards=(1.0, 1.0, 0.0, 1.0), refs=True, fini
     samples = []
     for i, (text, r) in enumerate(zip(traces, rewards)):
         ids = np.array(tok(text, add_special_tokens=False)["input_ids"], dtype=np.int32)
-        samples.append(RolloutRecord(
-            new_id(), gid, "p0", i, ids, np.zeros(len(ids), np.float32), np.array([[0, 0]], np.int32),
-            finish, r, "correct" if r > 0 else "wrong"))
+        samples.append(
+            RolloutRecord(
+                new_id(),
+                gid,
+                "p0",
+                i,
+                ids,
+                np.zeros(len(ids), np.float32),
+                np.array([[0, 0]], np.int32),
+                finish,
+                r,
+                "correct" if r > 0 else "wrong",
+            )
+        )
     enc = lambda t: np.array(tok(t, add_special_tokens=False)["input_ids"], dtype=np.int32)  # noqa: E731
     return RolloutGroup(
-        gid, "p0", enc("<|im_start|>user\nWhat is 12*7?<|im_end|>\n<|im_start|>assistant\n"),
-        [enc("12*7 = 84.\n")] if refs else [], [enc("Answer: 84")] if refs else [], samples, answer="84")
+        gid,
+        "p0",
+        enc("<|im_start|>user\nWhat is 12*7?<|im_end|>\n<|im_start|>assistant\n"),
+        [enc("12*7 = 84.\n")] if refs else [],
+        [enc("Answer: 84")] if refs else [],
+        samples,
+        answer="84",
+    )

@@ -56,8 +56,11 @@ def test_uniform_methods_by_hand(qwen_tok) -> None:
     cfg = Config()
     group = make_group(qwen_tok)
     lens = [len(s.completion_ids) for s in group.samples]
-    for method, expect in [("grpo", [1 / n for n in lens]), ("bnpo", [1 / sum(lens)] * 4),
-                           ("drgrpo", [1 / cfg.generation.max_tokens] * 4)]:
+    for method, expect in [
+        ("grpo", [1 / n for n in lens]),
+        ("bnpo", [1 / sum(lens)] * 4),
+        ("drgrpo", [1 / cfg.generation.max_tokens] * 4),
+    ]:
         cfg.credit.method = method
         out = redistribute_group(group, cfg)
         for w, n, e in zip(out.samples, lens, expect):
@@ -98,8 +101,9 @@ def test_rredcot_matches_reference_pipeline(qwen_tok, qwen_model) -> None:
     refs = reference_pairs(group, scorer)
     for w, s in zip(out.samples, group.samples):
         comp = s.completion_ids.tolist()
-        bl = branch_logprobs_reference(qwen_model, group.prompt_ids.tolist(), comp, w.exit_points.tolist(), refs,
-                                       scorer.exit_ids)
+        bl = branch_logprobs_reference(
+            qwen_model, group.prompt_ids.tolist(), comp, w.exit_points.tolist(), refs, scorer.exit_ids
+        )
         np.testing.assert_allclose(w.exit_values, exit_values(bl, [1.0], "log"), atol=1e-4, rtol=0)
         np.testing.assert_allclose(w.segment_rewards, np.diff(w.exit_values), atol=1e-4)
         masses = segment_masses(w.segment_rewards.astype(np.float64), w.advantage, "relu")
@@ -119,11 +123,19 @@ def test_rredcot_matches_reference_pipeline(qwen_tok, qwen_model) -> None:
     k=st.integers(1, 6),
     group_refs=st.booleans(),
 )
-def test_return_equivalent_methods_sum_to_one(qwen_tok, qwen_model, method, sign, lam, space, answer_part, k,
-                                              group_refs) -> None:
+def test_return_equivalent_methods_sum_to_one(
+    qwen_tok, qwen_model, method, sign, lam, space, answer_part, k, group_refs
+) -> None:
     cfg = Config()
-    cfg.credit = CreditConfig(method=method, sign=sign, uniform_mix=lam, value_space=space, answer_part=answer_part,
-                              segments=k, group_refs=group_refs)
+    cfg.credit = CreditConfig(
+        method=method,
+        sign=sign,
+        uniform_mix=lam,
+        value_space=space,
+        answer_part=answer_part,
+        segments=k,
+        group_refs=group_refs,
+    )
     out = redistribute_group(make_group(qwen_tok), cfg, Scorer(qwen_model, qwen_tok, cfg.credit))
     for w in out.samples:
         assert np.all(w.sigma >= 0) and abs(float(w.sigma.sum(dtype=np.float64)) - 1) < 1e-5
@@ -140,8 +152,12 @@ def test_degenerate_groups(qwen_tok, qwen_model) -> None:
         assert w.exit_values.size == 0 and not w.segment_rewards.any()
         np.testing.assert_allclose(w.sigma, 1 / len(w.sigma))
     # one-token and truncated (no closing tag, no answer) completions
-    odd = make_group(qwen_tok, traces=["Yes", "<think>\nSo 12*7 is", "<think></think>84", "x"],
-                     rewards=(1.0, 0.0, 1.0, 0.0), finish="length")
+    odd = make_group(
+        qwen_tok,
+        traces=["Yes", "<think>\nSo 12*7 is", "<think></think>84", "x"],
+        rewards=(1.0, 0.0, 1.0, 0.0),
+        finish="length",
+    )
     out = redistribute_group(odd, cfg, scorer)
     one, trunc, empty_think = out.samples[0], out.samples[1], out.samples[2]
     assert one.exit_points.tolist() == [0, 1] and one.sigma.tolist() == [1.0]
@@ -174,8 +190,13 @@ def test_mc_credits_the_segment_that_makes_the_answer(qwen_tok, qwen_model) -> N
     trace = "<think>\nFirst, 12*7 = 70 + 14.\nSo it is 84.\nWait, yes.\n</think>\n\nAnswer: 84"
     group = make_group(qwen_tok, traces=[trace, "x"], rewards=(1.0, 0.0))
     reward = lambda ids, gold: float(target in ids)  # noqa: E731
-    out = redistribute_group(group, cfg, Scorer(qwen_model, qwen_tok, cfg.credit),
-                             sampler=HFContinuationSampler(qwen_model), reward_fn=reward)
+    out = redistribute_group(
+        group,
+        cfg,
+        Scorer(qwen_model, qwen_tok, cfg.credit),
+        sampler=HFContinuationSampler(qwen_model),
+        reward_fn=reward,
+    )
     w = out.samples[0]
     comp = group.samples[0].completion_ids.tolist()
     first = comp.index(target)

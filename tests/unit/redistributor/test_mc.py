@@ -26,8 +26,16 @@ def test_mc_values_are_mean_rewards(make_lm) -> None:
     """Reward = 1 iff the completion prefix part (o[:e_t]) contains token 7: values step 0 -> 1."""
     sampler = HFContinuationSampler(make_lm("qwen3", 12), temperature=1.0)
     comp = [9, 9, 7, 9, 9]
-    values, generated = mc_values(sampler, lambda ids, gold: float(7 in ids[: len(comp)] and gold == "g"),
-                                  [1, 2], comp, [0, 2, 3, 5], m=2, max_tokens=1, answer="g")
+    values, generated = mc_values(
+        sampler,
+        lambda ids, gold: float(7 in ids[: len(comp)] and gold == "g"),
+        [1, 2],
+        comp,
+        [0, 2, 3, 5],
+        m=2,
+        max_tokens=1,
+        answer="g",
+    )
     # exits 0 and 2 hold o[:e] without token 7, but the sampled continuation may create it at index e
     assert values[2] == 1.0 and values[3] == 1.0 and values[0] in (0.0, 0.5, 1.0)
     assert generated == 4 * 2 * 1 and values.dtype == np.float64

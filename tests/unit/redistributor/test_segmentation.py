@@ -70,8 +70,11 @@ def _naive_merge(ent: list[float], lens: list[int], k: int | None, min_len: int)
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 20), st.integers(1, 6)), min_size=1, max_size=14),
-       st.one_of(st.none(), st.integers(1, 8)), st.integers(1, 8))
+@given(
+    st.lists(st.tuples(st.integers(0, 20), st.integers(1, 6)), min_size=1, max_size=14),
+    st.one_of(st.none(), st.integers(1, 8)),
+    st.integers(1, 8),
+)
 def test_greedy_merge_matches_naive(pieces, k, min_len) -> None:
     ent = [float(e) for e, _ in pieces]  # integers: ties are exact, both break them leftmost
     lens = [n for _, n in pieces]
@@ -96,8 +99,7 @@ def test_linear_partition_by_hand() -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.one_of(st.floats(0, 10), st.just(0.0), st.just(1e-5)), min_size=1, max_size=9),
-       st.integers(1, 9))
+@given(st.lists(st.one_of(st.floats(0, 10), st.just(0.0), st.just(1e-5)), min_size=1, max_size=9), st.integers(1, 9))
 @example([0.0] * 5 + [1.1123976066280337, 1e-05, 4.0], 1)  # summation-order rounding (found by hypothesis)
 def test_linear_partition_is_optimal(ent: list[float], k: int) -> None:
     e = np.array(ent)
@@ -108,8 +110,32 @@ def test_linear_partition_is_optimal(ent: list[float], k: int) -> None:
     assert got <= _brute_max(e, min(k, len(e))) * (1 + 1e-8) + 1e-8
 
 
-PIECES = ["\n", "\n\n", " ", ".", ",", " the", " value", "x", " =", " 3", " Wait", " So", "So", " But",
-          "Hmm", " Let", " me", " check", "?", " Now", "here", "<think>", "</think>", " 42"]
+PIECES = [
+    "\n",
+    "\n\n",
+    " ",
+    ".",
+    ",",
+    " the",
+    " value",
+    "x",
+    " =",
+    " 3",
+    " Wait",
+    " So",
+    "So",
+    " But",
+    "Hmm",
+    " Let",
+    " me",
+    " check",
+    "?",
+    " Now",
+    "here",
+    "<think>",
+    "</think>",
+    " 42",
+]
 
 
 @settings(max_examples=150, deadline=None)
@@ -121,11 +147,13 @@ PIECES = ["\n", "\n\n", " ", ".", ",", " the", " value", "x", " =", " 3", " Wait
     st.tuples(st.booleans(), st.booleans(), st.booleans(), st.booleans()),
 )
 def test_segment_properties(texts, data, k, min_len, switches) -> None:
-    ent = np.array(data.draw(st.lists(
-        st.one_of(st.floats(0, 8), st.just(float("nan"))), min_size=len(texts), max_size=len(texts))))
+    ent = np.array(
+        data.draw(st.lists(st.one_of(st.floats(0, 8), st.just(float("nan"))), min_size=len(texts), max_size=len(texts)))
+    )
     split, merge, stop, homog = switches
-    cfg = CreditConfig(segments=k, min_segment_tokens=min_len, split_keywords=split, merge=merge,
-                       stop_at_k=stop, homogenise=homog)
+    cfg = CreditConfig(
+        segments=k, min_segment_tokens=min_len, split_keywords=split, merge=merge, stop_at_k=stop, homogenise=homog
+    )
     seg = segment(texts, ent, cfg, "<think>", "</think>")
     lo, hi = seg.span
     e = seg.exit_points.tolist()
@@ -171,8 +199,7 @@ def test_keywords_on_real_qwen_tokens(qwen_tok) -> None:
     starts = [texts[j].strip() for j in keyword_boundaries(texts, lo, hi, KW)]
     # "let me" after a comma and "Nowhere" are not boundaries; line starts always are
     assert starts == ["Okay", "First", "Then", "So", "Wait", "Hmm", "Alternatively", "Therefore"]
-    seg = segment(texts, np.ones(len(ids)), CreditConfig(segments=3, min_segment_tokens=1),
-                  "<think>", "</think>")
+    seg = segment(texts, np.ones(len(ids)), CreditConfig(segments=3, min_segment_tokens=1), "<think>", "</think>")
     assert seg.n_segments == 3
     pieces = ["".join(texts[a:b]) for a, b in zip(seg.exit_points[:-1], seg.exit_points[1:])]
     assert "".join(pieces) == "".join(texts[lo:hi])

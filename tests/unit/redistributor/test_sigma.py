@@ -55,8 +55,13 @@ def test_degenerate_sigma() -> None:
 )
 def test_sigma_properties(n, data, advantage, sign, lam) -> None:
     cuts = sorted(set(data.draw(st.lists(st.integers(0, n), min_size=1, max_size=10))))
-    values = np.array(data.draw(st.lists(
-        st.one_of(st.floats(-50, 50), st.just(-np.inf), st.just(np.nan)), min_size=len(cuts), max_size=len(cuts))))
+    values = np.array(
+        data.draw(
+            st.lists(
+                st.one_of(st.floats(-50, 50), st.just(-np.inf), st.just(np.nan)), min_size=len(cuts), max_size=len(cuts)
+            )
+        )
+    )
     sigma = token_sigma(n, np.array(cuts), segment_masses(segment_rewards(values), advantage, sign), lam)
     assert sigma.dtype == np.float32 and sigma.shape == (n,)
     assert np.all(np.isfinite(sigma)) and np.all(sigma >= 0)

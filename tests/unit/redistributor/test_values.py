@@ -49,15 +49,16 @@ def _random_case(seed: int, p: int, n: int, k: int, n_refs: int, vocab: int = 51
     g = torch.Generator().manual_seed(seed)
     r = lambda m: torch.randint(0, vocab, (m,), generator=g).tolist()  # noqa: E731
     exits = sorted({0, n, *torch.randint(1, n, (k - 1,), generator=g).tolist()})
-    refs = [(r(int(torch.randint(1, 7, (1,), generator=g))), r(int(torch.randint(1, 4, (1,), generator=g))))
-            for _ in range(n_refs)]
+    refs = [
+        (r(int(torch.randint(1, 7, (1,), generator=g))), r(int(torch.randint(1, 4, (1,), generator=g))))
+        for _ in range(n_refs)
+    ]
     return r(p), r(n), exits, refs, r(3)
 
 
 @pytest.mark.parametrize(
     "arch,seed,n,k,n_refs,budget",
-    [("qwen3", 0, 40, 3, 1, 64), ("qwen3", 1, 97, 8, 2, 30), ("qwen2", 2, 150, 12, 3, 4096),
-     ("qwen3", 3, 64, 1, 4, 1)],
+    [("qwen3", 0, 40, 3, 1, 64), ("qwen3", 1, 97, 8, 2, 30), ("qwen2", 2, 150, 12, 3, 4096), ("qwen3", 3, 64, 1, 4, 1)],
 )
 def test_fast_matches_reference(make_lm, arch, seed, n, k, n_refs, budget) -> None:
     model = make_lm(arch, seed)
