@@ -9,7 +9,9 @@ no mask for an attention name it does not know, so:
 - packed rows (``sample_bounds`` given): one causal sdpa per sample;
 - one sample per row, right-padded (``sample_bounds`` absent): one causal sdpa over the row: the
   padding comes after every real token, so no real token sees it and the padding mask is not needed;
-- an explicit 4D mask (the shared-prompt layout): sdpa with that mask.
+- an explicit 4D mask (the shared-prompt layout): sdpa with that mask, one block per group when
+  ``sample_bounds`` gives the groups' bounds (the mask is block-diagonal: the row's width² mask
+  costs Σ unitᵢ² instead; 23% of a CPU demo step before).
 """
 
 from __future__ import annotations
@@ -33,10 +35,17 @@ def varlen_attention_forward(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Attention output ``[B, L, H, D]`` for ``query`` ``[B, H, L, D]`` (one row when ``sample_bounds``)."""
-    if attention_mask is not None or sample_bounds is None:
+    if sample_bounds is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     parts = [
-        sdpa_attention_forward(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, **kwargs)[0]
+        sdpa_attention_forward(
+            module,
+            query[:, :, a:b],
+            key[:, :, a:b],
+            value[:, :, a:b],
+            None if attention_mask is None else attention_mask[..., a:b, a:b],
+            **kwargs,
+        )[0]
         for a, b in pairwise(sample_bounds)
     ]
     return torch.cat(parts, dim=1), None

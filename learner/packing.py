@@ -74,7 +74,7 @@ class MicroBatch:
     input_ids: torch.Tensor  # long [R, W]
     position_ids: torch.Tensor  # long [R, W]
     attention_mask: torch.Tensor | None  # bool [1, 1, W, W] in the shared layout, else None
-    sample_bounds: tuple[int, ...] | None  # packed: row offsets where samples start, then W; else None
+    sample_bounds: tuple[int, ...] | None  # row offsets where samples (packed) or units (shared) start, then W
     token_index: torch.Tensor  # long [T]: flat index into [R*W] of the logits predicting each token
     targets: torch.Tensor  # long [T]
     behaviour_logprobs: torch.Tensor  # float32 [T]
@@ -181,6 +181,7 @@ def _collate_shared(samples: list[TrainSample], pad_id: int) -> MicroBatch:
     mask = torch.zeros((width, width), dtype=torch.bool)
     token_index: list[np.ndarray] = []
     offset = 0
+    bounds = [0]  # where each unit starts, then the row's end: the mask is block-diagonal over units
     for unit in units:
         prompt_len = len(unit[0].prompt_ids)
         ids[offset : offset + prompt_len] = unit[0].prompt_ids
@@ -197,6 +198,7 @@ def _collate_shared(samples: list[TrainSample], pad_id: int) -> MicroBatch:
             token_index.append(np.concatenate([[offset + prompt_len - 1], np.arange(start, start + n - 1)]))
             start += n
         offset = start
+        bounds.append(offset)
     return _micro_batch(
         samples,
         torch.from_numpy(ids)[None],
@@ -204,6 +206,7 @@ def _collate_shared(samples: list[TrainSample], pad_id: int) -> MicroBatch:
         mask[None, None],
         np.concatenate(token_index),
         n_tokens=width,
+        sample_bounds=tuple(bounds),
     )
 
 

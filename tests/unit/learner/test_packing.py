@@ -131,3 +131,18 @@ def test_shared_plan_keeps_units_within_budget(make_samples):
         assert mb.n_tokens <= 80 and mb.attention_mask.shape[-1] == mb.n_tokens
     covered = sorted(i for row in plan_micro_batches(samples, 80, "shared") for i in row)
     assert covered == list(range(len(samples)))
+
+
+def test_shared_row_attends_per_unit_and_equals_the_whole_row_mask(make_model, make_samples):
+    """The shared row's mask is block-diagonal over units: attention per unit (bounds) gives the same
+    log-probs as sdpa over the whole row with its width² mask, and the bounds are the units' edges."""
+    samples = _grouped(make_samples, [3, 2], prompt_len=12)
+    mb = collate(samples, "shared")
+    units = [12 + sum(len(s.completion_ids) for s in samples[:3]), 13 + sum(len(s.completion_ids) for s in samples[3:])]
+    assert mb.sample_bounds == (0, units[0], units[0] + units[1])
+    mask = mb.attention_mask[0, 0]
+    assert not mask[units[0] :, : units[0]].any() and not mask[: units[0], units[0] :].any()
+    model = make_model()
+    per_unit = token_logprobs(model, mb)
+    mb.sample_bounds = None  # the whole row at once, with the full mask
+    torch.testing.assert_close(per_unit, token_logprobs(model, mb), atol=1e-5, rtol=0)
