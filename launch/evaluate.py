@@ -132,10 +132,10 @@ class Evaluator:
 
     def evaluate_latest(self) -> dict[str, Any]:
         """Load the newest published weights (if newer) and evaluate the held-out problems."""
+        self._progress(0, len(self.problems) * (self.cfg.generation.group_size + 1))  # not the last one's count
         manifest = (
             latest_manifest(self.client, self.cfg.run.name, newer_than=self.engine.version) if self.client else None
         )
         if manifest is not None:
             self.engine.load_weights_bytes(read_weights(manifest), manifest.version)
-        self._progress(0, len(self.problems) * (self.cfg.generation.group_size + 1))
         return evaluate(self.engine, self.problems, self.cfg, self.verifier, self._progress).as_dict()
