@@ -220,13 +220,21 @@ class Engine:
         ids = [f"{prefix}-{i}" for i in range(len(requests))]
         for rid, (prompt, sampling) in zip(ids, requests):
             self.submit(rid, prompt, sampling)
-        by_id: dict[str, GroupOutput] = {}
         start = self.finished_samples
-        while self._live or self._done:
-            by_id |= {g.request_id: g for g in self.step()}
-            if progress is not None:
-                progress(self.finished_samples - start)
+        by_id = {
+            g.request_id: g
+            for g in self.run(None if progress is None else lambda: progress(self.finished_samples - start))
+        }
         return [by_id[rid] for rid in ids]
+
+    def run(self, after_step: Callable[[], None] | None = None) -> list[GroupOutput]:
+        """Step until every queued group has finished (``after_step()`` after each step)."""
+        done: list[GroupOutput] = []
+        while self._live or self._done:
+            done += self.step()
+            if after_step is not None:
+                after_step()
+        return done
 
     # ----- weights -----
     def load_weights_file(self, path: str, version: int, in_flight: str = "finish") -> float:

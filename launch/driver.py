@@ -202,13 +202,14 @@ def train(cfg: Config, verbose: bool = False) -> Path:
         shutil.rmtree(run_dir / "logs", ignore_errors=True)
     phases = Phases()
     outcome = RunOutcome(status="failed", phases=phases)
+    _received.clear()
     with contextlib.ExitStack() as stack:
         stack.callback(setup_driver_logging(run_dir / "logs" / "driver.log", verbose))
         log.info(first_line(cfg, run_dir))
         try:
             _run(cfg, run_dir, phases, outcome, stack)
         except KeyboardInterrupt as e:
-            outcome.status = f"interrupted ({str(e) or 'SIGINT'})"
+            outcome.status = f"interrupted ({_received[-1] if _received else str(e) or 'SIGINT'})"
             log.warning("stopping: %s; the learner checkpoints and the report is written", outcome.status)
             _stop(outcome)
         except BaseException as e:
@@ -390,5 +391,9 @@ def _stop(outcome: RunOutcome) -> None:
                 log.error("the end of %s:\n%s", path, end)
 
 
+_received: list[str] = []  # signals that stopped the run (Ray may re-raise a KeyboardInterrupt of its own)
+
+
 def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(signal.Signals(signum).name)
+    _received.append(signal.Signals(signum).name)
+    raise KeyboardInterrupt(_received[-1])

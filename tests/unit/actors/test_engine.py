@@ -31,6 +31,32 @@ def test_prompt_logprobs_on_request(tied, helpers):
     torch.testing.assert_close(torch.tensor(group.prompt_logprobs), ref, atol=1e-4, rtol=0)
 
 
+def test_cpu_engine_uses_small_kv_blocks_so_groups_share_their_prompt(tied):
+    """vLLM-CPU's default 128-token block leaves a short prompt no full block to cache: every sample
+    of a group would prefill the prompt again. The engine asks for 32."""
+    engine, *_ = tied
+    if torch.cuda.is_available():
+        pytest.skip("GPU engines keep vLLM's default block size")
+    assert engine._core.vllm_config.cache_config.block_size == 32
+    assert engine._core.vllm_config.cache_config.enable_prefix_caching
+
+
+def test_generate_batch_mixes_samplings_and_reports_progress(tied):
+    engine, *_ = tied
+    seen: list[int] = []
+    groups = engine.generate_batch(
+        [
+            (PROMPTS[0], Sampling(n=3, temperature=1.0, max_tokens=6)),
+            (PROMPTS[1], Sampling(n=1, max_tokens=4, temperature=0.0)),
+        ],
+        "mix",
+        seen.append,
+    )
+    assert [len(g.completions) for g in groups] == [3, 1]
+    assert groups[0].prompt_ids == PROMPTS[0] and groups[1].prompt_ids == PROMPTS[1]
+    assert seen == sorted(seen) and seen[-1] == 4  # samples finished, counted up to all of them
+
+
 def test_too_long_prompt_is_rejected(tied):
     engine, *_ = tied
     with pytest.raises(PromptTooLong, match="128"):
@@ -98,29 +124,3 @@ def test_update_untied_qwen2(tmp_path, tokenizer, helpers):
     _check_greedy(engine, m0, helpers, version=0)
     engine.load_weights_bytes(save(helpers.weights(m1)), version=5)
     _check_greedy(engine, m1, helpers, version=5)
-
-
-def test_cpu_engine_uses_small_kv_blocks_so_groups_share_their_prompt(tied):
-    """vLLM-CPU's default 128-token block leaves a short prompt no full block to cache: every sample
-    of a group would prefill the prompt again. The engine asks for 32."""
-    engine, *_ = tied
-    if torch.cuda.is_available():
-        pytest.skip("GPU engines keep vLLM's default block size")
-    assert engine._core.vllm_config.cache_config.block_size == 32
-    assert engine._core.vllm_config.cache_config.enable_prefix_caching
-
-
-def test_generate_batch_mixes_samplings_and_reports_progress(tied):
-    engine, *_ = tied
-    seen: list[int] = []
-    groups = engine.generate_batch(
-        [
-            (PROMPTS[0], Sampling(n=3, temperature=1.0, max_tokens=6)),
-            (PROMPTS[1], Sampling(n=1, max_tokens=4, temperature=0.0)),
-        ],
-        "mix",
-        seen.append,
-    )
-    assert [len(g.completions) for g in groups] == [3, 1]
-    assert groups[0].prompt_ids == PROMPTS[0] and groups[1].prompt_ids == PROMPTS[1]
-    assert seen == sorted(seen) and seen[-1] == 4  # samples finished, counted up to all of them
