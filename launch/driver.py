@@ -212,6 +212,7 @@ def train(cfg: Config, verbose: bool = False) -> Path:
             outcome.status = f"interrupted ({_received[-1] if _received else str(e) or 'SIGINT'})"
             log.warning("stopping: %s; the learner checkpoints and the report is written", outcome.status)
             _stop(outcome)
+            raise  # after the report and the teardown: the command exits with 130
         except BaseException as e:
             outcome.status = f"failed: {type(e).__name__}: {e}"
             _stop(outcome)
@@ -219,7 +220,11 @@ def train(cfg: Config, verbose: bool = False) -> Path:
         finally:
             if outcome.monitor is not None:
                 phases.enter("report")
-                artefacts = write_report(outcome.cfg or cfg, run_dir, outcome)
+                try:
+                    artefacts = write_report(outcome.cfg or cfg, run_dir, outcome)
+                except Exception:  # noqa: BLE001 - never hide the run's own outcome behind a report error
+                    log.exception("could not write the report")
+                    artefacts = {}
                 log.info(
                     "run %s after %s: report in %s (%s)",
                     outcome.status,

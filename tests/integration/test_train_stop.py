@@ -63,6 +63,7 @@ def test_sigterm_mid_run_stops_in_order(tmp_path: Path) -> None:
             proc.kill()
     console = (tmp_path / "console.log").read_text()
     assert took <= GRACE_S, f"stopped {took:.1f} s after SIGTERM"
+    assert proc.returncode == 130  # interrupted: not a success, whatever the report says
     first = console.splitlines()[0]
     assert "run 'stoptest': starting an embedded Redis, a local Ray" in first and "dtype float32" in first
     assert "training step" in console and "ETA" in console  # plain progress lines: stdout is a file
