@@ -26,7 +26,7 @@ class Monitor:
     """Polls worker metrics and queue depths; keeps history; logs to TensorBoard / W&B."""
 
     def __init__(self, cfg: Config, control: RunControl, tb_dir: Path, wandb_config: dict[str, Any]) -> None:
-        self.cfg, self.control = cfg, control
+        self.control = control
         self.history: list[dict[str, Any]] = []
         self.evals: list[dict[str, Any]] = []
         self.last: dict[str, dict[str, Any]] = {}  # the latest snapshot of every worker

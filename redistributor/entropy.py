@@ -93,8 +93,8 @@ def score_traces(
     budget = forward_chunk or chunk
     # A group's traces share their prompt: forward it once (all but its last token, which predicts
     # each row's own first completion token) and copy that KV to every row.
-    shared = len(rows) - 1 if len(rows) > 1 and all(p == seqs[0][0] for p, _ in seqs) else 0
-    first = len(seqs[0][0]) - 1 if shared else 0
+    shared = len(rows) > 1 and all(p == seqs[0][0] for p, _ in seqs)
+    first = len(seqs[0][0]) - 1 if shared else 0  # positions forwarded once, for every row
     for start in range(0, first, budget):
         piece = ids[:1, start : min(start + budget, first)]
         pos = torch.arange(start, start + piece.shape[1], device=device)[None]
