@@ -18,13 +18,12 @@ import logging
 import time
 import uuid
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import numpy as np
 
 from rredcot.actors.engine import Engine, EngineSpec, GroupOutput, PromptTooLong, Sampling
 from rredcot.common.codec import encode
-from rredcot.common.config import Config, ConfigError, from_dict, to_dict
+from rredcot.common.config import Config, ConfigError
 from rredcot.common.control import RunControl
 from rredcot.common.data import Problem, ProblemOrder, train_and_held_out
 from rredcot.common.prompts import prompt_ids
@@ -70,18 +69,10 @@ def stable_id(run_id: str, index: int, sample: int | None = None) -> str:
     return uuid.uuid5(_IDS, f"{run_id}:{index}:{'' if sample is None else sample}").hex
 
 
-def reference_texts(problem: Problem) -> tuple[str, str]:
-    """(u, y): the reference solution without its final answer line, and ``Answer: <answer>``."""
-    lines = problem.solution.rstrip().splitlines()
-    if lines and lines[-1].lower().startswith("answer"):
-        lines = lines[:-1]
-    return "\n".join(lines) + "\n", f"Answer: {problem.answer}"
-
-
 class Generator:
     """One generator: an engine, a verifier and the run's Redis state."""
 
-    def __init__(self, cfg: Config, name: str = "gen0", engine: Engine | None = None, rank: int = 0) -> None:
+    def __init__(self, cfg: Config, name: str = "gen0", rank: int = 0, engine: Engine | None = None) -> None:
         """``rank``: this generator's index (weight-group rank ``rank + 1`` on the collective transport)."""
         if not cfg.redis.url:
             raise ConfigError("redis.url is not set: a generator needs the run's Redis server (redis.url=redis://...)")
@@ -97,14 +88,15 @@ class Generator:
         self.control = RunControl(self.client, self.run_id)
         self.producer = Producer(self.client, key(self.run_id, ROLLOUTS), cfg.redis.maxlen, cfg.redis.block_timeout_s)
         self.inflight_key = key(self.run_id, f"inflight:{name}")
-        train, _ = train_and_held_out(cfg.data, cfg.run.seed)
+        self.verifier = Verifier(cfg.task, cfg.generation.verifier_timeout_s)
+        self.task = self.verifier.task
+        train, _ = train_and_held_out(self.task, cfg.data, cfg.run.seed)
         self.order = ProblemOrder(train, cfg.data.shuffle_seed)
         self.engine = engine or Engine(EngineSpec.from_config(cfg))
         g = cfg.generation
         self.sampling = Sampling(
             n=g.group_size, temperature=g.temperature, top_p=g.top_p, max_tokens=g.max_tokens, stop=tuple(g.stop)
         )
-        self.verifier = Verifier(g.verifier_timeout_s)
         self.metrics = GeneratorMetrics(version=self.engine.version)
         self._problems: dict[str, tuple[int, Problem]] = {}
         self.in_group = g.weight_transport == "collective" and self._join_group(rank + 1)
@@ -181,7 +173,7 @@ class Generator:
 
     def _submit(self, index: int) -> int:
         problem = self.order.at(index)
-        ids = prompt_ids(problem, self.cfg.data, self.engine.tokenizer)
+        ids = prompt_ids(problem, self.task, self.cfg.data, self.engine.tokenizer)
         rid = stable_id(self.run_id, index)
         try:
             self.engine.submit(rid, ids, self.sampling)
@@ -209,7 +201,7 @@ class Generator:
 
     def _record(self, group: GroupOutput, index: int, problem: Problem) -> RolloutGroup:
         tok = self.engine.tokenizer
-        u, y = reference_texts(problem)
+        u, y = self.task.reference(problem)
         samples = []
         for i, c in enumerate(group.completions):
             start = time.perf_counter()
@@ -287,26 +279,6 @@ class Generator:
     def close(self) -> None:
         self.verifier.close()
         self.client.close()
-
-
-class GeneratorActor:
-    """Ray actor body: the config crosses as a plain dict (``to_dict``), never a pickled object."""
-
-    def __init__(self, cfg: dict[str, Any], name: str, rank: int = 0) -> None:
-        self.generator = Generator(from_dict(cfg), name, rank=rank)
-
-    def run(self, max_groups: int | None = None, timeout_s: float | None = None) -> dict[str, float]:
-        return self.generator.run(max_groups, timeout_s)
-
-    def metrics(self) -> dict[str, float]:
-        return self.generator.metrics.snapshot()
-
-
-def remote_generator(cfg: Config, name: str, **options: Any) -> Any:
-    """Start a generator Ray actor (``options``: num_cpus, resources, max_restarts, placement...)."""
-    import ray
-
-    return ray.remote(GeneratorActor).options(**options).remote(to_dict(cfg), name)
 
 
 def run_generator(cfg: Config) -> dict[str, float]:

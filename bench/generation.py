@@ -28,6 +28,7 @@ from rredcot.common.config import Config, load_config  # noqa: E402
 from rredcot.common.data import ProblemOrder, train_and_held_out  # noqa: E402
 from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir, save_model_dir  # noqa: E402
 from rredcot.common.prompts import prompt_ids  # noqa: E402
+from rredcot.common.task import build_task  # noqa: E402
 from rredcot.launch.services import EmbeddedRedis  # noqa: E402
 
 MODELS = {"tiny": {"hidden": 64, "heads": 2, "layers": 2}, "25M": {"hidden": 160, "heads": 5, "layers": 4}}
@@ -82,8 +83,9 @@ def bench_model(label: str, root: Path, url: str, args: argparse.Namespace) -> d
     ]
     cfg = cfgs[0]
     engine = Engine(EngineSpec.from_config(cfg))
-    order = ProblemOrder(train_and_held_out(cfg.data, cfg.run.seed)[0], cfg.data.shuffle_seed)
-    prompts = [prompt_ids(order.at(i), cfg.data, engine.tokenizer) for i in range(args.prompts)]
+    task = build_task(cfg.task)
+    order = ProblemOrder(train_and_held_out(task, cfg.data, cfg.run.seed)[0], cfg.data.shuffle_seed)
+    prompts = [prompt_ids(order.at(i), task, cfg.data, engine.tokenizer) for i in range(args.prompts)]
     sampling = Sampling(n=args.group, temperature=cfg.generation.temperature, max_tokens=args.max_tokens)
     plain_tokens_per_s(engine, prompts, sampling)  # warm-up: the first large batch is slow
     plain, actor = [], []

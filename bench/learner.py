@@ -17,9 +17,11 @@ import dataclasses
 import json
 import queue
 import statistics
+import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -30,7 +32,9 @@ from rredcot.common.weight_sync import latest_manifest, load_tensors
 from rredcot.learner.broadcast import WeightPublisher
 from rredcot.learner.engine import LearnerEngine
 from rredcot.learner.packing import micro_batches
-from rredcot.learner.synthetic import random_samples, tiny_lm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.learner_samples
+from tests.learner_samples import random_samples, tiny_lm  # noqa: E402
 
 
 def parse() -> argparse.Namespace:

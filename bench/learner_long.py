@@ -15,14 +15,18 @@ import argparse
 import json
 import resource
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from rredcot.common.config import LearnerConfig
 from rredcot.learner.engine import LearnerEngine
-from rredcot.learner.synthetic import random_samples
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.learner_samples
+from tests.learner_samples import random_samples  # noqa: E402
 
 PRESETS = {
     "qwen2.5-1.5b": {

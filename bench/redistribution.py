@@ -177,7 +177,7 @@ def bench_pipeline(model, tok, g: int, length: int, k: int, m: int) -> dict[str,
     cfg.generation.max_tokens = length
     # random-model text has no keyword boundaries: segment by entropy over every token
     cfg.credit = CreditConfig(segments=k, split_keywords=False, mc_samples=m)
-    scorer = Scorer(model, tok, cfg.credit)
+    scorer = Scorer(model, tok, cfg.credit.exit_string)
     t_rr, _ = timed(lambda: redistribute_group(group, cfg, scorer))
     cfg.credit.method = "mc"
     sampler = HFContinuationSampler(model)

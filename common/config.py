@@ -18,6 +18,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rredcot.common.registry import CREDIT_METHODS, WEIGHT_TRANSPORTS, RegistryError, typed_settings
+
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
@@ -56,18 +58,19 @@ class ModelConfig:
 
 
 @dataclass
+class TaskConfig:
+    name: str = "math"  # a registered task (common.registry.TASKS) or your module's path (mypkg.mytask)
+    settings: dict[str, Any] = field(default_factory=dict)  # the task's own settings (its Settings dataclass)
+
+
+@dataclass
 class DataConfig:
-    source: str = choice("synthetic", "synthetic", "jsonl", "parquet", "hf")
+    source: str = choice("hf", "hf", "jsonl", "parquet")  # where a dataset task (math) reads its rows
     path: str | None = None  # file for jsonl/parquet; dataset dir or hub id for hf
     split: str = "train"
     problem_column: str = "problem"
     solution_column: str = "solution"
     answer_column: str | None = "answer"  # None or missing: last \boxed{} of the solution
-    task: str = choice("mul", "mul", "add", "chain")  # synthetic task family
-    operand_min: int = bounded(2, 0)
-    operand_max: int = bounded(12, 1)
-    chain_steps: int = bounded(2, 1, 8)
-    size: int = bounded(2000, 1)  # synthetic problems generated
     eval_size: int = bounded(64, 0)  # held out (never trained on)
     shuffle_seed: int = 0
     prompt_style: str = choice("chat_one_shot", "chat_one_shot", "chat", "plain")
@@ -90,13 +93,14 @@ class GenerationConfig:
     verifier_timeout_s: float = bounded(5.0, 0.01)
     max_in_flight_groups: int = bounded(16, 1)  # groups one generator keeps in its engine at once
     idle_poll_s: float = bounded(0.05, 0.001)  # wait between admission retries while staleness blocks
-    weight_transport: str = choice("file", "file", "collective")  # collective: broadcast group (gloo CPU, NCCL GPU)
+    weight_transport: str = "file"  # a registered transport (file, collective: gloo CPU / NCCL GPU) or a module path
     weight_group_timeout_s: float = bounded(600.0, 1.0)  # joining the weight group, and each broadcast
 
 
 @dataclass
 class CreditConfig:
-    method: str = choice("rredcot", "rredcot", "grpo", "bnpo", "drgrpo", "entropy", "mc")
+    method: str = "rredcot"  # a registered credit method (common.registry.CREDIT_METHODS) or a module path
+    settings: dict[str, Any] = field(default_factory=dict)  # the method's own settings, if it declares any
     advantage_std_norm: bool = True
     segments: int = bounded(40, 1)  # K
     min_segment_tokens: int = bounded(4, 1)
@@ -209,6 +213,7 @@ class LoggingConfig:
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
     data: DataConfig = field(default_factory=DataConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     credit: CreditConfig = field(default_factory=CreditConfig)
@@ -246,6 +251,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             if bad:
                 raise ConfigError(f"override {bad[0]!r} must look like key=value (e.g. learner.lr=1e-6)")
             layers.append(OmegaConf.from_dotlist(list(overrides)))
+            _drop_settings_of_replaced_entries(layers)
         merged = OmegaConf.merge(base, *layers)
         OmegaConf.resolve(merged)
         cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
@@ -253,6 +259,23 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         raise ConfigError(_omegaconf_message(e)) from None
     validate(cfg)
     return cfg
+
+
+# (name key, settings key) of the config's extension points
+_ENTRY_SETTINGS = (("task", "name", "settings"), ("credit", "method", "settings"))
+
+
+def _drop_settings_of_replaced_entries(layers: list[DictConfig]) -> None:
+    """An override that switches ``task.name`` or ``credit.method`` drops the file's settings of the
+    entry it replaces (they belong to the old one); settings given beside the switch still apply."""
+    *earlier, last = layers
+    for section, name, settings in _ENTRY_SETTINGS:
+        new = OmegaConf.select(last, f"{section}.{name}")
+        if new is None:
+            continue
+        for layer in earlier:
+            if OmegaConf.select(layer, f"{section}.{name}") != new and OmegaConf.select(layer, section) is not None:
+                layer[section].pop(settings, None)
 
 
 def _omegaconf_message(e: OmegaConfBaseException) -> str:
@@ -273,26 +296,13 @@ def _fields_at(dotted: str) -> list[str]:
 
 
 def validate(cfg: Config) -> None:
-    """Check every declared choice and range, then the cross-field rules."""
+    """Check every declared choice and range, the extension names and settings, then the cross-field
+    rules."""
     _validate_fields(cfg, "")
-    _check(
-        cfg.data.operand_min <= cfg.data.operand_max,
-        "data.operand_min",
-        cfg.data.operand_min,
-        f"<= data.operand_max ({cfg.data.operand_max})",
-    )
-    _check(
-        cfg.data.source == "synthetic" or bool(cfg.data.path),
-        "data.path",
-        cfg.data.path,
-        f"a file or dataset path when data.source={cfg.data.source!r}",
-    )
-    _check(
-        cfg.data.eval_size < cfg.data.size or cfg.data.source != "synthetic",
-        "data.eval_size",
-        cfg.data.eval_size,
-        f"< data.size ({cfg.data.size}) so that some problems remain for training",
-    )
+    try:
+        _validate_extensions(cfg)
+    except RegistryError as e:
+        raise ConfigError(str(e)) from None
     _check(
         cfg.generation.max_tokens < cfg.model.max_model_len,
         "generation.max_tokens",
@@ -332,6 +342,35 @@ def validate(cfg: Config) -> None:
         "a URL starting with redis://, rediss:// or unix://, or null for an embedded server",
     )
     _check(cfg.learner.eps_low < 1.0, "learner.eps_low", cfg.learner.eps_low, "a value in [0, 1)")
+
+
+def _validate_extensions(cfg: Config) -> None:
+    """The task, credit method and weight transport exist; their own settings are valid."""
+    from rredcot.common.task import build_task
+
+    task = build_task(cfg.task)
+    if task.settings is not None:
+        _validate_fields(task.settings, "task.settings.")
+    _check(
+        bool(cfg.data.path) == task.reads_dataset,
+        "data.path",
+        cfg.data.path,
+        f"a file or dataset path for task {cfg.task.name!r}"
+        if task.reads_dataset
+        else f"null: task {cfg.task.name!r} generates its problems",
+    )
+    task.check(cfg)
+    for registry, name, settings, settings_key in (
+        (CREDIT_METHODS, cfg.credit.method, cfg.credit.settings, "credit.settings"),
+        (WEIGHT_TRANSPORTS, cfg.generation.weight_transport, {}, ""),
+    ):
+        if registry.is_builtin(name) and not settings:
+            continue  # a built-in without settings: no need to import its stage to check it
+        entry = registry.get(name)
+        owner = f"{registry.kind} {name!r}"
+        typed = typed_settings(getattr(entry, "settings", None), dict(settings), settings_key, owner)
+        if typed is not None:
+            _validate_fields(typed, settings_key + ".")
 
 
 def _validate_fields(node: Any, prefix: str) -> None:

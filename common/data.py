@@ -1,4 +1,5 @@
-"""Math problems: loaders (jsonl / parquet / Hugging Face datasets), a deterministic resumable order.
+"""Problems: dataset loaders (jsonl / parquet / Hugging Face datasets), the held-out split, a
+deterministic resumable order.
 
 Column conventions follow Numina-CoT and open-rs: ``problem`` and ``solution`` columns, and an
 ``answer`` column when present; otherwise the answer is the last ``\\boxed{...}`` of the solution.
@@ -92,12 +93,8 @@ def read_jsonl(path: str | Path) -> Iterator[Mapping[str, Any]]:
                 raise DatasetError(f"{path}: row {row_no}: invalid JSON ({e.msg})") from None
 
 
-def load_problems(cfg: DataConfig, seed: int = 0) -> list[Problem]:
-    """All problems of the configured source, in file order."""
-    if cfg.source == "synthetic":
-        from rredcot.common.tasks import synthetic_problems
-
-        return synthetic_problems(cfg, seed=seed)
+def load_rows(cfg: DataConfig) -> list[Problem]:
+    """All problems of ``data.path`` (``data.source``: jsonl, parquet or a Hugging Face dataset), in order."""
     path = str(cfg.path)
     if cfg.source == "jsonl":
         return problems_from_rows(read_jsonl(path), path, cfg)
@@ -121,9 +118,10 @@ def split_eval(problems: list[Problem], eval_size: int, seed: int) -> tuple[list
     return train, [problems[i] for i in sorted(held)]
 
 
-def train_and_held_out(cfg: DataConfig, seed: int) -> tuple[list[Problem], list[Problem]]:
-    """The run's (training, held-out) problems: every stage and the evaluator use this one split."""
-    return split_eval(load_problems(cfg, seed=seed), cfg.eval_size, cfg.shuffle_seed)
+def train_and_held_out(task: Any, cfg: DataConfig, seed: int) -> tuple[list[Problem], list[Problem]]:
+    """The run's (training, held-out) problems of ``task`` (a ``common.task.Task``): every stage
+    and the evaluator use this one split."""
+    return split_eval(task.problems(cfg, seed), cfg.eval_size, cfg.shuffle_seed)
 
 
 class ProblemOrder:

@@ -1,7 +1,7 @@
-"""Prompt formatting: chat messages (optionally with one worked example) → prompt token ids.
+"""Prompt formatting: a task's instruction (optionally after its worked example) → prompt token ids.
 
 A one-shot example of the same task is what makes a small instruct model write the final
-``Answer: N`` line the verifier reads (PLATFORM.md: ~1% without, 75-85% with).
+``Answer: ...`` line the verifier reads (PLATFORM.md: ~1% without, 75-85% with).
 """
 
 from __future__ import annotations
@@ -10,26 +10,25 @@ from typing import Any
 
 from rredcot.common.config import DataConfig
 from rredcot.common.data import Problem
-
-INSTRUCTION = "Solve the problem. Show your steps, then give the final line as 'Answer: <number>'."
-EXAMPLE = Problem(id="example", problem="What is 7 * 8?", solution="7 * 8 = 56.\nAnswer: 56", answer="56")
+from rredcot.common.task import Task
 
 
-def messages(problem: Problem, cfg: DataConfig) -> list[dict[str, str]]:
+def messages(problem: Problem, task: Task, cfg: DataConfig) -> list[dict[str, str]]:
     msgs = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
-    if cfg.prompt_style == "chat_one_shot":
+    if cfg.prompt_style == "chat_one_shot" and task.example is not None:
         msgs += [
-            {"role": "user", "content": f"{INSTRUCTION}\n\n{EXAMPLE.problem}"},
-            {"role": "assistant", "content": EXAMPLE.solution},
+            {"role": "user", "content": f"{task.instruction}\n\n{task.example.problem}"},
+            {"role": "assistant", "content": task.example.solution},
         ]
-    return msgs + [{"role": "user", "content": f"{INSTRUCTION}\n\n{problem.problem}"}]
+    return msgs + [{"role": "user", "content": f"{task.instruction}\n\n{problem.problem}"}]
 
 
-def prompt_text(problem: Problem, cfg: DataConfig, tokenizer: Any) -> str:
+def prompt_text(problem: Problem, task: Task, cfg: DataConfig, tokenizer: Any) -> str:
     if cfg.prompt_style == "plain":
-        return f"{INSTRUCTION}\n\n{EXAMPLE.problem}\n{EXAMPLE.solution}\n\n{problem.problem}\n"
-    return tokenizer.apply_chat_template(messages(problem, cfg), tokenize=False, add_generation_prompt=True)
+        shot = f"{task.example.problem}\n{task.example.solution}\n\n" if task.example is not None else ""
+        return f"{task.instruction}\n\n{shot}{problem.problem}\n"
+    return tokenizer.apply_chat_template(messages(problem, task, cfg), tokenize=False, add_generation_prompt=True)
 
 
-def prompt_ids(problem: Problem, cfg: DataConfig, tokenizer: Any) -> list[int]:
-    return tokenizer(prompt_text(problem, cfg, tokenizer), add_special_tokens=False)["input_ids"]
+def prompt_ids(problem: Problem, task: Task, cfg: DataConfig, tokenizer: Any) -> list[int]:
+    return tokenizer(prompt_text(problem, task, cfg, tokenizer), add_special_tokens=False)["input_ids"]

@@ -1,44 +1,25 @@
-"""Answer verification with math-verify, isolated in a worker process with a hard timeout.
+"""Answer verification for every task, isolated in a worker process with a hard timeout.
 
-math-verify uses signal-based timeouts, which only work in a process's main thread, and sympy can
-hang on pathological input; so each check runs in the main thread of a dedicated child process.
-If the child does not answer within ``timeout_s`` it is killed and replaced, the sample gets
-reward 0 with verdict ``timeout``, and ``Verifier.timeouts`` counts it. Requests and replies cross
-the pipe as msgpack bytes (no pickle).
+The task (``common.task``) says how an answer is read (``extract_answer``, in the caller) and
+whether it is right (``answers_match``, in the child). Checkers can hang: math-verify's own
+timeouts are signal-based and work only in a process's main thread, and sympy can hang on
+pathological input. So each check runs in the main thread of a dedicated child process; if the
+child does not answer within ``timeout_s`` it is killed and replaced, the sample gets reward 0
+with verdict ``timeout``, and ``Verifier.timeouts`` counts it. The generator, the evaluator and
+Monte-Carlo credit all use this one class. Everything crossing the pipe is msgpack (no pickle):
+first the task (name and settings), then [pred, gold] pairs.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
-import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 
 import msgpack
 
-from rredcot.common.data import last_boxed
-
-_ANSWER_LINE = re.compile(r"answer\s*(?:is)?\s*[:=]\s*(.+)", re.IGNORECASE)
-
-
-def extract_answer(completion: str) -> str | None:
-    """The model's final answer: the last ``Answer: ...`` line, else the last ``\\boxed{}``."""
-    for line in reversed(completion.strip().splitlines()):
-        m = _ANSWER_LINE.search(line)
-        if m:
-            return m.group(1).strip().rstrip(".").strip()
-    return last_boxed(completion)
-
-
-def answers_match(predicted: str, gold: str) -> bool:
-    """math-verify equivalence (call only in a process's main thread)."""
-    from math_verify import parse, verify
-
-    return bool(verify(parse(_as_math(gold)), parse(_as_math(predicted))))
-
-
-def _as_math(answer: str) -> str:
-    return answer if "\\boxed" in answer or answer.startswith("$") else f"${answer}$"
+from rredcot.common.config import TaskConfig
+from rredcot.common.task import build_task
 
 
 @dataclass(frozen=True)
@@ -48,22 +29,24 @@ class Verdict:
 
 
 def _serve(conn: Connection) -> None:
-    """Child process loop: msgpack [pred, gold] in, msgpack [ok, error] out."""
+    """Child process loop: the task spec, then msgpack [pred, gold] in, msgpack [ok, error] out."""
+    task = build_task(TaskConfig(**msgpack.unpackb(conn.recv_bytes())))
     while True:
         try:
             pred, gold = msgpack.unpackb(conn.recv_bytes())
         except EOFError:
             return
         try:
-            conn.send_bytes(msgpack.packb([answers_match(pred, gold), None]))
+            conn.send_bytes(msgpack.packb([task.answers_match(pred, gold), None]))
         except Exception as e:  # a parse failure is a wrong answer, reported as such
             conn.send_bytes(msgpack.packb([False, f"{type(e).__name__}: {e}"]))
 
 
 class Verifier:
-    """Scores completions against gold answers; one child process, restarted after a hang."""
+    """Scores completions of one task against gold answers; one child process, restarted after a hang."""
 
-    def __init__(self, timeout_s: float = 5.0, start_timeout_s: float = 120.0) -> None:
+    def __init__(self, task: TaskConfig, timeout_s: float = 5.0, start_timeout_s: float = 120.0) -> None:
+        self.spec, self.task = task, build_task(task)
         self.timeout_s, self.start_timeout_s = timeout_s, start_timeout_s
         self.timeouts = 0
         self.errors = 0
@@ -77,7 +60,8 @@ class Verifier:
             self._proc = self._ctx.Process(target=_serve, args=(child,), daemon=True, name="rredcot-verifier")
             self._proc.start()
             self._conn = parent
-            parent.send_bytes(msgpack.packb(["1", "1"]))  # prime: import math-verify outside any timeout
+            parent.send_bytes(msgpack.packb(asdict(self.spec)))
+            parent.send_bytes(msgpack.packb(["1", "1"]))  # prime: import the checker outside any timeout
             if not parent.poll(self.start_timeout_s):
                 self._kill()
                 raise RuntimeError(f"verifier process did not start within {self.start_timeout_s}s")
@@ -86,7 +70,7 @@ class Verifier:
         return self._conn
 
     def score(self, completion: str, gold: str) -> Verdict:
-        predicted = extract_answer(completion)
+        predicted = self.task.extract_answer(completion)
         if predicted is None:
             return Verdict(0.0, "no_answer")
         conn = self._ensure_started()

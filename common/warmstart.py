@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from rredcot.common.config import DataConfig
+from rredcot.common.config import DataConfig, TaskConfig
 from rredcot.common.prompts import prompt_text
-from rredcot.common.tasks import synthetic_problems
+from rredcot.common.task import build_task
 
-ARITH_TASK = DataConfig(task="mul", operand_min=2, operand_max=6, size=25, eval_size=0, prompt_style="chat")
+ARITH_TASK = TaskConfig("arith", {"op": "mul", "operand_min": 2, "operand_max": 6, "size": 25})
+CHAT = DataConfig(eval_size=0, prompt_style="chat")
 
 
 def sft_arith(model: Any, tokenizer: Any, steps: int = 150, lr: float = 3e-3, batch: int = 16, seed: int = 0) -> Any:
@@ -25,8 +26,9 @@ def sft_arith(model: Any, tokenizer: Any, steps: int = 150, lr: float = 3e-3, ba
 
     gen = torch.Generator().manual_seed(seed)
     pairs = []
-    for p in synthetic_problems(ARITH_TASK, seed=seed):
-        prompt = tokenizer(prompt_text(p, ARITH_TASK, tokenizer), add_special_tokens=False)["input_ids"]
+    task = build_task(ARITH_TASK)
+    for p in task.problems(CHAT, seed):
+        prompt = tokenizer(prompt_text(p, task, CHAT, tokenizer), add_special_tokens=False)["input_ids"]
         answer = tokenizer(p.solution + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
         pairs.append((prompt, answer))
     opt = torch.optim.AdamW(model.parameters(), lr=lr)

@@ -211,8 +211,8 @@ def check_paths(cfg: Config) -> list[Check]:
                 "needs network; or download it and set model.path to the directory",
             )
         )
-    if cfg.data.source == "synthetic":
-        out.append(Check("ok", "data", f"synthetic {cfg.data.task} problems"))
+    if not cfg.data.path:
+        out.append(Check("ok", "data", f"task {cfg.task.name!r} generates its problems"))
     elif cfg.data.path and Path(cfg.data.path).exists():
         out.append(Check("ok", "data", f"{cfg.data.path} exists"))
     else:

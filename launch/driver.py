@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import logging
 import os
 import shutil
@@ -29,46 +28,17 @@ from rredcot.common.control import RunControl
 from rredcot.common.precision import cpu_info, resolve_dtype
 from rredcot.common.streams import BATCHES, ROLLOUTS, connect, key
 from rredcot.common.weight_group import group_key
-from rredcot.launch.logs import redirect_output, route_library_loggers, setup_driver_logging, tail
+from rredcot.launch.logs import route_library_loggers, setup_driver_logging, tail
 from rredcot.launch.monitor import Monitor, Phases, Progress, fmt_duration
 from rredcot.launch.plan import bundles, check_plan
 from rredcot.launch.report import RunOutcome, write_report
 from rredcot.launch.run_times import expected_seconds, record_seconds
 from rredcot.launch.services import EmbeddedRedis
+from rredcot.launch.stages import WORKER_PREFIX, StageWorker, stage_env
 
 log = logging.getLogger(__name__)
 
-# tier -> (module, class): the class takes (cfg: Config, name: str) (learner, generator: also rank=) and
-# has run(), which returns when the run's work is done or its stop flag is raised
-STAGE_CLASSES = {
-    "generator": ("rredcot.actors.generator", "Generator"),
-    "redistributor": ("rredcot.redistributor.worker", "Redistributor"),
-    "learner": ("rredcot.learner.trainer", "Trainer"),
-}
-WORKER_PREFIX = {"generator": "gen", "redistributor": "red", "learner": "learner"}
 STOP_GRACE_S = 18.0  # on SIGTERM / Ctrl-C: how long the learner gets to finish its step and checkpoint
-
-
-class StageWorker:
-    """Ray actor body for any tier: builds the stage object from a plain-dict config and runs it."""
-
-    def __init__(self, tier: str, cfg: dict[str, Any], rank: int, env: dict[str, str]) -> None:
-        os.environ.update(env)
-        name = f"{WORKER_PREFIX[tier]}{rank}"
-        redirect_output(Path(cfg["run"]["dir"]).resolve() / "logs" / f"{name}.log")
-        import torch
-
-        torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
-        from rredcot.common.config import from_dict
-
-        module, cls = STAGE_CLASSES[tier]
-        stage_cls = getattr(importlib.import_module(module), cls)
-        ranked = tier in ("learner", "generator")
-        self.stage = stage_cls(from_dict(cfg), name, rank=rank) if ranked else stage_cls(from_dict(cfg), name)
-
-    def run(self) -> dict[str, float]:
-        result = self.stage.run()
-        return result.snapshot() if hasattr(result, "snapshot") else result
 
 
 def _with_redis_url(cfg: Config, url: str) -> Config:
@@ -94,37 +64,6 @@ def _clear_run_keys(client: Any, run_id: str) -> None:
     if old:
         client.delete(*old)
         log.info("run.resume=never: deleted %d keys of an earlier run %r", len(old), run_id)
-
-
-def _threads(cpus: float) -> str:
-    return str(max(1, int(cpus)))
-
-
-def _stage_env(cfg: Config, tier: str, rank: int, master: tuple[str, int]) -> dict[str, str]:
-    cpus = {
-        "generator": cfg.cluster.cpus_per_generator,
-        "redistributor": cfg.cluster.cpus_per_redistributor,
-        "learner": cfg.cluster.cpus_per_learner,
-    }[tier]
-    env = {
-        "OMP_NUM_THREADS": _threads(cpus),
-        "TOKENIZERS_PARALLELISM": "false",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_CACHE_ROOT": str(Path(cfg.run.dir).resolve() / "vllm_cache"),
-    }
-    if tier == "learner":
-        env.update(
-            RANK=str(rank),
-            LOCAL_RANK="0",
-            WORLD_SIZE=str(cfg.cluster.learner_ranks),
-            MASTER_ADDR=master[0],
-            MASTER_PORT=str(master[1]),
-        )
-    import torch
-
-    if not torch.cuda.is_available():
-        env["DS_ACCELERATOR"] = "cpu"
-    return env
 
 
 def _init_ray(cfg: Config, stack: contextlib.ExitStack) -> None:
@@ -302,7 +241,7 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
                 name=f"rredcot-{cfg.run.name}-{tier}{rank}",
             )
-            .remote(tier, cfg_dict, rank, _stage_env(cfg, tier, rank, master))
+            .remote(tier, cfg_dict, rank, stage_env(cfg, tier, rank, master))
         )
         actors.append((actor, tier, rank))
         stack.callback(ray.kill, actor)

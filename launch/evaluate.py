@@ -72,7 +72,7 @@ def evaluate(
     ``progress(samples done, samples in all)`` as generation goes."""
     start = time.perf_counter()
     g = cfg.generation
-    prompts = [prompt_ids(p, cfg.data, engine.tokenizer) for p in problems]
+    prompts = [prompt_ids(p, verifier.task, cfg.data, engine.tokenizer) for p in problems]
     sampled = Sampling(
         n=g.group_size, temperature=g.temperature, top_p=g.top_p, max_tokens=g.max_tokens, stop=tuple(g.stop)
     )
@@ -120,8 +120,8 @@ class Evaluator:
         self.engine = Engine(EngineSpec.from_config(c, seed_offset=1))
         self.client = connect(c.redis.url) if c.redis.url else None
         self.control = RunControl(self.client, c.run.name) if self.client else None
-        self.problems = train_and_held_out(c.data, c.run.seed)[1]
-        self.verifier = Verifier(c.generation.verifier_timeout_s)
+        self.verifier = Verifier(c.task, c.generation.verifier_timeout_s)
+        self.problems = train_and_held_out(self.verifier.task, c.data, c.run.seed)[1]
         self._published = 0.0
 
     def _progress(self, done: int, total: int) -> None:

@@ -25,8 +25,9 @@ import torch.distributed as dist
 
 from rredcot.common.config import LearnerConfig
 from rredcot.common.precision import resolve_dtype
+from rredcot.learner.logprobs import TokenLogProbs, model_inputs
 from rredcot.learner.loss import LossSettings, Stats, policy_loss, sample_coefficients
-from rredcot.learner.packing import BudgetError, MicroBatch, TokenLogProbs, TrainSample, micro_batches, model_inputs
+from rredcot.learner.packing import BudgetError, MicroBatch, TrainSample, micro_batches
 
 
 def free_port() -> int:

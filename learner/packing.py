@@ -24,7 +24,6 @@ import numpy as np
 import torch
 
 from rredcot.common.records import WeightedGroup
-from rredcot.learner.attention import use_varlen_attention
 
 LAYOUTS = ("packed", "padded", "shared")
 
@@ -275,71 +274,3 @@ def _micro_batch(
 def micro_batches(samples: list[TrainSample], budget: int, layout: str = "packed", pad_id: int = 0) -> list[MicroBatch]:
     """Plan and collate: the micro-batches of one rank's share of a global batch."""
     return [collate([samples[i] for i in b], layout, pad_id) for b in plan_micro_batches(samples, budget, layout)]
-
-
-class TokenLogProbs(torch.nn.Module):
-    """Wraps a causal LM (``.lm``) so that its forward returns log π(target) per completion token.
-
-    The decoder runs once; the LM head runs only at the T positions that predict completion
-    tokens. With ``chunk > 0`` and grad enabled, the head runs in checkpointed chunks of ``chunk``
-    tokens, so at most [chunk, V] logits are alive at once (forward and backward). Logits are
-    divided by the sampling ``temperature`` so that log-probs match the generator's processed
-    behaviour log-probs. Wrapping the whole computation in one module lets DeepSpeed see every
-    micro-batch as one engine forward. ``lm`` is switched to the varlen attention, which gives the
-    same results as sdpa for every layout and never attends across the samples of a packed row.
-    """
-
-    def __init__(self, lm: torch.nn.Module, chunk: int = 0, temperature: float = 1.0) -> None:
-        super().__init__()
-        self.lm = use_varlen_attention(lm)
-        self.chunk = chunk
-        self.inv_temperature = 1.0 / temperature if temperature > 0 else 1.0
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        token_index: torch.Tensor,
-        targets: torch.Tensor,
-        sample_bounds: tuple[int, ...] | None = None,
-    ) -> torch.Tensor:
-        hidden = self.lm.get_decoder()(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            attention_mask=attention_mask,
-            use_cache=False,
-            sample_bounds=sample_bounds,
-        ).last_hidden_state
-        h = hidden.reshape(-1, hidden.shape[-1])[token_index]
-        if self.chunk <= 0 or len(h) <= self.chunk:
-            return self._head(h, targets)
-        parts = []
-        for i in range(0, len(h), self.chunk):
-            args = (h[i : i + self.chunk], targets[i : i + self.chunk])
-            if torch.is_grad_enabled():
-                parts.append(torch.utils.checkpoint.checkpoint(self._head, *args, use_reentrant=False))
-            else:
-                parts.append(self._head(*args))
-        return torch.cat(parts)
-
-    def _head(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = self.lm.get_output_embeddings()(h).float() * self.inv_temperature
-        return logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1)
-
-
-def model_inputs(mb: MicroBatch) -> dict[str, torch.Tensor | tuple[int, ...] | None]:
-    """Keyword arguments of ``TokenLogProbs.forward`` for ``mb``."""
-    return {
-        "input_ids": mb.input_ids,
-        "position_ids": mb.position_ids,
-        "attention_mask": mb.attention_mask,
-        "token_index": mb.token_index,
-        "targets": mb.targets,
-        "sample_bounds": mb.sample_bounds,
-    }
-
-
-def token_logprobs(model: torch.nn.Module, mb: MicroBatch, chunk: int = 0, temperature: float = 1.0) -> torch.Tensor:
-    """log π(target) for every completion token of ``mb`` under the causal LM ``model`` (float32 [T])."""
-    return TokenLogProbs(model, chunk, temperature)(**model_inputs(mb))

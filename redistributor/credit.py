@@ -9,11 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from rredcot.common.config import Config
+from rredcot.common.config import Config, CreditConfig
 from rredcot.common.records import RolloutGroup, RolloutRecord, WeightedGroup, WeightedSample
 from rredcot.redistributor.entropy import TraceScores, score_traces
 from rredcot.redistributor.mc import mc_values
-from rredcot.redistributor.registry import CreditContext, SampleCredit, get_method, register
+from rredcot.redistributor.registry import CreditContext, CreditMethod, SampleCredit, get_method, register
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.segmentation import Segmentation, segment, thinking_span, token_texts
 from rredcot.redistributor.sigma import segment_masses, segment_rewards, token_sigma
@@ -70,12 +70,11 @@ def budget_batches(lengths: Sequence[int], budget: int) -> list[list[int]]:
     return batches
 
 
-def _scored(
-    scorer: Scorer, group: RolloutGroup, keep_cache: bool
-) -> Iterator[tuple[int, RolloutRecord, TraceScores, float]]:
+def _scored(ctx: CreditContext, keep_cache: bool) -> Iterator[tuple[int, RolloutRecord, TraceScores, float]]:
     """(index, sample, trace, scorer seconds per sample), one ``credit.token_budget`` batch at a time
     (a batch's KV cache is released when the next batch starts)."""
-    c, prompt = scorer.credit, group.prompt_ids.tolist()
+    scorer, group = _scorer(ctx), ctx.group
+    c, prompt = ctx.cfg.credit, group.prompt_ids.tolist()
     comps = [s.completion_ids.tolist() for s in group.samples]
     for batch in budget_batches([len(prompt) + len(x) for x in comps], c.token_budget):
         t0 = time.perf_counter()
@@ -96,16 +95,17 @@ def _scored(
 def entropy_credit(ctx: CreditContext) -> list[SampleCredit]:
     """σ ∝ scorer token entropy (non-finite entropies count as 0; uniform when all are 0)."""
     out: list[SampleCredit] = [SampleCredit(_uniform(0))] * len(ctx.group.samples)
-    for i, _, trace, seconds in _scored(_scorer(ctx), ctx.group, keep_cache=False):
+    for i, _, trace, seconds in _scored(ctx, keep_cache=False):
         h = np.nan_to_num(trace.entropy.double().cpu().numpy(), nan=0.0, posinf=0.0, neginf=0.0).clip(min=0.0)
         sigma = (h / h.sum()).astype(np.float32) if h.sum() > 0 else _uniform(len(h))
         out[i] = SampleCredit(sigma, timings={"entropy": seconds})
     return out
 
 
-def _segments(scorer: Scorer, s: RolloutRecord, trace: TraceScores) -> Segmentation:
+def _segments(ctx: CreditContext, s: RolloutRecord, trace: TraceScores) -> Segmentation:
+    scorer = _scorer(ctx)
     texts = token_texts(scorer.tokenizer, s.completion_ids.tolist())
-    return segment(texts, trace.entropy.double().cpu().numpy(), scorer.credit, scorer.think_start, scorer.think_end)
+    return segment(texts, trace.entropy.double().cpu().numpy(), ctx.cfg.credit, scorer.think_start, scorer.think_end)
 
 
 def _exits(seg: Segmentation, n_tokens: int, answer_part: str) -> np.ndarray:
@@ -115,11 +115,11 @@ def _exits(seg: Segmentation, n_tokens: int, answer_part: str) -> np.ndarray:
     return seg.exit_points
 
 
-def reference_pairs(group: RolloutGroup, scorer: Scorer) -> list[Pair]:
+def reference_pairs(group: RolloutGroup, scorer: Scorer, c: CreditConfig) -> list[Pair]:
     """The dataset's (u_i, y_i); with ``credit.group_refs`` also each correct sample's answer part
     (after the thinking end and leading whitespace) as (u, empty y); at most ``credit.max_refs``."""
     pairs: list[Pair] = [(u.tolist(), y.tolist()) for u, y in zip(group.ref_solution_ids, group.ref_answer_ids)]
-    if scorer.credit.group_refs:
+    if c.group_refs:
         for s in group.samples:
             if s.verdict != "correct":
                 continue
@@ -130,7 +130,7 @@ def reference_pairs(group: RolloutGroup, scorer: Scorer) -> list[Pair]:
                 start += 1
             if start < len(texts):
                 pairs.append((s.completion_ids[start:].tolist(), []))
-    return pairs[: scorer.credit.max_refs]
+    return pairs[: c.max_refs]
 
 
 def _sigma(seg_exits: np.ndarray, values: np.ndarray, n: int, advantage: float, ctx: CreditContext) -> SampleCredit:
@@ -149,12 +149,12 @@ def _sigma(seg_exits: np.ndarray, values: np.ndarray, n: int, advantage: float, 
 def rredcot(ctx: CreditContext) -> list[SampleCredit]:
     """Entropy → segments → importance-sampled exit values → segment rewards → σ."""
     scorer, c = _scorer(ctx), ctx.cfg.credit
-    refs = reference_pairs(ctx.group, scorer)
+    refs = reference_pairs(ctx.group, scorer, c)
     out: list[SampleCredit] = [SampleCredit(_uniform(0))] * len(ctx.group.samples)
-    for i, s, trace, t_entropy in _scored(scorer, ctx.group, keep_cache=bool(refs)):
+    for i, s, trace, t_entropy in _scored(ctx, keep_cache=bool(refs)):
         n = len(s.completion_ids)
         t1 = time.perf_counter()
-        exits = _exits(_segments(scorer, s, trace), n, c.answer_part)
+        exits = _exits(_segments(ctx, s, trace), n, c.answer_part)
         t2 = time.perf_counter()
         values = np.zeros(0)
         if refs:
@@ -177,14 +177,14 @@ def rredcot(ctx: CreditContext) -> list[SampleCredit]:
 @register("mc", return_equivalent=True, needs_scorer=True, needs_sampler=True)
 def mc(ctx: CreditContext) -> list[SampleCredit]:
     """Like ``rredcot`` but v̂(s_t) is the mean reward of M sampled continuations (prob space)."""
-    scorer, c = _scorer(ctx), ctx.cfg.credit
+    c = ctx.cfg.credit
     if ctx.sampler is None or ctx.reward_fn is None:
         raise ValueError("credit method 'mc' needs a continuation sampler and a reward function")
     out: list[SampleCredit] = [SampleCredit(_uniform(0))] * len(ctx.group.samples)
-    for i, s, trace, t_entropy in _scored(scorer, ctx.group, keep_cache=False):
+    for i, s, trace, t_entropy in _scored(ctx, keep_cache=False):
         n = len(s.completion_ids)
         t1 = time.perf_counter()
-        exits = _exits(_segments(scorer, s, trace), n, c.answer_part)
+        exits = _exits(_segments(ctx, s, trace), n, c.answer_part)
         t2 = time.perf_counter()
         values, _ = mc_values(
             ctx.sampler,
@@ -201,9 +201,16 @@ def mc(ctx: CreditContext) -> list[SampleCredit]:
     return out
 
 
-def redistribute_group(group: RolloutGroup, cfg: Config, scorer: Scorer | None = None, **extra: Any) -> WeightedGroup:
-    """Advantages + the configured credit method for one group (``extra``: sampler, reward_fn)."""
-    method = get_method(cfg.credit.method)
+def redistribute_group(
+    group: RolloutGroup,
+    cfg: Config,
+    scorer: Scorer | None = None,
+    method: CreditMethod | None = None,
+    **extra: Any,
+) -> WeightedGroup:
+    """Advantages + the credit method for one group (``method``: resolved once by the caller, else
+    ``credit.method``; ``extra``: sampler, reward_fn, settings)."""
+    method = method or get_method(cfg.credit.method)
     adv = group_advantages([s.reward for s in group.samples], cfg.credit.advantage_std_norm)
     credits = method.fn(CreditContext(group, adv, cfg, scorer, **extra))
     samples = [

@@ -1,14 +1,21 @@
-"""The credit-method registry: a new method is a function plus ``@register("name", ...)``."""
+"""Credit methods: a new method is a function plus ``@register("name", ...)`` in any module.
+
+Methods live in ``common.registry.CREDIT_METHODS`` (so the config checks ``credit.method`` against
+them); a method may declare a settings dataclass, filled from ``credit.settings`` and handed to
+it as ``ctx.settings``. ``credit.method: mypkg.my_method`` imports your module on first use.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from rredcot.common.config import Config
 from rredcot.common.records import RolloutGroup
+from rredcot.common.registry import CREDIT_METHODS, typed_settings
 from rredcot.common.sampling import ContinuationSampler, RewardFn
 from rredcot.redistributor.scorer import Scorer
 
@@ -38,6 +45,7 @@ class CreditContext:
     scorer: Scorer | None = None
     sampler: ContinuationSampler | None = None
     reward_fn: RewardFn | None = None
+    settings: Any = None  # the method's own settings (its ``settings`` dataclass), if it declares any
 
 
 CreditFn = Callable[[CreditContext], list[SampleCredit]]
@@ -50,26 +58,32 @@ class CreditMethod:
     return_equivalent: bool  # Σσ = 1 for every sample by design
     needs_scorer: bool = False
     needs_sampler: bool = False
+    settings: type | None = None  # dataclass of ``credit.settings``
 
-
-CREDIT_METHODS: dict[str, CreditMethod] = {}
+    def typed_settings(self, cfg: Config) -> Any:
+        """``credit.settings`` as this method's settings dataclass (None if it declares none)."""
+        return typed_settings(
+            self.settings, dict(cfg.credit.settings), "credit.settings", f"credit method {self.name!r}"
+        )
 
 
 def register(
-    name: str, *, return_equivalent: bool, needs_scorer: bool = False, needs_sampler: bool = False
+    name: str,
+    *,
+    return_equivalent: bool,
+    needs_scorer: bool = False,
+    needs_sampler: bool = False,
+    settings: type | None = None,
 ) -> Callable[[CreditFn], CreditFn]:
     """Decorator: make ``fn`` the credit method ``name`` (``credit.method=name``)."""
 
     def wrap(fn: CreditFn) -> CreditFn:
-        if name in CREDIT_METHODS:
-            raise ValueError(f"credit method {name!r} is already registered")
-        CREDIT_METHODS[name] = CreditMethod(name, fn, return_equivalent, needs_scorer, needs_sampler)
+        CREDIT_METHODS.register(name)(CreditMethod(name, fn, return_equivalent, needs_scorer, needs_sampler, settings))
         return fn
 
     return wrap
 
 
 def get_method(name: str) -> CreditMethod:
-    if name not in CREDIT_METHODS:
-        raise ValueError(f"unknown credit method {name!r}; registered: {sorted(CREDIT_METHODS)}")
-    return CREDIT_METHODS[name]
+    """The method registered as ``name`` (built-in, or from the module ``name`` names)."""
+    return CREDIT_METHODS.get(name)

@@ -5,17 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rredcot.common.config import CreditConfig
 from rredcot.redistributor.entropy import TokenCounter
 
 
 @dataclass
 class Scorer:
-    """Model + tokenizer + the credit settings that depend on them (exit-string ids, thinking tags)."""
+    """Model + tokenizer + what depends on the tokenizer (the exit string's ids, the thinking tags)."""
 
     model: Any
     tokenizer: Any
-    credit: CreditConfig
+    exit_string: str
     think_start: str = "<think>"
     think_end: str = "</think>"
     version: int = 0
@@ -23,7 +22,7 @@ class Scorer:
     exit_ids: list[int] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.exit_ids = list(self.tokenizer(self.credit.exit_string, add_special_tokens=False)["input_ids"])
+        self.exit_ids = list(self.tokenizer(self.exit_string, add_special_tokens=False)["input_ids"])
 
     def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
         """Accept a weight update (e.g. the policy at ``version`` when ``credit.scorer=policy``).

@@ -23,8 +23,9 @@ from rredcot.common.config import Config, ConfigError
 from rredcot.common.control import RunControl
 from rredcot.common.models import load_causal_lm, load_tokenizer, resolve_model_path
 from rredcot.common.records import RecordError, RolloutGroup, WeightedGroup
+from rredcot.common.sampling import RewardFn
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Entry, Producer, connect, key
-from rredcot.common.verifier import answers_match, extract_answer
+from rredcot.common.verifier import Verifier
 from rredcot.common.weight_sync import latest_manifest, load_tensors
 from rredcot.redistributor.credit import redistribute_group
 from rredcot.redistributor.mc import HFContinuationSampler
@@ -62,26 +63,19 @@ def build_scorer(cfg: Config) -> Scorer:
     """The scorer from ``model.path`` (its initial weights are the reference model)."""
     path = resolve_model_path(cfg.model.path, seed=cfg.run.seed)
     tok = load_tokenizer(cfg.model.tokenizer or path)
-    return Scorer(load_causal_lm(path, cfg.model.dtype), tok, cfg.credit, cfg.model.think_start, cfg.model.think_end)
+    model = load_causal_lm(path, cfg.model.dtype)
+    return Scorer(model, tok, cfg.credit.exit_string, cfg.model.think_start, cfg.model.think_end)
 
 
-def verifier_reward(tokenizer: Any) -> Any:
-    """RewardFn for MC: decode, extract the final answer, compare with math-verify (main thread)."""
-
-    def reward(ids: list[int], gold: str) -> float:
-        pred = extract_answer(tokenizer.decode(ids, skip_special_tokens=True))
-        try:
-            return float(pred is not None and answers_match(pred, gold))
-        except Exception:  # an unparsable answer is a wrong answer
-            return 0.0
-
-    return reward
+def verifier_reward(verifier: Verifier, tokenizer: Any) -> RewardFn:
+    """RewardFn for MC: decode, then score with the run's task through the isolated verifier."""
+    return lambda ids, gold: verifier.score(tokenizer.decode(ids, skip_special_tokens=True), gold).reward
 
 
 class Redistributor:
     """One worker of the redistributor tier."""
 
-    def __init__(self, cfg: Config, name: str = "red0", scorer: Scorer | None = None) -> None:
+    def __init__(self, cfg: Config, name: str = "red0", rank: int = 0, scorer: Scorer | None = None) -> None:
         if not cfg.redis.url:
             raise ConfigError("redis.url is not set: a redistributor needs the run's Redis server")
         self.cfg, self.name, self.run_id = cfg, name, cfg.run.name
@@ -93,12 +87,14 @@ class Redistributor:
         self.producer = Producer(self.client, key(self.run_id, BATCHES), cfg.redis.maxlen, cfg.redis.block_timeout_s)
         self.control = RunControl(self.client, self.run_id)
         self.scorer = scorer if scorer is not None or not self.method.needs_scorer else build_scorer(cfg)
-        self.extra: dict[str, Any] = {}
+        self.extra: dict[str, Any] = {"settings": self.method.typed_settings(cfg)}
+        self.verifier: Verifier | None = None
         if self.method.needs_sampler and self.scorer is not None:
             sampler = HFContinuationSampler(
                 self.scorer.model, cfg.generation.temperature, self.scorer.tokenizer.eos_token_id, cfg.run.seed
             )
-            self.extra = {"sampler": sampler, "reward_fn": verifier_reward(self.scorer.tokenizer)}
+            self.verifier = Verifier(cfg.task, cfg.generation.verifier_timeout_s)
+            self.extra |= {"sampler": sampler, "reward_fn": verifier_reward(self.verifier, self.scorer.tokenizer)}
         self.metrics = WorkerMetrics()
         self.saved = 0
         self._resumed = False
@@ -140,7 +136,7 @@ class Redistributor:
         try:
             group = decode(entry.payload, RolloutGroup)
             with torch.inference_mode():
-                out = redistribute_group(group, self.cfg, self.scorer, **self.extra)
+                out = redistribute_group(group, self.cfg, self.scorer, self.method, **self.extra)
             payload = encode(out)
         except (RecordError, ValueError, RuntimeError) as e:
             self.consumer.dead_letter(entry, f"{type(e).__name__}: {e}")
@@ -178,19 +174,23 @@ class Redistributor:
         for stage in STAGES:
             setattr(m, f"{stage}_s", getattr(m, f"{stage}_s") + sum(s.timings.get(stage, 0.0) for s in samples))
 
-    def run(self, idle_exit_s: float | None = None) -> WorkerMetrics:
-        """Process until the run's stop flag is set (or nothing arrived for ``idle_exit_s``)."""
+    def run(self, idle_exit_s: float | None = None) -> dict[str, float]:
+        """Process until the run's stop flag is set (or nothing arrived for ``idle_exit_s``); returns
+        the worker's metrics."""
         idle_since = time.monotonic()
-        while not self.control.stop_requested():
-            if self.step():
-                idle_since = time.monotonic()
-            elif idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
-                break
-        return self.metrics
+        try:
+            while not self.control.stop_requested():
+                if self.step():
+                    idle_since = time.monotonic()
+                elif idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
+                    break
+        finally:
+            if self.verifier is not None:
+                self.verifier.close()
+        return self.metrics.snapshot()
 
 
 def run_worker(cfg: Config) -> None:
     """``rredcot redistribute CONFIG``: one worker against ``redis.url`` until the run stops."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    metrics = Redistributor(cfg).run()
-    log.info("redistributor done: %s", metrics.snapshot())
+    log.info("redistributor done: %s", Redistributor(cfg).run())

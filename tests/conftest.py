@@ -1,4 +1,4 @@
-"""Shared fixtures: a real embedded Redis-protocol server and per-test run ids."""
+"""Shared fixtures: a real embedded Redis-protocol server, per-test run ids, the real Qwen tokenizer."""
 
 from __future__ import annotations
 
@@ -37,3 +37,11 @@ def redis_client(redis_server):
 def run_id() -> str:
     """A fresh run id, so tests sharing the server never see each other's streams."""
     return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session")
+def qwen_tok():
+    """The real Qwen3 tokenizer (shipped in a pip package; no network)."""
+    from rredcot.common.models import load_tokenizer, qwen_tokenizer_dir
+
+    return load_tokenizer(qwen_tokenizer_dir())

@@ -1,6 +1,7 @@
 """One learner rank for the multi-process tests: train synthetic steps, checkpoint, publish weights.
 
-Usage: python learner_worker.py '<json spec>' (RANK/WORLD_SIZE/MASTER_* come from the environment).
+Usage: python -m tests.integration.learner_worker '<json spec>', from the repository root
+(RANK/WORLD_SIZE/MASTER_* come from the environment).
 Spec keys: stage, steps, first_step, resume (checkpoint dir or null), save (checkpoint root or null),
 out (safetensors file for the final weights; RANK is replaced by the rank), redis_url + run_id +
 weights_dir (publish after each step).
@@ -18,7 +19,7 @@ from rredcot.common.config import LearnerConfig
 from rredcot.learner.broadcast import WeightPublisher, full_state
 from rredcot.learner.checkpoint import load_checkpoint, save_checkpoint
 from rredcot.learner.engine import LearnerEngine
-from rredcot.learner.synthetic import random_samples, tiny_lm
+from tests.learner_samples import random_samples, tiny_lm
 
 
 def main(spec: dict) -> None:

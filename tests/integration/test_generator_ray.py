@@ -1,4 +1,4 @@
-"""A generator Ray actor killed mid-group is restarted by Ray and resumes from the latest weights."""
+"""A generator stage actor killed mid-group is restarted by Ray and resumes from the latest weights."""
 
 from __future__ import annotations
 
@@ -7,14 +7,15 @@ import time
 
 import pytest
 
-from rredcot.actors.generator import remote_generator, stable_id
+from rredcot.actors.generator import stable_id
 from rredcot.common.codec import decode
-from rredcot.common.config import load_config
+from rredcot.common.config import load_config, to_dict
 from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir, save_model_dir
 from rredcot.common.records import RolloutGroup
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import ROLLOUTS, key
 from rredcot.common.weight_sync import publish_weights
+from rredcot.launch.stages import StageWorker, stage_env
 
 
 @pytest.fixture
@@ -40,6 +41,7 @@ def test_killed_generator_resumes_with_latest_weights_and_no_lost_prompts(
             f"model.path={path}",
             f"redis.url={redis_server.url}",
             f"run.name={run_id}",
+            f"run.dir={tmp_path / 'run'}",
             f"run.steps={steps}",
             f"generation.prompts_per_step={pps}",
             "generation.group_size=2",
@@ -56,12 +58,14 @@ def test_killed_generator_resumes_with_latest_weights_and_no_lost_prompts(
         if version == 2:  # published while the first incarnation runs, right before the kill
             while redis_client.xlen(key(run_id, ROLLOUTS)) < 2:
                 time.sleep(0.02)
-            held = {int(i) for i in redis_client.smembers(key(run_id, "inflight:g0"))}
+            held = {int(i) for i in redis_client.smembers(key(run_id, "inflight:gen0"))}
         publish_weights(redis_client, run_id, version, model.named_parameters(), weights_dir)
         admission.publish_version(version)
         if version == 1:
-            actor = remote_generator(cfg, "g0", num_cpus=1, max_restarts=1, max_task_retries=1)
-            done = actor.run.remote(timeout_s=300)
+            env = stage_env(cfg, "generator", 0, ("127.0.0.1", 0))
+            options = {"num_cpus": 1, "max_restarts": 1, "max_task_retries": 1}
+            actor = ray.remote(StageWorker).options(**options).remote("generator", to_dict(cfg), 0, env)
+            done = actor.run.remote()
     written_before = redis_client.xlen(key(run_id, ROLLOUTS))
     ray.kill(actor, no_restart=False)
     metrics = ray.get(done, timeout=300)  # the call is retried on the restarted actor
@@ -74,7 +78,7 @@ def test_killed_generator_resumes_with_latest_weights_and_no_lost_prompts(
     assert set(ids) == {stable_id(run_id, i) for i in range(pps * steps)}, "an admitted prompt was lost"
     dupes = {i for i in range(pps * steps) if ids.count(stable_id(run_id, i)) > 1}
     assert dupes <= held, "only prompts the in-flight record held may be generated twice"
-    assert redis_client.scard(key(run_id, "inflight:g0")) == 0
+    assert redis_client.scard(key(run_id, "inflight:gen0")) == 0
     after = groups[len(groups) - int(metrics["finished_groups"]) :]  # written by the restarted incarnation
     assert after and all(s.version_runs.tolist() == [[0, 2]] for g in after for s in g.samples)
     assert metrics["weight_updates"] >= 1 and metrics["version"] == 2

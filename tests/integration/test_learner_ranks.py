@@ -17,7 +17,7 @@ from rredcot.common.weight_sync import latest_manifest, load_tensors
 from rredcot.learner.checkpoint import latest_checkpoint
 from rredcot.learner.engine import free_port
 
-WORKER = Path(__file__).with_name("learner_worker.py")
+ROOT = Path(__file__).resolve().parents[2]  # the repository: the worker runs as tests.integration.learner_worker
 
 
 def run_ranks(spec: dict, world: int = 1, timeout: float = 240) -> None:
@@ -34,7 +34,8 @@ def run_ranks(spec: dict, world: int = 1, timeout: float = 240) -> None:
         }
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(WORKER), json.dumps(spec)],
+                [sys.executable, "-m", "tests.integration.learner_worker", json.dumps(spec)],
+                cwd=ROOT,
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,

@@ -53,8 +53,8 @@ def test_every_rollout_becomes_one_weighted_sample_or_dead_letter(redis_client, 
     producer.put(b"\x00not msgpack")
     producer.put(raw)
     cfg = _cfg(redis_server.url, run_id, f"run.dir={tmp_path}", "credit.save_traces=2")
-    scorer = Scorer(build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit)
-    worker = Redistributor(cfg, "red0", scorer)
+    scorer = Scorer(build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit.exit_string)
+    worker = Redistributor(cfg, "red0", scorer=scorer)
     metrics = worker.run(idle_exit_s=1.0)
     saved = sorted((tmp_path / "traces").glob("red0-*.msgpack"))
     assert len(saved) == 2 and all(decode(p.read_bytes(), WeightedGroup).group_id in groups for p in saved)
@@ -67,7 +67,7 @@ def test_every_rollout_becomes_one_weighted_sample_or_dead_letter(redis_client, 
     reasons = [f[b"reason"].decode() for f in dead_letters(redis_client, key(run_id, DEAD))]
     assert len(reasons) == 2 and all("RecordError" in r for r in reasons)
     assert redis_client.xlen(key(run_id, ROLLOUTS)) == 0  # acked entries are deleted
-    assert metrics.groups == 3 and metrics.rollouts == 12 and metrics.dead_letters == 2
+    assert metrics["groups"] == 3 and metrics["rollouts"] == 12 and metrics["dead_letters"] == 2
     stored = redis_client.hgetall(key(run_id, "metrics:red0"))
     assert stored[b"tier"] == b"redistributor" and float(stored[b"rollouts"]) == 12
 
@@ -105,8 +105,8 @@ def test_worker_killed_mid_batch_loses_nothing(redis_client, redis_server, run_i
     assert held > 0  # the dead worker still holds unacked entries
     time.sleep(0.4)  # older than claim_idle_ms: another worker reclaims them
     cfg = load_config(None, cfg_args)
-    scorer = Scorer(build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit)
-    Redistributor(cfg, "rescuer", scorer).run(idle_exit_s=1.5)
+    scorer = Scorer(build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit.exit_string)
+    Redistributor(cfg, "rescuer", scorer=scorer).run(idle_exit_s=1.5)
     out = _batches(redis_client, run_id)
     seen = {g.group_id: [s.rollout.id for s in g.samples] for g in out}
     assert seen == groups  # every group arrived (a group written but not acked may arrive twice)
@@ -118,8 +118,8 @@ def test_worker_killed_mid_batch_loses_nothing(redis_client, redis_server, run_i
 def test_policy_scorer_follows_published_weights(redis_client, redis_server, run_id, tmp_path) -> None:
     """credit.scorer=policy: the worker loads each newer published version (tied head left out)."""
     cfg = _cfg(redis_server.url, run_id, "credit.scorer=policy")
-    scorer = Scorer(build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit)
-    worker = Redistributor(cfg, "red0", scorer)
+    scorer = Scorer(build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit.exit_string)
+    worker = Redistributor(cfg, "red0", scorer=scorer)
     assert not worker.sync_scorer()  # nothing published yet
     policy = build_tiny_model("qwen3", seed=5)
     publish_weights(redis_client, run_id, 3, policy.named_parameters(), tmp_path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from safetensors.torch import save
 
 from rredcot.actors.continuations import VLLMContinuations
+from rredcot.common.config import TaskConfig
 from rredcot.common.sampling import ContinuationSampler
 from rredcot.common.verifier import Verifier
 
@@ -29,7 +30,7 @@ def test_sampled_continuations_and_verified_rewards(tied, tokenizer):
     partial = tokenizer("7 * 8 = 56.\nAnswer: 56\n", add_special_tokens=False)["input_ids"]
     conts = sampler.sample([prompt + partial], m=4, max_tokens=5)[0]
     assert len(conts) == 4 and all(0 < len(c) <= 5 for c in conts)
-    with Verifier(timeout_s=10) as verifier:
+    with Verifier(TaskConfig("math"), timeout_s=10) as verifier:
         rewards = sampler.rewards(
             [prompt + partial, prompt], [len(prompt)] * 2, ["56", "57"], m=3, max_tokens=1, verifier=verifier
         )

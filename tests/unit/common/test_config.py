@@ -3,8 +3,8 @@ import pytest
 from rredcot.common.config import Config, ConfigError, available_configs, from_dict, load_config, to_dict
 
 
-def test_defaults_validate_and_round_trip():
-    cfg = load_config()
+def test_defaults_with_a_dataset_validate_and_round_trip():
+    cfg = load_config(None, ["data.path=problems.jsonl"])  # the default task (math) reads a dataset
     assert isinstance(cfg, Config)
     assert from_dict(to_dict(cfg)) == cfg
 

@@ -4,8 +4,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rredcot.common.config import DataConfig
-from rredcot.common.data import DatasetError, ProblemOrder, last_boxed, load_problems, split_eval
+from rredcot.common.config import DataConfig, TaskConfig
+from rredcot.common.data import DatasetError, ProblemOrder, last_boxed, load_rows, split_eval
+from rredcot.common.task import build_task
 
 
 def _jsonl(path, rows):
@@ -27,7 +28,7 @@ def test_jsonl_numina_convention_answer_from_boxed(tmp_path):
             {"problem": "2*3?", "solution": "6", "answer": "6"},
         ],
     )
-    probs = load_problems(DataConfig(source="jsonl", path=str(f)))
+    probs = load_rows(DataConfig(source="jsonl", path=str(f)))
     assert [(p.problem, p.answer) for p in probs] == [("1+1?", "2"), ("2*3?", "6")]
 
 
@@ -41,20 +42,20 @@ def test_bad_row_names_file_and_row(tmp_path):
         ],
     )
     with pytest.raises(DatasetError) as e:
-        load_problems(DataConfig(source="jsonl", path=str(f)))
+        load_rows(DataConfig(source="jsonl", path=str(f)))
     assert f"{f}: row 3" in str(e.value) and "'problem'" in str(e.value) and "question" in str(e.value)
 
 
 def test_invalid_json_names_row(tmp_path):
     f = _jsonl(tmp_path / "broken.jsonl", [{"problem": "a", "solution": "x", "answer": "1"}, "{oops"])
     with pytest.raises(DatasetError, match="broken.jsonl: row 2: invalid JSON"):
-        load_problems(DataConfig(source="jsonl", path=str(f)))
+        load_rows(DataConfig(source="jsonl", path=str(f)))
 
 
 def test_missing_answer_everywhere(tmp_path):
     f = _jsonl(tmp_path / "na.jsonl", [{"problem": "a", "solution": "no box here"}])
     with pytest.raises(DatasetError, match=r"row 1: no 'answer' column and no \\boxed"):
-        load_problems(DataConfig(source="jsonl", path=str(f)))
+        load_rows(DataConfig(source="jsonl", path=str(f)))
 
 
 def test_parquet_and_column_mapping(tmp_path):
@@ -63,19 +64,19 @@ def test_parquet_and_column_mapping(tmp_path):
     cfg = DataConfig(
         source="parquet", path=str(f), problem_column="question", solution_column="sol", answer_column="ans"
     )
-    assert [p.answer for p in load_problems(cfg)] == ["1", "2"]
+    assert [p.answer for p in load_rows(cfg)] == ["1", "2"]
 
 
 def test_hf_dataset_from_disk(tmp_path):
     import datasets
 
     datasets.Dataset.from_dict({"problem": ["p"], "solution": [r"\boxed{7}"]}).save_to_disk(str(tmp_path / "ds"))
-    probs = load_problems(DataConfig(source="hf", path=str(tmp_path / "ds")))
+    probs = load_rows(DataConfig(source="hf", path=str(tmp_path / "ds")))
     assert probs[0].answer == "7"
 
 
 def test_order_is_deterministic_resumable_and_covers_each_epoch():
-    probs = load_problems(DataConfig(size=50, eval_size=0))
+    probs = build_task(TaskConfig("arith", {"size": 50})).problems(DataConfig(), 0)
     a, b = ProblemOrder(probs, seed=3), ProblemOrder(probs, seed=3)
     first_epoch = [a.at(n).id for n in range(50)]
     assert sorted(first_epoch) == sorted(p.id for p in probs)  # each problem once per epoch
@@ -85,7 +86,7 @@ def test_order_is_deterministic_resumable_and_covers_each_epoch():
 
 
 def test_split_eval_is_disjoint_and_deterministic():
-    probs = load_problems(DataConfig(size=100, eval_size=10))
+    probs = build_task(TaskConfig("arith", {"size": 100})).problems(DataConfig(), 0)
     train, held = split_eval(probs, 10, seed=1)
     assert len(held) == 10 and len(train) == 90
     assert not {p.problem for p in train} & {p.problem for p in held}

@@ -13,7 +13,7 @@ from rredcot.common.weight_sync import (
     publish_weights,
     read_weights,
 )
-from rredcot.learner.synthetic import tiny_lm
+from tests.learner_samples import tiny_lm
 
 
 def test_publish_roundtrip_hf_names_and_pruning(redis_client, run_id, tmp_path):

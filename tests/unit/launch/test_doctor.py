@@ -40,6 +40,7 @@ def test_paths(tmp_path: Path) -> None:
         "tests",
         [
             f"model.path={model}",
+            "task.name=math",
             "data.source=jsonl",
             f"data.path={tmp_path / 'no.jsonl'}",
             f"run.dir={tmp_path / 'run'}",

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rredcot.learner.packing import TrainSample
-from rredcot.learner.synthetic import random_samples, tiny_lm
+from tests.learner_samples import random_samples, tiny_lm
 
 
 @pytest.fixture

@@ -12,8 +12,9 @@ from deepspeed.utils import safe_get_full_grad
 from rredcot.common.config import LearnerConfig
 from rredcot.learner.broadcast import full_state
 from rredcot.learner.engine import LearnerEngine
+from rredcot.learner.logprobs import token_logprobs
 from rredcot.learner.loss import LossSettings, policy_loss, sample_coefficients
-from rredcot.learner.packing import BudgetError, collate, token_logprobs
+from rredcot.learner.packing import BudgetError, collate
 
 
 def config(**kw) -> LearnerConfig:

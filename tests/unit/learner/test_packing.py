@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 
+from rredcot.learner.logprobs import token_logprobs
 from rredcot.learner.loss import LossSettings, policy_loss, sample_coefficients
 from rredcot.learner.packing import (
     BudgetError,
     collate,
     micro_batches,
     plan_micro_batches,
-    token_logprobs,
 )
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir
+from rredcot.common.models import build_tiny_model
 
 
 def small_lm(arch: str = "qwen3", seed: int = 0, vocab: int = 512) -> Any:
@@ -18,8 +18,3 @@ def small_lm(arch: str = "qwen3", seed: int = 0, vocab: int = 512) -> Any:
 @pytest.fixture(scope="session")
 def make_lm() -> Callable[..., Any]:
     return small_lm
-
-
-@pytest.fixture(scope="session")
-def qwen_tok() -> Any:
-    return load_tokenizer(qwen_tokenizer_dir())

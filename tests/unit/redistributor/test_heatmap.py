@@ -22,7 +22,7 @@ def _weighted(qwen_tok):
     cfg = Config()
     cfg.credit = CreditConfig(segments=4, min_segment_tokens=2, uniform_mix=0.1)
     group = make_group(qwen_tok)
-    return redistribute_group(group, cfg, Scorer(build_tiny_model("qwen3", seed=3), qwen_tok, cfg.credit))
+    return redistribute_group(group, cfg, Scorer(build_tiny_model("qwen3", seed=3), qwen_tok, cfg.credit.exit_string))
 
 
 def test_render_heatmap(qwen_tok, tmp_path) -> None:

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from rredcot.common.config import TaskConfig
+from rredcot.common.verifier import Verifier
 from rredcot.redistributor.worker import WorkerMetrics, verifier_reward
 
 
 def test_verifier_reward_on_real_tokens(qwen_tok) -> None:
-    reward = verifier_reward(qwen_tok)
+    verifier = Verifier(TaskConfig("math"))
+    reward = verifier_reward(verifier, qwen_tok)
     enc = lambda t: qwen_tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731
     assert reward(enc("<think>\n12*7 = 84\n</think>\n\nAnswer: 84"), "84") == 1.0
     assert reward(enc("So the result is \\boxed{\\frac{168}{2}}"), "84") == 1.0
     assert reward(enc("Answer: 85"), "84") == 0.0
     assert reward(enc("I am not sure"), "84") == 0.0
+    verifier.close()
 
 
 def test_metrics_rates() -> None:

@@ -1,4 +1,4 @@
-"""Synthetic policies and batches for tests and benchmarks: tiny random models, random σ-weighted samples."""
+"""Synthetic policies and batches for learner tests and benchmarks: tiny random models, random σ-weighted samples."""
 
 from __future__ import annotations
 

@@ -1,0 +1,115 @@
+"""Named extension points: tasks, credit methods and weight transports.
+
+A registry maps a name to an entry (a task class, a credit method, a transport). Built-in entries
+are listed here by the module that registers them, so that the config can check a name without
+importing any stage; they are imported on first use. A name with a dot that is not registered is
+a module path (``mypkg.mytask``): importing it runs its ``register`` decorators, and the entry is
+the one registered under that full name or under its last component (``mytask``). So a user's
+extension is a new file plus YAML, with no edit to rredcot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class RegistryError(ValueError):
+    """An unknown or unloadable name; the message names the config key and the registered names."""
+
+
+class Registry(Generic[T]):
+    """Entries of one kind by name; built-ins load lazily from the modules listed for them."""
+
+    def __init__(self, kind: str, config_key: str, builtins: dict[str, str]) -> None:
+        self.kind, self.config_key = kind, config_key
+        self._builtins = dict(builtins)  # name -> module whose import registers it
+        self._entries: dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        """Decorator: register the decorated object as ``name``."""
+
+        def wrap(entry: T) -> T:
+            if name in self._entries:
+                raise RegistryError(f"{self.kind} {name!r} is already registered")
+            self._entries[name] = entry
+            return entry
+
+        return wrap
+
+    def names(self) -> list[str]:
+        return sorted(set(self._builtins) | set(self._entries))
+
+    def is_builtin(self, name: str) -> bool:
+        return name in self._builtins
+
+    def get(self, name: str) -> T:
+        """The entry called ``name``, importing the module that registers it when needed."""
+        if name in self._entries:
+            return self._entries[name]
+        module = self._builtins.get(name) or (name if "." in name else None)
+        if module is None:
+            raise self._unknown(name, "")
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise self._unknown(name, f" (importing module {module!r} failed: {e})") from None
+        for candidate in (name, name.rsplit(".", 1)[-1]):
+            if candidate in self._entries:
+                return self._entries[candidate]
+        raise self._unknown(name, f" (module {module!r} registers no {self.kind} of that name)")
+
+    def _unknown(self, name: str, why: str) -> RegistryError:
+        names = "".join(f"{n!r}, " for n in self.names())
+        return RegistryError(
+            f"{self.config_key} = {name!r} is not allowed{why}; expected one of {names}"
+            f"or the module path of your own {self.kind} (e.g. mypkg.my_{self.kind.split()[-1]})"
+        )
+
+
+def typed_settings(settings_cls: type | None, values: dict[str, Any], config_key: str, owner: str) -> Any:
+    """``values`` (a plain dict from YAML) as an instance of the entry's settings dataclass.
+
+    Unknown keys and wrong types raise ``RegistryError`` naming ``config_key.<key>``; an entry
+    without a settings class (``owner``, e.g. "task 'math'") accepts only an empty dict.
+    """
+    if settings_cls is None:
+        if values:
+            raise RegistryError(f"{config_key} = {values!r} is not allowed; expected {{}}: {owner} takes no settings")
+        return None
+    allowed = {f.name: f for f in dataclasses.fields(settings_cls)}
+    unknown = sorted(set(values) - set(allowed))
+    if unknown:
+        raise RegistryError(
+            f"unknown key {config_key}.{unknown[0]}; keys allowed under {config_key!r}: {sorted(allowed)}"
+        )
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(settings_cls), values)
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None)
+        raise RegistryError(f"invalid value for {config_key}.{key}: {str(e).splitlines()[0]}") from None
+
+
+TASKS: Registry[Any] = Registry(
+    "task",
+    "task.name",
+    {"math": "rredcot.tasks.math", "arith": "rredcot.tasks.arith", "choice": "rredcot.tasks.choice"},
+)
+CREDIT_METHODS: Registry[Any] = Registry(
+    "credit method",
+    "credit.method",
+    {name: "rredcot.redistributor.credit" for name in ("grpo", "bnpo", "drgrpo", "entropy", "rredcot", "mc")},
+)
+WEIGHT_TRANSPORTS: Registry[Any] = Registry(
+    "weight transport",
+    "generation.weight_transport",
+    {"file": "rredcot.learner.transports", "collective": "rredcot.learner.transports"},
+)

@@ -1,0 +1,80 @@
+"""A task (domain): its problems, its prompt, how an answer is read and checked, its reference split.
+
+Tasks are registered by name (``common.registry.TASKS``) and chosen with ``task.name``; a task's
+own settings are a dataclass (``Settings``) filled from ``task.settings``. The generator, the
+evaluator and Monte-Carlo credit all score completions through ``common.verifier.Verifier``,
+which runs ``answers_match`` of the run's task in an isolated process with a timeout.
+
+Subclass ``Task``, decorate it with ``@TASKS.register("name")`` and override what differs:
+``problems`` (required), ``instruction`` and ``example`` (the prompt), ``extract_answer`` and
+``answers_match`` (the verifier), ``reference`` (the (u, y) split used by RREDCoT's values).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar
+
+from rredcot.common.config import Config, ConfigError, DataConfig, TaskConfig
+from rredcot.common.data import Problem
+from rredcot.common.registry import TASKS, typed_settings
+
+_ANSWER_LINE = re.compile(r"answer\s*(?:is)?\s*[:=]\s*(.+)", re.IGNORECASE)
+
+
+def answer_line(completion: str) -> str | None:
+    """The text after the last ``Answer: ...`` line (a trailing period dropped), None if absent."""
+    for line in reversed(completion.strip().splitlines()):
+        m = _ANSWER_LINE.search(line)
+        if m:
+            return m.group(1).strip().rstrip(".").strip()
+    return None
+
+
+class Task:
+    """Base class of every task; the defaults fit answers written on a final ``Answer: ...`` line."""
+
+    Settings: ClassVar[type | None] = None  # dataclass of ``task.settings`` (None: takes none)
+    instruction: ClassVar[str] = "Solve the problem. Show your steps, then give the final line as 'Answer: <answer>'."
+    example: ClassVar[Problem | None] = None  # the worked example of ``data.prompt_style=chat_one_shot``
+    reads_dataset: ClassVar[bool] = False  # True: problems come from ``data.path``; False: generated
+
+    def __init__(self, settings: Any = None) -> None:
+        self.settings = settings if settings is not None or self.Settings is None else self.Settings()
+
+    def problems(self, data: DataConfig, seed: int) -> list[Problem]:
+        """Every problem of the task (training and held-out), deterministic in (data, seed)."""
+        raise NotImplementedError
+
+    def check(self, cfg: Config) -> None:
+        """Cross-field rules of this task (raise ``ConfigError`` naming the key)."""
+
+    def extract_answer(self, completion: str) -> str | None:
+        """The final answer written in a completion (None: no answer given)."""
+        return answer_line(completion)
+
+    def answers_match(self, predicted: str, gold: str) -> bool:
+        """Whether ``predicted`` is the gold answer. Runs in the verifier's process, under a timeout."""
+        return predicted.strip().casefold() == gold.strip().casefold()
+
+    def reference(self, problem: Problem) -> tuple[str, str]:
+        """(u, y): the reference solution without its final answer line, and the answer line."""
+        lines = problem.solution.rstrip().splitlines()
+        if lines and answer_line(lines[-1]) is not None:
+            lines = lines[:-1]
+        return "\n".join(lines) + "\n", f"Answer: {problem.answer}"
+
+
+def check_eval_fits(cfg: Config, size: int) -> None:
+    """A generated task's rule: the held-out set leaves problems to train on."""
+    if cfg.data.eval_size >= size:
+        raise ConfigError(
+            f"data.eval_size = {cfg.data.eval_size} is not allowed; expected < task.settings.size ({size}) "
+            "so that some problems remain for training"
+        )
+
+
+def build_task(spec: TaskConfig) -> Task:
+    """The task ``spec.name`` with its typed settings (raises ``RegistryError`` on a bad name or key)."""
+    cls = TASKS.get(spec.name)
+    return cls(typed_settings(cls.Settings, dict(spec.settings), "task.settings", f"task {spec.name!r}"))

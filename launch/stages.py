@@ -1,0 +1,75 @@
+"""The stage interface and its Ray actor: every tier is ``Stage(cfg, name, rank=rank).run() -> dict``.
+
+A stage class takes the run's ``Config``, its worker name (``gen0``, ``red1``, ``learner0``) and
+its rank within the tier; ``run()`` works until the run's prompt budget is done or its stop flag
+is raised, and returns the worker's summary (a flat dict of numbers). ``StageWorker`` is the one
+Ray actor body for all tiers: the config crosses as a plain dict (never a pickled object).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from typing import Any
+
+from rredcot.common.config import Config
+from rredcot.launch.logs import redirect_output
+
+# tier -> (module, class) of its stage
+STAGE_CLASSES = {
+    "generator": ("rredcot.actors.generator", "Generator"),
+    "redistributor": ("rredcot.redistributor.worker", "Redistributor"),
+    "learner": ("rredcot.learner.trainer", "Trainer"),
+}
+WORKER_PREFIX = {"generator": "gen", "redistributor": "red", "learner": "learner"}
+
+
+class StageWorker:
+    """Ray actor body for any tier: builds the stage object from a plain-dict config and runs it."""
+
+    def __init__(self, tier: str, cfg: dict[str, Any], rank: int, env: dict[str, str]) -> None:
+        os.environ.update(env)
+        name = f"{WORKER_PREFIX[tier]}{rank}"
+        redirect_output(Path(cfg["run"]["dir"]).resolve() / "logs" / f"{name}.log")
+        import torch
+
+        torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
+        from rredcot.common.config import from_dict
+
+        module, cls = STAGE_CLASSES[tier]
+        self.stage = getattr(importlib.import_module(module), cls)(from_dict(cfg), name, rank=rank)
+
+    def run(self) -> dict[str, float]:
+        return self.stage.run()
+
+
+def _threads(cpus: float) -> str:
+    return str(max(1, int(cpus)))
+
+
+def stage_env(cfg: Config, tier: str, rank: int, master: tuple[str, int]) -> dict[str, str]:
+    cpus = {
+        "generator": cfg.cluster.cpus_per_generator,
+        "redistributor": cfg.cluster.cpus_per_redistributor,
+        "learner": cfg.cluster.cpus_per_learner,
+    }[tier]
+    env = {
+        "OMP_NUM_THREADS": _threads(cpus),
+        "TOKENIZERS_PARALLELISM": "false",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_CACHE_ROOT": str(Path(cfg.run.dir).resolve() / "vllm_cache"),
+    }
+    if tier == "learner":
+        env.update(
+            RANK=str(rank),
+            LOCAL_RANK="0",
+            WORLD_SIZE=str(cfg.cluster.learner_ranks),
+            MASTER_ADDR=master[0],
+            MASTER_PORT=str(master[1]),
+        )
+    import torch
+
+    if not torch.cuda.is_available():
+        env["DS_ACCELERATOR"] = "cpu"
+    return env

@@ -1,0 +1,1 @@
+"""Built-in tasks (domains), one module each; ``task.name`` picks one (``common.registry.TASKS``)."""

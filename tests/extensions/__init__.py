@@ -1,0 +1,1 @@
+"""Extensions written the way a user writes them: new files outside rredcot, picked by YAML."""

@@ -1,0 +1,57 @@
+"""Registries: names checked by the config, built-ins loaded lazily, user modules by path."""
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from rredcot.common.config import ConfigError, load_config
+from rredcot.common.registry import CREDIT_METHODS, Registry, RegistryError, typed_settings
+from rredcot.redistributor.credit import redistribute_group
+from rredcot.redistributor.registry import register
+from tests.extensions.last_token import last_token
+from tests.factories import rollout_group
+
+
+def test_unknown_name_lists_the_registered_ones():
+    reg = Registry("widget", "widgets.name", {"a": "json"})
+    reg.register("b")(object())
+    with pytest.raises(RegistryError, match=r"widgets.name = 'c' is not allowed; expected one of 'a', 'b'"):
+        reg.get("c")
+    with pytest.raises(RegistryError, match="already registered"):
+        reg.register("b")(object())
+
+
+def test_module_path_is_imported_and_must_register_the_name():
+    reg = Registry("widget", "widgets.name", {})
+    with pytest.raises(RegistryError, match="importing module 'no_such_pkg.mod' failed"):
+        reg.get("no_such_pkg.mod")
+    with pytest.raises(RegistryError, match="module 'json.decoder' registers no widget"):
+        reg.get("json.decoder")
+
+
+@dataclass
+class Knobs:
+    size: int = 3
+
+
+def test_typed_settings_name_the_key():
+    assert typed_settings(Knobs, {"size": 5}, "x.settings", "widget 'k'") == Knobs(5)
+    with pytest.raises(RegistryError, match=r"unknown key x.settings.sz; keys allowed under 'x.settings': \['size'\]"):
+        typed_settings(Knobs, {"sz": 5}, "x.settings", "widget 'k'")
+    with pytest.raises(RegistryError, match="x.settings.size"):
+        typed_settings(Knobs, {"size": "big"}, "x.settings", "widget 'k'")
+
+
+def test_a_credit_method_from_tests_runs_by_config_alone():
+    """No edit to rredcot: a module path in ``credit.method`` and its settings in ``credit.settings``."""
+    cfg = load_config("tests", ["credit.method=tests.extensions.last_token", "credit.settings={tail: 2}"])
+    method = CREDIT_METHODS.get(cfg.credit.method)
+    out = redistribute_group(rollout_group(g=3, length=8), cfg, method=method, settings=method.typed_settings(cfg))
+    for s in out.samples:
+        np.testing.assert_allclose(s.sigma, [0] * 6 + [0.5, 0.5])
+        assert s.credit_method == "last_token"
+    with pytest.raises(RegistryError, match="credit method 'grpo' is already registered"):
+        register("grpo", return_equivalent=True)(last_token)
+    with pytest.raises(ConfigError, match=r"unknown key credit.settings.head; keys allowed under 'credit.settings'"):
+        load_config("tests", ["credit.method=tests.extensions.last_token", "credit.settings={head: 2}"])
