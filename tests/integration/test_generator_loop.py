@@ -70,6 +70,7 @@ def test_records_on_redis_decode_validate_and_long_prompt_is_rejected(
         path,
         redis_server.url,
         run_id,
+        "task.name=math",
         "data.source=jsonl",
         f"data.path={data}",
         "data.eval_size=0",

@@ -23,11 +23,11 @@ from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.worker import GROUP, Redistributor
 from tests.factories import rollout_group
 
+BASE = ["task.name=arith", "redis.claim_idle_ms=300", "credit.segments=4"]  # rollouts come from the test
+
 
 def _cfg(url: str, run_id: str, *extra: str):
-    return load_config(
-        None, [f"redis.url={url}", f"run.name={run_id}", "redis.claim_idle_ms=300", "credit.segments=4", *extra]
-    )
+    return load_config(None, [f"redis.url={url}", f"run.name={run_id}", *BASE, *extra])
 
 
 def _put_groups(client, run_id: str, n: int, length: int = 24) -> dict[str, list[str]]:
@@ -83,13 +83,7 @@ Redistributor(cfg, "doomed").run()
 
 def test_worker_killed_mid_batch_loses_nothing(redis_client, redis_server, run_id) -> None:
     groups = _put_groups(redis_client, run_id, 8, length=48)
-    cfg_args = [
-        f"redis.url={redis_server.url}",
-        f"run.name={run_id}",
-        "redis.claim_idle_ms=300",
-        "credit.segments=4",
-        "model.path=tiny-qwen3",
-    ]
+    cfg_args = [f"redis.url={redis_server.url}", f"run.name={run_id}", *BASE, "model.path=tiny-qwen3"]
     proc = subprocess.Popen([sys.executable, "-c", WORKER, *cfg_args])
     try:
         deadline = time.monotonic() + 240

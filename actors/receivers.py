@@ -1,0 +1,100 @@
+"""Weight receivers of the built-in transports: apply each newer published version to an engine.
+
+One receiver per vLLM engine (a generator, or the evaluator with ``rank=None``). ``poll`` applies
+the newest published version if it is newer than the engine's, under the in-flight policy, and
+returns (version, seconds of the update); None when there is nothing new (or nothing readable
+yet: a pruned file means a newer version exists, taken on the next poll).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from rredcot.actors.engine import Engine
+from rredcot.common.config import Config
+from rredcot.common.weight_group import read_group
+from rredcot.common.weight_sync import latest_manifest, read_weights
+
+log = logging.getLogger(__name__)
+
+
+class FileReceiver:
+    """``file``: read the version's safetensors file (verified against the manifest's checksum)."""
+
+    def __init__(self, client: Any, run_id: str, engine: Engine, name: str = "") -> None:
+        self.client, self.run_id, self.engine, self.name = client, run_id, engine, name
+
+    @classmethod
+    def from_config(cls, cfg: Config, client: Any, engine: Engine, rank: int | None) -> FileReceiver:
+        return cls(client, cfg.run.name, engine, f"gen{rank}" if rank is not None else "eval")
+
+    @property
+    def holds_group(self) -> bool:
+        """Whether the learner's sends wait for this receiver (then it polls until the run ends)."""
+        return False
+
+    def poll(self, in_flight: str = "finish") -> tuple[int, float] | None:
+        manifest = latest_manifest(self.client, self.run_id, newer_than=self.engine.version)
+        if manifest is None or not manifest.path:  # broadcast only: the learner writes a file for outsiders
+            return None
+        try:
+            data = read_weights(manifest)
+        except FileNotFoundError:  # pruned by a newer publication: pick that one up next time
+            return None
+        return manifest.version, self.engine.load_weights_bytes(data, manifest.version, in_flight)
+
+    def close(self) -> None:
+        """Nothing to release (files are pruned by the publisher)."""
+
+
+class CollectiveReceiver(FileReceiver):
+    """``collective``: a generator joins the learner's weight group as rank ``rank + 1`` and receives
+    each version's buckets; files are its fallback (and the evaluator's only way, outside the group)."""
+
+    def __init__(self, client: Any, run_id: str, engine: Engine, name: str, group_rank: int | None, timeout_s: float):
+        super().__init__(client, run_id, engine, name)
+        self.in_group = group_rank is not None and self._join(group_rank, timeout_s)
+
+    @classmethod
+    def from_config(cls, cfg: Config, client: Any, engine: Engine, rank: int | None) -> CollectiveReceiver:
+        name = f"gen{rank}" if rank is not None else "eval"
+        group_rank = None if rank is None else rank + 1
+        return cls(client, cfg.run.name, engine, name, group_rank, cfg.generation.weight_group_timeout_s)
+
+    @property
+    def holds_group(self) -> bool:
+        return self.in_group
+
+    def _join(self, group_rank: int, timeout_s: float) -> bool:
+        """Join the learner's weight group (waits for the learner to host it); False → use files."""
+        deadline = time.monotonic() + timeout_s
+        while (info := read_group(self.client, self.run_id)) is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        try:
+            if info is None:
+                raise TimeoutError(f"no weight group published within {timeout_s:.0f} s")
+            self.engine.join_weight_group(info, group_rank, timeout_s)
+        except Exception as e:  # noqa: BLE001 - the learner falls back to files when the group is incomplete
+            log.warning(
+                "%s: cannot join the weight group (%s: %s); following weight files", self.name, type(e).__name__, e
+            )
+            return False
+        return True
+
+    def poll(self, in_flight: str = "finish") -> tuple[int, float] | None:
+        manifest = latest_manifest(self.client, self.run_id, newer_than=self.engine.version)
+        if manifest is None or manifest.transport != "collective" or not self.in_group:
+            return super().poll(in_flight)
+        try:
+            return self.engine.load_weights_broadcast(manifest, in_flight)
+        except Exception as e:  # noqa: BLE001 - a broken group: the learner re-publishes as files
+            log.warning("%s: weight broadcast failed (%s: %s); following weight files", self.name, type(e).__name__, e)
+            self.close()
+            return None
+
+    def close(self) -> None:
+        if self.in_group:
+            self.engine.leave_weight_group()
+            self.in_group = False

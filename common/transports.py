@@ -1,0 +1,48 @@
+"""Weight transports: each is a publisher (learner side) and a receiver (engine side) under one name.
+
+``generation.weight_transport`` picks one from ``common.registry.WEIGHT_TRANSPORTS``. The two
+classes are named by ``"module:Class"`` (or given as classes), so that the learner never imports
+the engine side and the generators never import the learner side. The interface they implement
+is described in docs/extending.md; the built-ins:
+
+- ``file``: one safetensors file + manifest per version (``learner.broadcast.FilePublisher``,
+  ``actors.receivers.FileReceiver``); any receiver on the learner's filesystem;
+- ``collective``: a broadcast group, gloo on CPU and NCCL on GPU, falling back to files
+  (``learner.broadcast.CollectivePublisher``, ``actors.receivers.CollectiveReceiver``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from rredcot.common.registry import WEIGHT_TRANSPORTS
+
+
+def _load(ref: str | type) -> type:
+    if isinstance(ref, type):
+        return ref
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@dataclass(frozen=True)
+class WeightTransport:
+    """A transport's publisher and receiver classes (or ``"module:Class"`` references to them)."""
+
+    publisher: str | type
+    receiver: str | type
+
+    def publisher_class(self) -> type:
+        return _load(self.publisher)
+
+    def receiver_class(self) -> type:
+        return _load(self.receiver)
+
+
+WEIGHT_TRANSPORTS.register("file")(
+    WeightTransport("rredcot.learner.broadcast:FilePublisher", "rredcot.actors.receivers:FileReceiver")
+)
+WEIGHT_TRANSPORTS.register("collective")(
+    WeightTransport("rredcot.learner.broadcast:CollectivePublisher", "rredcot.actors.receivers:CollectiveReceiver")
+)

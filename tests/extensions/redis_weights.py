@@ -1,0 +1,60 @@
+"""A weight transport from outside rredcot (``generation.weight_transport: tests.extensions.redis_weights``).
+
+Each version's safetensors bytes live in a Redis key beside the manifest: no shared filesystem,
+fine for small models. The worked example of docs/extending.md.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from safetensors.torch import save
+
+from rredcot.actors.receivers import FileReceiver
+from rredcot.common.registry import WEIGHT_TRANSPORTS
+from rredcot.common.transports import WeightTransport
+from rredcot.common.weight_sync import WeightManifest, latest_manifest, publish_manifest
+from rredcot.learner.broadcast import FilePublisher, full_state
+
+
+def blob_key(run_id: str, version: int) -> str:
+    return f"rredcot:{run_id}:weights:blob:{version}"
+
+
+class RedisBlobPublisher(FilePublisher):
+    def publish(self, module: torch.nn.Module, version: int) -> tuple[WeightManifest | None, float]:
+        t0 = time.perf_counter()
+        state = full_state(module)  # every rank: a collective under ZeRO-3
+        if self.rank != 0:
+            return None, time.perf_counter() - t0
+        data = save(state)
+        self.client.set(blob_key(self.run_id, version), data)
+        self.client.delete(blob_key(self.run_id, version - self.keep))  # keep the last ``keep`` versions
+        manifest = WeightManifest(
+            version,
+            names=list(state),
+            shapes=[list(t.shape) for t in state.values()],
+            dtypes=[str(t.dtype).removeprefix("torch.") for t in state.values()],
+            checksum="",
+            path="",
+            nbytes=len(data),
+            created=time.time(),
+            transport="redis_weights",
+        )
+        publish_manifest(self.client, self.run_id, manifest)
+        return manifest, time.perf_counter() - t0
+
+
+class RedisBlobReceiver(FileReceiver):
+    def poll(self, in_flight: str = "finish") -> tuple[int, float] | None:
+        manifest = latest_manifest(self.client, self.run_id, newer_than=self.engine.version)
+        if manifest is None:
+            return None
+        data = self.client.get(blob_key(self.run_id, manifest.version))
+        if data is None:  # dropped by a newer version: take that one on the next poll
+            return None
+        return manifest.version, self.engine.load_weights_bytes(data, manifest.version, in_flight)
+
+
+WEIGHT_TRANSPORTS.register("redis_weights")(WeightTransport(RedisBlobPublisher, RedisBlobReceiver))
