@@ -237,10 +237,6 @@ class Engine:
         return done
 
     # ----- weights -----
-    def load_weights_file(self, path: str, version: int, in_flight: str = "finish") -> float:
-        """Apply a safetensors file as ``version``; returns the seconds the update took."""
-        return self._update(lambda: self._rpc("rredcot_load_file", path=path), version, in_flight)
-
     def load_weights_bytes(self, data: bytes, version: int, in_flight: str = "finish") -> float:
         """Apply safetensors bytes as ``version``; returns the seconds the update took."""
         return self._update(lambda: self._rpc("rredcot_load_bytes", data=data), version, in_flight)

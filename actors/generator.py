@@ -28,11 +28,10 @@ from rredcot.common.control import RunControl
 from rredcot.common.data import Problem, ProblemOrder, train_and_held_out
 from rredcot.common.prompts import prompt_ids
 from rredcot.common.records import RolloutGroup, RolloutRecord
+from rredcot.common.registry import WEIGHT_TRANSPORTS
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import ROLLOUTS, Producer, connect, key
 from rredcot.common.verifier import Verifier
-from rredcot.common.weight_group import read_group
-from rredcot.common.weight_sync import latest_manifest, read_weights
 
 log = logging.getLogger(__name__)
 _IDS = uuid.UUID("5d1f0c1e-9a41-4c53-9b8e-6a0f3f0a2b7d")
@@ -73,7 +72,7 @@ class Generator:
     """One generator: an engine, a verifier and the run's Redis state."""
 
     def __init__(self, cfg: Config, name: str = "gen0", rank: int = 0, engine: Engine | None = None) -> None:
-        """``rank``: this generator's index (weight-group rank ``rank + 1`` on the collective transport)."""
+        """``rank``: this generator's index in its tier (its weight receiver's rank)."""
         if not cfg.redis.url:
             raise ConfigError("redis.url is not set: a generator needs the run's Redis server (redis.url=redis://...)")
         self.cfg, self.name, self.run_id = cfg, name, cfg.run.name
@@ -99,50 +98,16 @@ class Generator:
         )
         self.metrics = GeneratorMetrics(version=self.engine.version)
         self._problems: dict[str, tuple[int, Problem]] = {}
-        self.in_group = g.weight_transport == "collective" and self._join_group(rank + 1)
+        transport = WEIGHT_TRANSPORTS.get(g.weight_transport)
+        self.receiver = transport.receiver_class().from_config(cfg, self.client, self.engine, rank)
 
     # ----- weights -----
-    def _join_group(self, group_rank: int) -> bool:
-        """Join the learner's weight group (waits for the learner to host it); False → use files."""
-        timeout = self.cfg.generation.weight_group_timeout_s
-        deadline = time.monotonic() + timeout
-        while (info := read_group(self.client, self.run_id)) is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        try:
-            if info is None:
-                raise TimeoutError(f"no weight group published within {timeout:.0f} s")
-            self.engine.join_weight_group(info, group_rank, timeout)
-        except Exception as e:  # noqa: BLE001 - the learner falls back to files when the group is incomplete
-            log.warning(
-                "%s: cannot join the weight group (%s: %s); following weight files", self.name, type(e).__name__, e
-            )
-            return False
-        return True
-
     def sync_weights(self) -> bool:
         """Apply the newest published weights if they are newer than the engine's; True if applied."""
-        manifest = latest_manifest(self.client, self.run_id, newer_than=self.engine.version)
-        if manifest is None:
+        applied = self.receiver.poll(self.cfg.generation.in_flight)
+        if applied is None:
             return False
-        policy = self.cfg.generation.in_flight
-        if manifest.transport == "collective" and self.in_group:
-            try:
-                version, seconds = self.engine.load_weights_broadcast(manifest, policy)
-            except Exception as e:  # noqa: BLE001 - a broken group: the learner re-publishes as files
-                log.warning(
-                    "%s: weight broadcast failed (%s: %s); following weight files", self.name, type(e).__name__, e
-                )
-                self.engine.leave_weight_group()
-                self.in_group = False
-                return False
-        elif manifest.path:
-            try:
-                data = read_weights(manifest)
-            except FileNotFoundError:  # pruned by a newer publication: pick that one up next time
-                return False
-            version, seconds = manifest.version, self.engine.load_weights_bytes(data, manifest.version, policy)
-        else:  # broadcast only, and this generator is outside the group: the learner will publish a file
-            return False
+        version, seconds = applied
         self._write_finished(self.engine.step())  # groups drained by the "finish" policy
         self.metrics.weight_updates += 1
         self.metrics.weight_update_s += seconds
@@ -271,12 +236,13 @@ class Generator:
             if self.control.stop_requested():
                 break
             self.step()
-        while self.done and self.in_group and not self.control.stop_requested():
-            if not self.sync_weights():  # stay in the group until the learner has sent its last version
+        while self.done and self.receiver.holds_group and not self.control.stop_requested():
+            if not self.sync_weights():  # stay until the learner has sent its last version
                 time.sleep(self.cfg.generation.idle_poll_s)
         return self.metrics.snapshot()
 
     def close(self) -> None:
+        self.receiver.close()
         self.verifier.close()
         self.client.close()
 

@@ -1,7 +1,7 @@
 """vLLM worker extension that applies published weights inside the worker process.
 
 vLLM mixes this class into its worker (``LLM(worker_extension_cls=...)``); the engine adapter
-reaches the methods through ``collective_rpc``. Only a path, raw safetensors bytes or plain
+reaches the methods through ``collective_rpc``. Only raw safetensors bytes or plain
 lists cross that call (tensors cannot cross it in multiprocess mode, and no pickle is used); on the
 collective transport the worker joins the learner's weight group itself and receives the buckets
 into its own memory (``common.weight_group``), then applies them when the engine says so. The tensors are
@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 from safetensors.torch import load as st_load
-from safetensors.torch import load_file as st_load_file
 
 from rredcot.common.weight_group import GroupInfo, device_for, open_group, receive_tensors
 
@@ -25,10 +24,6 @@ class WeightReceiver:
     """Methods added to vLLM's worker; ``self`` is the worker (``model_runner``, ``reload_weights``)."""
 
     model_runner: Any
-
-    def rredcot_load_file(self, path: str) -> int:
-        """Apply a safetensors file (HF parameter names); returns the number of tensors."""
-        return self._rredcot_apply(st_load_file(path))
 
     def rredcot_load_bytes(self, data: bytes) -> int:
         """Apply safetensors bytes (HF parameter names); returns the number of tensors."""

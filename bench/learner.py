@@ -29,7 +29,7 @@ import torch
 from rredcot.common.config import LearnerConfig
 from rredcot.common.weight_group import open_group, read_group, receive_tensors
 from rredcot.common.weight_sync import latest_manifest, load_tensors
-from rredcot.learner.broadcast import WeightPublisher
+from rredcot.learner.broadcast import CollectivePublisher, FilePublisher
 from rredcot.learner.engine import LearnerEngine
 from rredcot.learner.packing import micro_batches
 
@@ -77,8 +77,12 @@ def delivery_times(module, client, out: str, transport: str, versions: int) -> t
     per version, over the ``file`` or ``collective`` weight transport (one receiver thread)."""
     run_id = f"bench-{transport}"
     group = transport == "collective"
-    publisher = WeightPublisher(
-        client, run_id, out, 0, group_address="127.0.0.1" if group else None, receivers=1, file_too=False, timeout_s=120
+    publisher = (
+        CollectivePublisher(
+            client, run_id, out, 0, group_address="127.0.0.1", receivers=1, file_too=False, timeout_s=120
+        )
+        if group
+        else FilePublisher(client, run_id, out, 0)
     )
     received: queue.Queue = queue.Queue()
 

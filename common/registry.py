@@ -111,5 +111,5 @@ CREDIT_METHODS: Registry[Any] = Registry(
 WEIGHT_TRANSPORTS: Registry[Any] = Registry(
     "weight transport",
     "generation.weight_transport",
-    {"file": "rredcot.learner.transports", "collective": "rredcot.learner.transports"},
+    {"file": "rredcot.common.transports", "collective": "rredcot.common.transports"},
 )

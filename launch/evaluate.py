@@ -18,9 +18,9 @@ from rredcot.common.config import Config, from_dict
 from rredcot.common.control import RunControl
 from rredcot.common.data import Problem, train_and_held_out
 from rredcot.common.prompts import prompt_ids
+from rredcot.common.registry import WEIGHT_TRANSPORTS
 from rredcot.common.streams import connect
 from rredcot.common.verifier import Verifier
-from rredcot.common.weight_sync import latest_manifest, read_weights
 
 
 def mean_ci(
@@ -122,6 +122,10 @@ class Evaluator:
         self.control = RunControl(self.client, c.run.name) if self.client else None
         self.verifier = Verifier(c.task, c.generation.verifier_timeout_s)
         self.problems = train_and_held_out(self.verifier.task, c.data, c.run.seed)[1]
+        transport = WEIGHT_TRANSPORTS.get(c.generation.weight_transport)
+        self.receiver = (
+            transport.receiver_class().from_config(c, self.client, self.engine, None) if self.client else None
+        )
         self._published = 0.0
 
     def _progress(self, done: int, total: int) -> None:
@@ -133,9 +137,6 @@ class Evaluator:
     def evaluate_latest(self) -> dict[str, Any]:
         """Load the newest published weights (if newer) and evaluate the held-out problems."""
         self._progress(0, len(self.problems) * (self.cfg.generation.group_size + 1))  # not the last one's count
-        manifest = (
-            latest_manifest(self.client, self.cfg.run.name, newer_than=self.engine.version) if self.client else None
-        )
-        if manifest is not None:
-            self.engine.load_weights_bytes(read_weights(manifest), manifest.version)
+        if self.receiver is not None:
+            self.receiver.poll()
         return evaluate(self.engine, self.problems, self.cfg, self.verifier, self._progress).as_dict()

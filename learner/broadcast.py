@@ -1,10 +1,12 @@
-"""Full weights out of a (possibly ZeRO-3 partitioned) model, and their versioned publication.
+"""Full weights out of a (possibly ZeRO-3 partitioned) model, and the built-in transports' publishers.
 
 Parameters are gathered in buckets of about ``bucket_bytes`` (one ``GatheredParameters`` call per
-bucket, all ranks take part). Rank 0 then delivers them through the run's transport:
+bucket, all ranks take part). Rank 0 then delivers them (``common.transports`` pairs each
+publisher with its receiver in ``actors.receivers``):
 
-- ``file``: one safetensors file per version plus its manifest (``common.weight_sync``);
-- ``collective``: each bucket is copied into one flat buffer on the learner's device, and a
+- ``FilePublisher`` (``file``): one safetensors file per version plus its manifest
+  (``common.weight_sync``);
+- ``CollectivePublisher`` (``collective``): each bucket is copied into one flat buffer on the learner's device, and a
   background thread publishes the manifest and broadcasts the buckets to the generators' weight
   group (``common.weight_group``; gloo on CPU, NCCL on GPU) while the next step trains. At most
   one send is in flight: the next publication waits for it. The file is written too when a
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,6 +30,7 @@ from pathlib import Path
 import redis
 import torch
 
+from rredcot.common.config import Config
 from rredcot.common.weight_group import (
     GroupInfo,
     bucket_counts,
@@ -45,10 +49,6 @@ Layout = tuple[str, list[int], str]  # (HF name, shape, dtype name) of one tenso
 
 def _numel(p: torch.nn.Parameter) -> int:
     return int(getattr(p, "ds_numel", p.numel()))
-
-
-def _shape(p: torch.nn.Parameter) -> list[int]:
-    return list(getattr(p, "ds_shape", p.shape))
 
 
 def gathered_buckets(
@@ -76,38 +76,79 @@ def full_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: t.to("cpu", copy=True) for bucket in gathered_buckets(module) for n, t in bucket}
 
 
-class WeightPublisher:
-    """Publishes weight versions; every learner rank calls ``publish``, rank 0 delivers."""
+class FilePublisher:
+    """The ``file`` transport's publisher: every rank calls ``publish``; rank 0 writes the version's
+    safetensors file and publishes its manifest (``common.weight_sync``)."""
+
+    def __init__(self, client: redis.Redis | None, run_id: str, out_dir: str | Path, rank: int, keep: int = 2) -> None:
+        self.client, self.run_id, self.out_dir, self.rank, self.keep = client, run_id, Path(out_dir), rank, keep
+        self.send_s = 0.0  # seconds spent in background sends (none here)
+        self.fallbacks = 0  # versions re-published as files after a failed send (none here)
+
+    @classmethod
+    def from_config(cls, cfg: Config, client: redis.Redis, rank: int, out_dir: Path) -> FilePublisher:
+        return cls(client, cfg.run.name, out_dir, rank)
+
+    def publish(self, module: torch.nn.Module, version: int) -> tuple[WeightManifest | None, float]:
+        """Publish ``version``; returns (the manifest when published on this thread, seconds here)."""
+        t0 = time.perf_counter()
+        state = full_state(module)
+        manifest = None
+        if self.rank == 0 and self.client is not None:
+            manifest = publish_weights(self.client, self.run_id, version, state.items(), self.out_dir, self.keep)
+        return manifest, time.perf_counter() - t0
+
+    def wait(self) -> None:
+        """Block until the send in flight (if any) has finished."""
+
+    def close(self) -> None:
+        self.wait()
+
+
+class CollectivePublisher(FilePublisher):
+    """The ``collective`` transport's publisher: rank 0 hosts the weight group for ``receivers``
+    generators and broadcasts each version's buckets from a background thread (files: see the
+    module docstring)."""
 
     def __init__(
         self,
-        client: redis.Redis | None,
+        client: redis.Redis,
         run_id: str,
         out_dir: str | Path,
         rank: int,
         *,
-        group_address: str | None = None,
-        receivers: int = 0,
+        group_address: str,
+        receivers: int,
         file_too: bool = True,
         timeout_s: float = 600.0,
         keep: int = 2,
         bucket_bytes: int = BUCKET_BYTES,
     ) -> None:
-        """``group_address``: host the collective transport's group there, for ``receivers`` generators
-        (None: the file transport)."""
-        self.client, self.run_id, self.out_dir, self.rank = client, run_id, Path(out_dir), rank
-        self.file_too, self.timeout_s, self.keep, self.bucket_bytes = file_too, timeout_s, keep, bucket_bytes
-        self.send_s = 0.0  # seconds spent in background sends (collective)
-        self.fallbacks = 0  # versions re-published as files after a failed send
-        self.uses_group = group_address is not None
+        super().__init__(client, run_id, out_dir, rank, keep)
+        self.file_too, self.timeout_s, self.bucket_bytes = file_too, timeout_s, bucket_bytes
         self._group = None
         self._pool: ThreadPoolExecutor | None = None
         self._pending: Future | None = None
-        if self.uses_group and rank == 0:
+        if rank == 0:
             self.group_info, self._store = GroupInfo.host(group_address, receivers, timeout_s)
             publish_group(client, run_id, self.group_info)
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="weight-send")
             self._pending = self._pool.submit(self._open)  # the generators join while the learner starts
+
+    @classmethod
+    def from_config(cls, cfg: Config, client: redis.Redis, rank: int, out_dir: Path) -> CollectivePublisher:
+        """The group is hosted at this rank's address; receivers outside it (the evaluator, a
+        policy-following scorer) read the files written beside the broadcasts."""
+        return cls(
+            client,
+            cfg.run.name,
+            out_dir,
+            rank,
+            group_address=os.environ.get("MASTER_ADDR", "127.0.0.1"),
+            receivers=cfg.cluster.generators,
+            file_too=cfg.data.eval_size > 0 or cfg.credit.scorer == "policy",
+            timeout_s=cfg.generation.weight_group_timeout_s,
+        )
 
     @property
     def collective(self) -> bool:
@@ -116,15 +157,10 @@ class WeightPublisher:
 
     def publish(self, module: torch.nn.Module, version: int) -> tuple[WeightManifest | None, float]:
         """Publish ``version``; returns (the manifest when published on this thread, seconds here)."""
+        if version == 0:  # every receiver starts from version 0: the group never carries it
+            return super().publish(module, version) if self.file_too else (None, 0.0)
         t0 = time.perf_counter()
         manifest = None
-        if self.uses_group and version == 0 and not self.file_too:
-            return None, 0.0  # every receiver starts from version 0: the group never carries it
-        if not self.uses_group or version == 0:
-            state = full_state(module)
-            if self.rank == 0 and self.client is not None:
-                manifest = publish_weights(self.client, self.run_id, version, state.items(), self.out_dir, self.keep)
-            return manifest, time.perf_counter() - t0
         device = next(module.parameters()).device
         layout: list[list[Layout]] = []
         buffers: list[torch.Tensor] = []
@@ -142,7 +178,6 @@ class WeightPublisher:
         return manifest, time.perf_counter() - t0
 
     def wait(self) -> None:
-        """Block until the send in flight (if any) has finished."""
         if self._pending is not None:
             self._pending.result()
             self._pending = None

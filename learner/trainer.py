@@ -23,9 +23,10 @@ from rredcot.common.config import Config, ConfigError
 from rredcot.common.control import RunControl
 from rredcot.common.models import load_causal_lm, load_tokenizer, resolve_model_path
 from rredcot.common.records import RecordError, WeightedGroup
+from rredcot.common.registry import WEIGHT_TRANSPORTS
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Entry, connect, key
-from rredcot.learner.broadcast import WeightPublisher
+from rredcot.learner.broadcast import FilePublisher
 from rredcot.learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rredcot.learner.engine import LearnerEngine
 from rredcot.learner.packing import TrainSample, samples_from_group
@@ -76,21 +77,10 @@ class Trainer:
 
         return SummaryWriter(str(self.run_dir / "tensorboard" / "learner"))
 
-    def _publisher(self) -> WeightPublisher:
-        """The weight transport: files, or (``collective``) a group hosted at this rank's address."""
-        g = self.cfg.generation
-        collective = g.weight_transport == "collective"
-        return WeightPublisher(
-            self.client,
-            self.run_id,
-            self.run_dir / "weights",
-            self.rank,
-            group_address=os.environ.get("MASTER_ADDR", "127.0.0.1") if collective else None,
-            receivers=self.cfg.cluster.generators,
-            timeout_s=g.weight_group_timeout_s,
-            # receivers outside the group read files: the evaluator and a policy-following scorer
-            file_too=self.cfg.data.eval_size > 0 or self.cfg.credit.scorer == "policy",
-        )
+    def _publisher(self) -> FilePublisher:
+        """The publisher of ``generation.weight_transport`` (``common.transports``)."""
+        transport = WEIGHT_TRANSPORTS.get(self.cfg.generation.weight_transport)
+        return transport.publisher_class().from_config(self.cfg, self.client, self.rank, self.run_dir / "weights")
 
     def _resume(self) -> None:
         ckpt = latest_checkpoint(self.run_dir / "checkpoints") if self.cfg.run.resume == "auto" else None
@@ -240,7 +230,6 @@ class Trainer:
 
 def run_learner(cfg: Config) -> dict[str, float]:
     """``rredcot learn CONFIG``: the learner alone (one rank, or launched per rank with RANK/WORLD_SIZE)."""
-    import os
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     rank = int(os.environ.get("RANK", "0"))

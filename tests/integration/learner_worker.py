@@ -16,7 +16,7 @@ import redis
 from safetensors.torch import save_file
 
 from rredcot.common.config import LearnerConfig
-from rredcot.learner.broadcast import WeightPublisher, full_state
+from rredcot.learner.broadcast import FilePublisher, full_state
 from rredcot.learner.checkpoint import load_checkpoint, save_checkpoint
 from rredcot.learner.engine import LearnerEngine
 from tests.learner_samples import random_samples, tiny_lm
@@ -30,7 +30,7 @@ def main(spec: dict) -> None:
     if spec.get("resume"):
         load_checkpoint(engine, spec["resume"])
     client = redis.Redis.from_url(spec["redis_url"]) if spec.get("redis_url") else None
-    publisher = WeightPublisher(client, spec.get("run_id", ""), spec.get("weights_dir", "."), engine.rank)
+    publisher = FilePublisher(client, spec.get("run_id", ""), spec.get("weights_dir", "."), engine.rank)
     for step in range(spec.get("first_step", 0), spec["steps"]):
         batch = random_samples(8, seed=1000 + step)[engine.rank :: engine.world]
         result = engine.train_step(batch)

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from rredcot.actors.engine import Engine, EngineSpec, Sampling
+from rredcot.actors.receivers import CollectiveReceiver, FileReceiver
 from rredcot.common.config import LearnerConfig
 from rredcot.common.models import build_tiny_model, load_causal_lm, load_tokenizer, qwen_tokenizer_dir, save_model_dir
-from rredcot.common.weight_group import read_group
-from rredcot.common.weight_sync import latest_manifest, read_weights
-from rredcot.learner.broadcast import WeightPublisher
+from rredcot.common.weight_sync import latest_manifest
+from rredcot.learner.broadcast import CollectivePublisher, FilePublisher
 from rredcot.learner.engine import LearnerEngine
 from rredcot.learner.packing import TrainSample
 
@@ -53,22 +53,22 @@ def model_dir(tmp_path_factory) -> str:
 
 
 def _deliver(transport: str, learner: LearnerEngine, generator: Engine, client, run_id: str, out) -> None:
-    """Publish the learner's weights and apply them in the generator's engine, over ``transport``."""
+    """Publish the learner's weights and apply them in the generator's engine, over ``transport``'s
+    publisher and receiver (the collective one joins the group as rank 1, as generator 0 does)."""
     if transport == "file":
-        WeightPublisher(client, run_id, out, rank=0).publish(learner.module, learner.version)
-        manifest = latest_manifest(client, run_id)
-        generator.load_weights_bytes(read_weights(manifest), manifest.version)
-        return
-    publisher = WeightPublisher(
-        client, run_id, out, rank=0, group_address="127.0.0.1", receivers=1, file_too=False, timeout_s=60
-    )
-    generator.join_weight_group(read_group(client, run_id), 1, 60)  # the engine's worker joins as rank 1
-    publisher.publish(learner.module, learner.version)  # returns while the send runs behind
+        publisher, receiver = FilePublisher(client, run_id, out, rank=0), FileReceiver(client, run_id, generator)
+    else:
+        publisher = CollectivePublisher(
+            client, run_id, out, rank=0, group_address="127.0.0.1", receivers=1, file_too=False, timeout_s=60
+        )
+        receiver = CollectiveReceiver(client, run_id, generator, "gen0", group_rank=1, timeout_s=60)
+        assert receiver.holds_group
+    publisher.publish(learner.module, learner.version)  # collective: returns while the send runs behind
     deadline = time.monotonic() + 60
     while (manifest := latest_manifest(client, run_id)) is None and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert manifest.transport == "collective" and manifest.path == ""
-    version, seconds = generator.load_weights_broadcast(manifest)
+    assert manifest.transport == transport and bool(manifest.path) == (transport == "file")
+    version, seconds = receiver.poll()
     publisher.close()
     assert version == learner.version == generator.version and seconds > 0 and publisher.fallbacks == 0
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from rredcot.actors.engine import Engine, EngineSpec
+from rredcot.actors.engine import Engine, EngineSpec, Sampling
 from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir, save_model_dir
 
 KV_BYTES = 16 * 2**20
@@ -58,6 +58,19 @@ def hf_greedy(model, prompt: list[int], max_tokens: int) -> list[int]:
     return ids[len(prompt) :]
 
 
+PROMPTS = [[9707, 11, 1879, 0], [785, 3974, 13876, 38835, 30, 1207]]
+
+
+def check_greedy(engine: Engine, model, version: int) -> None:
+    """The engine's greedy completions and their log-probs are ``model``'s, all tokens of ``version``."""
+    greedy = Sampling(temperature=0.0, max_tokens=10)
+    for prompt, group in zip(PROMPTS, engine.generate(PROMPTS, greedy)):
+        (c,) = group.completions
+        assert c.token_ids == hf_greedy(model, prompt, len(c.token_ids))
+        assert c.version_runs == [(0, version)]
+        torch.testing.assert_close(torch.tensor(c.logprobs), hf_logprobs(model, prompt, c.token_ids), atol=1e-4, rtol=0)
+
+
 @pytest.fixture(scope="session")
 def helpers() -> SimpleNamespace:
     return SimpleNamespace(
@@ -67,6 +80,8 @@ def helpers() -> SimpleNamespace:
         weights=weights,
         save=lambda model, tok, out: str(save_model_dir(model, tok, out)),
         kv_bytes=KV_BYTES,
+        check_greedy=check_greedy,
+        prompts=PROMPTS,
     )
 
 
@@ -79,3 +94,12 @@ def tied(tmp_path_factory, tokenizer, helpers):
     save_file(helpers.weights(m1), str(root / "v1.safetensors"))
     engine = Engine(EngineSpec(path, max_model_len=128, kv_cache_bytes=helpers.kv_bytes, seed=0))
     return engine, m0, m1, str(root / "v1.safetensors")
+
+
+@pytest.fixture(scope="session")
+def untied(tmp_path_factory, tokenizer, helpers):
+    """An untied Qwen2 engine (v0 loaded) and a second weight version. Session-scoped like ``tied``:
+    engines share vLLM's process-wide parallel state, which a destroyed engine takes down with it."""
+    m0, m1 = helpers.make_model("qwen2", 2, tie=False), helpers.make_model("qwen2", 3, tie=False)
+    path = helpers.save(m0, tokenizer, tmp_path_factory.mktemp("untied") / "m0")
+    return Engine(EngineSpec(path, max_model_len=128, kv_cache_bytes=helpers.kv_bytes)), m0, m1

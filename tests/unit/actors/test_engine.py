@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import save
 
-from rredcot.actors.engine import Engine, EngineSpec, PromptTooLong, Sampling
-
-PROMPTS = [[9707, 11, 1879, 0], [785, 3974, 13876, 38835, 30, 1207]]
+from rredcot.actors.engine import PromptTooLong, Sampling
 
 
 def test_behaviour_logprobs_match_transformers_after_temperature(tied, helpers):
     engine, m0, _, _ = tied
     assert engine.version == 0
-    groups = engine.generate(PROMPTS, Sampling(n=3, temperature=0.7, top_p=1.0, max_tokens=12))
-    for prompt, group in zip(PROMPTS, groups):
+    groups = engine.generate(helpers.prompts, Sampling(n=3, temperature=0.7, top_p=1.0, max_tokens=12))
+    for prompt, group in zip(helpers.prompts, groups):
         assert group.prompt_ids == prompt and len(group.completions) == 3
         for c in group.completions:
             assert len(c.token_ids) == len(c.logprobs) > 0 and c.version_runs == [(0, 0)]
@@ -25,8 +25,8 @@ def test_behaviour_logprobs_match_transformers_after_temperature(tied, helpers):
 
 def test_prompt_logprobs_on_request(tied, helpers):
     engine, m0, _, _ = tied
-    (group,) = engine.generate(PROMPTS[1:], Sampling(max_tokens=1, prompt_logprobs=True))
-    prompt = PROMPTS[1]
+    (group,) = engine.generate(helpers.prompts[1:], Sampling(max_tokens=1, prompt_logprobs=True))
+    prompt = helpers.prompts[1]
     ref = helpers.hf_logprobs(m0, prompt[:1], prompt[1:])
     torch.testing.assert_close(torch.tensor(group.prompt_logprobs), ref, atol=1e-4, rtol=0)
 
@@ -41,19 +41,19 @@ def test_cpu_engine_uses_small_kv_blocks_so_groups_share_their_prompt(tied):
     assert engine._core.vllm_config.cache_config.enable_prefix_caching
 
 
-def test_generate_batch_mixes_samplings_and_reports_progress(tied):
+def test_generate_batch_mixes_samplings_and_reports_progress(tied, helpers):
     engine, *_ = tied
     seen: list[int] = []
     groups = engine.generate_batch(
         [
-            (PROMPTS[0], Sampling(n=3, temperature=1.0, max_tokens=6)),
-            (PROMPTS[1], Sampling(n=1, max_tokens=4, temperature=0.0)),
+            (helpers.prompts[0], Sampling(n=3, temperature=1.0, max_tokens=6)),
+            (helpers.prompts[1], Sampling(n=1, max_tokens=4, temperature=0.0)),
         ],
         "mix",
         seen.append,
     )
     assert [len(g.completions) for g in groups] == [3, 1]
-    assert groups[0].prompt_ids == PROMPTS[0] and groups[1].prompt_ids == PROMPTS[1]
+    assert groups[0].prompt_ids == helpers.prompts[0] and groups[1].prompt_ids == helpers.prompts[1]
     assert seen == sorted(seen) and seen[-1] == 4  # samples finished, counted up to all of them
 
 
@@ -64,36 +64,25 @@ def test_too_long_prompt_is_rejected(tied):
     assert engine.num_unfinished == 0
 
 
-def _check_greedy(engine, model, helpers, version: int) -> None:
-    greedy = Sampling(temperature=0.0, max_tokens=10)
-    for prompt, group in zip(PROMPTS, engine.generate(PROMPTS, greedy)):
-        (c,) = group.completions
-        assert c.token_ids == helpers.hf_greedy(model, prompt, len(c.token_ids))
-        assert c.version_runs == [(0, version)]
-        torch.testing.assert_close(
-            torch.tensor(c.logprobs), helpers.hf_logprobs(model, prompt, c.token_ids), atol=1e-4, rtol=0
-        )
-
-
 def test_update_from_file_tied_embeddings(tied, helpers):
     engine, m0, m1, v1_path = tied
-    _check_greedy(engine, m0, helpers, version=0)
-    seconds = engine.load_weights_file(v1_path, version=1)
+    helpers.check_greedy(engine, m0, version=0)
+    seconds = engine.load_weights_bytes(Path(v1_path).read_bytes(), version=1)
     assert seconds > 0 and engine.version == 1
-    _check_greedy(engine, m1, helpers, version=1)
+    helpers.check_greedy(engine, m1, version=1)
     engine.load_weights_bytes(save(helpers.weights(m0)), version=2)
-    _check_greedy(engine, m0, helpers, version=2)
+    helpers.check_greedy(engine, m0, version=2)
 
 
 @pytest.mark.parametrize("policy", ["finish", "pause"])
 def test_in_flight_policy_records_token_versions(tied, helpers, policy):
     engine, m0, m1, v1_path = tied
     engine.load_weights_bytes(save(helpers.weights(m0)), version=10)
-    prompt = PROMPTS[0]
+    prompt = helpers.prompts[0]
     engine.submit("inflight", prompt, Sampling(temperature=0.0, max_tokens=12))
     for _ in range(4):
         assert engine.step() == []
-    engine.load_weights_file(v1_path, version=11, in_flight=policy)
+    engine.load_weights_bytes(Path(v1_path).read_bytes(), version=11, in_flight=policy)
     (group,) = engine.run()
     (c,) = group.completions
     assert group.start_version == 10
@@ -116,11 +105,8 @@ def test_in_flight_policy_records_token_versions(tied, helpers, policy):
     torch.testing.assert_close(torch.tensor(c.logprobs), ref, atol=1e-4, rtol=0)
 
 
-def test_update_untied_qwen2(tmp_path, tokenizer, helpers):
-    m0, m1 = helpers.make_model("qwen2", 2, tie=False), helpers.make_model("qwen2", 3, tie=False)
-    engine = Engine(
-        EngineSpec(helpers.save(m0, tokenizer, tmp_path / "m0"), max_model_len=128, kv_cache_bytes=helpers.kv_bytes)
-    )
-    _check_greedy(engine, m0, helpers, version=0)
+def test_update_untied_qwen2(untied, helpers):
+    engine, m0, m1 = untied
+    helpers.check_greedy(engine, m0, version=0)
     engine.load_weights_bytes(save(helpers.weights(m1)), version=5)
-    _check_greedy(engine, m1, helpers, version=5)
+    helpers.check_greedy(engine, m1, version=5)

@@ -10,7 +10,7 @@ import torch
 from rredcot.common.config import LearnerConfig
 from rredcot.common.weight_group import open_group, read_group, receive_tensors
 from rredcot.common.weight_sync import latest_manifest, load_tensors
-from rredcot.learner.broadcast import WeightPublisher, gathered_buckets
+from rredcot.learner.broadcast import CollectivePublisher, FilePublisher, gathered_buckets
 from rredcot.learner.engine import LearnerEngine
 
 CPU = torch.device("cpu")
@@ -30,7 +30,7 @@ def test_zero3_buckets_cover_all_parameters_in_order_and_publish(make_model, tmp
         assert len(bucket) == 1 or sum(t.numel() * 4 for _, t in bucket) <= 64 * 1024
         for name, tensor in bucket:
             assert torch.equal(tensor, original[name]), name
-    manifest, seconds = WeightPublisher(redis_client, run_id, tmp_path, rank=0).publish(engine.module, 7)
+    manifest, seconds = FilePublisher(redis_client, run_id, tmp_path, rank=0).publish(engine.module, 7)
     assert manifest == latest_manifest(redis_client, run_id) and manifest.version == 7 and seconds > 0
     received = load_tensors(manifest)
     assert all(torch.equal(received[n], t) for n, t in original.items())
@@ -51,7 +51,7 @@ def test_collective_publication_reaches_the_group_and_writes_the_file_too(make_m
     model = make_model()
     original = {n: p.detach().clone() for n, p in model.named_parameters()}
     engine = LearnerEngine(model, LearnerConfig(dtype="float32", zero_stage=3, zero3_persistence_threshold=0))
-    publisher = WeightPublisher(
+    publisher = CollectivePublisher(
         redis_client,
         run_id,
         tmp_path,
@@ -84,7 +84,7 @@ def _assert_file_holds(manifest, module) -> None:
 
 def test_a_group_that_never_forms_means_files(make_model, tmp_path, redis_client, run_id):
     engine = LearnerEngine(make_model(), LearnerConfig(dtype="float32", zero_stage=0))
-    publisher = WeightPublisher(
+    publisher = CollectivePublisher(
         redis_client, run_id, tmp_path, rank=0, group_address="127.0.0.1", receivers=1, file_too=False, timeout_s=1
     )
     manifest, _ = publisher.publish(engine.module, 1)  # nobody joined within the timeout
@@ -96,7 +96,7 @@ def test_a_group_that_never_forms_means_files(make_model, tmp_path, redis_client
 
 def test_a_receiver_lost_after_joining_turns_the_version_into_a_file(make_model, tmp_path, redis_client, run_id):
     engine = LearnerEngine(make_model(), LearnerConfig(dtype="float32", zero_stage=0))
-    publisher = WeightPublisher(
+    publisher = CollectivePublisher(
         redis_client, run_id, tmp_path, rank=0, group_address="127.0.0.1", receivers=1, file_too=False, timeout_s=5
     )
     open_group(read_group(redis_client, run_id), 1, 5)  # joins, then is gone (its group is dropped)
