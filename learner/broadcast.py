@@ -6,13 +6,15 @@ publisher with its receiver in ``actors.receivers``):
 
 - ``FilePublisher`` (``file``): one safetensors file per version plus its manifest
   (``common.weight_sync``);
-- ``CollectivePublisher`` (``collective``): each bucket is copied into one flat buffer on the learner's device, and a
-  background thread publishes the manifest and broadcasts the buckets to the generators' weight
-  group (``common.weight_group``; gloo on CPU, NCCL on GPU) while the next step trains. At most
-  one send is in flight: the next publication waits for it. The file is written too when a
-  receiver outside the group needs it. Version 0 (what every receiver starts from) is never
-  broadcast, only written when a file is wanted. If the group cannot be formed or a send fails,
-  the version is re-published as a file and the run continues on files.
+- ``CollectivePublisher`` (``collective``): each bucket is copied into one flat buffer on the
+  learner's device; the version's manifest is published at once (before the learner admits the
+  next step's prompts, so that η = 0 holds), and a background thread broadcasts the buckets to
+  the generators' weight group (``common.weight_group``; gloo on CPU, NCCL on GPU) while the next
+  step trains. At most one send is in flight: the next publication waits for it. The file is
+  written too (and the version re-announced with its path) when a receiver outside the group
+  needs it. Version 0 (what every receiver starts from) is never broadcast, only written when a
+  file is wanted. If the group cannot be formed or a send fails, the version is re-published as
+  a file and the run continues on files.
 
 Never one remote call per tensor.
 """
@@ -171,6 +173,12 @@ class CollectivePublisher(FilePublisher):
         if self.rank == 0:
             self.wait()
             if self.collective:
+                # announced before publish() returns, so before the learner admits the next step's
+                # prompts: a generator that admits one finds this version waiting (η = 0 holds)
+                announced = WeightManifest(
+                    version, *_columns(layout), checksum="", path="", nbytes=0, created=time.time()
+                )
+                publish_manifest(self.client, self.run_id, _collective(announced, layout))
                 self._pending = self._pool.submit(self._send, version, layout, buffers)
             else:
                 manifest = self._write_file(version, layout, buffers)
@@ -200,18 +208,14 @@ class CollectivePublisher(FilePublisher):
         pool.shutdown(wait=False)  # called from the pool's (last) task
 
     def _send(self, version: int, layout: list[list[Layout]], buffers: list[torch.Tensor]) -> None:
+        """Background: write the file for receivers outside the group (re-announcing the version with
+        its path), then broadcast the buckets; on any failure the version is published as a file."""
         t0 = time.perf_counter()
         written = None  # the file's manifest, once written
         try:
-            written = self._write_file(version, layout, buffers) if self.file_too else None
-            manifest = written or WeightManifest(
-                version, *_columns(layout), checksum="", path="", nbytes=0, created=time.time()
-            )
-            publish_manifest(
-                self.client,
-                self.run_id,
-                dataclasses.replace(manifest, transport="collective", buckets=[len(b) for b in layout]),
-            )
+            if self.file_too:
+                written = self._write_file(version, layout, buffers)
+                publish_manifest(self.client, self.run_id, _collective(written, layout))
             send_buckets(self._group, version, buffers)
         except Exception as e:  # noqa: BLE001 - whatever broke the group, the run continues on files
             log.warning(
@@ -233,3 +237,8 @@ def _columns(layout: list[list[Layout]]) -> tuple[list[str], list[list[int]], li
     """(names, shapes, dtypes) of every tensor of the buckets, in order."""
     flat = [x for bucket in layout for x in bucket]
     return [n for n, _, _ in flat], [s for _, s, _ in flat], [d for _, _, d in flat]
+
+
+def _collective(manifest: WeightManifest, layout: list[list[Layout]]) -> WeightManifest:
+    """``manifest`` marked as broadcast over the group, with the tensors per bucket."""
+    return dataclasses.replace(manifest, transport="collective", buckets=[len(b) for b in layout])
