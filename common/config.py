@@ -96,6 +96,7 @@ class GenerationConfig:
     max_in_flight_groups: int = bounded(16, 1)  # groups one generator keeps in its engine at once
     idle_poll_s: float = bounded(0.05, 0.001)  # wait between admission retries while staleness blocks
     weight_transport: str = "file"  # a registered transport (file, collective: gloo CPU / NCCL GPU) or a module path
+    transport_settings: dict[str, Any] = field(default_factory=dict)  # the transport's own settings, if it declares any
     weight_group_timeout_s: float = bounded(600.0, 1.0)  # joining the weight group, and each broadcast
 
 
@@ -208,6 +209,7 @@ class LoggingConfig:
     wandb_project: str = "rredcot"
     every: int = bounded(1, 1)
     progress: bool = True
+    progress_every_s: float = bounded(15.0, 0.5)  # a plain progress line this often when stdout is no terminal
     eval_every: int = bounded(0, 0)  # learner steps between held-out evaluations (0: start and end)
 
 
@@ -264,7 +266,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 # (name key, settings key) of the config's extension points
-_ENTRY_SETTINGS = (("task", "name", "settings"), ("credit", "method", "settings"))
+_ENTRY_SETTINGS = (
+    ("task", "name", "settings"),
+    ("credit", "method", "settings"),
+    ("generation", "weight_transport", "transport_settings"),
+)
 
 
 def _drop_settings_of_replaced_entries(layers: list[DictConfig]) -> None:
@@ -364,7 +370,12 @@ def _validate_extensions(cfg: Config) -> None:
     task.check(cfg)
     for registry, name, settings, settings_key in (
         (CREDIT_METHODS, cfg.credit.method, cfg.credit.settings, "credit.settings"),
-        (WEIGHT_TRANSPORTS, cfg.generation.weight_transport, {}, ""),
+        (
+            WEIGHT_TRANSPORTS,
+            cfg.generation.weight_transport,
+            cfg.generation.transport_settings,
+            "generation.transport_settings",
+        ),
     ):
         if registry.is_builtin(name) and not settings:
             continue  # a built-in without settings: no need to import its stage to check it

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from typing import Any
 
-from rredcot.common.registry import WEIGHT_TRANSPORTS
+from rredcot.common.config import Config
+from rredcot.common.registry import WEIGHT_TRANSPORTS, typed_settings
 
 
 def _load(ref: str | type) -> type:
@@ -32,6 +34,13 @@ class WeightTransport:
 
     publisher: str | type
     receiver: str | type
+    settings: type | None = None  # dataclass of ``generation.transport_settings``
+
+    def typed_settings(self, cfg: Config) -> Any:
+        """``generation.transport_settings`` as this transport's settings dataclass (None if it has none)."""
+        g = cfg.generation
+        owner = f"weight transport {g.weight_transport!r}"
+        return typed_settings(self.settings, dict(g.transport_settings), "generation.transport_settings", owner)
 
     def publisher_class(self) -> type:
         return _load(self.publisher)

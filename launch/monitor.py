@@ -2,7 +2,7 @@
 
 ``Monitor`` polls every worker's metrics hash and keeps the history the report plots. ``Progress``
 shows where the run is: on a terminal a live table (with the ETA and the evaluation's progress),
-elsewhere (a log file, CI, ``nohup``) one plain line every ``interval_s`` seconds; the plain line
+elsewhere (a log file, CI, ``nohup``) one plain line every ``logging.progress_every_s`` seconds; the plain line
 also goes to the run's log file in both cases.
 """
 
@@ -229,8 +229,8 @@ def display_table(
 class Progress:
     """The run's progress for a person: a live table on a terminal, plain lines elsewhere."""
 
-    def __init__(self, cfg: Config, phases: Phases, interval_s: float = 15.0, tty: bool | None = None) -> None:
-        self.cfg, self.phases, self.interval_s = cfg, phases, interval_s
+    def __init__(self, cfg: Config, phases: Phases, tty: bool | None = None) -> None:
+        self.cfg, self.phases, self.interval_s = cfg, phases, cfg.logging.progress_every_s
         self.tty = sys.stdout.isatty() if tty is None else tty
         self.live: Any = None
         self._last_line = 0.0

@@ -7,11 +7,15 @@ fine for small models. The worked example of docs/extending.md.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save
 
 from rredcot.actors.receivers import FileReceiver
+from rredcot.common.config import Config, bounded
 from rredcot.common.registry import WEIGHT_TRANSPORTS
 from rredcot.common.transports import WeightTransport
 from rredcot.common.weight_sync import WeightManifest, latest_manifest, publish_manifest
@@ -22,7 +26,17 @@ def blob_key(run_id: str, version: int) -> str:
     return f"rredcot:{run_id}:weights:blob:{version}"
 
 
+@dataclass
+class RedisBlobSettings:
+    keep: int = bounded(2, 1)  # versions kept in Redis
+
+
 class RedisBlobPublisher(FilePublisher):
+    @classmethod
+    def from_config(cls, cfg: Config, client: Any, rank: int, out_dir: Path) -> RedisBlobPublisher:
+        keep = WEIGHT_TRANSPORTS.get(cfg.generation.weight_transport).typed_settings(cfg).keep
+        return cls(client, cfg.run.name, out_dir, rank, keep=keep)
+
     def publish(self, module: torch.nn.Module, version: int) -> tuple[WeightManifest | None, float]:
         t0 = time.perf_counter()
         state = full_state(module)  # every rank: a collective under ZeRO-3
@@ -57,4 +71,4 @@ class RedisBlobReceiver(FileReceiver):
         return manifest.version, self.engine.load_weights_bytes(data, manifest.version, in_flight)
 
 
-WEIGHT_TRANSPORTS.register("redis_weights")(WeightTransport(RedisBlobPublisher, RedisBlobReceiver))
+WEIGHT_TRANSPORTS.register("redis_weights")(WeightTransport(RedisBlobPublisher, RedisBlobReceiver, RedisBlobSettings))

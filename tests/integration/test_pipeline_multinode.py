@@ -23,7 +23,7 @@ def test_fake_two_node_cluster_places_tiers_on_different_nodes(redis_server, red
             run_id,
             "cluster.nodes=2",
             "cluster.placement=spread",
-            "run.steps=3",
+            "run.steps=2",
             "credit.method=rredcot",
             "staleness.eta=1",
             "generation.weight_transport=file",

@@ -44,6 +44,7 @@ def test_sigterm_mid_run_stops_in_order(tmp_path: Path) -> None:
         "run.steps=400",
         "data.eval_size=0",
         "logging.progress=true",
+        "logging.progress_every_s=1",  # the test reads the learner's step from these lines
     ]
     out = (tmp_path / "console.log").open("w")
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)

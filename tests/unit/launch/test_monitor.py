@@ -83,12 +83,12 @@ def test_progress_line_has_every_tier_the_queues_and_the_eta() -> None:
 
 
 def test_plain_lines_every_interval_to_the_log(clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
-    cfg = load_config("tests")
+    cfg = load_config("tests", ["logging.progress_every_s=15"])
 
     class FakeMonitor:
         last, step, evals = SNAPS, 3, []
 
-    progress = Progress(cfg, Phases(), interval_s=15, tty=False)
+    progress = Progress(cfg, Phases(), tty=False)
     caplog.set_level(logging.INFO, logger="rredcot.progress")
     for _ in range(4):  # 0, 5, 10, 15 s: lines at 0 and 15
         progress.update(FakeMonitor(), {}, evals_left=1)
