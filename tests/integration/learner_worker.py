@@ -2,8 +2,9 @@
 
 Usage: python -m tests.integration.learner_worker '<json spec>', from the repository root
 (RANK/WORLD_SIZE/MASTER_* come from the environment).
-Spec keys: stage, steps, first_step, resume (checkpoint dir or null), save (checkpoint root or null),
-out (safetensors file for the final weights; RANK is replaced by the rank), redis_url + run_id +
+Spec keys: stage, steps, first_step, resume (checkpoint dir or null), save_at + save + save_out (after
+that many steps: a checkpoint under the root ``save`` and the weights in ``save_out``), out
+(safetensors file for the final weights; RANK is replaced by the rank), redis_url + run_id +
 weights_dir (publish after each step).
 """
 
@@ -37,8 +38,9 @@ def main(spec: dict) -> None:
         assert result.applied, result.metrics
         if client is not None:
             publisher.publish(engine.module, engine.version)
-    if spec.get("save"):
-        save_checkpoint(engine, spec["save"], pipeline={"next_step": spec["steps"]})
+        if step + 1 == spec.get("save_at"):  # a checkpoint and the weights mid-run
+            save_checkpoint(engine, spec["save"], pipeline={"next_step": step + 1})
+            save_file(full_state(engine.module), spec["save_out"])
     state = full_state(engine.module)
     if spec.get("out"):
         save_file(state, spec["out"].replace("RANK", str(engine.rank)))

@@ -55,8 +55,8 @@ def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: fl
 
 def test_resume_is_exact(tmp_path):
     """4 steps straight == 2 steps, checkpoint, new process, 2 more steps."""
-    run_ranks({"stage": 2, "steps": 4, "out": str(tmp_path / "straight.safetensors")})
-    run_ranks({"stage": 2, "steps": 2, "save": str(tmp_path / "ckpt"), "out": str(tmp_path / "half.safetensors")})
+    half_way = {"save_at": 2, "save": str(tmp_path / "ckpt"), "save_out": str(tmp_path / "half.safetensors")}
+    run_ranks({"stage": 2, "steps": 4, "out": str(tmp_path / "straight.safetensors"), **half_way})
     ckpt = latest_checkpoint(tmp_path / "ckpt")
     assert ckpt is not None and ckpt.name == "step-00000002"
     run_ranks(
