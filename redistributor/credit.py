@@ -115,22 +115,36 @@ def _exits(seg: Segmentation, n_tokens: int, answer_part: str) -> np.ndarray:
     return seg.exit_points
 
 
-def reference_pairs(group: RolloutGroup, scorer: Scorer, c: CreditConfig) -> list[Pair]:
-    """The dataset's (u_i, y_i); with ``credit.group_refs`` also each correct sample's answer part
-    (after the thinking end and leading whitespace) as (u, empty y); at most ``credit.max_refs``."""
-    pairs: list[Pair] = [(u.tolist(), y.tolist()) for u, y in zip(group.ref_solution_ids, group.ref_answer_ids)]
+def answer_start(texts: Sequence[str], think_start: str, think_end: str) -> int | None:
+    """Where a completion's answer part starts (after the closing thinking tag and whitespace; 0
+    without tags); None when the thinking was opened and never closed (no answer part)."""
+    joined = "".join(texts)
+    if think_start in joined and think_end not in joined:
+        return None
+    _, hi, has_think = thinking_span(texts, think_start, think_end)
+    start = hi + 1 if has_think and hi < len(texts) else 0
+    while start < len(texts) and not texts[start].strip():
+        start += 1
+    return start if start < len(texts) else None
+
+
+def reference_pairs(group: RolloutGroup, scorer: Scorer, c: CreditConfig) -> list[list[Pair]]:
+    """Each sample's reference pairs: the dataset's (u_i, y_i); with ``credit.group_refs`` also the
+    answer parts of the group's *other* correct samples as (u, empty y) — never a sample's own, and
+    only from samples that stopped normally with their thinking closed (a truncated trace's answer
+    read from inside its thinking is no reference); at most ``credit.max_refs`` each."""
+    dataset: list[Pair] = [(u.tolist(), y.tolist()) for u, y in zip(group.ref_solution_ids, group.ref_answer_ids)]
+    answers: list[list[int] | None] = [None] * len(group.samples)
     if c.group_refs:
-        for s in group.samples:
-            if s.verdict != "correct":
-                continue
-            texts = token_texts(scorer.tokenizer, s.completion_ids.tolist())
-            _, hi, has_think = thinking_span(texts, scorer.think_start, scorer.think_end)
-            start = hi + 1 if has_think and hi < len(texts) else 0
-            while start < len(texts) and not texts[start].strip():
-                start += 1
-            if start < len(texts):
-                pairs.append((s.completion_ids[start:].tolist(), []))
-    return pairs[: c.max_refs]
+        for i, s in enumerate(group.samples):
+            if s.verdict == "correct" and s.finish_reason == "stop":
+                texts = token_texts(scorer.tokenizer, s.completion_ids.tolist())
+                start = answer_start(texts, scorer.think_start, scorer.think_end)
+                answers[i] = None if start is None else s.completion_ids[start:].tolist()
+    return [
+        (dataset + [(a, []) for j, a in enumerate(answers) if a is not None and j != i])[: c.max_refs]
+        for i in range(len(group.samples))
+    ]
 
 
 def _sigma(seg_exits: np.ndarray, values: np.ndarray, n: int, advantage: float, ctx: CreditContext) -> SampleCredit:
@@ -151,18 +165,18 @@ def rredcot(ctx: CreditContext) -> list[SampleCredit]:
     scorer, c = _scorer(ctx), ctx.cfg.credit
     refs = reference_pairs(ctx.group, scorer, c)
     out: list[SampleCredit] = [SampleCredit(_uniform(0))] * len(ctx.group.samples)
-    for i, s, trace, t_entropy in _scored(ctx, keep_cache=bool(refs)):
+    for i, s, trace, t_entropy in _scored(ctx, keep_cache=any(refs)):
         n = len(s.completion_ids)
         t1 = time.perf_counter()
         exits = _exits(_segments(ctx, s, trace), n, c.answer_part)
         t2 = time.perf_counter()
         values = np.zeros(0)
-        if refs:
+        if refs[i]:
             bl = branch_logprobs_fast(
-                scorer.model, trace, exits.tolist(), refs, scorer.exit_ids, c.token_budget, c.entropy_chunk
+                scorer.model, trace, exits.tolist(), refs[i], scorer.exit_ids, c.token_budget, c.entropy_chunk
             )
             scorer.tokens.branch += trace.counter.branch
-            values = exit_values(bl, [1.0] * len(refs), c.value_space)
+            values = exit_values(bl, [1.0] * len(refs[i]), c.value_space)
         t3 = time.perf_counter()
         out[i] = _sigma(exits, values, n, float(ctx.advantages[i]), ctx)
         out[i].timings = {

@@ -16,7 +16,7 @@ from rredcot.redistributor.registry import CREDIT_METHODS
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.sigma import segment_masses, token_sigma
 from rredcot.redistributor.values import branch_logprobs_reference, exit_values
-from tests.unit.redistributor.cases import make_group
+from tests.unit.redistributor.cases import TRACES, make_group
 
 
 @pytest.fixture(scope="module")
@@ -78,10 +78,10 @@ def test_rredcot_matches_reference_pipeline(qwen_tok, qwen_model) -> None:
     group = make_group(qwen_tok)
     out = redistribute_group(group, cfg, scorer)
     refs = reference_pairs(group, scorer, cfg.credit)
-    for w, s in zip(out.samples, group.samples):
+    for w, s, r in zip(out.samples, group.samples, refs, strict=True):
         comp = s.completion_ids.tolist()
         bl = branch_logprobs_reference(
-            qwen_model, group.prompt_ids.tolist(), comp, w.exit_points.tolist(), refs, scorer.exit_ids
+            qwen_model, group.prompt_ids.tolist(), comp, w.exit_points.tolist(), r, scorer.exit_ids
         )
         np.testing.assert_allclose(w.exit_values, exit_values(bl, [1.0], "log"), atol=1e-4, rtol=0)
         np.testing.assert_allclose(w.segment_rewards, np.diff(w.exit_values), atol=1e-4)
@@ -120,6 +120,24 @@ def test_return_equivalent_methods_sum_to_one(
         assert np.all(w.sigma >= 0) and abs(float(w.sigma.sum(dtype=np.float64)) - 1) < 1e-5
         if method == "rredcot":
             assert len(w.exit_points) - 1 <= k + (answer_part == "segment")
+
+
+def test_group_references_never_include_a_samples_own_answer_nor_an_unclosed_trace(qwen_tok) -> None:
+    """credit.group_refs: sample i's references are the dataset pair plus the answer parts of the
+    *other* correct samples that stopped normally with their thinking closed."""
+    traces = [*TRACES[:2], "<think>\nSo 12*7 = 84, Answer: 84", TRACES[3]]  # #2: thinking never closed
+    group = make_group(qwen_tok, traces, rewards=(1.0, 1.0, 1.0, 1.0))
+    group.samples[1].finish_reason = "length"  # truncated: its answer is no reference either
+    scorer = Scorer(build_tiny_model("qwen3", seed=3), qwen_tok, CreditConfig().exit_string)
+    refs = reference_pairs(group, scorer, CreditConfig(group_refs=True, max_refs=8))
+    enc = lambda t: qwen_tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731
+    dataset = (enc("12*7 = 84.\n"), enc("Answer: 84"))
+    answer_0, whole_3 = enc("Answer: 84"), group.samples[3].completion_ids.tolist()
+    assert [len(r) for r in refs] == [2, 3, 3, 2]
+    assert all(r[0] == dataset for r in refs)
+    assert refs[0][1:] == [(whole_3, [])] and refs[3][1:] == [(answer_0, [])]  # never its own
+    assert refs[1][1:] == refs[2][1:] == [(answer_0, []), (whole_3, [])]
+    assert reference_pairs(group, scorer, CreditConfig(group_refs=False)) == [[dataset]] * 4
 
 
 def test_degenerate_groups(qwen_tok, qwen_model) -> None:
