@@ -226,7 +226,11 @@ def redistribute_group(
     ``credit.method``; ``extra``: sampler, reward_fn, settings)."""
     method = method or get_method(cfg.credit.method)
     adv = group_advantages([s.reward for s in group.samples], cfg.credit.advantage_std_norm)
-    credits = method.fn(CreditContext(group, adv, cfg, scorer, **extra))
+    if method.needs_scorer and not adv.any():
+        # every advantage is 0: no σ changes the loss, so the scorer's work is skipped (σ uniform)
+        credits = [SampleCredit(_uniform(len(s.completion_ids))) for s in group.samples]
+    else:
+        credits = method.fn(CreditContext(group, adv, cfg, scorer, **extra))
     samples = [
         WeightedSample(s, float(a), c.sigma, c.exit_points, c.exit_values, c.segment_rewards, method.name, c.timings)
         for s, a, c in zip(group.samples, adv, credits)

@@ -44,6 +44,7 @@ class WorkerMetrics:
     tokens: int = 0
     dead_letters: int = 0
     incomplete_groups: int = 0
+    zero_advantage_groups: int = 0  # all rewards equal: σ uniform, no scorer work
     busy_s: float = 0.0
     queue_lag_s: float = 0.0  # age of the last entry when it was read
     scorer_version: int = 0
@@ -163,6 +164,7 @@ class Redistributor:
         m.rollouts += len(samples)
         m.tokens += sum(len(s.rollout.completion_ids) for s in samples)
         m.busy_s += seconds
+        m.zero_advantage_groups += not any(s.advantage for s in samples)
         if len(group.samples) < self.cfg.generation.group_size:
             m.incomplete_groups += 1
             log.warning(

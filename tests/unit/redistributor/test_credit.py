@@ -162,8 +162,12 @@ def test_degenerate_groups(qwen_tok, qwen_model) -> None:
     np.testing.assert_allclose(empty_think.sigma, 1 / len(empty_think.sigma))  # no segment: uniform
     out.validate()
     # all rewards equal: A = 0, σ uniform
+    before = (scorer.tokens.trace, scorer.tokens.branch)
     flat = redistribute_group(make_group(qwen_tok, rewards=(1.0, 1.0, 1.0, 1.0)), cfg, scorer)
-    assert all(np.allclose(w.sigma, 1 / len(w.sigma)) for w in flat.samples)
+    assert all(np.allclose(w.sigma, 1 / len(w.sigma)) and w.advantage == 0 for w in flat.samples)
+    # all advantages 0: σ cannot change the loss, so the scorer did no work for this group
+    assert (scorer.tokens.trace, scorer.tokens.branch) == before
+    assert all(len(w.exit_points) == 0 for w in flat.samples)
 
 
 def test_empty_completion_rejected_by_nothing(qwen_tok, qwen_model) -> None:
