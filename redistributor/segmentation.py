@@ -207,5 +207,11 @@ def segment(
     if cfg.homogenise:
         target = len(starts) if cfg.merge or k_cap is None else min(k_cap, len(starts))
         starts = linear_partition(piece_ent, target)
+        # the partition knows no lengths (and cuts singletons when it must reach ``target``):
+        # re-merge its groups until each holds ``min_segment_tokens`` again
+        keep = greedy_merge(
+            np.add.reduceat(piece_ent, starts), np.add.reduceat(piece_len, starts), None, cfg.min_segment_tokens
+        )
+        starts = [starts[i] for i in keep]
     exits = np.array([*bounds[starts], hi], dtype=np.int32)
     return Segmentation((lo, hi), has_think, np.asarray(cands, np.int32), exits)

@@ -164,8 +164,20 @@ def test_segment_properties(texts, data, k, min_len, switches) -> None:
         assert set(e[1:-1]) <= set(seg.candidates.tolist())
     if stop and (merge or homog):
         assert seg.n_segments <= k
+    if merge or homog:  # every segment holds min_segment_tokens, unless there is only one
+        assert seg.n_segments <= 1 or min(b - a for a, b in zip(e[:-1], e[1:])) >= min_len
     if not seg.has_think:
         assert (lo, hi) == (0, len(texts))
+
+
+def test_homogenising_keeps_the_minimum_length() -> None:
+    """The partition alone re-cut the merged segments into [0, 10, 11, 12]: two 1-token segments."""
+    lines = ["a\n"] * 12  # a keyword boundary before every token
+    ent = np.array([1, 1, 0, 0, 0, 0, 0, 0, 2, 1, 5, 1], dtype=float)
+    cfg = CreditConfig(segments=4, min_segment_tokens=2)
+    exits = segment(lines, ent, cfg, "<think>", "</think>").exit_points.tolist()
+    assert exits[0] == 0 and exits[-1] == 12 and len(exits) - 1 <= 4
+    assert min(np.diff(exits)) >= 2, exits
 
 
 def test_degenerate_segmentations() -> None:
