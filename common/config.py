@@ -350,6 +350,25 @@ def validate(cfg: Config) -> None:
         "a URL starting with redis://, rediss:// or unix://, or null for an embedded server",
     )
     _check(cfg.learner.eps_low < 1.0, "learner.eps_low", cfg.learner.eps_low, "a value in [0, 1)")
+    method = cfg.credit.method
+    _check(
+        method != "bnpo" or cfg.learner.loss_agg == "token",
+        "learner.loss_agg",
+        cfg.learner.loss_agg,
+        "'token' with credit.method=bnpo (BNPO is the token mean over the batch)",
+    )
+    _check(
+        method != "drgrpo" or cfg.learner.loss_agg == "sample",
+        "learner.loss_agg",
+        cfg.learner.loss_agg,
+        "'sample' with credit.method=drgrpo (Dr. GRPO divides each sample by the constant max_tokens)",
+    )
+    _check(
+        method != "drgrpo" or not cfg.credit.advantage_std_norm,
+        "credit.advantage_std_norm",
+        cfg.credit.advantage_std_norm,
+        "false with credit.method=drgrpo (Dr. GRPO does not divide advantages by their std)",
+    )
 
 
 def _validate_extensions(cfg: Config) -> None:

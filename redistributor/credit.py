@@ -39,16 +39,18 @@ def grpo(ctx: CreditContext) -> list[SampleCredit]:
     return [SampleCredit(_uniform(len(s.completion_ids))) for s in ctx.group.samples]
 
 
-@register("bnpo", return_equivalent=False)
+@register("bnpo", return_equivalent=True)
 def bnpo(ctx: CreditContext) -> list[SampleCredit]:
-    """σ = 1/|B| with B the group's completion tokens (the batch this tier sees)."""
-    total = sum(len(s.completion_ids) for s in ctx.group.samples)
-    return [SampleCredit(_uniform(len(s.completion_ids), 1.0 / max(total, 1))) for s in ctx.group.samples]
+    """σ = 1/|o|; the batch token mean that defines BNPO is the learner's ``loss_agg=token``
+    (c_i = |o_i|/N_tokens, so every token of the global batch weighs 1/N_tokens), which the config
+    requires with this method."""
+    return grpo(ctx)
 
 
 @register("drgrpo", return_equivalent=False)
 def drgrpo(ctx: CreditContext) -> list[SampleCredit]:
-    """σ = 1/M with M = ``generation.max_tokens``."""
+    """σ = 1/M with M = ``generation.max_tokens``; with the learner's ``loss_agg=sample`` and
+    advantages not divided by their std (both required by the config), this is Dr. GRPO's loss."""
     m = ctx.cfg.generation.max_tokens
     return [SampleCredit(_uniform(len(s.completion_ids), 1.0 / m)) for s in ctx.group.samples]
 

@@ -42,6 +42,30 @@ def test_invalid_values_name_key_value_and_allowed(override, fragments):
         assert frag in str(e.value), (frag, str(e.value))
 
 
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        (
+            ["credit.method=bnpo"],
+            "learner.loss_agg = 'sample' is not allowed; expected 'token' with credit.method=bnpo",
+        ),
+        (
+            ["credit.method=drgrpo"],
+            "credit.advantage_std_norm = True is not allowed; expected false with credit.method",
+        ),
+        (
+            ["credit.method=drgrpo", "credit.advantage_std_norm=false", "learner.loss_agg=token"],
+            "learner.loss_agg = 'token' is not allowed; expected 'sample' with credit.method=drgrpo",
+        ),
+    ],
+)
+def test_methods_require_the_learner_settings_that_define_them(overrides, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        load_config("tests", overrides)
+    load_config("tests", ["credit.method=bnpo", "learner.loss_agg=token"])
+    load_config("tests", ["credit.method=drgrpo", "credit.advantage_std_norm=false"])
+
+
 def test_unknown_key_lists_allowed_keys():
     with pytest.raises(ConfigError) as e:
         load_config("tests", ["learner.learning_rate=1"])

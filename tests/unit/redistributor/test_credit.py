@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rredcot.common.config import Config, CreditConfig
+from rredcot.common.config import Config, CreditConfig, load_config
 from rredcot.common.models import build_tiny_model
+from rredcot.learner.loss import sample_coefficients
+from rredcot.learner.packing import collate, samples_from_group
 from rredcot.redistributor.credit import budget_batches, group_advantages, redistribute_group, reference_pairs
 from rredcot.redistributor.entropy import score_trace
 from rredcot.redistributor.mc import HFContinuationSampler
@@ -16,6 +19,7 @@ from rredcot.redistributor.registry import CREDIT_METHODS
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.sigma import segment_masses, token_sigma
 from rredcot.redistributor.values import branch_logprobs_reference, exit_values
+from tests.factories import rollout, rollout_group
 from tests.unit.redistributor.cases import TRACES, make_group
 
 
@@ -38,6 +42,27 @@ def test_budget_batches_by_hand() -> None:
     assert budget_batches([], 10) == []
 
 
+@pytest.mark.parametrize(("method", "agg"), [("bnpo", "token"), ("drgrpo", "sample")])
+def test_bnpo_and_drgrpo_weigh_tokens_as_their_papers_define(method, agg) -> None:
+    """Through the learner's aggregation: BNPO weighs every token of the batch 1/N_tokens, Dr. GRPO
+    every token 1/(N_samples · max_tokens), whatever the completion lengths."""
+    overrides = [f"credit.method={method}", f"learner.loss_agg={agg}", "credit.advantage_std_norm=false"]
+    cfg = load_config("tests", overrides)
+    lengths = [[5, 9, 14, 20], [3, 7]]
+    groups = [rollout_group(g=len(ls), seed=i) for i, ls in enumerate(lengths)]
+    for group, ls in zip(groups, lengths):
+        group.samples = [rollout(group.group_id, j, n, seed=j, reward=float(j % 2)) for j, n in enumerate(ls)]
+    samples = [t for group in groups for t in samples_from_group(redistribute_group(group, cfg))]
+    mb = collate(samples)
+    n_tokens, n_samples = sum(map(sum, lengths)), len(samples)
+    coef = sample_coefficients(mb, agg, n_tokens if agg == "token" else n_samples)
+    per_token = (coef[mb.sample_of_token] * mb.sigma).double()
+    expected = 1 / n_tokens if method == "bnpo" else 1 / (n_samples * cfg.generation.max_tokens)
+    torch.testing.assert_close(per_token, torch.full_like(per_token, expected), rtol=1e-6, atol=0)
+    adv = [s.advantage for s in samples[:4]]
+    assert adv == pytest.approx([-0.5, 0.5, -0.5, 0.5])  # R - mean(R), not divided by the std
+
+
 @pytest.mark.parametrize("method", ["rredcot", "entropy"])
 def test_scorer_batching_does_not_change_credit(qwen_tok, qwen_model, method) -> None:
     group = make_group(qwen_tok)
@@ -58,7 +83,7 @@ def test_uniform_methods_by_hand(qwen_tok) -> None:
     lens = [len(s.completion_ids) for s in group.samples]
     for method, expect in [
         ("grpo", [1 / n for n in lens]),
-        ("bnpo", [1 / sum(lens)] * 4),
+        ("bnpo", [1 / n for n in lens]),  # the batch token mean is the learner's loss_agg=token
         ("drgrpo", [1 / cfg.generation.max_tokens] * 4),
     ]:
         cfg.credit.method = method
@@ -67,7 +92,7 @@ def test_uniform_methods_by_hand(qwen_tok) -> None:
             np.testing.assert_allclose(w.sigma, np.full(n, e, np.float32))
             assert w.credit_method == method
         out.validate()
-    assert not CREDIT_METHODS.get("bnpo").return_equivalent and CREDIT_METHODS.get("rredcot").return_equivalent
+    assert not CREDIT_METHODS.get("drgrpo").return_equivalent and CREDIT_METHODS.get("bnpo").return_equivalent
 
 
 def test_rredcot_matches_reference_pipeline(qwen_tok, qwen_model) -> None:
