@@ -45,7 +45,7 @@ def test_killed_generator_resumes_with_latest_weights_and_no_lost_prompts(
             f"run.steps={steps}",
             f"generation.prompts_per_step={pps}",
             "generation.group_size=2",
-            "generation.max_tokens=32",
+            "generation.max_tokens=64",
             "generation.max_in_flight_groups=2",
             "generation.kv_cache_bytes=16777216",
             "staleness.eta=8",
