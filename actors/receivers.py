@@ -15,9 +15,13 @@ from typing import Any
 from rredcot.actors.engine import Engine
 from rredcot.common.config import Config
 from rredcot.common.weight_group import read_group
-from rredcot.common.weight_sync import latest_manifest, read_weights
+from rredcot.common.weight_sync import WeightManifest, latest_manifest, read_weights
 
 log = logging.getLogger(__name__)
+
+
+def _receiver_name(rank: int | None) -> str:
+    return f"gen{rank}" if rank is not None else "eval"
 
 
 class FileReceiver:
@@ -28,7 +32,7 @@ class FileReceiver:
 
     @classmethod
     def from_config(cls, cfg: Config, client: Any, engine: Engine, rank: int | None) -> FileReceiver:
-        return cls(client, cfg.run.name, engine, f"gen{rank}" if rank is not None else "eval")
+        return cls(client, cfg.run.name, engine, _receiver_name(rank))
 
     @property
     def holds_group(self) -> bool:
@@ -36,7 +40,9 @@ class FileReceiver:
         return False
 
     def poll(self, in_flight: str = "finish") -> tuple[int, float] | None:
-        manifest = latest_manifest(self.client, self.run_id, newer_than=self.engine.version)
+        return self._apply_file(latest_manifest(self.client, self.run_id, newer_than=self.engine.version), in_flight)
+
+    def _apply_file(self, manifest: WeightManifest | None, in_flight: str) -> tuple[int, float] | None:
         if manifest is None or not manifest.path:  # broadcast only: the learner writes a file for outsiders
             return None
         try:
@@ -59,9 +65,10 @@ class CollectiveReceiver(FileReceiver):
 
     @classmethod
     def from_config(cls, cfg: Config, client: Any, engine: Engine, rank: int | None) -> CollectiveReceiver:
-        name = f"gen{rank}" if rank is not None else "eval"
         group_rank = None if rank is None else rank + 1
-        return cls(client, cfg.run.name, engine, name, group_rank, cfg.generation.weight_group_timeout_s)
+        return cls(
+            client, cfg.run.name, engine, _receiver_name(rank), group_rank, cfg.generation.weight_group_timeout_s
+        )
 
     @property
     def holds_group(self) -> bool:
@@ -86,7 +93,7 @@ class CollectiveReceiver(FileReceiver):
     def poll(self, in_flight: str = "finish") -> tuple[int, float] | None:
         manifest = latest_manifest(self.client, self.run_id, newer_than=self.engine.version)
         if manifest is None or manifest.transport != "collective" or not self.in_group:
-            return super().poll(in_flight)
+            return self._apply_file(manifest, in_flight)
         try:
             return self.engine.load_weights_broadcast(manifest, in_flight)
         except Exception as e:  # noqa: BLE001 - a broken group: the learner re-publishes as files
