@@ -135,7 +135,7 @@ class CreditConfig:
     sign: str = choice("relu", "relu", "abs", "softmax")
     softmax_temperature: float = bounded(1.0, 1e-6)
     uniform_mix: float = bounded(0.0, 0.0, 1.0)  # lambda
-    answer_part: str = choice("uniform", "uniform", "segment")
+    answer_part: str = choice("uniform", "uniform", "terminal")  # after the thinking span: docs/credit.md
     group_refs: bool = False  # add the group's correct completions as reference pairs
     max_refs: int = bounded(4, 1)
     scorer: str = choice("reference", "reference", "policy")
@@ -368,6 +368,13 @@ def validate(cfg: Config) -> None:
         "credit.advantage_std_norm",
         cfg.credit.advantage_std_norm,
         "false with credit.method=drgrpo (Dr. GRPO does not divide advantages by their std)",
+    )
+    _check(
+        cfg.credit.answer_part != "terminal" or method != "rredcot" or cfg.credit.value_space != "log",
+        "credit.value_space",
+        cfg.credit.value_space,
+        "'prob' or 'mean_token_prob' with credit.answer_part=terminal (the outcome R is a probability; "
+        "log R is -inf for a wrong answer)",
     )
 
 

@@ -105,16 +105,22 @@ def entropy_credit(ctx: CreditContext) -> list[SampleCredit]:
 
 
 def _segments(ctx: CreditContext, s: RolloutRecord, trace: TraceScores) -> Segmentation:
+    """Segments of the thinking span. A completion that ends with a special token (EOS) ends there:
+    no exit point lies past it, where the policy never continues."""
     scorer = _scorer(ctx)
-    texts = token_texts(scorer.tokenizer, s.completion_ids.tolist())
-    return segment(texts, trace.entropy.double().cpu().numpy(), ctx.cfg.credit, scorer.think_start, scorer.think_end)
+    ids = s.completion_ids.tolist()
+    body = len(ids) - 1 if ids and ids[-1] in scorer.end_ids else len(ids)
+    texts = token_texts(scorer.tokenizer, ids[:body])
+    entropy = trace.entropy[:body].double().cpu().numpy()
+    return segment(texts, entropy, ctx.cfg.credit, scorer.think_start, scorer.think_end)
 
 
-def _exits(seg: Segmentation, n_tokens: int, answer_part: str) -> np.ndarray:
-    """Exit points; with ``answer_part=segment`` the answer part [hi, L) is one more segment."""
-    if answer_part == "segment" and seg.span[1] < n_tokens:
-        return np.append(seg.exit_points, n_tokens).astype(np.int32)
-    return seg.exit_points
+def _terminal(exits: np.ndarray, values: np.ndarray, n_tokens: int, reward: float) -> tuple[np.ndarray, np.ndarray]:
+    """``answer_part=terminal``: the answer part [e_K, L) is one more segment whose end value is the
+    outcome R itself (never a scored state after the end), so its reward is R − v̂(s_K)."""
+    if not values.size or exits[-1] >= n_tokens:
+        return exits, values
+    return np.append(exits, n_tokens).astype(np.int32), np.append(values, reward)
 
 
 def answer_start(texts: Sequence[str], think_start: str, think_end: str) -> int | None:
@@ -170,7 +176,7 @@ def rredcot(ctx: CreditContext) -> list[SampleCredit]:
     for i, s, trace, t_entropy in _scored(ctx, keep_cache=any(refs)):
         n = len(s.completion_ids)
         t1 = time.perf_counter()
-        exits = _exits(_segments(ctx, s, trace), n, c.answer_part)
+        exits = _segments(ctx, s, trace).exit_points
         t2 = time.perf_counter()
         values = np.zeros(0)
         if refs[i]:
@@ -179,6 +185,8 @@ def rredcot(ctx: CreditContext) -> list[SampleCredit]:
             )
             scorer.tokens.branch += trace.counter.branch
             values = exit_values(bl, [1.0] * len(refs[i]), c.value_space)
+        if c.answer_part == "terminal":
+            exits, values = _terminal(exits, values, n, s.reward)
         t3 = time.perf_counter()
         out[i] = _sigma(exits, values, n, float(ctx.advantages[i]), ctx)
         out[i].timings = {
@@ -200,7 +208,7 @@ def mc(ctx: CreditContext) -> list[SampleCredit]:
     for i, s, trace, t_entropy in _scored(ctx, keep_cache=False):
         n = len(s.completion_ids)
         t1 = time.perf_counter()
-        exits = _exits(_segments(ctx, s, trace), n, c.answer_part)
+        exits = _segments(ctx, s, trace).exit_points
         t2 = time.perf_counter()
         values, _ = mc_values(
             ctx.sampler,
@@ -212,6 +220,8 @@ def mc(ctx: CreditContext) -> list[SampleCredit]:
             ctx.cfg.generation.max_tokens,
             ctx.group.answer,
         )
+        if c.answer_part == "terminal":
+            exits, values = _terminal(exits, values, n, s.reward)
         out[i] = _sigma(exits, values, n, float(ctx.advantages[i]), ctx)
         out[i].timings = {"entropy": t_entropy, "segment": t2 - t1, "values": time.perf_counter() - t2}
     return out

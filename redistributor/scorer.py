@@ -20,9 +20,11 @@ class Scorer:
     version: int = 0
     tokens: TokenCounter = field(default_factory=TokenCounter)  # running total, for metrics
     exit_ids: list[int] = field(init=False)
+    end_ids: frozenset[int] = field(init=False)  # special tokens (EOS, end of turn): a completion ends there
 
     def __post_init__(self) -> None:
         self.exit_ids = list(self.tokenizer(self.exit_string, add_special_tokens=False)["input_ids"])
+        self.end_ids = frozenset(self.tokenizer.all_special_ids)
 
     def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
         """Accept a weight update (e.g. the policy at ``version`` when ``credit.scorer=policy``).

@@ -1,7 +1,9 @@
 """Segment rewards, segment masses and the per-token weights σ (Σσ = 1 for every sample).
 
-r_k = v(s_k) − v(s_{k−1}); m_k from the sign policy and the sign of the advantage A;
-σ_j = λ/|o| + (1 − λ) · m_{k(j)} / (|seg_k| · Σ m) for tokens in segment k, λ/|o| elsewhere;
+r_k = v(s_k) − v(s_{k−1}); m_k from the sign policy and the sign of the advantage A.
+Tokens outside every segment (a thinking tag, the answer part with ``answer_part=uniform``) keep
+their uniform weight 1/|o|; the S tokens inside the segments share the rest, S/|o|:
+σ_j = λ/|o| + (1 − λ) · (S/|o|) · m_{k(j)} / (|seg_k| · Σ m) for tokens in segment k.
 σ is uniform when Σ m = 0 (or A = 0, or no segment).
 """
 
@@ -43,19 +45,21 @@ def segment_masses(rewards: np.ndarray, advantage: float, sign: str, temperature
 def token_sigma(n_tokens: int, exit_points: np.ndarray, masses: np.ndarray, uniform_mix: float) -> np.ndarray:
     """σ over ``n_tokens`` completion tokens; segment k is [exit_points[k], exit_points[k+1]).
 
-    Tokens outside every segment get only the uniform part λ/|o|.
+    Tokens outside every segment keep 1/|o|; the segments redistribute their own share.
     """
     if n_tokens == 0:
         return np.zeros(0, dtype=np.float32)
     m = np.asarray(masses, dtype=np.float64)
-    uniform = np.full(n_tokens, 1.0 / n_tokens)
+    sigma = np.full(n_tokens, 1.0 / n_tokens)
     e = np.asarray(exit_points, dtype=np.int64)
     lens = np.diff(e)
     total = m.sum()
     if m.size == 0 or not np.isfinite(total) or total <= 0:
-        return uniform.astype(np.float32)
+        return sigma.astype(np.float32)
+    inside = lens.sum() / n_tokens  # the segments' share of σ, S/|o|
     per_token = np.zeros(n_tokens)
     for k in np.flatnonzero((m > 0) & (lens > 0)):
         per_token[e[k] : e[k + 1]] = m[k] / (lens[k] * total)
-    sigma = uniform_mix * uniform + (1.0 - uniform_mix) * per_token
+    span = slice(e[0], e[-1])
+    sigma[span] = uniform_mix / n_tokens + (1.0 - uniform_mix) * inside * per_token[span]
     return (sigma / sigma.sum()).astype(np.float32)

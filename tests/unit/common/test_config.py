@@ -57,6 +57,11 @@ def test_invalid_values_name_key_value_and_allowed(override, fragments):
             ["credit.method=drgrpo", "credit.advantage_std_norm=false", "learner.loss_agg=token"],
             "learner.loss_agg = 'token' is not allowed; expected 'sample' with credit.method=drgrpo",
         ),
+        (
+            ["credit.answer_part=terminal"],
+            "credit.value_space = 'log' is not allowed; expected 'prob' or 'mean_token_prob' with credit.answer_part",
+        ),
+        (["credit.answer_part=segment"], "credit.answer_part = 'segment' is not allowed; expected one of"),
     ],
 )
 def test_methods_require_the_learner_settings_that_define_them(overrides, fragment):
@@ -64,6 +69,8 @@ def test_methods_require_the_learner_settings_that_define_them(overrides, fragme
         load_config("tests", overrides)
     load_config("tests", ["credit.method=bnpo", "learner.loss_agg=token"])
     load_config("tests", ["credit.method=drgrpo", "credit.advantage_std_norm=false"])
+    load_config("tests", ["credit.answer_part=terminal", "credit.value_space=prob"])
+    load_config("tests", ["credit.answer_part=terminal", "credit.method=mc"])  # MC values are probabilities
 
 
 def test_unknown_key_lists_allowed_keys():

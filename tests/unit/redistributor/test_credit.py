@@ -123,7 +123,7 @@ def test_rredcot_matches_reference_pipeline(qwen_tok, qwen_model) -> None:
     sign=st.sampled_from(["relu", "abs", "softmax"]),
     lam=st.floats(0, 1),
     space=st.sampled_from(["log", "prob", "mean_token_prob"]),
-    answer_part=st.sampled_from(["uniform", "segment"]),
+    answer_part=st.sampled_from(["uniform", "terminal"]),
     k=st.integers(1, 6),
     group_refs=st.booleans(),
 )
@@ -135,7 +135,7 @@ def test_return_equivalent_methods_sum_to_one(
         method=method,
         sign=sign,
         uniform_mix=lam,
-        value_space=space,
+        value_space="prob" if answer_part == "terminal" and space == "log" else space,  # the config's rule
         answer_part=answer_part,
         segments=k,
         group_refs=group_refs,
@@ -144,7 +144,95 @@ def test_return_equivalent_methods_sum_to_one(
     for w in out.samples:
         assert np.all(w.sigma >= 0) and abs(float(w.sigma.sum(dtype=np.float64)) - 1) < 1e-5
         if method == "rredcot":
-            assert len(w.exit_points) - 1 <= k + (answer_part == "segment")
+            assert len(w.exit_points) - 1 <= k + (answer_part == "terminal")
+
+
+def _answer_tokens(tok, text: str) -> int:
+    return len(tok(text[text.index("</think>") :], add_special_tokens=False)["input_ids"])
+
+
+def test_default_credit_gives_answer_tokens_their_uniform_share(qwen_tok, qwen_model) -> None:
+    """Issue 13.1: with the defaults (λ = 0, answer_part=uniform) the tokens after the thinking span
+    (``</think>``, the answer) got σ = 0 whenever a segment had mass; they keep 1/|o| now."""
+    cfg = Config()
+    group = make_group(qwen_tok)
+    out = redistribute_group(group, cfg, Scorer(qwen_model, qwen_tok, cfg.credit.exit_string))
+    for w, text in zip(out.samples[:3], TRACES[:3]):
+        n, answer = len(w.sigma), _answer_tokens(qwen_tok, text)
+        assert w.exit_points[-1] == n - answer  # the span ends at </think>
+        np.testing.assert_allclose(w.sigma[n - answer :], 1 / n, rtol=1e-5)
+        np.testing.assert_allclose(w.sigma[w.exit_points[0] : w.exit_points[-1]].sum(), (n - answer - 1) / n, rtol=1e-5)
+        assert w.segment_rewards.any()  # the thinking share was redistributed, not left uniform
+
+
+def test_terminal_answer_part_takes_the_outcome_never_a_scored_end_state(qwen_tok, qwen_model) -> None:
+    """Issue 13.2: ``answer_part=terminal`` ends the answer part at the outcome R: its reward is
+    R − v̂(s_K) and no branch runs after the full completion (a state the policy never visits)."""
+    cfg = Config()
+    cfg.credit = CreditConfig(answer_part="terminal", value_space="prob", min_segment_tokens=1, segments=3)
+    scorer = Scorer(qwen_model, qwen_tok, cfg.credit.exit_string)
+    group = make_group(qwen_tok)
+    out = redistribute_group(group, cfg, scorer)
+    refs = reference_pairs(group, scorer, cfg.credit)
+    for w, s, r, text in zip(out.samples[:3], group.samples, refs, TRACES[:3]):
+        n = len(w.sigma)
+        scored = w.exit_points[:-1].tolist()
+        assert w.exit_points[-1] == n and scored[-1] == n - _answer_tokens(qwen_tok, text)
+        bl = branch_logprobs_reference(
+            qwen_model, group.prompt_ids.tolist(), s.completion_ids.tolist(), scored, r, scorer.exit_ids
+        )
+        np.testing.assert_allclose(w.exit_values[:-1], exit_values(bl, [1.0], "prob"), rtol=1e-4, atol=1e-12)
+        assert w.exit_values[-1] == s.reward
+        assert w.segment_rewards[-1] == pytest.approx(s.reward - w.exit_values[-2], rel=1e-5)
+        # the rewards telescope: Σ r_k = R − v̂(s_0)
+        assert w.segment_rewards.sum() == pytest.approx(s.reward - w.exit_values[0], rel=1e-5)
+    correct = out.samples[0]
+    answer = slice(correct.exit_points[-2], None)
+    assert correct.sigma[answer].sum() > 0.5  # R − v̂(s_K) ≈ 1 dwarfs the thinking's value changes
+
+
+def test_no_exit_point_after_the_end_of_sequence(qwen_tok, qwen_model) -> None:
+    """A completion that ends with EOS: the last exit point is before it (the state after EOS is
+    never scored); the EOS token keeps its uniform share."""
+    cfg = Config()
+    traces = [t + "<|im_end|>" for t in TRACES]
+    out = redistribute_group(make_group(qwen_tok, traces), cfg, Scorer(qwen_model, qwen_tok, cfg.credit.exit_string))
+    no_tags = out.samples[3]
+    n = len(no_tags.sigma)
+    assert no_tags.exit_points[-1] == n - 1 and no_tags.sigma[-1] == pytest.approx(1 / n, rel=1e-5)
+
+
+class RecordingSampler(HFContinuationSampler):
+    """The real transformers sampler, remembering every prefix it was asked to continue."""
+
+    prefixes: list[list[int]]
+
+    def sample(self, prefixes, m, max_tokens):
+        self.prefixes = getattr(self, "prefixes", []) + prefixes
+        return super().sample(prefixes, m, max_tokens)
+
+
+def test_mc_terminal_never_continues_a_finished_completion(qwen_tok, qwen_model) -> None:
+    """Issue 13.2 for ``mc``: no continuation is sampled after the full completion; the answer
+    part's end value is the sample's reward."""
+    cfg = Config()
+    cfg.generation.max_tokens = 2
+    cfg.credit = CreditConfig(method="mc", mc_samples=1, segments=2, answer_part="terminal")
+    group = make_group(qwen_tok, [t + "<|im_end|>" for t in TRACES[:2]], rewards=(1.0, 0.0))
+    sampler = RecordingSampler(qwen_model, temperature=0)
+    out = redistribute_group(
+        group,
+        cfg,
+        Scorer(qwen_model, qwen_tok, cfg.credit.exit_string),
+        sampler=sampler,
+        reward_fn=lambda ids, gold: 0.5,
+    )
+    think_end = qwen_tok.convert_tokens_to_ids("</think>")
+    assert len(sampler.prefixes) == sum(len(w.exit_points) - 1 for w in out.samples)  # no prefix for the end
+    assert not any(think_end in p for p in sampler.prefixes)  # every prefix stops inside the thinking
+    for w, s in zip(out.samples, group.samples):
+        assert w.exit_values[-1] == s.reward and w.exit_points[-1] == len(w.sigma)
+        assert all(v == 0.5 for v in w.exit_values[:-1])
 
 
 def test_group_references_never_include_a_samples_own_answer_nor_an_unclosed_trace(qwen_tok) -> None:
@@ -229,7 +317,8 @@ def test_mc_credits_the_segment_that_makes_the_answer(qwen_tok, qwen_model) -> N
     k = int(np.searchsorted(w.exit_points, first, side="right")) - 1  # segment holding the token
     assert w.segment_rewards.tolist() == [1.0 if i == k else 0.0 for i in range(len(w.segment_rewards))]
     seg = slice(w.exit_points[k], w.exit_points[k + 1])
-    np.testing.assert_allclose(w.sigma[seg], 1 / (seg.stop - seg.start))
+    span = w.exit_points[-1] - w.exit_points[0]  # the thinking span's share, span/|o|, all to segment k
+    np.testing.assert_allclose(w.sigma[seg], span / len(comp) / (seg.stop - seg.start), rtol=1e-6)
     assert abs(w.sigma.sum() - 1) < 1e-6
 
 

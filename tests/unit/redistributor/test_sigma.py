@@ -20,8 +20,16 @@ def test_sigma_by_hand() -> None:
     np.testing.assert_allclose(down, [0.0] * 4 + [1 / 6] * 6, rtol=1e-6)  # blame the one that lowered it
     absolute = token_sigma(10, exits, segment_masses(r, 1.0, "abs"), 0.0)
     np.testing.assert_allclose(absolute, [0.5 / 0.8 / 4] * 4 + [0.3 / 0.8 / 6] * 6, rtol=1e-6)
-    mixed = token_sigma(10, np.array([2, 6]), np.array([1.0]), 0.5)  # tokens 0,1,6..9 outside
-    np.testing.assert_allclose(mixed, [0.05] * 2 + [0.05 + 0.5 / 4] * 4 + [0.05] * 4, rtol=1e-6)
+    # tokens 0, 1, 6..9 are outside every segment: they keep 1/|o|; the segments share 4/10
+    mixed = token_sigma(10, np.array([2, 4, 6]), np.array([1.0, 0.0]), 0.5)
+    np.testing.assert_allclose(mixed, [0.1] * 2 + [0.05 + 0.5 * 0.4 / 2] * 2 + [0.05] * 2 + [0.1] * 4, rtol=1e-6)
+
+
+def test_answer_part_keeps_its_uniform_share() -> None:
+    """Issue 13.1: a 2-token thinking segment with all the mass left the answer part σ = 0."""
+    sigma = token_sigma(8, np.array([1, 3]), np.array([5.0]), 0.0)  # <think> a b </think> answer… EOS
+    assert sigma[0] == pytest.approx(1 / 8) and np.all(sigma[3:] == pytest.approx(1 / 8))
+    np.testing.assert_allclose(sigma[1:3], 1 / 8, rtol=1e-6)  # the span keeps its share, 2/8
 
 
 def test_softmax_masses() -> None:
