@@ -115,6 +115,7 @@ class WeightedSample:
     segment_rewards: np.ndarray  # float32 [K]
     credit_method: str
     timings: dict[str, float] = field(default_factory=dict)
+    sigma_fallback: str = ""  # why σ is uniform: no_segment, no_reference, underflow, zero_mass, skipped
 
     def validate(self) -> None:
         self.rollout.validate()

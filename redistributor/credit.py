@@ -16,7 +16,7 @@ from rredcot.redistributor.mc import mc_values
 from rredcot.redistributor.registry import CreditContext, CreditMethod, SampleCredit, get_method, register
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.segmentation import Segmentation, segment, thinking_span, token_texts
-from rredcot.redistributor.sigma import segment_masses, segment_rewards, token_sigma
+from rredcot.redistributor.sigma import prob_rewards, segment_masses, segment_rewards, token_sigma, uniform_reason
 from rredcot.redistributor.values import branch_logprobs_fast, exit_values
 
 Pair = tuple[Sequence[int], Sequence[int]]
@@ -115,6 +115,11 @@ def _segments(ctx: CreditContext, s: RolloutRecord, trace: TraceScores) -> Segme
     return segment(texts, entropy, ctx.cfg.credit, scorer.think_start, scorer.think_end)
 
 
+def _log(x: float) -> float:
+    with np.errstate(divide="ignore"):
+        return float(np.log(x))
+
+
 def _terminal(exits: np.ndarray, values: np.ndarray, n_tokens: int, reward: float) -> tuple[np.ndarray, np.ndarray]:
     """``answer_part=terminal``: the answer part [e_K, L) is one more segment whose end value is the
     outcome R itself (never a scored state after the end), so its reward is R − v̂(s_K)."""
@@ -155,15 +160,25 @@ def reference_pairs(group: RolloutGroup, scorer: Scorer, c: CreditConfig) -> lis
     ]
 
 
-def _sigma(seg_exits: np.ndarray, values: np.ndarray, n: int, advantage: float, ctx: CreditContext) -> SampleCredit:
+def _sigma(
+    exits: np.ndarray,
+    values: np.ndarray,
+    n: int,
+    advantage: float,
+    ctx: CreditContext,
+    log_values: np.ndarray | None = None,
+) -> SampleCredit:
+    """σ from the exit values; ``log_values`` (prob space) gives relu/abs masses that never underflow."""
     c = ctx.cfg.credit
-    rewards = segment_rewards(values) if values.size else np.zeros(max(len(seg_exits) - 1, 0))
-    masses = segment_masses(rewards, advantage, c.sign, c.softmax_temperature)
+    rewards = segment_rewards(values) if values.size else np.zeros(max(len(exits) - 1, 0))
+    scaled = prob_rewards(log_values) if log_values is not None and c.sign != "softmax" else rewards
+    masses = segment_masses(scaled, advantage, c.sign, c.softmax_temperature)
     return SampleCredit(
-        token_sigma(n, seg_exits, masses, c.uniform_mix),
-        seg_exits.astype(np.int32),
+        token_sigma(n, exits, masses, c.uniform_mix),
+        exits.astype(np.int32),
         values.astype(np.float32),
         rewards.astype(np.float32),
+        fallback=uniform_reason(len(exits) - 1, values, scaled, masses),
     )
 
 
@@ -178,17 +193,20 @@ def rredcot(ctx: CreditContext) -> list[SampleCredit]:
         t1 = time.perf_counter()
         exits = _segments(ctx, s, trace).exit_points
         t2 = time.perf_counter()
-        values = np.zeros(0)
+        values, log_values = np.zeros(0), None
         if refs[i]:
             bl = branch_logprobs_fast(
                 scorer.model, trace, exits.tolist(), refs[i], scorer.exit_ids, c.token_budget, c.entropy_chunk
             )
             scorer.tokens.branch += trace.counter.branch
-            values = exit_values(bl, [1.0] * len(refs[i]), c.value_space)
-        if c.answer_part == "terminal":
-            exits, values = _terminal(exits, values, n, s.reward)
+            prob = c.value_space == "prob"  # computed in log space: σ survives values below e^-745
+            values = exit_values(bl, [1.0] * len(refs[i]), "log" if prob else c.value_space)
+            if c.answer_part == "terminal":
+                exits, values = _terminal(exits, values, n, _log(s.reward) if prob else s.reward)
+            if prob:
+                log_values, values = values, np.exp(values)
         t3 = time.perf_counter()
-        out[i] = _sigma(exits, values, n, float(ctx.advantages[i]), ctx)
+        out[i] = _sigma(exits, values, n, float(ctx.advantages[i]), ctx, log_values)
         out[i].timings = {
             "entropy": t_entropy,
             "segment": t2 - t1,
@@ -240,11 +258,13 @@ def redistribute_group(
     adv = group_advantages([s.reward for s in group.samples], cfg.credit.advantage_std_norm)
     if method.needs_scorer and not adv.any():
         # every advantage is 0: no σ changes the loss, so the scorer's work is skipped (σ uniform)
-        credits = [SampleCredit(_uniform(len(s.completion_ids))) for s in group.samples]
+        credits = [SampleCredit(_uniform(len(s.completion_ids)), fallback="skipped") for s in group.samples]
     else:
         credits = method.fn(CreditContext(group, adv, cfg, scorer, **extra))
     samples = [
-        WeightedSample(s, float(a), c.sigma, c.exit_points, c.exit_values, c.segment_rewards, method.name, c.timings)
+        WeightedSample(
+            s, float(a), c.sigma, c.exit_points, c.exit_values, c.segment_rewards, method.name, c.timings, c.fallback
+        )
         for s, a, c in zip(group.samples, adv, credits)
     ]
     return WeightedGroup(group.group_id, group.prompt_id, group.prompt_ids, samples, scorer.version if scorer else 0)

@@ -33,6 +33,7 @@ class SampleCredit:
     exit_values: np.ndarray = field(default_factory=lambda: _empty(np.float32))
     segment_rewards: np.ndarray = field(default_factory=lambda: _empty(np.float32))
     timings: dict[str, float] = field(default_factory=dict)
+    fallback: str = ""  # why σ fell back to uniform ('' when it did not): sigma.uniform_reason, or 'skipped'
 
 
 @dataclass

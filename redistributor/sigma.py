@@ -22,6 +22,30 @@ def segment_rewards(values: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(r), r, 0.0)
 
 
+def prob_rewards(log_values: np.ndarray) -> np.ndarray:
+    """Prob-space segment rewards from log values, scaled by e^{−max log v̂}: the relu and abs masses
+    (and so σ) are those of v̂_k − v̂_{k−1}, which underflow to 0 below −745 nats."""
+    lv = np.asarray(log_values, dtype=np.float64)
+    finite = lv[np.isfinite(lv)]
+    top = finite.max() if finite.size else 0.0
+    return segment_rewards(np.exp(lv - top))
+
+
+def uniform_reason(n_segments: int, values: np.ndarray, rewards: np.ndarray, masses: np.ndarray) -> str:
+    """Why a sample's σ fell back to uniform over its span ('' when it did not): ``no_segment``,
+    ``no_reference`` (no values), ``underflow`` (no finite non-zero value), ``zero_mass`` (all
+    rewards 0, or none of the sign the advantage credits)."""
+    if n_segments == 0:
+        return "no_segment"
+    if values.size == 0:
+        return "no_reference"
+    if not rewards.any() and not (np.isfinite(values) & (values != 0)).any():
+        return "underflow"
+    if not rewards.any() or not masses.sum() > 0:
+        return "zero_mass"
+    return ""
+
+
 def segment_masses(rewards: np.ndarray, advantage: float, sign: str, temperature: float = 1.0) -> np.ndarray:
     """m_k ≥ 0: ``relu`` max(sgn(A)·r_k, 0); ``abs`` |r_k|; ``softmax`` softmax(sgn(A)·r / T).
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from rredcot.common.codec import decode, encode
 from rredcot.common.config import Config, ConfigError
 from rredcot.common.control import RunControl
 from rredcot.common.models import load_causal_lm, load_tokenizer, resolve_model_path
-from rredcot.common.records import RecordError, RolloutGroup, WeightedGroup
+from rredcot.common.records import RecordError, RolloutGroup, WeightedGroup, WeightedSample
 from rredcot.common.sampling import RewardFn
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Entry, Producer, connect, key
 from rredcot.common.verifier import Verifier
@@ -33,8 +33,14 @@ from rredcot.redistributor.registry import get_method
 from rredcot.redistributor.scorer import Scorer
 
 log = logging.getLogger(__name__)
+LENGTH_BUCKETS = ((1024, "lt1k"), (4096, "lt4k"), (16384, "lt16k"))
 GROUP = "redistributors"
 STAGES = ("entropy", "segment", "values", "sigma")
+
+
+def length_bucket(n_tokens: int) -> str:
+    """The completion-length bucket of the per-length metrics: lt1k, lt4k, lt16k or ge16k."""
+    return next((name for limit, name in LENGTH_BUCKETS if n_tokens < limit), "ge16k")
 
 
 @dataclass
@@ -52,9 +58,27 @@ class WorkerMetrics:
     segment_s: float = 0.0
     values_s: float = 0.0
     sigma_s: float = 0.0
+    # per completion-length bucket (``length_bucket``) and per dead-letter reason:
+    # samples.<b>, uniform_<reason>.<b>, sigma_peak.<b> (max σ·|o|), dead_letters.<reason>
+    detail: dict[str, float] = field(default_factory=dict)
+
+    def add(self, key: str, value: float = 1.0) -> None:
+        self.detail[key] = self.detail.get(key, 0.0) + value
+
+    def count_sample(self, s: WeightedSample) -> None:
+        """The sample's length bucket, σ fallback reason and σ concentration."""
+        n = len(s.sigma)
+        b = length_bucket(n)
+        self.add(f"samples.{b}")
+        if s.sigma_fallback:
+            self.add(f"uniform_{s.sigma_fallback}.{b}")
+        if n:
+            peak = f"sigma_peak.{b}"
+            self.detail[peak] = max(self.detail.get(peak, 0.0), float(s.sigma.max()) * n)
 
     def snapshot(self) -> dict[str, float]:
         out: dict[str, float] = asdict(self)
+        out.update(out.pop("detail"))
         out["rollouts_per_s"] = self.rollouts / self.busy_s if self.busy_s else 0.0
         out["tokens_per_s"] = self.tokens / self.busy_s if self.busy_s else 0.0
         return out
@@ -130,8 +154,7 @@ class Redistributor:
     def _process(self, entry: Entry) -> None:
         self.metrics.queue_lag_s = max(0.0, time.time() - int(entry.id.split(b"-")[0]) / 1000)
         if entry.payload is None:
-            self.consumer.dead_letter(entry, "entry has no payload")
-            self.metrics.dead_letters += 1
+            self._dead(entry, "entry has no payload", "no_payload")
             return
         t0 = time.perf_counter()
         try:
@@ -140,13 +163,17 @@ class Redistributor:
                 out = redistribute_group(group, self.cfg, self.scorer, self.method, **self.extra)
             payload = encode(out)
         except (RecordError, ValueError, RuntimeError) as e:
-            self.consumer.dead_letter(entry, f"{type(e).__name__}: {e}")
-            self.metrics.dead_letters += 1
+            self._dead(entry, f"{type(e).__name__}: {e}", type(e).__name__)
             return
         self.producer.put(payload)
         self.consumer.ack([entry.id])
         self._count(group, out.samples, time.perf_counter() - t0)
         self._maybe_save(out, payload)
+
+    def _dead(self, entry: Entry, reason: str, kind: str) -> None:
+        self.consumer.dead_letter(entry, reason)
+        self.metrics.dead_letters += 1
+        self.metrics.add(f"dead_letters.{kind}")
 
     def _maybe_save(self, out: WeightedGroup, payload: bytes) -> None:
         """Keep the first ``credit.save_traces`` groups with a non-zero advantage under
@@ -158,13 +185,15 @@ class Redistributor:
         (folder / f"{self.name}-{out.group_id}.msgpack").write_bytes(payload)
         self.saved += 1
 
-    def _count(self, group: RolloutGroup, samples: list[Any], seconds: float) -> None:
+    def _count(self, group: RolloutGroup, samples: list[WeightedSample], seconds: float) -> None:
         m = self.metrics
         m.groups += 1
         m.rollouts += len(samples)
         m.tokens += sum(len(s.rollout.completion_ids) for s in samples)
         m.busy_s += seconds
         m.zero_advantage_groups += not any(s.advantage for s in samples)
+        for s in samples:
+            m.count_sample(s)
         if len(group.samples) < self.cfg.generation.group_size:
             m.incomplete_groups += 1
             log.warning(

@@ -68,6 +68,8 @@ def test_every_rollout_becomes_one_weighted_sample_or_dead_letter(redis_client, 
     assert len(reasons) == 2 and all("RecordError" in r for r in reasons)
     assert redis_client.xlen(key(run_id, ROLLOUTS)) == 0  # acked entries are deleted
     assert metrics["groups"] == 3 and metrics["rollouts"] == 12 and metrics["dead_letters"] == 2
+    assert metrics["dead_letters.RecordError"] == 2 and metrics["samples.lt1k"] == 12  # by reason, by length
+    assert 1.0 <= metrics["sigma_peak.lt1k"] <= max(len(s.sigma) for g in out for s in g.samples)
     stored = redis_client.hgetall(key(run_id, "metrics:red0"))
     assert stored[b"tier"] == b"redistributor" and float(stored[b"rollouts"]) == 12
 

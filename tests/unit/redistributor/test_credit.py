@@ -17,7 +17,7 @@ from rredcot.redistributor.entropy import score_trace
 from rredcot.redistributor.mc import HFContinuationSampler
 from rredcot.redistributor.registry import CREDIT_METHODS
 from rredcot.redistributor.scorer import Scorer
-from rredcot.redistributor.sigma import segment_masses, token_sigma
+from rredcot.redistributor.sigma import prob_rewards, segment_masses, token_sigma
 from rredcot.redistributor.values import branch_logprobs_reference, exit_values
 from tests.factories import rollout, rollout_group
 from tests.unit.redistributor.cases import TRACES, make_group
@@ -200,6 +200,36 @@ def test_no_exit_point_after_the_end_of_sequence(qwen_tok, qwen_model) -> None:
     no_tags = out.samples[3]
     n = len(no_tags.sigma)
     assert no_tags.exit_points[-1] == n - 1 and no_tags.sigma[-1] == pytest.approx(1 / n, rel=1e-5)
+
+
+def test_prob_space_sigma_survives_values_below_e_minus_745(qwen_tok, qwen_model) -> None:
+    """Issue 13.8: a long reference puts log v̂ in the −1000s; prob space underflowed to v̂ = 0 and σ
+    silently fell back to uniform. σ now equals what the exact prob-space differences give."""
+    group = make_group(qwen_tok)
+    group.ref_solution_ids = [np.tile(group.ref_solution_ids[0], 40)]  # ~240 tokens: log p ≈ −2000
+    scorer = Scorer(qwen_model, qwen_tok, CreditConfig().exit_string)
+    outs = {}
+    for space in ("log", "prob"):
+        cfg = Config()
+        cfg.credit = CreditConfig(value_space=space, segments=3, min_segment_tokens=1)
+        outs[space] = redistribute_group(group, cfg, scorer).samples
+    for w_log, w_prob in zip(outs["log"][:3], outs["prob"][:3]):
+        assert w_log.exit_values.max() < -745 and not w_prob.exit_values.any()  # e^-2000 = 0 in float64
+        masses = segment_masses(prob_rewards(w_log.exit_values), w_prob.advantage, "relu")
+        expected = token_sigma(len(w_prob.sigma), w_prob.exit_points, masses, 0.0)
+        np.testing.assert_allclose(w_prob.sigma, expected, rtol=1e-2)  # the log values were stored in float32
+        assert w_prob.sigma_fallback == "" and np.ptp(w_prob.sigma) > 0
+
+
+def test_uniform_fallbacks_are_named(qwen_tok, qwen_model) -> None:
+    cfg = Config()
+    scorer = Scorer(qwen_model, qwen_tok, cfg.credit.exit_string)
+    no_refs = redistribute_group(make_group(qwen_tok, refs=False), cfg, scorer).samples
+    assert {w.sigma_fallback for w in no_refs} == {"no_reference"}
+    flat = redistribute_group(make_group(qwen_tok, rewards=(1.0,) * 4), cfg, scorer).samples
+    assert {w.sigma_fallback for w in flat} == {"skipped"}
+    odd = make_group(qwen_tok, ["<think></think>84", "x"], rewards=(1.0, 0.0))
+    assert redistribute_group(odd, cfg, scorer).samples[0].sigma_fallback == "no_segment"
 
 
 class RecordingSampler(HFContinuationSampler):

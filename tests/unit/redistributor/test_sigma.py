@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rredcot.redistributor.sigma import segment_masses, segment_rewards, token_sigma
+from rredcot.redistributor.sigma import prob_rewards, segment_masses, segment_rewards, token_sigma, uniform_reason
 
 
 def test_sigma_by_hand() -> None:
@@ -74,3 +74,28 @@ def test_sigma_properties(n, data, advantage, sign, lam) -> None:
     assert sigma.dtype == np.float32 and sigma.shape == (n,)
     assert np.all(np.isfinite(sigma)) and np.all(sigma >= 0)
     assert abs(float(sigma.astype(np.float64).sum()) - 1.0) < 1e-5
+
+
+def test_prob_rewards_survive_underflow() -> None:
+    """Issue 13.8: v̂ = e^-900 … underflows to 0 in prob space; scaled by e^{−max log v̂} the relu/abs
+    masses are those of the exact differences."""
+    lv = np.array([-900.0, -899.0, -902.0])
+    assert not segment_rewards(np.exp(lv)).any()  # what prob space gave before: σ uniform
+    r = prob_rewards(lv)
+    np.testing.assert_allclose(r, [1 - np.exp(-1), np.exp(-3) - 1])
+    exact = np.diff(np.exp(lv + 900))  # the same differences scaled by e^900
+    for sign in ("relu", "abs"):
+        m, m_exact = segment_masses(r, 1.0, sign), segment_masses(exact, 1.0, sign)
+        np.testing.assert_allclose(m / m.sum(), m_exact / m_exact.sum())
+    assert not prob_rewards(np.array([-np.inf, -np.inf])).any()
+
+
+def test_uniform_reasons() -> None:
+    z = np.zeros(2)
+    assert uniform_reason(0, np.zeros(1), np.zeros(0), np.zeros(0)) == "no_segment"
+    assert uniform_reason(2, np.zeros(0), z, z) == "no_reference"
+    assert uniform_reason(2, np.full(3, -np.inf), z, z) == "underflow"
+    assert uniform_reason(2, np.zeros(3), z, z) == "underflow"  # prob values that all underflowed
+    assert uniform_reason(2, np.array([-3.0, -2.0, -2.0]), np.array([1.0, 0.0]), z) == "zero_mass"
+    assert uniform_reason(2, np.array([-3.0, -3.0, -3.0]), z, np.full(2, 0.5)) == "zero_mass"  # softmax of 0s
+    assert uniform_reason(2, np.array([-3.0, -2.0, -2.0]), np.array([1.0, 0.0]), np.array([1.0, 0.0])) == ""

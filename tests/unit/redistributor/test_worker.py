@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from rredcot.common.config import TaskConfig
+from rredcot.common.records import WeightedSample
 from rredcot.common.verifier import Verifier
-from rredcot.redistributor.worker import WorkerMetrics, verifier_reward
+from rredcot.redistributor.worker import WorkerMetrics, length_bucket, verifier_reward
+from tests.factories import rollout
 
 
 def test_verifier_reward_on_real_tokens(qwen_tok) -> None:
@@ -23,3 +27,19 @@ def test_metrics_rates() -> None:
     snap = m.snapshot()
     assert snap["rollouts_per_s"] == 4.0 and snap["tokens_per_s"] == 200.0
     assert WorkerMetrics().snapshot()["tokens_per_s"] == 0.0
+
+
+def test_metrics_per_length_bucket() -> None:
+    """σ fallbacks and concentration are counted per completion-length bucket."""
+    assert [length_bucket(n) for n in (0, 1023, 1024, 4096, 16383, 25000)] == [
+        "lt1k", "lt1k", "lt4k", "lt16k", "lt16k", "ge16k",
+    ]  # fmt: skip
+    m = WorkerMetrics()
+    e = np.zeros(0, np.float32)
+    for n, sigma, reason in [(4, [0.7, 0.1, 0.1, 0.1], ""), (4, [0.25] * 4, "zero_mass"), (2000, None, "underflow")]:
+        sigma = np.full(n, 1 / n, np.float32) if sigma is None else np.array(sigma, np.float32)
+        m.count_sample(WeightedSample(rollout("g", 0, n), 1.0, sigma, e.astype(np.int32), e, e, "rredcot", {}, reason))
+    snap = m.snapshot()
+    assert snap["samples.lt1k"] == 2 and snap["samples.lt4k"] == 1 and snap["uniform_zero_mass.lt1k"] == 1
+    assert snap["uniform_underflow.lt4k"] == 1 and "uniform_underflow.lt1k" not in snap
+    assert snap["sigma_peak.lt1k"] == np.float32(0.7) * 4 and snap["sigma_peak.lt4k"] == np.float32(1 / 2000) * 2000
