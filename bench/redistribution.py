@@ -2,6 +2,8 @@
 
 1. fast vs reference exit-point values on a 4k-token reasoning trace, K = 40, N = 2;
    tokens forwarded by the fast path ÷ ideal (trace + K·N branch tokens);
+1b. the long case: a 25k-token thinking trace, K = 40, N = 4: peak RSS of the values stage within
+   ``credit.values_memory_mb`` vs one unbounded forward (what a token budget of 131,072 did);
 2. redistribution (rredcot) time ÷ transformers ``generate`` time for the same rollouts;
 3. MC credit cost ÷ RREDCoT cost on those rollouts.
 The last line printed is one JSON object.
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -62,11 +65,11 @@ def timed(fn, repeat: int = 1):
     return best, out
 
 
-def body_heavy_model(vocab: int = 1024) -> Any:
+def body_heavy_model(vocab: int = 1024, max_positions: int = 8192) -> Any:
     """A random Qwen3 whose body outweighs its LM head per token, as in real models (hidden 256,
     4 layers, small vocab); the tiny 151k-vocab model spends nearly all its time in the head."""
     return build_tiny_model(
-        "qwen3", seed=0, vocab_size=vocab, hidden=256, layers=4, heads=4, kv_heads=2, max_positions=8192
+        "qwen3", seed=0, vocab_size=vocab, hidden=256, layers=4, heads=4, kv_heads=2, max_positions=max_positions
     )
 
 
@@ -98,11 +101,13 @@ def bench_values(model, tok, length: int, k: int, n_refs: int, vocab: int | None
 
     def fast():
         trace = kv_pass()
-        return branch_logprobs_fast(model, trace, exits, refs, exit_ids, cfg.token_budget), trace.counter
+        return branch_logprobs_fast(model, trace, exits, refs, exit_ids, cfg.values_memory_mb << 20), trace.counter
 
     t_fast, (bl_fast, counter) = timed(fast, repeat=3)
     trace = kv_pass()
-    t_branch, _ = timed(lambda: branch_logprobs_fast(model, trace, exits, refs, exit_ids, cfg.token_budget), 3)
+    t_branch, _ = timed(
+        lambda: branch_logprobs_fast(model, trace, exits, refs, exit_ids, cfg.values_memory_mb << 20), 3
+    )
 
     def reference():
         counter = TokenCounter()
@@ -123,6 +128,63 @@ def bench_values(model, tok, length: int, k: int, n_refs: int, vocab: int | None
         "branches_only_s": t_branch,
         "values_stage_vs_reference": t_ref / t_branch,
         "entropy_pass_s": t_ent,
+    }
+
+
+def _rss_mb(field: str) -> float:
+    """VmRSS / VmHWM (peak since the last reset) of this process, MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def values_peak(fn) -> tuple[float, float, Any]:
+    """(seconds, peak RSS above the starting RSS in MiB, result) of ``fn`` (the peak counter is reset
+    first: /proc/self/clear_refs)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = _rss_mb("VmRSS")
+    t = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t, _rss_mb("VmHWM") - before, out
+
+
+def bench_long(tok, length: int, k: int, n_refs: int, budget_mb: int) -> dict[str, float]:
+    """Values of one ``length``-token thinking trace on the body-heavy model: bounded vs unbounded."""
+    model = body_heavy_model(max_positions=length + 1024)
+    prompt = tok("<|im_start|>user\nCompute the product.<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
+    comp = reasoning_text(tok, length)
+    cfg = CreditConfig(segments=k, entropy_chunk=512, min_segment_tokens=32)
+    refs = [
+        (
+            tok(f"We get {i}*84 = {84 * i}.\n" * 8, add_special_tokens=False)["input_ids"],
+            tok(f"Answer: {84 * i}")["input_ids"],
+        )
+        for i in range(1, n_refs + 1)
+    ]
+    exit_ids = tok(cfg.exit_string, add_special_tokens=False)["input_ids"]
+    entropy = np.random.default_rng(0).random(len(comp))
+    exits = segment(token_texts(tok, comp), entropy, cfg, "<think>", "</think>").exit_points.tolist()
+    prompt, comp, exit_ids = ([i % 1024 for i in x] for x in (prompt, comp, exit_ids))
+    refs = [([i % 1024 for i in u], [i % 1024 for i in y]) for u, y in refs]
+    trace = score_trace(model, prompt, comp, cfg.entropy_chunk, stats=False, forward_chunk=cfg.token_budget)
+    bounded_s, bounded_mb, bl = values_peak(
+        lambda: branch_logprobs_fast(model, trace, exits, refs, exit_ids, budget_mb << 20)
+    )
+    one_s, one_mb, bl_one = values_peak(lambda: branch_logprobs_fast(model, trace, exits, refs, exit_ids, 1 << 50))
+    return {
+        "L": len(comp),
+        "K": len(exits) - 1,
+        "N": n_refs,
+        "branch_tokens": sum(len(exit_ids) + len(u) + len(y) for u, y in refs) * len(exits),
+        "budget_mb": budget_mb,
+        "long_peak_mb": bounded_mb,
+        "long_peak_vs_budget": bounded_mb / budget_mb,
+        "long_values_s": bounded_s,
+        "unbounded_peak_mb": one_mb,
+        "unbounded_values_s": one_s,
+        "max_abs_diff": float(np.abs(bl.log_u - bl_one.log_u).max() + np.abs(bl.log_y - bl_one.log_y).max()),
     }
 
 
@@ -206,9 +268,20 @@ def main() -> None:
     ap.add_argument("--gen-tokens", type=int, default=64)
     ap.add_argument("--mc-segments", type=int, default=8)
     ap.add_argument("--mc-samples", type=int, default=2)
+    ap.add_argument("--long-length", type=int, default=25000, help="the long case's trace length")
+    ap.add_argument("--long-refs", type=int, default=4)
+    ap.add_argument("--long-budget-mb", type=int, default=256, help="credit.values_memory_mb of the long case")
+    ap.add_argument("--only-long", action="store_true", help="run the long case only")
     args = ap.parse_args()
     torch.set_num_threads(1)
     tok = load_tokenizer(qwen_tokenizer_dir())
+    long = bench_long(tok, args.long_length, args.segments, args.long_refs, args.long_budget_mb)
+    print(f"{'long case (body-heavy)':<30}{'value':>14}")
+    for name, val in long.items():
+        print(f"{name:<30}{val:>14.4g}")
+    if args.only_long:
+        print(json.dumps({"long_peak_vs_budget": round(long["long_peak_vs_budget"], 3)}))
+        return
     model = build_tiny_model("qwen3", seed=0, max_positions=8192)
     body = bench_values(body_heavy_model(), tok, args.length, args.segments, args.refs, vocab=1024)
     head = bench_values(model, tok, args.length, args.segments, args.refs)
@@ -223,6 +296,7 @@ def main() -> None:
         json.dumps(
             {
                 "tokens_vs_ideal": round(body["tokens_vs_ideal"], 4),
+                "long_peak_vs_budget": round(long["long_peak_vs_budget"], 3),
                 "fast_vs_reference": round(body["fast_vs_reference"], 2),
                 "values_stage_vs_reference": round(body["values_stage_vs_reference"], 2),
                 "fast_vs_reference_tiny_vocab_head_bound": round(head["fast_vs_reference"], 2),

@@ -22,6 +22,7 @@ class TokenCounter:
 
     trace: int = 0
     branch: int = 0
+    oom_retries: int = 0  # branch computations redone with half the memory budget
 
     @property
     def total(self) -> int:

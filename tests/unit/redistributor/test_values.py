@@ -6,14 +6,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rredcot.redistributor.entropy import TokenCounter, score_trace, score_traces
 from rredcot.redistributor.values import (
+    Branch,
     BranchLogprobs,
+    ModelShape,
     branch_logprobs_fast,
     branch_logprobs_reference,
     exit_values,
     importance_weights,
+    plan_pieces,
 )
 
 
@@ -58,13 +63,18 @@ def _random_case(seed: int, p: int, n: int, k: int, n_refs: int, vocab: int = 51
 
 @pytest.mark.parametrize(
     "arch,seed,n,k,n_refs,budget",
-    [("qwen3", 0, 40, 3, 1, 64), ("qwen3", 1, 97, 8, 2, 30), ("qwen2", 2, 150, 12, 3, 4096), ("qwen3", 3, 64, 1, 4, 1)],
+    [
+        ("qwen3", 0, 40, 3, 1, 1 << 30),  # every branch in one forward
+        ("qwen3", 1, 97, 8, 2, 600_000),  # a few branches per forward
+        ("qwen2", 2, 150, 12, 3, 160_000),  # about one branch per forward
+        ("qwen3", 3, 64, 1, 4, 1),  # every branch in one-token chunks on its own cache
+    ],
 )
 def test_fast_matches_reference(make_lm, arch, seed, n, k, n_refs, budget) -> None:
     model = make_lm(arch, seed)
     prompt, comp, exits, refs, exit_ids = _random_case(seed, 5, n, k, n_refs)
     trace = score_trace(model, prompt, comp, chunk=16)
-    fast = branch_logprobs_fast(model, trace, exits, refs, exit_ids, token_budget=budget, chunk=7)
+    fast = branch_logprobs_fast(model, trace, exits, refs, exit_ids, memory_bytes=budget, chunk=7)
     ref = branch_logprobs_reference(model, prompt, comp, exits, refs, exit_ids)
     for a, b in [(fast.log_u, ref.log_u), (fast.log_y, ref.log_y), (fast.mean_token_prob, ref.mean_token_prob)]:
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
@@ -89,7 +99,7 @@ def test_fast_values_change_with_prefix(make_lm) -> None:
     model = make_lm("qwen3", 5)
     prompt, comp, _, refs, exit_ids = _random_case(5, 4, 60, 2, 1)
     trace = score_trace(model, prompt, comp, chunk=64)
-    fast = branch_logprobs_fast(model, trace, [0, 30, 60], refs, exit_ids, token_budget=4096)
+    fast = branch_logprobs_fast(model, trace, [0, 30, 60], refs, exit_ids, memory_bytes=4096)
     assert len(set(np.round(fast.log_u[:, 0], 6))) == 3
 
 
@@ -100,8 +110,8 @@ def test_degenerate_trace_inputs(make_lm) -> None:
     with pytest.raises(ValueError, match="prompt"):
         score_trace(model, [], [1, 2], chunk=8)
     with pytest.raises(ValueError, match="exit string"):
-        branch_logprobs_fast(model, empty, [0], [([1], [2])], [], token_budget=64)
-    no_refs = branch_logprobs_fast(model, empty, [0], [], [9], token_budget=64)
+        branch_logprobs_fast(model, empty, [0], [([1], [2])], [], memory_bytes=64)
+    no_refs = branch_logprobs_fast(model, empty, [0], [], [9], memory_bytes=64)
     assert no_refs.log_u.shape == (1, 0)
     counter = TokenCounter()
     branch_logprobs_reference(model, [1, 2], [3, 4], [0, 2], [([5], [6])], [9], counter)
@@ -118,7 +128,7 @@ def test_batched_traces_match_single_traces(make_lm) -> None:
         single = score_trace(model, prompt, comp, chunk=64)
         torch.testing.assert_close(trace.entropy, single.entropy, atol=1e-5, rtol=0)
         torch.testing.assert_close(trace.logprob, single.logprob, atol=1e-5, rtol=0)
-        fast = branch_logprobs_fast(model, trace, exits, refs, exit_ids, token_budget=40)
+        fast = branch_logprobs_fast(model, trace, exits, refs, exit_ids, memory_bytes=40)
         ref = branch_logprobs_reference(model, prompt, comp, exits, refs, exit_ids)
         np.testing.assert_allclose(fast.log_u, ref.log_u, atol=1e-5, rtol=0)
         np.testing.assert_allclose(fast.log_y, ref.log_y, atol=1e-5, rtol=0)
@@ -140,10 +150,75 @@ def test_shared_prompt_is_forwarded_once_and_changes_nothing(make_lm, prompt_len
         torch.testing.assert_close(trace.entropy, single.entropy, atol=1e-5, rtol=0)
         torch.testing.assert_close(trace.logprob, single.logprob, atol=1e-5, rtol=0)
         exits = [0, len(comp) // 2, len(comp)]
-        fast = branch_logprobs_fast(model, trace, exits, [([5, 6], [7])], [9], token_budget=40)
+        fast = branch_logprobs_fast(model, trace, exits, [([5, 6], [7])], [9], memory_bytes=40)
         ref = branch_logprobs_reference(model, prompt, comp, exits, [([5, 6], [7])], [9])
         np.testing.assert_allclose(fast.log_u, ref.log_u, atol=1e-5, rtol=0)
         np.testing.assert_allclose(fast.log_y, ref.log_y, atol=1e-5, rtol=0)
     width = prompt_len + max(map(len, comps))
     shared = prompt_len - 1
     assert sum(t.counter.trace for t in batched) == shared + 3 * (width - shared)  # the prompt counted once
+
+
+def test_fast_matches_reference_under_eager_attention(make_lm) -> None:
+    """Issue 13.8: eager attention adds the mask to the scores; a boolean mask put exit values off
+    by up to 0.14 nats here. The mask follows the attention implementation now."""
+    model = make_lm("qwen3", 1)
+    model.set_attn_implementation("eager")
+    prompt, comp, exits, refs, exit_ids = _random_case(1, 5, 60, 4, 2)
+    trace = score_trace(model, prompt, comp, chunk=16)
+    for budget in (1 << 30, 1):
+        fast = branch_logprobs_fast(model, trace, exits, refs, exit_ids, memory_bytes=budget)
+        ref = branch_logprobs_reference(model, prompt, comp, exits, refs, exit_ids)
+        np.testing.assert_allclose(fast.log_u, ref.log_u, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(fast.log_y, ref.log_y, atol=1e-5, rtol=0)
+    model.config._attn_implementation = "flash_attention_2"  # what a GPU scorer could be set to
+    with pytest.raises(ValueError, match="sdpa or eager attention.*flash_attention_2"):
+        branch_logprobs_fast(model, trace, exits, refs, exit_ids, memory_bytes=1 << 30)
+
+
+SHAPE = ModelShape(heads=4, kv_heads=2, head_dim=16, hidden=64, intermediate=128, dtype_bytes=4, mask_bytes=1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 5000), st.integers(1, 300)), min_size=1, max_size=30),
+    st.integers(1, 1 << 28),
+)
+def test_plan_stays_within_the_budget_and_covers_every_token_once(spec, budget) -> None:
+    """Issue 13.3: a forward's peak is bounded by the byte budget whatever the trace length (a lone
+    token over a long prefix is the only exception); every branch token is forwarded exactly once,
+    in order, and a chunked branch is alone in its pieces."""
+    branches = [Branch(t, prefix, list(range(n)), 1, n - 1) for t, (prefix, n) in enumerate(sorted(spec))]
+    pieces = plan_pieces(branches, budget, SHAPE)
+    seen: dict[int, list[int]] = {}
+    for piece in pieces:
+        q = sum(b - a for _, a, b in piece.items)
+        assert piece.limit == max(branches[k].prefix_len for k, _, _ in piece.items)
+        earlier = piece.items[0][1]
+        assert SHAPE.forward_bytes(q, piece.limit + earlier + q) <= budget or q == 1
+        assert earlier == 0 or len(piece.items) == 1
+        for k, a, b in piece.items:
+            assert seen.get(k, [0])[-1] == a  # continues where the branch's last piece ended
+            seen.setdefault(k, [0]).append(b)
+    assert {k: v[-1] for k, v in seen.items()} == {k: len(b.ids) for k, b in enumerate(branches)}
+
+
+def test_failed_allocation_retries_with_a_smaller_budget(make_lm) -> None:
+    """Issue 13.3: an allocation failure halves the budget and redoes the values (never a dead
+    letter); the result equals the reference."""
+    model = make_lm("qwen3", 2)
+    prompt, comp, exits, refs, exit_ids = _random_case(2, 5, 80, 6, 2)
+    trace = score_trace(model, prompt, comp, chunk=16)
+
+    def refuse_large(module, args, kwargs):  # the allocator refusing forwards of more than 20 tokens
+        if kwargs["input_ids"].shape[1] > 20:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    hook = model.get_decoder().register_forward_pre_hook(refuse_large, with_kwargs=True)
+    try:
+        fast = branch_logprobs_fast(model, trace, exits, refs, exit_ids, memory_bytes=1 << 30)
+    finally:
+        hook.remove()
+    ref = branch_logprobs_reference(model, prompt, comp, exits, refs, exit_ids)
+    np.testing.assert_allclose(fast.log_u, ref.log_u, atol=1e-5, rtol=0)
+    assert trace.counter.oom_retries >= 2
