@@ -138,6 +138,9 @@ class LearnerEngine:
     def accumulate(self, samples: list[TrainSample]) -> Pending:
         """Forward and backward over all micro-batches; gradients are ready, no step taken yet."""
         t0 = time.perf_counter()
+        # the loss is normalised by the whole batch: skipping A = 0 samples (whose loss is 0) must not
+        # raise the effective learning rate by the informative share
+        batch_samples, batch_tokens = len(samples), sum(len(s.completion_ids) for s in samples)
         if self.cfg.skip_zero_advantage and self.ref_model is None:
             samples = [s for s in samples if s.advantage != 0.0]
         error: BudgetError | None = None
@@ -145,15 +148,16 @@ class LearnerEngine:
             mbs = micro_batches(samples, self.cfg.micro_token_budget, self.cfg.packing)
         except BudgetError as e:  # raised on every rank below, so no rank waits in a collective
             mbs, error = [], e
-        n_samples, n_tokens, n_mb, tokens, failed = self.all_reduce(
+        n_samples, n_batch, n_tokens, n_mb, tokens, failed = self.all_reduce(
             [
                 len(samples),
-                sum(len(s.completion_ids) for s in samples),
+                batch_samples,
+                batch_tokens,
                 len(mbs),
                 sum(m.n_tokens for m in mbs),
                 float(error is not None),
             ],
-            ["sum", "sum", "max", "sum", "max"],
+            ["sum", "sum", "sum", "max", "sum", "max"],
         )
         if failed:
             raise error or BudgetError(
@@ -162,7 +166,7 @@ class LearnerEngine:
         pending = Pending(t0, int(n_samples), int(tokens), int(n_mb))
         if n_samples == 0:
             return pending
-        denom = n_samples if self.settings.loss_agg == "sample" else n_tokens
+        denom = n_batch if self.settings.loss_agg == "sample" else n_tokens
         for i in range(pending.micro_batches):
             last = i == pending.micro_batches - 1
             if not pending.bad:  # every rank runs one forward, then they agree on finiteness

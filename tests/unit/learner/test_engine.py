@@ -76,6 +76,24 @@ def test_zero_advantages_make_no_update(make_model, make_samples):
     assert all(torch.equal(before[n], t) for n, t in full_state(engine.module).items())
 
 
+@pytest.mark.parametrize("agg", ["sample", "token"])
+def test_skipping_zero_advantages_keeps_the_learning_rate(make_model, make_samples, agg):
+    """Issue 13.7: with skip_zero_advantage the loss was divided by the informative samples only,
+    so the step grew with the share of A = 0 samples. Skipping must give the update of not skipping."""
+    samples = make_samples(6, seed=7)
+    samples[1:5] = [type(s)(**{**s.__dict__, "advantage": 0.0}) for s in samples[1:5]]
+    states, losses = [], []
+    for skip in (True, False):
+        engine = LearnerEngine(make_model(), config(zero_stage=0, skip_zero_advantage=skip, loss_agg=agg))
+        result = engine.train_step(samples)
+        assert result.applied
+        states.append(full_state(engine.module))
+        losses.append(result.metrics["loss"])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)  # the same loss scale, not 6/2 of it
+    for name, t in states[0].items():
+        torch.testing.assert_close(t, states[1][name], atol=1e-6, rtol=1e-5, msg=name)
+
+
 def test_too_long_sample_raises_naming_the_budget(make_model, make_samples):
     engine = LearnerEngine(make_model(), config(zero_stage=1, micro_token_budget=32))
     with pytest.raises(BudgetError, match=r"micro_token_budget=32"):

@@ -206,7 +206,7 @@ def test_prob_space_sigma_survives_values_below_e_minus_745(qwen_tok, qwen_model
     """Issue 13.8: a long reference puts log v̂ in the −1000s; prob space underflowed to v̂ = 0 and σ
     silently fell back to uniform. σ now equals what the exact prob-space differences give."""
     group = make_group(qwen_tok)
-    group.ref_solution_ids = [np.tile(group.ref_solution_ids[0], 40)]  # ~240 tokens: log p ≈ −2000
+    group.ref_solution_ids = [np.tile(group.ref_solution_ids[0], 20)]  # ~120 tokens: log p ≈ −1000
     scorer = Scorer(qwen_model, qwen_tok, CreditConfig().exit_string)
     outs = {}
     for space in ("log", "prob"):
