@@ -7,6 +7,7 @@ for the live display, TensorBoard and the report's curves.
 
 from __future__ import annotations
 
+import os
 import time
 
 import redis
@@ -30,13 +31,17 @@ class RunControl:
     def clear_stop(self) -> None:
         self.client.delete(self.stop_key)
 
+    def count_restart(self, worker: str) -> None:
+        """One more restart of ``worker`` (its ``restarts`` metric; its snapshots never overwrite it)."""
+        self.client.hincrby(self._metrics_prefix + worker, "restarts", 1)
+
     def publish_metrics(self, worker: str, tier: str, values: dict[str, float]) -> None:
         """Replace-or-add the worker's values, plus ``cpu_s``: this process's CPU seconds since its
-        first report (so start-up — imports, model loading — is not counted as work)."""
+        first report (so start-up — imports, model loading — is not counted as work), and ``pid``."""
         if self._cpu_start is None:
             self._cpu_start = time.process_time()
         cpu = time.process_time() - self._cpu_start
-        mapping = {"tier": tier, **{k: float(v) for k, v in values.items()}, "cpu_s": cpu}
+        mapping = {"tier": tier, **{k: float(v) for k, v in values.items()}, "cpu_s": cpu, "pid": os.getpid()}
         self.client.hset(self._metrics_prefix + worker, mapping=mapping)
 
     def all_metrics(self) -> dict[str, dict[str, float | str]]:

@@ -34,7 +34,7 @@ from rredcot.launch.plan import bundles, check_plan
 from rredcot.launch.report import RunOutcome, write_report
 from rredcot.launch.run_times import expected_seconds, record_seconds
 from rredcot.launch.services import EmbeddedRedis
-from rredcot.launch.stages import WORKER_PREFIX, StageWorker, stage_env
+from rredcot.launch.stages import WORKER_PREFIX, StageWorker, restart_options, stage_env
 
 log = logging.getLogger(__name__)
 
@@ -240,6 +240,7 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
                 num_gpus=bundle.get("GPU", 0),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
                 name=f"rredcot-{cfg.run.name}-{tier}{rank}",
+                **restart_options(cfg, tier),
             )
             .remote(tier, cfg_dict, rank, stage_env(cfg, tier, rank, master))
         )

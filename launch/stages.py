@@ -9,12 +9,15 @@ Ray actor body for all tiers: the config crosses as a plain dict (never a pickle
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 from rredcot.common.config import Config
 from rredcot.launch.logs import redirect_output
+
+log = logging.getLogger(__name__)
 
 # tier -> (module, class) of its stage
 STAGE_CLASSES = {
@@ -23,6 +26,16 @@ STAGE_CLASSES = {
     "learner": ("rredcot.learner.trainer", "Trainer"),
 }
 WORKER_PREFIX = {"generator": "gen", "redistributor": "red", "learner": "learner"}
+# Ray restarts a dead generator or redistributor (``cluster.max_restarts``) and retries its run():
+# both reclaim what they held (in-flight prompts; pending stream entries). A learner is not
+# restarted: resuming it mid-run needs the lossless resume of issue 15.
+RESTARTABLE = ("generator", "redistributor")
+
+
+def restart_options(cfg: Config, tier: str) -> dict[str, int]:
+    """Ray actor options that supervise a worker of ``tier``."""
+    n = cfg.cluster.max_restarts if tier in RESTARTABLE else 0
+    return {"max_restarts": n, "max_task_retries": n}
 
 
 class StageWorker:
@@ -39,6 +52,11 @@ class StageWorker:
 
         module, cls = STAGE_CLASSES[tier]
         self.stage = getattr(importlib.import_module(module), cls)(from_dict(cfg), name, rank=rank)
+        import ray
+
+        if ray.is_initialized() and ray.get_runtime_context().was_current_actor_reconstructed:
+            log.warning("%s restarted after its process died; it reclaims what it held", name)
+            self.stage.control.count_restart(name)
 
     def run(self) -> dict[str, float]:
         return self.stage.run()

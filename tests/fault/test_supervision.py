@@ -1,0 +1,59 @@
+"""A generator or redistributor killed with SIGKILL mid-run: the run restarts it and finishes on its
+own, every admitted prompt trained, nothing trained twice (real ``train`` on configs/tests.yaml)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from rredcot.common.control import RunControl
+from rredcot.common.staleness import Admission
+from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, key
+from tests.integration.test_pipeline import _run, local_ray  # noqa: F401 - the module's Ray fixture
+
+WORK = {"gen0": "samples", "red0": "rollouts"}  # the metric that shows the worker is mid-run
+
+
+def kill_when_working(client, run_id: str, worker: str, killed: list[int], timeout_s: float = 600) -> None:
+    """SIGKILL ``worker``'s process once it has reported some work (its metrics carry its pid)."""
+    control, deadline = RunControl(client, run_id), time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        snap = control.all_metrics().get(worker, {})
+        if snap.get(WORK[worker], 0) >= 1 and "pid" in snap:
+            os.kill(int(snap["pid"]), signal.SIGKILL)
+            killed.append(int(snap["pid"]))
+            return
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("worker", ["gen0", "red0"])
+def test_killed_worker_is_restarted_and_the_run_loses_nothing(
+    local_ray,  # noqa: F811
+    redis_server,
+    redis_client,
+    run_id,
+    tmp_path,
+    worker,
+):
+    killed: list[int] = []
+    killer = threading.Thread(target=kill_when_working, args=(redis_client, run_id, worker, killed), daemon=True)
+    killer.start()
+    cfg, report = _run(tmp_path, redis_server, run_id, "run.steps=4", "learner.skip_zero_advantage=false")
+    killer.join(timeout=5)
+    assert killed, f"{worker} was never seen working"
+    snaps = RunControl(redis_client, run_id).all_metrics()
+    assert snaps[worker]["restarts"] == 1 and snaps[worker]["pid"] != killed[0]
+    (learner,) = [v for v in snaps.values() if v["tier"] == "learner"]
+    prompts = cfg.run.steps * cfg.generation.prompts_per_step
+    expected = prompts * cfg.generation.group_size
+    assert learner["step"] == learner["version"] == cfg.run.steps
+    assert learner["samples_trained"] == expected  # every admitted prompt's samples, each once
+    assert redis_client.scard(key(run_id, "trained_ids")) == expected
+    assert Admission(redis_client, run_id, 2, cfg.staleness.eta).admitted() == prompts
+    assert redis_client.xlen(key(run_id, DEAD)) == 0
+    assert redis_client.xlen(key(run_id, ROLLOUTS)) == redis_client.xlen(key(run_id, BATCHES)) == 0
+    assert (report / "summary.md").exists()
