@@ -165,7 +165,8 @@ class LearnerConfig:
     zero3_persistence_threshold: int = bounded(100000, 0)  # ZeRO-3: params below this stay whole
     max_grad_norm: float = bounded(1.0, 0.0)
     broadcast_every: int = bounded(1, 1)
-    checkpoint_every: int = bounded(0, 0)  # 0: only at the end
+    checkpoint_every: int = bounded(0, 0)  # steps; 0: by time only (and at the end)
+    checkpoint_every_s: float = bounded(600.0, 0.0)  # wall seconds between checkpoints; 0: off
     keep_checkpoints: int = bounded(2, 1)
     skip_zero_advantage: bool = True
 

@@ -9,8 +9,8 @@ Layout of ``<root>/step-<version:08d>/``:
 - ``pipeline.json``: learner version and counters, the caller's pipeline state (stream positions,
   dataloader position, staleness counters, ...) and the RNG states of python, numpy and torch.
 
-A checkpoint counts only once ``pipeline.json`` exists (written last, atomically, by rank 0);
-``resume=auto`` picks the newest complete one. Only the newest ``keep`` are kept.
+A checkpoint is written to ``step-<v>.partial`` and renamed into place once every rank is done,
+so it exists only complete; ``resume=auto`` picks the newest. Only the newest ``keep`` are kept.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import base64
 import json
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from rredcot.learner.broadcast import full_state
 from rredcot.learner.engine import LearnerEngine
 
 PIPELINE_FILE = "pipeline.json"
+CHECKPOINT_NAME = re.compile(r"step-\d{8}")
 
 
 def rng_state() -> dict[str, Any]:
@@ -55,11 +57,11 @@ def checkpoint_dir(root: str | Path, version: int) -> Path:
 
 
 def complete_checkpoints(root: str | Path) -> list[Path]:
-    """Complete checkpoints under ``root``, oldest first."""
+    """Complete checkpoints under ``root``, oldest first (a ``.partial`` one being written is not)."""
     root = Path(root)
     if not root.is_dir():
         return []
-    return sorted(p for p in root.glob("step-*") if (p / PIPELINE_FILE).is_file())
+    return sorted(p for p in root.glob("step-*") if CHECKPOINT_NAME.fullmatch(p.name) and (p / PIPELINE_FILE).is_file())
 
 
 def latest_checkpoint(root: str | Path) -> Path | None:
@@ -74,8 +76,17 @@ def save_checkpoint(
     tokenizer: Any = None,
     keep: int = 2,
 ) -> Path:
-    """Write a checkpoint of the engine's current version (a collective: every rank calls it)."""
-    path = checkpoint_dir(root, engine.version)
+    """Write a checkpoint of the engine's current version (a collective: every rank calls it).
+
+    Every rank writes into ``step-<v>.partial``; rank 0 then renames it into place, so a crash
+    mid-write leaves the previous checkpoints intact and none is ever half overwritten.
+    """
+    final = checkpoint_dir(root, engine.version)
+    path = final.with_name(final.name + ".partial")
+    if engine.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)  # left by a crash during an earlier write
+    if engine.world > 1:
+        dist.barrier()
     state = full_state(engine.module)
     engine.engine.save_checkpoint(str(path / "ds"), tag="state")
     if engine.rank == 0:
@@ -88,14 +99,22 @@ def save_checkpoint(
             "pipeline": pipeline or {},
             "rng": rng_state(),
         }
-        tmp = path / (PIPELINE_FILE + ".tmp")
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, path / PIPELINE_FILE)
+        (path / PIPELINE_FILE).write_text(json.dumps(record))
+    if engine.world > 1:
+        dist.barrier()  # every rank's DeepSpeed shards are written
+    if engine.rank == 0:
+        if final.exists():  # the same version saved again (e.g. right after a resume): swap, never merge
+            old = final.with_name(final.name + ".old")
+            os.replace(final, old)
+            os.replace(path, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(path, final)
         for old in complete_checkpoints(root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     if engine.world > 1:
         dist.barrier()
-    return path
+    return final
 
 
 def load_checkpoint(engine: LearnerEngine, path: str | Path) -> dict[str, Any]:

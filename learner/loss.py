@@ -108,7 +108,9 @@ def policy_loss(
     """Loss of one micro-batch (its share of the global batch loss) and its statistics."""
     mu = mb.behaviour_logprobs
     adv = mb.advantages
-    stale = mb.versions < version
+    # tokens of another policy version: older (stale), or newer than a learner restored from a
+    # checkpoint; both are corrected by the truncated importance weight
+    stale = mb.versions != version
     lp = logp.float()
     lp_d = lp.detach()
     ratio = torch.exp(lp - torch.where(stale, lp_d, mu))

@@ -56,6 +56,7 @@ class Trainer:
         self.engine = LearnerEngine(load_causal_lm(path), cfg.learner, temperature=cfg.generation.temperature)
         self.rank, self.world = self.engine.rank, self.engine.world
         self.step = 0
+        self.last_checkpoint, self.saved_step = time.monotonic(), -1
         self.totals = Counter(
             {
                 "wait_s": 0.0,
@@ -65,6 +66,7 @@ class Trainer:
                 "groups": 0,
                 "samples": 0,
                 "staleness_max": 0,
+                "ahead_tokens": 0,
             }
         )
         self.writer = self._tensorboard() if self.rank == 0 and cfg.logging.tensorboard else None
@@ -104,7 +106,7 @@ class Trainer:
             if self.engine.all_reduce([float(batch is None)], ["max"])[0] > 0:  # all ranks stop together
                 break
             metrics = self.train_on(*batch)
-        if self.cfg.learner.checkpoint_every == 0 or self.step % self.cfg.learner.checkpoint_every:
+        if self.saved_step != self.step:
             self.checkpoint()
         self.publisher.close()  # the last version reaches the generators before the run stops
         if self.writer is not None:
@@ -128,10 +130,16 @@ class Trainer:
         self.totals["busy_s"] += time.perf_counter() - t0
         metrics |= self._pipeline_metrics(samples, version)
         self._log(metrics)
-        every = self.cfg.learner.checkpoint_every
-        if every and self.step % every == 0:
+        if self._checkpoint_due():
             self.checkpoint()
         return metrics
+
+    def _checkpoint_due(self) -> bool:
+        """Every ``learner.checkpoint_every`` steps, or once ``checkpoint_every_s`` of wall time passed
+        since the last one (rank 0's clock decides, so every rank joins the collective save)."""
+        every, every_s = self.cfg.learner.checkpoint_every, self.cfg.learner.checkpoint_every_s
+        by_time = float(bool(every_s) and time.monotonic() - self.last_checkpoint >= every_s and self.rank == 0)
+        return bool(every and self.step % every == 0) or self.engine.all_reduce([by_time], ["max"])[0] > 0
 
     def _next_batch(self) -> tuple[list[Entry], list[TrainSample]] | None:
         """This rank's groups of the next global batch (None once a stop is requested)."""
@@ -180,6 +188,7 @@ class Trainer:
         return seconds
 
     def checkpoint(self) -> Path:
+        self.last_checkpoint, self.saved_step = time.monotonic(), self.step
         pipeline = {"step": self.step, "admitted": self.admission.admitted(), "totals": dict(self.totals)}
         return save_checkpoint(
             self.engine, self.run_dir / "checkpoints", pipeline, self.tokenizer, keep=self.cfg.learner.keep_checkpoints
@@ -207,6 +216,10 @@ class Trainer:
         out["samples_trained"] = float(self.engine.counters["samples"])
         if samples:
             lag = np.concatenate([version - s.versions for s in samples])
+            # tokens newer than the learner (sampled before it was restored to an older checkpoint)
+            self.totals["ahead_tokens"] += int((lag < 0).sum())
+            out["ahead_tokens"] = float(self.totals["ahead_tokens"])
+            lag = np.maximum(lag, 0)
             self.totals["staleness_max"] = max(self.totals["staleness_max"], int(lag.max()))
             out["staleness_max"] = float(self.totals["staleness_max"])
             hist = np.bincount(np.minimum(lag, STALENESS_BINS - 1), minlength=STALENESS_BINS) / len(lag)

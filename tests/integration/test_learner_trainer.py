@@ -61,7 +61,8 @@ def test_trainer_loop_end_to_end(tmp_path, redis_server, redis_client, run_id):
     ]
     cfg = load_config("tests", overrides)
     rng = np.random.default_rng(0)
-    groups = [weighted_group(rng, version=0) for _ in range(7)]
+    groups = [weighted_group(rng, version=0) for _ in range(8)]
+    groups.insert(7, weighted_group(rng, version=9))  # sampled by a policy newer than the resumed learner
     producer = Producer(redis_client, key(run_id, BATCHES), maxlen=64)
     for payload in [encode(groups[0]), encode(groups[1]), encode(groups[0]), b"not msgpack", *map(encode, groups[2:])]:
         producer.put(payload)
@@ -71,7 +72,7 @@ def test_trainer_loop_end_to_end(tmp_path, redis_server, redis_client, run_id):
     assert trainer.step == 3 and trainer.engine.version == 3
     assert trainer.totals["duplicates"] == 2  # the re-sent group's two samples were not trained again
     assert redis_client.xlen(key(run_id, DEAD)) == 1
-    assert redis_client.xlen(key(run_id, BATCHES)) == 2  # 6 entries consumed and deleted, 2 left
+    assert redis_client.xlen(key(run_id, BATCHES)) == 4  # 6 entries consumed and deleted, 4 left
     assert Admission(redis_client, run_id, 2, 1).learner_version() == 3
     manifest = latest_manifest(redis_client, run_id)
     assert manifest.version == 3
@@ -84,8 +85,13 @@ def test_trainer_loop_end_to_end(tmp_path, redis_server, redis_client, run_id):
     assert list((tmp_path / "tensorboard" / "learner").glob("events.*"))
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000002", "step-00000003"]
 
-    resumed = Trainer(load_config("tests", [*overrides[:2], "run.steps=4", *overrides[3:]]))
+    # resumed: checkpoints by wall time only (every step here), three kept
+    by_time = ["learner.checkpoint_every=0", "learner.checkpoint_every_s=1e-6", "learner.keep_checkpoints=3"]
+    resumed = Trainer(load_config("tests", [*overrides[:2], "run.steps=5", *overrides[3:], *by_time]))
     assert resumed.step == 3 and resumed.engine.version == 3
     assert all(torch.equal(t, trained[n]) for n, t in full_state(resumed.engine.module).items())
-    resumed.run()
-    assert resumed.step == 4 and redis_client.xlen(key(run_id, BATCHES)) == 0
+    metrics = resumed.run()  # a group newer than the learner is trained, not crashed on (issue 15)
+    assert resumed.step == 5 and redis_client.xlen(key(run_id, BATCHES)) == 0
+    assert metrics["ahead_tokens"] > 0 and metrics["staleness_max"] >= 0
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["step-00000003", "step-00000004", "step-00000005"]  # step 4 by time; nothing .partial
