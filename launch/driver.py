@@ -23,10 +23,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rredcot.common.config import Config, redacted, to_dict, to_yaml
+from rredcot.common.config import Config, ConfigError, redacted, to_dict, to_yaml
 from rredcot.common.control import RunControl
 from rredcot.common.precision import cpu_info, resolve_dtype
-from rredcot.common.streams import BATCHES, ROLLOUTS, connect, key
+from rredcot.common.streams import BATCHES, ROLLOUTS, connect, key, registered_keys
 from rredcot.common.weight_group import group_key
 from rredcot.launch.logs import route_library_loggers, setup_driver_logging, tail
 from rredcot.launch.monitor import Monitor, Phases, Progress, fmt_duration
@@ -45,25 +45,58 @@ def _with_redis_url(cfg: Config, url: str) -> Config:
     return dataclasses.replace(cfg, redis=dataclasses.replace(cfg.redis, url=url))
 
 
-# what ``run.resume=never`` clears (``logs/`` goes earlier, before the driver's log file opens)
-RUN_DIR_OUTPUTS = ("redis", "checkpoints", "weights", "traces", "tensorboard", "report", "placement.json")
+# what ``run.resume=never`` clears in a run directory that carries this run's marker
+RUN_DIR_OUTPUTS = ("logs", "redis", "checkpoints", "weights", "traces", "tensorboard", "report", "placement.json")
+RUN_MARKER = ".rredcot-run"  # written by rredcot into each run directory it creates: the run's name
 
 
-def _clear_run_dir(run_dir: Path) -> None:
-    """``run.resume=never`` starts afresh: remove what an earlier run of this name left in its dir."""
-    found = [run_dir / name for name in RUN_DIR_OUTPUTS if (run_dir / name).exists()]
-    for path in found:
+class RunDirError(ConfigError):
+    """A run directory this run may not clear: it holds files rredcot did not write for this run."""
+
+
+def claim_run_dir(run_dir: Path, name: str, resume: str) -> None:
+    """Create ``run_dir`` with this run's marker, or find the marker there.
+
+    ``run.resume=never`` on a directory that has content but no marker naming ``name`` raises
+    ``RunDirError`` (nothing is deleted); ``auto`` resumes from such a directory without marking it.
+    """
+    marker = run_dir / RUN_MARKER
+    if marker.is_file() and marker.read_text().strip() == name:
+        return
+    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        if resume == "never":
+            raise RunDirError(
+                f"run.dir {run_dir} is not empty and has no {RUN_MARKER} file naming run {name!r}, so "
+                "run.resume=never will not clear it: pick another run.dir or run.name, or continue it "
+                "with run.resume=auto"
+            )
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    marker.write_text(name + "\n")
+
+
+def _clear_run_dir(run_dir: Path, keep: Path) -> None:
+    """``run.resume=never`` starts afresh: list, then remove, what an earlier run of this name left
+    in its (marked) directory; ``keep`` is the driver's new log file."""
+    doomed: list[Path] = []
+    for path in (run_dir / name for name in RUN_DIR_OUTPUTS):
+        if path == keep.parent and path.is_dir() and not path.is_symlink():
+            doomed += [p for p in sorted(path.iterdir()) if p != keep]
+        elif path.exists() or path.is_symlink():
+            doomed.append(path)
+    if doomed:
+        log.info("run.resume=never: deleting the earlier run's %s", ", ".join(map(str, doomed)))
+    for path in doomed:
         shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-    if found:
-        log.info("run.resume=never: cleared the previous run's %s in %s", ", ".join(p.name for p in found), run_dir)
 
 
 def _clear_run_keys(client: Any, run_id: str) -> None:
-    """``run.resume=never`` on a shared server: drop the run's old streams, counters and metrics."""
-    old = list(client.scan_iter(match=key(run_id, "*"), count=1000))
-    if old:
-        client.delete(*old)
-        log.info("run.resume=never: deleted %d keys of an earlier run %r", len(old), run_id)
+    """``run.resume=never`` on a shared server: list, then delete, the keys an earlier run of this
+    name registered (its streams, counters, metrics); nothing else."""
+    names = registered_keys(client, run_id)
+    if client.exists(names[-1]):  # the registry: an earlier run of this name wrote keys here
+        log.info("run.resume=never: deleting the earlier run's Redis keys %s", ", ".join(names))
+        client.delete(*names)
 
 
 def _init_ray(cfg: Config, stack: contextlib.ExitStack) -> None:
@@ -137,13 +170,13 @@ def first_line(cfg: Config, run_dir: Path) -> str:
 def train(cfg: Config, verbose: bool = False) -> Path:
     """Run the whole pipeline; returns the report directory."""
     run_dir = Path(cfg.run.dir).resolve()
-    if cfg.run.resume == "never":
-        shutil.rmtree(run_dir / "logs", ignore_errors=True)
+    claim_run_dir(run_dir, cfg.run.name, cfg.run.resume)
     phases = Phases()
     outcome = RunOutcome(status="failed", phases=phases)
     _received.clear()
     with contextlib.ExitStack() as stack:
-        stack.callback(setup_driver_logging(run_dir / "logs" / "driver.log", verbose))
+        fresh = cfg.run.resume == "never"  # an earlier run's driver.log is overwritten
+        stack.callback(setup_driver_logging(run_dir / "logs" / "driver.log", verbose, append=not fresh))
         log.info(first_line(cfg, run_dir))
         try:
             _run(cfg, run_dir, phases, outcome, stack)
@@ -200,7 +233,7 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     check_plan(cfg, ray.cluster_resources(), nodes=len(nodes))  # fails before any actor starts
     if cfg.run.resume == "never":
-        _clear_run_dir(run_dir)
+        _clear_run_dir(run_dir, keep=run_dir / "logs" / "driver.log")
     (run_dir / "report").mkdir(parents=True, exist_ok=True)
     if not cfg.redis.url:
         host = "127.0.0.1" if len(nodes) <= 1 else ray.util.get_node_ip_address()
