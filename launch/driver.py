@@ -30,7 +30,7 @@ from rredcot.common.streams import BATCHES, ROLLOUTS, connect, key, registered_k
 from rredcot.common.weight_group import group_key
 from rredcot.launch.logs import route_library_loggers, setup_driver_logging, tail
 from rredcot.launch.monitor import Monitor, Phases, Progress, fmt_duration
-from rredcot.launch.plan import bundles, check_plan
+from rredcot.launch.plan import bundles, check_plan, local_cores, local_ray_cpus
 from rredcot.launch.report import RunOutcome, write_report
 from rredcot.launch.run_times import expected_seconds, record_seconds
 from rredcot.launch.services import EmbeddedRedis
@@ -113,9 +113,8 @@ def _init_ray(cfg: Config, stack: contextlib.ExitStack) -> None:
         # If the local GCS dies first (a signal sent to the whole process group), give up on it in
         # seconds rather than Ray's default minute, so that a stop still ends within 30 s.
         os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", "5")
-        need = sum(b.get("CPU", 0.0) for _, _, b in bundles(cfg))
         ray.init(
-            num_cpus=max(os.cpu_count() or 1, int(need + 0.999) + 1),
+            num_cpus=local_ray_cpus(cfg, local_cores()),  # fails first if the plan cannot fit this machine
             include_dashboard=cfg.cluster.dashboard,
             dashboard_host=cfg.cluster.dashboard_host,
             log_to_driver=False,

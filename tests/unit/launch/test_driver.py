@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 
@@ -11,7 +12,16 @@ from rredcot.common.config import load_config
 from rredcot.common.control import RunControl
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Producer, run_key
-from rredcot.launch.driver import RUN_MARKER, RunDirError, _clear_run_dir, _clear_run_keys, claim_run_dir, train
+from rredcot.launch.driver import (
+    RUN_MARKER,
+    RunDirError,
+    _clear_run_dir,
+    _clear_run_keys,
+    _init_ray,
+    claim_run_dir,
+    train,
+)
+from rredcot.launch.plan import PlanError, local_cores
 
 EARLIER_RUN = ("logs/gen0.log", "checkpoints/step-1/x", "report/summary.md", "tensorboard/ev", "redis/aof", "traces/t")
 
@@ -99,3 +109,17 @@ def test_a_glob_in_a_run_id_reaches_no_other_run(redis_client, run_id):
     redis_client.set(other, "x")
     _clear_run_keys(redis_client, f"{run_id}*")
     assert all(redis_client.exists(k) for k in [*theirs, other])
+
+
+def test_a_local_plan_beyond_the_cores_fails_before_ray_starts():
+    """The local Ray used to be sized to the plan, so no plan could fail; now it is checked against
+    the real cores first."""
+    import ray
+
+    generators = 2 * local_cores() + 1
+    cfg = load_config("tests", [f"cluster.generators={generators}"])
+    with contextlib.ExitStack() as stack, pytest.raises(PlanError) as e:
+        _init_ray(cfg, stack)
+    assert not ray.is_initialized()
+    assert f"needs {generators + 2} CPUs (generators {generators} x 1" in str(e.value)
+    assert f"has {local_cores()} cores" in str(e.value) and "cluster.generators" in str(e.value)
