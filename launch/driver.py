@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import ipaddress
 import logging
 import os
 import shutil
@@ -100,6 +101,14 @@ def _clear_run_keys(client: Any, run_id: str) -> None:
 
 
 def _init_ray(cfg: Config, stack: contextlib.ExitStack) -> None:
+    """Connect to ``cluster.address``, or start a local Ray that listens on 127.0.0.1 only."""
+    if not cfg.cluster.address:
+        # Ray reads this when it is imported: with clusters "disabled" every Ray server of a local
+        # instance (GCS, raylet, agents, workers) binds 127.0.0.1 instead of the node's network IP.
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+        # If the local GCS dies first (a signal sent to the whole process group), give up on it in
+        # seconds rather than Ray's default minute, so that a stop still ends within 30 s.
+        os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", "5")
     import ray
 
     if ray.is_initialized():
@@ -108,19 +117,30 @@ def _init_ray(cfg: Config, stack: contextlib.ExitStack) -> None:
     if cfg.cluster.address:
         ray.init(address=cfg.cluster.address, log_to_driver=False)
     else:
-        # One machine: keep every Ray address on loopback (Ray otherwise binds the node's network IP).
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        # If the local GCS dies first (a signal sent to the whole process group), give up on it in
-        # seconds rather than Ray's default minute, so that a stop still ends within 30 s.
-        os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", "5")
+        num_cpus = local_ray_cpus(cfg, local_cores())  # fails first if the plan cannot fit this machine
+        if not ipaddress.ip_address(ray.util.get_node_ip_address()).is_loopback:
+            raise RuntimeError(
+                "a local Ray would listen on this machine's network address because ray was imported "
+                "before rredcot could set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: set it in the environment, "
+                "or set cluster.address to a Ray cluster you started"
+            )
         ray.init(
-            num_cpus=local_ray_cpus(cfg, local_cores()),  # fails first if the plan cannot fit this machine
+            num_cpus=num_cpus,
             include_dashboard=cfg.cluster.dashboard,
             dashboard_host=cfg.cluster.dashboard_host,
             log_to_driver=False,
             logging_level=logging.WARNING,
         )
     stack.callback(ray.shutdown)
+
+
+def embedded_redis(cfg: Config, run_dir: Path, nodes: int) -> EmbeddedRedis:
+    """The run's own Redis (``redis.url`` unset): on 127.0.0.1 on one node; on a cluster of ``nodes``
+    > 1, on this node's address, always with a password (EmbeddedRedis generates one if unset)."""
+    import ray
+
+    host = "127.0.0.1" if nodes <= 1 else ray.util.get_node_ip_address()
+    return EmbeddedRedis(run_dir / "redis", host=host, password=cfg.redis.password, server=cfg.redis.server)
 
 
 def _write_placement(pg: Any, plan: list[tuple[str, int, dict[str, float]]], out: Path) -> None:
@@ -235,9 +255,7 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
         _clear_run_dir(run_dir, keep=run_dir / "logs" / "driver.log")
     (run_dir / "report").mkdir(parents=True, exist_ok=True)
     if not cfg.redis.url:
-        host = "127.0.0.1" if len(nodes) <= 1 else ray.util.get_node_ip_address()
-        server = EmbeddedRedis(run_dir / "redis", host=host, password=cfg.redis.password, server=cfg.redis.server)
-        stack.enter_context(server)
+        server = stack.enter_context(embedded_redis(cfg, run_dir, len(nodes)))
         cfg = _with_redis_url(cfg, server.url)
     outcome.cfg = cfg
     (run_dir / "config.yaml").write_text(to_yaml(redacted(cfg)))
