@@ -30,7 +30,7 @@ from rredcot.common.prompts import prompt_ids
 from rredcot.common.records import RolloutGroup, RolloutRecord
 from rredcot.common.registry import WEIGHT_TRANSPORTS
 from rredcot.common.staleness import Admission
-from rredcot.common.streams import ROLLOUTS, Producer, connect, key
+from rredcot.common.streams import ROLLOUTS, Producer, connect, run_key
 from rredcot.common.verifier import Verifier
 
 log = logging.getLogger(__name__)
@@ -85,8 +85,9 @@ class Generator:
             budget=cfg.run.steps * cfg.generation.prompts_per_step,
         )
         self.control = RunControl(self.client, self.run_id)
-        self.producer = Producer(self.client, key(self.run_id, ROLLOUTS), cfg.redis.maxlen, cfg.redis.block_timeout_s)
-        self.inflight_key = key(self.run_id, f"inflight:{name}")
+        rollouts = run_key(self.client, self.run_id, ROLLOUTS)
+        self.producer = Producer(self.client, rollouts, cfg.redis.maxlen, cfg.redis.block_timeout_s)
+        self.inflight_key = run_key(self.client, self.run_id, f"inflight:{name}")
         self.verifier = Verifier(cfg.task, cfg.generation.verifier_timeout_s)
         self.task = self.verifier.task
         train, _ = train_and_held_out(self.task, cfg.data, cfg.run.seed)

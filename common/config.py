@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -345,12 +346,25 @@ def validate(cfg: Config) -> None:
         cfg.logging.wandb,
         "false, or install the wandb package first (pip install wandb)",
     )
-    url = cfg.redis.url
     _check(
-        url is None or url.startswith(("redis://", "rediss://", "unix://")),
+        RUN_NAME.fullmatch(cfg.run.name) is not None,
+        "run.name",
+        cfg.run.name,
+        "letters, digits, '-', '_' and '.' (not first), at most 64: it names the run's directory and Redis keys",
+    )
+    url_problem = None if cfg.redis.url is None else redis_url_problem(cfg.redis.url)
+    _check(
+        url_problem is None,
         "redis.url",
-        url,
-        "a URL starting with redis://, rediss:// or unix://, or null for an embedded server",
+        redact_url(cfg.redis.url),
+        "redis://[:password@]host[:port][/db], rediss://… (TLS) or unix:///path/to/socket, or null for an "
+        f"embedded server; this one {url_problem}",
+    )
+    _check(
+        cfg.credit.exit_string != "",
+        "credit.exit_string",
+        cfg.credit.exit_string,
+        "a non-empty string (the text that ends the thinking span early; it must tokenise to >= 1 token)",
     )
     _check(cfg.learner.eps_low < 1.0, "learner.eps_low", cfg.learner.eps_low, "a value in [0, 1)")
     method = cfg.credit.method
@@ -379,6 +393,27 @@ def validate(cfg: Config) -> None:
         "'prob' or 'mean_token_prob' with credit.answer_part=terminal (the outcome R is a probability; "
         "log R is -inf for a wrong answer)",
     )
+
+
+RUN_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")
+
+
+def redis_url_problem(url: str) -> str | None:
+    """What is wrong with a ``redis.url`` (scheme, host, port, db or socket path), or None."""
+    try:
+        parts = urlsplit(url)
+        port, db = parts.port, parts.path.strip("/")
+    except ValueError as e:
+        return f"does not parse ({e})"
+    if parts.scheme == "unix":
+        return None if parts.path else "has no socket path"
+    if parts.scheme not in ("redis", "rediss"):
+        return f"has the scheme {parts.scheme!r}" if parts.scheme else "has no scheme"
+    if not parts.hostname:
+        return "has no host"
+    if port == 0:
+        return "has port 0"
+    return None if db == "" or db.isdigit() else f"has the database {db!r}, not a number"
 
 
 def _validate_extensions(cfg: Config) -> None:
@@ -446,10 +481,17 @@ def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
 
 def redacted(cfg: Config) -> Config:
     """The config without secrets (Redis password, and the password inside ``redis.url``)."""
-    url = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", cfg.redis.url or "") or None
     return dataclasses.replace(
-        cfg, redis=dataclasses.replace(cfg.redis, url=url, password="***" if cfg.redis.password else None)
+        cfg,
+        redis=dataclasses.replace(
+            cfg.redis, url=redact_url(cfg.redis.url), password="***" if cfg.redis.password else None
+        ),
     )
+
+
+def redact_url(url: str | None) -> str | None:
+    """``url`` with the password (``scheme://user:password@``) replaced by ``***``."""
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url) if url else url
 
 
 def to_yaml(cfg: Config) -> str:

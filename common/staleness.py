@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import redis
 
-from rredcot.common.streams import key
+from rredcot.common.streams import run_key
 
 _ADMIT = """
 local n = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -43,9 +43,9 @@ class Admission:
         self, client: redis.Redis, run_id: str, prompts_per_step: int, eta: int, budget: int | None = None
     ) -> None:
         self.client, self.prompts_per_step, self.eta, self.budget = client, prompts_per_step, eta, budget
-        self.admitted_key = key(run_id, "admitted")
-        self.version_key = key(run_id, "learner_version")
-        self.rejected_key = key(run_id, "rejected_prompts")
+        self.admitted_key = run_key(client, run_id, "admitted")
+        self.version_key = run_key(client, run_id, "learner_version")
+        self.rejected_key = run_key(client, run_id, "rejected_prompts")
         self.exhausted = False  # the run's budget of usable prompts is admitted
         self._admit = client.register_script(_ADMIT)
 

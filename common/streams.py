@@ -44,6 +44,24 @@ def key(run_id: str, name: str) -> str:
     return f"rredcot:{run_id}:{name}"
 
 
+def registry_key(run_id: str) -> str:
+    """The run's key registry: a SET of every key the run writes, what clearing the run deletes."""
+    return key(run_id, "keys")
+
+
+def run_key(client: redis.Redis, run_id: str, name: str) -> str:
+    """``key(run_id, name)``, recorded in the run's registry; call it before the run first writes the key."""
+    full = key(run_id, name)
+    client.sadd(registry_key(run_id), full)
+    return full
+
+
+def registered_keys(client: redis.Redis, run_id: str) -> list[str]:
+    """The keys in the run's registry, then the registry itself: what clearing the run deletes. Only
+    registered keys, never a pattern, so other runs' keys and keys the run did not write stay."""
+    return [*sorted(k.decode() for k in client.smembers(registry_key(run_id))), registry_key(run_id)]
+
+
 def connect(url: str, retries: int = 20, cap_s: float = 2.0) -> redis.Redis:
     """A client that reconnects with jittered exponential backoff (``retries`` tries, ``cap_s`` max wait)."""
     retry = Retry(ExponentialWithJitterBackoff(cap=cap_s, base=0.05), retries)

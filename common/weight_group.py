@@ -29,6 +29,7 @@ import redis
 import torch
 import torch.distributed as dist
 
+from rredcot.common.streams import registry_key
 from rredcot.common.weight_sync import WeightSyncError
 
 DIGEST_BYTES = 32
@@ -65,7 +66,10 @@ def group_key(run_id: str) -> str:
 
 
 def publish_group(client: redis.Redis, run_id: str, info: GroupInfo) -> None:
-    client.set(group_key(run_id), info.encode())
+    pipe = client.pipeline(transaction=True)
+    pipe.sadd(registry_key(run_id), group_key(run_id))
+    pipe.set(group_key(run_id), info.encode())
+    pipe.execute()
 
 
 def read_group(client: redis.Redis, run_id: str) -> GroupInfo | None:

@@ -34,6 +34,8 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from rredcot.common.streams import registry_key
+
 MANIFEST_SCHEMA = 1
 _FILE_RE = re.compile(r"^weights-v(\d+)\.safetensors$")
 
@@ -122,6 +124,7 @@ def write_weights(
 def publish_manifest(client: redis.Redis, run_id: str, manifest: WeightManifest) -> None:
     """Point the latest key at ``manifest``, bump the version key, wake subscribers."""
     pipe = client.pipeline(transaction=True)
+    pipe.sadd(registry_key(run_id), latest_key(run_id), version_key(run_id))
     pipe.set(latest_key(run_id), manifest.encode())
     pipe.set(version_key(run_id), manifest.version)
     pipe.execute()

@@ -8,7 +8,6 @@ address are only probed with a short connection timeout.
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
 import socket
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from urllib.parse import urlparse
 from rredcot.common.config import Config
 from rredcot.common.models import TINY_MODELS
 from rredcot.common.precision import cpu_info, cpu_native_bf16, resolve_dtype
-from rredcot.launch.plan import demand
+from rredcot.launch.plan import PlanError, demand, local_cores, local_ray_cpus
 
 GIB = 2**30
 
@@ -61,7 +60,7 @@ def check_resources(cfg: Config) -> list[Check]:
     import psutil
     import torch
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = local_cores()
     mem = psutil.virtual_memory()
     need = demand(cfg)
     out = [
@@ -79,15 +78,19 @@ def check_resources(cfg: Config) -> list[Check]:
             Check("ok", "cores", f"{cores} here; the plan's {need.get('CPU', 0):g} CPUs come from the Ray cluster")
         )
     elif need.get("CPU", 0) > cores:
-        out.append(
-            Check(
-                "warning",
-                "cores",
-                f"the plan asks {need['CPU']:g} CPUs and this machine has {cores}: the "
-                "tiers share cores (fine for the CPU demo, slower)",
-                "lower cluster.cpus_per_<tier> or the worker counts to fit",
+        try:
+            local_ray_cpus(cfg, cores)
+            out.append(
+                Check(
+                    "warning",
+                    "cores",
+                    f"the plan asks {need['CPU']:g} CPUs and this machine has {cores}: the "
+                    "tiers share cores (fine for the CPU demo, slower)",
+                    "lower cluster.cpus_per_<tier> or the worker counts to fit",
+                )
             )
-        )
+        except PlanError as e:
+            out.append(Check("error", "cores", str(e), "lower the worker counts or cluster.cpus_per_<tier>"))
     else:
         out.append(Check("ok", "cores", f"{cores}; the plan asks {need.get('CPU', 0):g}"))
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import ipaddress
 import logging
 import os
 import shutil
@@ -23,14 +24,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rredcot.common.config import Config, redacted, to_dict, to_yaml
+from rredcot.common.config import Config, ConfigError, redacted, to_dict, to_yaml
 from rredcot.common.control import RunControl
 from rredcot.common.precision import cpu_info, resolve_dtype
-from rredcot.common.streams import BATCHES, ROLLOUTS, connect, key
+from rredcot.common.streams import BATCHES, ROLLOUTS, connect, key, registered_keys
 from rredcot.common.weight_group import group_key
 from rredcot.launch.logs import route_library_loggers, setup_driver_logging, tail
 from rredcot.launch.monitor import Monitor, Phases, Progress, fmt_duration
-from rredcot.launch.plan import bundles, check_plan
+from rredcot.launch.plan import bundles, check_plan, local_cores, local_ray_cpus
 from rredcot.launch.report import RunOutcome, write_report
 from rredcot.launch.run_times import expected_seconds, record_seconds
 from rredcot.launch.services import EmbeddedRedis
@@ -45,28 +46,69 @@ def _with_redis_url(cfg: Config, url: str) -> Config:
     return dataclasses.replace(cfg, redis=dataclasses.replace(cfg.redis, url=url))
 
 
-# what ``run.resume=never`` clears (``logs/`` goes earlier, before the driver's log file opens)
-RUN_DIR_OUTPUTS = ("redis", "checkpoints", "weights", "traces", "tensorboard", "report", "placement.json")
+# what ``run.resume=never`` clears in a run directory that carries this run's marker
+RUN_DIR_OUTPUTS = ("logs", "redis", "checkpoints", "weights", "traces", "tensorboard", "report", "placement.json")
+RUN_MARKER = ".rredcot-run"  # written by rredcot into each run directory it creates: the run's name
 
 
-def _clear_run_dir(run_dir: Path) -> None:
-    """``run.resume=never`` starts afresh: remove what an earlier run of this name left in its dir."""
-    found = [run_dir / name for name in RUN_DIR_OUTPUTS if (run_dir / name).exists()]
-    for path in found:
+class RunDirError(ConfigError):
+    """A run directory this run may not clear: it holds files rredcot did not write for this run."""
+
+
+def claim_run_dir(run_dir: Path, name: str, resume: str) -> None:
+    """Create ``run_dir`` with this run's marker, or find the marker there.
+
+    ``run.resume=never`` on a directory that has content but no marker naming ``name`` raises
+    ``RunDirError`` (nothing is deleted); ``auto`` resumes from such a directory without marking it.
+    """
+    marker = run_dir / RUN_MARKER
+    if marker.is_file() and marker.read_text().strip() == name:
+        return
+    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        if resume == "never":
+            raise RunDirError(
+                f"run.dir {run_dir} is not empty and has no {RUN_MARKER} file naming run {name!r}, so "
+                "run.resume=never will not clear it: pick another run.dir or run.name, or continue it "
+                "with run.resume=auto"
+            )
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    marker.write_text(name + "\n")
+
+
+def _clear_run_dir(run_dir: Path, keep: Path) -> None:
+    """``run.resume=never`` starts afresh: list, then remove, what an earlier run of this name left
+    in its (marked) directory; ``keep`` is the driver's new log file."""
+    doomed: list[Path] = []
+    for path in (run_dir / name for name in RUN_DIR_OUTPUTS):
+        if path == keep.parent and path.is_dir() and not path.is_symlink():
+            doomed += [p for p in sorted(path.iterdir()) if p != keep]
+        elif path.exists() or path.is_symlink():
+            doomed.append(path)
+    if doomed:
+        log.info("run.resume=never: deleting the earlier run's %s", ", ".join(map(str, doomed)))
+    for path in doomed:
         shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-    if found:
-        log.info("run.resume=never: cleared the previous run's %s in %s", ", ".join(p.name for p in found), run_dir)
 
 
 def _clear_run_keys(client: Any, run_id: str) -> None:
-    """``run.resume=never`` on a shared server: drop the run's old streams, counters and metrics."""
-    old = list(client.scan_iter(match=key(run_id, "*"), count=1000))
-    if old:
-        client.delete(*old)
-        log.info("run.resume=never: deleted %d keys of an earlier run %r", len(old), run_id)
+    """``run.resume=never`` on a shared server: list, then delete, the keys an earlier run of this
+    name registered (its streams, counters, metrics); nothing else."""
+    names = registered_keys(client, run_id)
+    if client.exists(names[-1]):  # the registry: an earlier run of this name wrote keys here
+        log.info("run.resume=never: deleting the earlier run's Redis keys %s", ", ".join(names))
+        client.delete(*names)
 
 
 def _init_ray(cfg: Config, stack: contextlib.ExitStack) -> None:
+    """Connect to ``cluster.address``, or start a local Ray that listens on 127.0.0.1 only."""
+    if not cfg.cluster.address:
+        # Ray reads this when it is imported: with clusters "disabled" every Ray server of a local
+        # instance (GCS, raylet, agents, workers) binds 127.0.0.1 instead of the node's network IP.
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+        # If the local GCS dies first (a signal sent to the whole process group), give up on it in
+        # seconds rather than Ray's default minute, so that a stop still ends within 30 s.
+        os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", "5")
     import ray
 
     if ray.is_initialized():
@@ -75,20 +117,30 @@ def _init_ray(cfg: Config, stack: contextlib.ExitStack) -> None:
     if cfg.cluster.address:
         ray.init(address=cfg.cluster.address, log_to_driver=False)
     else:
-        # One machine: keep every Ray address on loopback (Ray otherwise binds the node's network IP).
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        # If the local GCS dies first (a signal sent to the whole process group), give up on it in
-        # seconds rather than Ray's default minute, so that a stop still ends within 30 s.
-        os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", "5")
-        need = sum(b.get("CPU", 0.0) for _, _, b in bundles(cfg))
+        num_cpus = local_ray_cpus(cfg, local_cores())  # fails first if the plan cannot fit this machine
+        if not ipaddress.ip_address(ray.util.get_node_ip_address()).is_loopback:
+            raise RuntimeError(
+                "a local Ray would listen on this machine's network address because ray was imported "
+                "before rredcot could set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: set it in the environment, "
+                "or set cluster.address to a Ray cluster you started"
+            )
         ray.init(
-            num_cpus=max(os.cpu_count() or 1, int(need + 0.999) + 1),
+            num_cpus=num_cpus,
             include_dashboard=cfg.cluster.dashboard,
             dashboard_host=cfg.cluster.dashboard_host,
             log_to_driver=False,
             logging_level=logging.WARNING,
         )
     stack.callback(ray.shutdown)
+
+
+def embedded_redis(cfg: Config, run_dir: Path, nodes: int) -> EmbeddedRedis:
+    """The run's own Redis (``redis.url`` unset): on 127.0.0.1 on one node; on a cluster of ``nodes``
+    > 1, on this node's address, always with a password (EmbeddedRedis generates one if unset)."""
+    import ray
+
+    host = "127.0.0.1" if nodes <= 1 else ray.util.get_node_ip_address()
+    return EmbeddedRedis(run_dir / "redis", host=host, password=cfg.redis.password, server=cfg.redis.server)
 
 
 def _write_placement(pg: Any, plan: list[tuple[str, int, dict[str, float]]], out: Path) -> None:
@@ -137,13 +189,13 @@ def first_line(cfg: Config, run_dir: Path) -> str:
 def train(cfg: Config, verbose: bool = False) -> Path:
     """Run the whole pipeline; returns the report directory."""
     run_dir = Path(cfg.run.dir).resolve()
-    if cfg.run.resume == "never":
-        shutil.rmtree(run_dir / "logs", ignore_errors=True)
+    claim_run_dir(run_dir, cfg.run.name, cfg.run.resume)
     phases = Phases()
     outcome = RunOutcome(status="failed", phases=phases)
     _received.clear()
     with contextlib.ExitStack() as stack:
-        stack.callback(setup_driver_logging(run_dir / "logs" / "driver.log", verbose))
+        fresh = cfg.run.resume == "never"  # an earlier run's driver.log is overwritten
+        stack.callback(setup_driver_logging(run_dir / "logs" / "driver.log", verbose, append=not fresh))
         log.info(first_line(cfg, run_dir))
         try:
             _run(cfg, run_dir, phases, outcome, stack)
@@ -200,12 +252,10 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     check_plan(cfg, ray.cluster_resources(), nodes=len(nodes))  # fails before any actor starts
     if cfg.run.resume == "never":
-        _clear_run_dir(run_dir)
+        _clear_run_dir(run_dir, keep=run_dir / "logs" / "driver.log")
     (run_dir / "report").mkdir(parents=True, exist_ok=True)
     if not cfg.redis.url:
-        host = "127.0.0.1" if len(nodes) <= 1 else ray.util.get_node_ip_address()
-        server = EmbeddedRedis(run_dir / "redis", host=host, password=cfg.redis.password, server=cfg.redis.server)
-        stack.enter_context(server)
+        server = stack.enter_context(embedded_redis(cfg, run_dir, len(nodes)))
         cfg = _with_redis_url(cfg, server.url)
     outcome.cfg = cfg
     (run_dir / "config.yaml").write_text(to_yaml(redacted(cfg)))

@@ -30,16 +30,16 @@ class ConsoleFilter(logging.Filter):
         return self.verbose or record.name.startswith("rredcot") or record.levelno >= logging.ERROR
 
 
-def setup_driver_logging(log_file: Path, verbose: bool = False) -> Callable[[], None]:
-    """Root logger → ``log_file`` (INFO, everything) and stdout (filtered, short lines); returns
-    the function that puts the previous handlers and level back."""
+def setup_driver_logging(log_file: Path, verbose: bool = False, append: bool = True) -> Callable[[], None]:
+    """Root logger → ``log_file`` (INFO, everything; overwritten unless ``append``) and stdout
+    (filtered, short lines); returns the function that puts the previous handlers and level back."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     root = logging.getLogger()
     before, level = list(root.handlers), root.level
     for h in before:
         root.removeHandler(h)
     root.setLevel(logging.INFO)
-    to_file = logging.FileHandler(log_file, encoding="utf-8")
+    to_file = logging.FileHandler(log_file, mode="a" if append else "w", encoding="utf-8")
     to_file.setFormatter(logging.Formatter(FORMAT))
     console = logging.StreamHandler(sys.stdout)
     console.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))

@@ -2,11 +2,14 @@
 
 ``cluster.*`` names counts and per-worker GPUs/CPUs for the three tiers. ``check_plan`` compares
 the plan with what the Ray cluster offers and fails — before any actor starts — with a message
-that says what to change. On CPU the same plan maps to CPU-only bundles.
+that says what to change. On CPU the same plan maps to CPU-only bundles. A local Ray is sized by
+``local_ray_cpus``, which first checks the plan against this machine's real cores.
 """
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
 
 from rredcot.common.config import Config, ConfigError
@@ -53,6 +56,40 @@ def demand(cfg: Config) -> dict[str, float]:
     return total
 
 
+# A local Ray may promise each real core to this many CPUs of the plan: the tiers take turns (the
+# CPU demo asks 4 CPUs on 2 cores), but beyond it the workers thrash and run out of memory.
+LOCAL_CPUS_PER_CORE = 2
+
+
+def local_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _parts(ts: list[Tier], resource: str) -> str:
+    """``generators 4 x 1 + …``: each tier's share of ``resource``."""
+    return " + ".join(
+        f"{t.key} {t.count} x {t.gpus if resource == 'GPU' else t.cpus:g}"
+        for t in ts
+        if (t.gpus if resource == "GPU" else t.cpus)
+    )
+
+
+def local_ray_cpus(cfg: Config, cores: int) -> int:
+    """CPUs to give a local Ray on a machine with ``cores`` cores: the plan's demand (plus one), at
+    least ``cores``. Raise ``PlanError`` when the plan needs more than ``LOCAL_CPUS_PER_CORE`` per core."""
+    need = demand(cfg).get("CPU", 0.0)
+    limit = LOCAL_CPUS_PER_CORE * cores
+    if need > limit:
+        raise PlanError(
+            f"the resource plan needs {need:g} CPUs ({_parts(tiers(cfg), 'CPU')}) but this machine has "
+            f"{cores} cores, and a local Ray runs at most {LOCAL_CPUS_PER_CORE} per core ({limit}): lower "
+            "cluster.generators, cluster.redistributors, cluster.learner_ranks or cluster.cpus_per_<tier>, "
+            "or set cluster.address to a Ray cluster"
+        )
+    return max(cores, math.ceil(need) + 1)
+
+
 def check_plan(cfg: Config, available: dict[str, float], nodes: int = 1) -> None:
     """Raise ``PlanError`` if the cluster (``available`` resources, ``nodes`` alive) cannot hold the plan."""
     ts = tiers(cfg)  # counts >= 1 are already enforced by the config schema
@@ -60,14 +97,9 @@ def check_plan(cfg: Config, available: dict[str, float], nodes: int = 1) -> None
     for resource in ("GPU", "CPU"):
         want, have = need.get(resource, 0.0), available.get(resource, 0.0)
         if want > have:
-            parts = " + ".join(
-                f"{t.key} {t.count} x {t.gpus if resource == 'GPU' else t.cpus:g}"
-                for t in ts
-                if (t.gpus if resource == "GPU" else t.cpus)
-            )
             per = "gpus" if resource == "GPU" else "cpus"
             raise PlanError(
-                f"the resource plan needs {want:g} {resource}s ({parts}) but the cluster has {have:g}: "
+                f"the resource plan needs {want:g} {resource}s ({_parts(ts, resource)}) but the cluster has {have:g}: "
                 f"lower cluster.<tier> counts or cluster.{per}_per_<tier>, or add nodes"
             )
         if resource == "GPU" and want:

@@ -25,7 +25,7 @@ from rredcot.common.models import load_causal_lm, load_tokenizer, resolve_model_
 from rredcot.common.records import RecordError, WeightedGroup
 from rredcot.common.registry import WEIGHT_TRANSPORTS
 from rredcot.common.staleness import Admission
-from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Entry, connect, key
+from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Entry, connect, key, run_key
 from rredcot.learner.broadcast import FilePublisher
 from rredcot.learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rredcot.learner.engine import LearnerEngine
@@ -47,10 +47,9 @@ class Trainer:
         self.client = connect(cfg.redis.url)
         self.control = RunControl(self.client, self.run_id)
         self.admission = Admission(self.client, self.run_id, cfg.generation.prompts_per_step, cfg.staleness.eta)
-        self.consumer = Consumer(
-            self.client, key(self.run_id, BATCHES), GROUP, name, key(self.run_id, DEAD), cfg.redis.claim_idle_ms
-        )
-        self.trained_key = key(self.run_id, "trained_ids")
+        batches, dead = run_key(self.client, self.run_id, BATCHES), run_key(self.client, self.run_id, DEAD)
+        self.consumer = Consumer(self.client, batches, GROUP, name, dead, cfg.redis.claim_idle_ms)
+        self.trained_key = run_key(self.client, self.run_id, "trained_ids")
         path = resolve_model_path(cfg.model.path, seed=cfg.run.seed)
         self.tokenizer = load_tokenizer(cfg.model.tokenizer or path)
         self.engine = LearnerEngine(load_causal_lm(path), cfg.learner, temperature=cfg.generation.temperature)

@@ -24,7 +24,7 @@ from rredcot.common.control import RunControl
 from rredcot.common.models import load_causal_lm, load_tokenizer, resolve_model_path
 from rredcot.common.records import RecordError, RolloutGroup, WeightedGroup, WeightedSample
 from rredcot.common.sampling import RewardFn
-from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Entry, Producer, connect, key
+from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Entry, Producer, connect, run_key
 from rredcot.common.verifier import Verifier
 from rredcot.common.weight_sync import latest_manifest, load_tensors
 from rredcot.redistributor.credit import redistribute_group
@@ -106,10 +106,9 @@ class Redistributor:
         self.cfg, self.name, self.run_id = cfg, name, cfg.run.name
         self.method = get_method(cfg.credit.method)
         self.client = connect(cfg.redis.url)
-        self.consumer = Consumer(
-            self.client, key(self.run_id, ROLLOUTS), GROUP, name, key(self.run_id, DEAD), cfg.redis.claim_idle_ms
-        )
-        self.producer = Producer(self.client, key(self.run_id, BATCHES), cfg.redis.maxlen, cfg.redis.block_timeout_s)
+        rollouts, dead, batches = (run_key(self.client, self.run_id, k) for k in (ROLLOUTS, DEAD, BATCHES))
+        self.consumer = Consumer(self.client, rollouts, GROUP, name, dead, cfg.redis.claim_idle_ms)
+        self.producer = Producer(self.client, batches, cfg.redis.maxlen, cfg.redis.block_timeout_s)
         self.control = RunControl(self.client, self.run_id)
         self.scorer = scorer if scorer is not None or not self.method.needs_scorer else build_scorer(cfg)
         self.extra: dict[str, Any] = {"settings": self.method.typed_settings(cfg)}

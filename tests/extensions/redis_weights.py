@@ -17,6 +17,7 @@ from safetensors.torch import save
 from rredcot.actors.receivers import FileReceiver
 from rredcot.common.config import Config, bounded
 from rredcot.common.registry import WEIGHT_TRANSPORTS
+from rredcot.common.streams import registry_key
 from rredcot.common.transports import WeightTransport
 from rredcot.common.weight_sync import WeightManifest, latest_manifest, publish_manifest
 from rredcot.learner.broadcast import FilePublisher, full_state
@@ -43,6 +44,7 @@ class RedisBlobPublisher(FilePublisher):
         if self.rank != 0:
             return None, time.perf_counter() - t0
         data = save(state)
+        self.client.sadd(registry_key(self.run_id), blob_key(self.run_id, version))  # cleared with the run
         self.client.set(blob_key(self.run_id, version), data)
         self.client.delete(blob_key(self.run_id, version - self.keep))  # keep the last ``keep`` versions
         manifest = WeightManifest(

@@ -93,3 +93,47 @@ def test_missing_file_lists_bundled():
 def test_malformed_override():
     with pytest.raises(ConfigError, match="key=value"):
         load_config("tests", ["learner.lr"])
+
+
+@pytest.mark.parametrize(
+    ("override", "fragments"),
+    [
+        ("run.name=../..", ["run.name = '../..'", "letters, digits"]),
+        ("run.name=.", ["run.name = '.'", "not first"]),
+        ("run.name=a/b", ["run.name = 'a/b'"]),
+        ("run.name=exp*", ["run.name = 'exp*'"]),
+        ("run.name=exp[12]", ["run.name = 'exp[12]'"]),
+        ("run.name=ex?", ["run.name = 'ex?'"]),
+        ("run.name=a:b", ["run.name = 'a:b'"]),
+        ("run.name=" + "x" * 65, ["run.name", "at most 64"]),
+        ("redis.url=redis://", ["redis.url = 'redis://'", "has no host"]),
+        ("redis.url=redis://localhost:port", ["redis.url", "does not parse", "rediss://"]),
+        ("redis.url=redis://localhost:99999", ["redis.url", "does not parse"]),
+        ("redis.url=redis://localhost:0", ["redis.url", "has port 0"]),
+        ("redis.url=redis://localhost:6379/zero", ["redis.url", "database 'zero', not a number"]),
+        ("redis.url=unix://", ["redis.url", "has no socket path"]),
+        ("redis.url=localhost:6379", ["redis.url", "unix:///path/to/socket"]),
+        ("credit.exit_string=''", ["credit.exit_string = ''", "non-empty", ">= 1 token"]),
+    ],
+)
+def test_names_urls_and_exit_string_are_checked_at_load(override, fragments):
+    with pytest.raises(ConfigError) as e:
+        load_config("tests", [override])
+    assert "\n" not in str(e.value)
+    for frag in fragments:
+        assert frag in str(e.value), (frag, str(e.value))
+
+
+def test_a_bad_redis_url_error_does_not_show_its_password():
+    with pytest.raises(ConfigError) as e:
+        load_config("tests", ["redis.url=redis://:hunter2@localhost:port/0"])
+    assert "hunter2" not in str(e.value) and "redis://:***@localhost:port/0" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["redis://localhost", "redis://:pw@10.0.0.1:6380/2", "rediss://user:pw@redis.example:6379", "unix:///tmp/r.sock"],
+)
+def test_good_redis_urls_and_run_names_load(url):
+    cfg = load_config("tests", [f"redis.url={url}", "run.name=exp-2_v1.0"])
+    assert cfg.redis.url == url and cfg.run.dir.endswith("runs/exp-2_v1.0")

@@ -17,3 +17,10 @@ def test_stop_flag_and_metrics_snapshots(redis_client, run_id):
     assert snap["gen0"] == {"tier": "generator", "tokens": 25.0, "reward_mean": 0.5}
     assert snap["learner0"]["step"] == 3.0
     assert RunControl(redis_client, run_id + "x").all_metrics() == {}  # namespaced by run
+
+
+def test_metrics_come_from_the_runs_registry_not_a_key_pattern(redis_client, run_id):
+    RunControl(redis_client, run_id).publish_metrics("gen0", "generator", {"tokens": 1})
+    redis_client.hset(f"rredcot:{run_id}:metrics:ghost", mapping={"tier": "generator"})  # no worker of the run
+    assert set(RunControl(redis_client, run_id).all_metrics()) == {"gen0"}
+    assert RunControl(redis_client, f"{run_id[:-1]}?").all_metrics() == {}  # a glob in the id matches nothing

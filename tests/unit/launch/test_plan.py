@@ -1,7 +1,7 @@
 import pytest
 
 from rredcot.common.config import ConfigError, load_config
-from rredcot.launch.plan import PlanError, bundles, check_plan, demand
+from rredcot.launch.plan import PlanError, bundles, check_plan, demand, local_ray_cpus
 
 
 def test_bundles_follow_the_plan():
@@ -50,3 +50,15 @@ def test_fractional_multi_gpu_rejected():
     cfg = load_config("tests", ["cluster.gpus_per_learner=1.5"])
     with pytest.raises(PlanError, match="whole number"):
         check_plan(cfg, {"CPU": 8, "GPU": 8})
+
+
+def test_a_local_ray_needs_the_plan_to_fit_the_machines_cores():
+    demo = load_config("demo_cpu")  # 4 CPUs: the tiers share 2 cores
+    assert local_ray_cpus(demo, cores=2) == 5
+    assert local_ray_cpus(load_config("tests"), cores=16) == 16
+    with pytest.raises(PlanError) as e:
+        local_ray_cpus(load_config("tests", ["cluster.generators=4"]), cores=2)
+    msg = str(e.value)
+    assert "needs 6 CPUs (generators 4 x 1 + redistributors 1 x 1 + learner_ranks 1 x 1)" in msg
+    assert "has 2 cores" in msg and "at most 2 per core (4)" in msg
+    assert "cluster.generators" in msg and "cluster.cpus_per_<tier>" in msg and "cluster.address" in msg

@@ -1,0 +1,125 @@
+"""The driver never deletes what its run did not create: run directories and Redis keys."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+
+import pytest
+
+from rredcot.common.config import load_config
+from rredcot.common.control import RunControl
+from rredcot.common.staleness import Admission
+from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Producer, run_key
+from rredcot.launch.driver import (
+    RUN_MARKER,
+    RunDirError,
+    _clear_run_dir,
+    _clear_run_keys,
+    _init_ray,
+    claim_run_dir,
+    train,
+)
+from rredcot.launch.plan import PlanError, local_cores
+
+EARLIER_RUN = ("logs/gen0.log", "checkpoints/step-1/x", "report/summary.md", "tensorboard/ev", "redis/aof", "traces/t")
+
+
+def _fill(root: Path, files: tuple[str, ...]) -> None:
+    for name in files:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(name)
+
+
+def _run_keys(client, run: str) -> set[str]:
+    """The keys a run's workers write, made by the real components; returns their names."""
+    control = RunControl(client, run)
+    control.request_stop("done")
+    control.publish_metrics("gen0", "generator", {"tokens": 1})
+    Admission(client, run, prompts_per_step=2, eta=1).try_admit()
+    Producer(client, run_key(client, run, ROLLOUTS), maxlen=8).put(b"x")
+    Consumer(client, run_key(client, run, BATCHES), "learner", "learner0", run_key(client, run, DEAD))
+    return {k.decode() for k in client.keys(f"rredcot:{run}:*")}
+
+
+def test_train_refuses_to_clear_a_directory_it_did_not_create(tmp_path, monkeypatch):
+    """``run.dir=.`` over a directory with someone's files: a one-line error, nothing deleted, no
+    Ray started (the plan below could never run: it would fail right after Ray)."""
+    _fill(tmp_path, (*EARLIER_RUN, "notes.txt"))
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config("tests", ["run.dir=.", "cluster.gpus_per_generator=1"])
+    with pytest.raises(RunDirError) as e:
+        train(cfg)
+    msg = str(e.value)
+    assert "\n" not in msg and str(tmp_path) in msg and RUN_MARKER in msg
+    assert "another run.dir or run.name" in msg and "run.resume=auto" in msg
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("marker", [None, "someone-else"])
+def test_claim_needs_this_runs_marker_to_start_afresh(tmp_path, marker):
+    _fill(tmp_path, EARLIER_RUN)
+    if marker:
+        (tmp_path / RUN_MARKER).write_text(marker)
+    with pytest.raises(RunDirError, match="no .rredcot-run file naming run 'exp'"):
+        claim_run_dir(tmp_path, "exp", "never")
+    claim_run_dir(tmp_path, "exp", "auto")  # resuming deletes nothing, and does not mark it as exp's
+    assert (tmp_path / RUN_MARKER).exists() == bool(marker)
+    assert all((tmp_path / name).exists() for name in EARLIER_RUN)
+
+
+def test_a_run_dir_created_by_the_run_is_cleared_and_every_path_logged(tmp_path, caplog):
+    run_dir = tmp_path / "runs" / "exp"
+    claim_run_dir(run_dir, "exp", "never")  # a new directory: created with the marker
+    assert (run_dir / RUN_MARKER).read_text() == "exp\n"
+    _fill(run_dir, (*EARLIER_RUN, "logs/driver.log", "notes.txt", "placement.json"))
+    claim_run_dir(run_dir, "exp", "never")  # the same run again: its own directory, no error
+    with caplog.at_level(logging.INFO, logger="rredcot.launch.driver"):
+        _clear_run_dir(run_dir, keep=run_dir / "logs" / "driver.log")
+    doomed = [run_dir / p for p in ("checkpoints", "logs/gen0.log", "placement.json", "redis", "report")]
+    doomed += [run_dir / p for p in ("tensorboard", "traces")]
+    assert not any(p.exists() for p in doomed)
+    assert (run_dir / "logs" / "driver.log").exists() and (run_dir / "notes.txt").exists()
+    assert (run_dir / RUN_MARKER).exists()
+    (line,) = [r.getMessage() for r in caplog.records if "deleting" in r.getMessage()]
+    assert all(str(p) in line for p in doomed) and "driver.log" not in line and "notes" not in line
+
+
+def test_clearing_a_run_deletes_only_the_keys_it_registered(redis_client, run_id):
+    """Run ``exp`` next to ``exp2`` (its name is a prefix), a foreign key, and a key under exp's
+    namespace that no exp worker wrote: clearing exp deletes exp's keys and nothing else."""
+    mine = _run_keys(redis_client, run_id)
+    names = {"stop", "metrics:gen0", "admitted", "rollouts", "batches", "keys"}
+    assert mine == {f"rredcot:{run_id}:{n}" for n in names}
+    theirs = _run_keys(redis_client, run_id + "2")
+    foreign = [f"rredcot:{run_id}-other:x", f"rredcot:{run_id}:notes"]
+    for name in foreign:
+        redis_client.set(name, "not exp's")
+    _clear_run_keys(redis_client, run_id)
+    assert not any(redis_client.exists(k) for k in mine)
+    assert all(redis_client.exists(k) for k in [*theirs, *foreign])
+
+
+def test_a_glob_in_a_run_id_reaches_no_other_run(redis_client, run_id):
+    """Even a run id with glob characters (refused by the config) clears only its registry."""
+    theirs = _run_keys(redis_client, run_id)
+    other = f"rredcot:{run_id}-other:x"
+    redis_client.set(other, "x")
+    _clear_run_keys(redis_client, f"{run_id}*")
+    assert all(redis_client.exists(k) for k in [*theirs, other])
+
+
+def test_a_local_plan_beyond_the_cores_fails_before_ray_starts():
+    """The local Ray used to be sized to the plan, so no plan could fail; now it is checked against
+    the real cores first."""
+    import ray
+
+    generators = 2 * local_cores() + 1
+    cfg = load_config("tests", [f"cluster.generators={generators}"])
+    with contextlib.ExitStack() as stack, pytest.raises(PlanError) as e:
+        _init_ray(cfg, stack)
+    assert not ray.is_initialized()
+    assert f"needs {generators + 2} CPUs (generators {generators} x 1" in str(e.value)
+    assert f"has {local_cores()} cores" in str(e.value) and "cluster.generators" in str(e.value)
