@@ -1,3 +1,5 @@
+import os
+
 from rredcot.common.control import RunControl
 
 
@@ -13,6 +15,7 @@ def test_stop_flag_and_metrics_snapshots(redis_client, run_id):
     ctl.publish_metrics("gen0", "generator", {"tokens": 25})
     ctl.publish_metrics("learner0", "learner", {"step": 3})
     snap = ctl.all_metrics()
+    assert snap["gen0"].pop("pid") == os.getpid()  # and the process that published it
     assert snap["gen0"].pop("cpu_s") >= 0  # every snapshot carries the worker's CPU seconds since its first
     assert snap["gen0"] == {"tier": "generator", "tokens": 25.0, "reward_mean": 0.5}
     assert snap["learner0"]["step"] == 3.0
