@@ -211,11 +211,11 @@ def test_prob_space_sigma_survives_values_below_e_minus_745(qwen_tok, qwen_model
     outs = {}
     for space in ("log", "prob"):
         cfg = Config()
-        cfg.credit = CreditConfig(value_space=space, segments=3, min_segment_tokens=1)
+        cfg.credit = CreditConfig(value_space=space, segments=3, min_segment_tokens=1, sign="abs")
         outs[space] = redistribute_group(group, cfg, scorer).samples
     for w_log, w_prob in zip(outs["log"][:3], outs["prob"][:3]):
-        assert w_log.exit_values.max() < -745 and not w_prob.exit_values.any()  # e^-2000 = 0 in float64
-        masses = segment_masses(prob_rewards(w_log.exit_values), w_prob.advantage, "relu")
+        assert w_log.exit_values.max() < -745 and not w_prob.exit_values.any()  # e^-1000 = 0 in float64
+        masses = segment_masses(prob_rewards(w_log.exit_values), w_prob.advantage, "abs")
         expected = token_sigma(len(w_prob.sigma), w_prob.exit_points, masses, 0.0)
         np.testing.assert_allclose(w_prob.sigma, expected, rtol=1e-2)  # the log values were stored in float32
         assert w_prob.sigma_fallback == "" and np.ptp(w_prob.sigma) > 0
