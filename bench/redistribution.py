@@ -108,6 +108,12 @@ def bench_values(model, tok, length: int, k: int, n_refs: int, vocab: int | None
     t_branch, _ = timed(
         lambda: branch_logprobs_fast(model, trace, exits, refs, exit_ids, cfg.values_memory_mb << 20), 3
     )
+    sweep = {  # branches alone per credit.values_memory_mb: smaller forwards attend over shorter prefixes
+        f"branches_s_at_{mb}mb": timed(
+            lambda mb=mb: branch_logprobs_fast(model, trace, exits, refs, exit_ids, mb << 20), 3
+        )[0]
+        for mb in (256, 64, 16, 4)
+    }
 
     def reference():
         counter = TokenCounter()
@@ -128,6 +134,7 @@ def bench_values(model, tok, length: int, k: int, n_refs: int, vocab: int | None
         "branches_only_s": t_branch,
         "values_stage_vs_reference": t_ref / t_branch,
         "entropy_pass_s": t_ent,
+        **sweep,
     }
 
 
