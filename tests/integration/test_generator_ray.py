@@ -56,9 +56,10 @@ def test_killed_generator_resumes_with_latest_weights_and_no_lost_prompts(
     for version, seed in ((1, 1), (2, 2)):
         model = build_tiny_model("qwen3", seed=seed)
         if version == 2:  # published while the first incarnation runs, right before the kill
-            while redis_client.xlen(key(run_id, ROLLOUTS)) < 2:
-                time.sleep(0.02)
-            held = {int(i) for i in redis_client.smembers(key(run_id, "inflight:gen0"))}
+            inflight = key(run_id, "inflight:gen0")
+            while redis_client.xlen(key(run_id, ROLLOUTS)) < 2 or not redis_client.scard(inflight):
+                time.sleep(0.01)
+            held = {int(i) for i in redis_client.smembers(inflight)}
         publish_weights(redis_client, run_id, version, model.named_parameters(), weights_dir)
         admission.publish_version(version)
         if version == 1:
@@ -68,6 +69,8 @@ def test_killed_generator_resumes_with_latest_weights_and_no_lost_prompts(
             done = actor.run.remote()
     written_before = redis_client.xlen(key(run_id, ROLLOUTS))
     ray.kill(actor, no_restart=False)
+    time.sleep(0.5)  # the process is gone, its successor still starting: the set is what it held
+    held |= {int(i) for i in redis_client.smembers(key(run_id, "inflight:gen0"))}
     metrics = ray.get(done, timeout=300)  # the call is retried on the restarted actor
 
     assert held, "the actor was killed while holding admitted prompts"
