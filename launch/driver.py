@@ -100,8 +100,8 @@ def _clear_run_keys(client: Any, run_id: str) -> None:
         client.delete(*names)
 
 
-def _init_ray(cfg: Config, stack: contextlib.ExitStack) -> None:
-    """Connect to ``cluster.address``, or start a local Ray that listens on 127.0.0.1 only."""
+def local_ray_env(cfg: Config) -> None:
+    """Before ``import ray``: a local Ray (no ``cluster.address``) listens on 127.0.0.1 only."""
     if not cfg.cluster.address:
         # Ray reads this when it is imported: with clusters "disabled" every Ray server of a local
         # instance (GCS, raylet, agents, workers) binds 127.0.0.1 instead of the node's network IP.
@@ -109,6 +109,11 @@ def _init_ray(cfg: Config, stack: contextlib.ExitStack) -> None:
         # If the local GCS dies first (a signal sent to the whole process group), give up on it in
         # seconds rather than Ray's default minute, so that a stop still ends within 30 s.
         os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", "5")
+
+
+def _init_ray(cfg: Config, stack: contextlib.ExitStack) -> None:
+    """Connect to ``cluster.address``, or start a local Ray that listens on 127.0.0.1 only."""
+    local_ray_env(cfg)
     import ray
 
     if ray.is_initialized():
@@ -239,6 +244,7 @@ def lead_own_process_group(cfg: Config) -> None:
 
 
 def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack: contextlib.ExitStack) -> None:
+    local_ray_env(cfg)  # before the first import of ray
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy

@@ -32,7 +32,8 @@ def learner_step(driver_log: Path) -> int:
 def test_sigterm_mid_run_stops_in_order(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     before = ray_daemons()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # as a user's shell has it: without the tests' RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER (rredcot sets it)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"} | {"PYTHONUNBUFFERED": "1"}
     cmd = [
         sys.executable,
         "-m",
