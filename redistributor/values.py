@@ -158,7 +158,8 @@ class _PrefixLayer(DynamicLayer):
     def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         super().__init__()
         self.prefix_keys, self.prefix_values = keys, values
-        self.lazy_initialization(keys[..., :0, :], values[..., :0, :])
+        self.keys, self.values = keys[..., :0, :], values[..., :0, :]  # the forward's own, none yet
+        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
         self.keys = torch.cat([self.keys, key_states], dim=-2)
