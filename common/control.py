@@ -38,8 +38,10 @@ class RunControl:
 
     def count_restart(self, worker: str) -> None:
         """One more restart of ``worker`` (its ``restarts`` metric; its snapshots never overwrite it)."""
-        self.client.sadd(self.registry, self._metrics_prefix + worker)
-        self.client.hincrby(self._metrics_prefix + worker, "restarts", 1)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.sadd(self.registry, self._metrics_prefix + worker)
+        pipe.hincrby(self._metrics_prefix + worker, "restarts", 1)
+        pipe.execute()
 
     def publish_metrics(self, worker: str, tier: str, values: dict[str, float]) -> None:
         """Replace-or-add the worker's values, plus ``cpu_s``: this process's CPU seconds since its

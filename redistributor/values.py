@@ -188,7 +188,8 @@ def _mask(allowed: torch.Tensor, model: Any, dtype: torch.dtype) -> torch.Tensor
     if impl == "sdpa":
         return allowed[None, None]
     if impl == "eager":
-        return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+        additive = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+        return additive.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
     raise ValueError(f"exit values need sdpa or eager attention (the 4D branch mask); the scorer uses {impl!r}")
 
 
