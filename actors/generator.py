@@ -27,7 +27,7 @@ from rredcot.common.config import Config, ConfigError
 from rredcot.common.control import RunControl
 from rredcot.common.data import Problem, ProblemOrder, train_and_held_out
 from rredcot.common.prompts import prompt_ids
-from rredcot.common.records import RolloutGroup, RolloutRecord
+from rredcot.common.records import RecordError, RolloutGroup, RolloutRecord
 from rredcot.common.registry import WEIGHT_TRANSPORTS
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import ROLLOUTS, Producer, connect, run_key
@@ -44,8 +44,11 @@ class GeneratorMetrics:
     admitted: int = 0
     finished_groups: int = 0
     rejected_too_long: int = 0
+    rejected_invalid: int = 0  # groups whose record failed validation (NaN/inf log-probs)
     samples: int = 0
     truncated: int = 0
+    verifier_timeouts: int = 0  # samples whose check outlived generation.verifier_timeout_s: reward 0
+    verifier_errors: int = 0  # samples whose check raised or crashed the verifier process: reward 0
     reward_sum: float = 0.0
     tokens: int = 0
     generate_s: float = 0.0  # wall time inside engine steps
@@ -145,20 +148,29 @@ class Generator:
             self.engine.submit(rid, ids, self.sampling)
         except PromptTooLong as e:
             self.metrics.rejected_too_long += 1
-            self.admission.reject()  # frees the slot: the learner still gets a full step of groups
-            log.warning("generator %s: rejected problem %s: %s", self.name, problem.id, e)
-            self.client.srem(self.inflight_key, index)
+            self._reject(index, problem, e)
             return 0
         self._problems[rid] = (index, problem)
         return 1
+
+    def _reject(self, index: int, problem: Problem, why: Exception) -> None:
+        """An admitted prompt that yields no group: free its slot, so the learner still gets a full step."""
+        self.admission.reject()
+        log.warning("generator %s: rejected problem %s: %s", self.name, problem.id, why)
+        self.client.srem(self.inflight_key, index)
 
     # ----- output -----
     def _write_finished(self, groups: list[GroupOutput]) -> None:
         for group in groups:
             index, problem = self._problems.pop(group.request_id)
-            record = self._record(group, index, problem)
+            try:
+                data = encode(self._record(group, index, problem))
+            except RecordError as e:  # e.g. a NaN log-prob from the engine: the learner cannot use it
+                self.metrics.rejected_invalid += 1
+                self._reject(index, problem, e)
+                continue
             before = self.producer.blocked_s
-            self.producer.put(encode(record))
+            self.producer.put(data)
             self.metrics.blocked_backpressure_s += self.producer.blocked_s - before
             self.client.srem(self.inflight_key, index)
             self.metrics.finished_groups += 1
@@ -193,6 +205,8 @@ class Generator:
             )
             self.metrics.samples += 1
             self.metrics.truncated += c.finish_reason == "length"
+            self.metrics.verifier_timeouts += verdict.verdict == "timeout"
+            self.metrics.verifier_errors += verdict.verdict == "error"
             self.metrics.reward_sum += verdict.reward
         return RolloutGroup(
             group_id=group.request_id,

@@ -21,13 +21,16 @@ from urllib.parse import urlsplit
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rredcot.common.errors import UserError
 from rredcot.common.registry import CREDIT_METHODS, WEIGHT_TRANSPORTS, RegistryError, typed_settings
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """An invalid configuration value; the message names the key and what is allowed."""
+
+    label = "config error"
 
 
 def choice(default: str, *allowed: str) -> Any:
@@ -253,7 +256,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     layers: list[DictConfig] = []
     try:
         if path is not None:
-            layers.append(OmegaConf.load(resolve_config_path(path)))
+            layers.append(_load_yaml(resolve_config_path(path)))
         if overrides:
             bad = [o for o in overrides if "=" not in o]
             if bad:
@@ -267,6 +270,23 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         raise ConfigError(_omegaconf_message(e)) from None
     validate(cfg)
     return cfg
+
+
+def _load_yaml(path: Path) -> DictConfig:
+    """A config file as a mapping; YAML that does not parse, or a file that is no mapping, raises
+    ``ConfigError`` with the file and line."""
+    import yaml
+
+    try:
+        loaded = OmegaConf.load(path)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}, line {mark.line + 1}" if mark is not None else str(path)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"config file {where}: not valid YAML ({problem})") from None
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"config file {path}: expected a mapping of sections (run:, model:, ...), got a list")
+    return loaded
 
 
 # (name key, settings key) of the config's extension points

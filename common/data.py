@@ -11,16 +11,20 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from rredcot.common.config import DataConfig
+from rredcot.common.errors import UserError
 
 
-class DatasetError(ValueError):
+class DatasetError(UserError):
     """A dataset that cannot be used; the message names the file and row."""
+
+    label = "data error"
 
 
 @dataclass(frozen=True)
@@ -83,8 +87,16 @@ def _text(row: Mapping[str, Any], column: str, where: str) -> str:
 
 
 def read_jsonl(path: str | Path) -> Iterator[Mapping[str, Any]]:
-    with open(path, encoding="utf-8") as f:
-        for row_no, line in enumerate(f, start=1):
+    """Rows of a JSON-lines file; a line that is not UTF-8 or not JSON raises ``DatasetError`` with its row."""
+    with _open_data(path) as f:
+        for row_no, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DatasetError(
+                    f"{path}: row {row_no}: not UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1}); "
+                    "save the file as UTF-8"
+                ) from None
             if not line.strip():
                 continue
             try:
@@ -93,21 +105,42 @@ def read_jsonl(path: str | Path) -> Iterator[Mapping[str, Any]]:
                 raise DatasetError(f"{path}: row {row_no}: invalid JSON ({e.msg})") from None
 
 
-def load_rows(cfg: DataConfig) -> list[Problem]:
-    """All problems of ``data.path`` (``data.source``: jsonl, parquet or a Hugging Face dataset), in order."""
+def _open_data(path: str | Path) -> BinaryIO:
+    """``path`` opened for reading, or a ``DatasetError`` that names ``data.path``."""
+    try:
+        return open(path, "rb")  # noqa: SIM115 - the caller closes it
+    except OSError as e:
+        raise DatasetError(f"data.path {path}: {e.strerror.lower() if e.strerror else e}; fix data.path") from None
+
+
+def _parquet_rows(path: str, limit: int | None) -> list[dict[str, Any]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    _open_data(path).close()
+    try:
+        if limit is None:
+            return pq.read_table(path).to_pylist()
+        first = next(pq.ParquetFile(path).iter_batches(batch_size=limit), None)
+        return [] if first is None else first.to_pylist()
+    except pa.ArrowException as e:
+        raise DatasetError(f"data.path {path}: not a readable parquet file ({e})") from None
+
+
+def load_rows(cfg: DataConfig, limit: int | None = None) -> list[Problem]:
+    """The problems of ``data.path`` (``data.source``: jsonl, parquet or a Hugging Face dataset), in
+    order: all of them, or the first ``limit`` rows (checked the same way)."""
     path = str(cfg.path)
     if cfg.source == "jsonl":
-        return problems_from_rows(read_jsonl(path), path, cfg)
+        return problems_from_rows(islice(read_jsonl(path), limit), path, cfg)
     if cfg.source == "parquet":
-        import pyarrow.parquet as pq
-
-        return problems_from_rows(pq.read_table(path).to_pylist(), path, cfg)
+        return problems_from_rows(_parquet_rows(path, limit), path, cfg)
     import datasets
 
     ds = datasets.load_from_disk(path) if Path(path).exists() else datasets.load_dataset(path, split=cfg.split)
     if isinstance(ds, datasets.DatasetDict):
         ds = ds[cfg.split]
-    return problems_from_rows(ds, f"{path}[{cfg.split}]", cfg)
+    return problems_from_rows(islice(ds, limit), f"{path}[{cfg.split}]", cfg)
 
 
 def split_eval(problems: list[Problem], eval_size: int, seed: int) -> tuple[list[Problem], list[Problem]]:

@@ -59,6 +59,12 @@ class RolloutRecord:
         _require_id(self.group_id, "group_id")
         n = _array(self.completion_ids, np.int32, 1, "completion_ids")
         _array(self.behaviour_logprobs, np.float32, 1, "behaviour_logprobs", length=n)
+        if not np.all(np.isfinite(self.behaviour_logprobs)):
+            bad = int(np.flatnonzero(~np.isfinite(self.behaviour_logprobs))[0])
+            raise RecordError(
+                f"behaviour_logprobs must be finite; token {bad} has {self.behaviour_logprobs[bad]} "
+                "(the generator's engine produced a NaN/inf log-prob)"
+            )
         runs = _array(self.version_runs, np.int32, 2, "version_runs")
         if runs == 0 or self.version_runs.shape[1] != 2:
             raise RecordError("version_runs must have shape [R >= 1, 2]")

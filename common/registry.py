@@ -15,11 +15,15 @@ import importlib
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from rredcot.common.errors import UserError
+
 T = TypeVar("T")
 
 
-class RegistryError(ValueError):
+class RegistryError(UserError):
     """An unknown or unloadable name; the message names the config key and the registered names."""
+
+    label = "config error"
 
 
 class Registry(Generic[T]):

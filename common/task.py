@@ -46,6 +46,11 @@ class Task:
         """Every problem of the task (training and held-out), deterministic in (data, seed)."""
         raise NotImplementedError
 
+    def first_problems(self, data: DataConfig, seed: int, n: int) -> list[Problem]:
+        """The first ``n`` problems, checked as ``problems`` checks them: what a run reads before it
+        starts any service. Override when reading them all is slow (a large dataset)."""
+        return self.problems(data, seed)[:n]
+
     def check(self, cfg: Config) -> None:
         """Cross-field rules of this task (raise ``ConfigError`` naming the key)."""
 

@@ -5,7 +5,8 @@ whether it is right (``answers_match``, in the child). Checkers can hang: math-v
 timeouts are signal-based and work only in a process's main thread, and sympy can hang on
 pathological input. So each check runs in the main thread of a dedicated child process; if the
 child does not answer within ``timeout_s`` it is killed and replaced, the sample gets reward 0
-with verdict ``timeout``, and ``Verifier.timeouts`` counts it. The generator, the evaluator and
+with verdict ``timeout``, and ``Verifier.timeouts`` counts it; a checker that raises, or kills its
+process, gives reward 0 with verdict ``error`` (``Verifier.errors``). The generator, the evaluator and
 Monte-Carlo credit all use this one class. Everything crossing the pipe is msgpack (no pickle):
 first the task (name and settings), then [pred, gold] pairs.
 """
@@ -79,7 +80,11 @@ class Verifier:
             self.timeouts += 1
             self._kill()
             return Verdict(0.0, "timeout")
-        ok, error = msgpack.unpackb(conn.recv_bytes())
+        try:
+            ok, error = msgpack.unpackb(conn.recv_bytes())
+        except (EOFError, OSError):  # the child died while checking (a crash inside the task's checker)
+            self._kill()
+            error = "the verifier process died"
         if error is not None:
             self.errors += 1
             return Verdict(0.0, "error")

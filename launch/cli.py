@@ -10,7 +10,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from rredcot.common.config import Config, ConfigError, available_configs, load_config, to_yaml
+from rredcot.common.config import Config, available_configs, load_config, to_yaml
+from rredcot.common.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,12 +25,17 @@ STAGES: dict[str, tuple[str, str, str]] = {
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
+    # also after the subcommand (``rredcot train cfg --debug``); SUPPRESS keeps the global flag's value
+    p.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show the full traceback of an error"
+    )
     p.add_argument("config", help=f"YAML file or bundled config name ({', '.join(available_configs())})")
     p.add_argument("overrides", nargs="*", help="dotlist overrides, e.g. learner.lr=1e-6 cluster.generators=4")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rredcot", description=__doc__)
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (_, _, help_text) in STAGES.items():
         _add_config_args(stage := sub.add_parser(name, help=help_text))
@@ -44,7 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("overrides", nargs="*", help="dotlist overrides")
     config = sub.add_parser("config", help="show the resolved config")
     config_sub = config.add_subparsers(dest="action", required=True, metavar="ACTION")
-    _add_config_args(config_sub.add_parser("show", help="print the resolved, validated config as YAML"))
+    _add_config_args(show := config_sub.add_parser("show", help="print the resolved, validated config as YAML"))
+    show.add_argument(
+        "--check", action="store_true", help="also run the checks `train` runs before it starts (paths, data, services)"
+    )
     config_sub.add_parser("list", help="list the bundled configs")
     inspect = sub.add_parser("inspect", help="render a credit heatmap (HTML + PNG) of a weighted sample")
     inspect.add_argument("source", help="a saved .msgpack record, or a redis:// URL to read the batches stream")
@@ -86,18 +95,43 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "config":
             if args.action == "list":
                 print("\n".join(available_configs()))
-            else:
-                print(to_yaml(load_config(args.config, args.overrides)), end="")
+                return 0
+            cfg = load_config(args.config, args.overrides)
+            print(to_yaml(cfg), end="")
+            if args.check:
+                from rredcot.launch.doctor import preflight
+
+                for warning in preflight(cfg):
+                    print(warning.line(), file=sys.stderr)
             return 0
         if args.command == "inspect":
             return _call_inspect(args)
         return _run_bench(args.name, args.args)
-    except ConfigError as e:
-        print(f"rredcot: config error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("rredcot: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        if args.debug:
+            raise
+        print(f"rredcot: {one_line(e)}", file=sys.stderr)
+        return 2 if isinstance(shown_error(e), UserError) else 1
+
+
+def shown_error(e: BaseException) -> BaseException:
+    """The exception to show: a worker's own when Ray wraps it (``RayTaskError.cause``)."""
+    cause = getattr(e, "cause", None)
+    return cause if isinstance(cause, BaseException) else e
+
+
+def one_line(e: BaseException) -> str:
+    """An error as the one line the user sees: a ``UserError``'s message, or any other error's type
+    and first line with where the full story is."""
+    shown = shown_error(e)
+    if isinstance(shown, UserError):
+        return f"{shown.label}: {shown}"
+    first = next((line for line in str(shown).splitlines() if line.strip()), "")
+    where = "a run's logs are in <run.dir>/logs; rerun with --debug for the traceback"
+    return f"failed: {type(shown).__name__}: {first} ({where})"
 
 
 def _call_inspect(args: argparse.Namespace) -> int:

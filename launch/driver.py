@@ -1,6 +1,7 @@
 """``rredcot train``: start services, place the three tiers on Ray, watch the run, write the report.
 
-Order: one line saying what starts (services, dtype, expected duration) → Ray (local unless
+Order: the doctor's checks (``launch.doctor.preflight``: paths, the dataset's first rows, Redis and
+Ray reachable, cores) → one line saying what starts (services, dtype, expected duration) → Ray (local unless
 ``cluster.address``) and the resource plan check (before any actor starts) → Redis (embedded when
 ``redis.url`` is unset) → placement group, one bundle per worker → held-out evaluation of the
 starting model → generator, redistributor and learner actors → progress until the learner has
@@ -29,6 +30,7 @@ from rredcot.common.control import RunControl
 from rredcot.common.precision import cpu_info, resolve_dtype
 from rredcot.common.streams import BATCHES, ROLLOUTS, connect, key, registered_keys
 from rredcot.common.weight_group import group_key
+from rredcot.launch.doctor import preflight
 from rredcot.launch.logs import route_library_loggers, setup_driver_logging, tail
 from rredcot.launch.monitor import Monitor, Phases, Progress, fmt_duration
 from rredcot.launch.plan import bundles, check_plan, local_cores, local_ray_cpus
@@ -119,6 +121,7 @@ def _init_ray(cfg: Config, stack: contextlib.ExitStack) -> None:
     if ray.is_initialized():
         return
     route_library_loggers("ray")
+    stack.callback(ray.shutdown)  # before init: a Ctrl-C during it still stops what it started
     if cfg.cluster.address:
         ray.init(address=cfg.cluster.address, log_to_driver=False)
     else:
@@ -130,13 +133,13 @@ def _init_ray(cfg: Config, stack: contextlib.ExitStack) -> None:
                 "or set cluster.address to a Ray cluster you started"
             )
         ray.init(
+            address="local",  # a Ray of its own even when another instance runs here (the doctor warns)
             num_cpus=num_cpus,
             include_dashboard=cfg.cluster.dashboard,
             dashboard_host=cfg.cluster.dashboard_host,
             log_to_driver=False,
             logging_level=logging.WARNING,
         )
-    stack.callback(ray.shutdown)
 
 
 def embedded_redis(cfg: Config, run_dir: Path, nodes: int) -> EmbeddedRedis:
@@ -194,6 +197,7 @@ def first_line(cfg: Config, run_dir: Path) -> str:
 def train(cfg: Config, verbose: bool = False) -> Path:
     """Run the whole pipeline; returns the report directory."""
     run_dir = Path(cfg.run.dir).resolve()
+    warnings = preflight(cfg)  # paths, data, services, cores: a PreflightError before anything starts
     claim_run_dir(run_dir, cfg.run.name, cfg.run.resume)
     phases = Phases()
     outcome = RunOutcome(status="failed", phases=phases)
@@ -202,6 +206,8 @@ def train(cfg: Config, verbose: bool = False) -> Path:
         fresh = cfg.run.resume == "never"  # an earlier run's driver.log is overwritten
         stack.callback(setup_driver_logging(run_dir / "logs" / "driver.log", verbose, append=not fresh))
         log.info(first_line(cfg, run_dir))
+        for warning in warnings:
+            log.warning(warning.line())
         try:
             _run(cfg, run_dir, phases, outcome, stack)
         except KeyboardInterrupt as e:
@@ -211,6 +217,7 @@ def train(cfg: Config, verbose: bool = False) -> Path:
             raise  # after the report and the teardown: the command exits with 130
         except BaseException as e:
             outcome.status = f"failed: {type(e).__name__}: {e}"
+            log.error("the run failed", exc_info=True, extra={"console": False})  # the traceback, in driver.log
             _stop(outcome)
             raise
         finally:
@@ -389,7 +396,8 @@ def _stop(outcome: RunOutcome) -> None:
         logs = Path(outcome.cfg.run.dir).resolve() / "logs"
         for path in sorted(logs.glob("*.log")):
             if path.name != "driver.log" and "Error" in (end := tail(path, 15)):
-                log.error("the end of %s:\n%s", path, end)
+                log.error("%s ended with an error: see its end in %s", path.stem, logs / "driver.log")
+                log.error("the end of %s:\n%s", path, end, extra={"console": False})
 
 
 _received: list[str] = []  # signals that stopped the run (Ray may re-raise a KeyboardInterrupt of its own)

@@ -11,6 +11,8 @@ Layout of ``<root>/step-<version:08d>/``:
 
 A checkpoint is written to ``step-<v>.partial`` and renamed into place once every rank is done,
 so it exists only complete; ``resume=auto`` picks the newest. Only the newest ``keep`` are kept.
+A write that fails (a full disk) removes its partial directory and raises ``CheckpointError``; the
+trainer goes on after a periodic one and fails the run only when the final one cannot be written.
 """
 
 from __future__ import annotations
@@ -28,11 +30,18 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from rredcot.common.errors import UserError
 from rredcot.learner.broadcast import full_state
 from rredcot.learner.engine import LearnerEngine
 
 PIPELINE_FILE = "pipeline.json"
 CHECKPOINT_NAME = re.compile(r"step-\d{8}")
+
+
+class CheckpointError(UserError):
+    """A checkpoint could not be written (its partial directory is removed, older ones are kept)."""
+
+    label = "checkpoint"
 
 
 def rng_state() -> dict[str, Any]:
@@ -87,19 +96,15 @@ def save_checkpoint(
         shutil.rmtree(path, ignore_errors=True)  # left by a crash during an earlier write
     if engine.world > 1:
         dist.barrier()
-    state = full_state(engine.module)
-    engine.engine.save_checkpoint(str(path / "ds"), tag="state")
-    if engine.rank == 0:
-        engine.module.save_pretrained(path / "hf", state_dict=state, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(path / "hf")
-        record = {
-            "version": engine.version,
-            "counters": engine.counters,
-            "pipeline": pipeline or {},
-            "rng": rng_state(),
-        }
-        (path / PIPELINE_FILE).write_text(json.dumps(record))
+    try:
+        _write(engine, path, pipeline, tokenizer)
+    except OSError as e:  # a full disk, a quota, a file size limit: the partial goes, older ones stay
+        shutil.rmtree(path, ignore_errors=True)
+        free = shutil.disk_usage(Path(root)).free / 2**20
+        raise CheckpointError(
+            f"could not write checkpoint {final.name} in {root} ({e.strerror or e}; {free:.0f} MiB free): free "
+            f"disk space or set run.dir elsewhere; the newest complete checkpoint is still {latest_checkpoint(root)}"
+        ) from e
     if engine.world > 1:
         dist.barrier()  # every rank's DeepSpeed shards are written
     if engine.rank == 0:
@@ -115,6 +120,24 @@ def save_checkpoint(
     if engine.world > 1:
         dist.barrier()
     return final
+
+
+def _write(engine: LearnerEngine, path: Path, pipeline: dict[str, Any] | None, tokenizer: Any) -> None:
+    """This rank's part of a checkpoint into ``path``: DeepSpeed's state; on rank 0 also the HF
+    directory and the pipeline record."""
+    state = full_state(engine.module)
+    engine.engine.save_checkpoint(str(path / "ds"), tag="state")
+    if engine.rank == 0:
+        engine.module.save_pretrained(path / "hf", state_dict=state, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(path / "hf")
+        record = {
+            "version": engine.version,
+            "counters": engine.counters,
+            "pipeline": pipeline or {},
+            "rng": rng_state(),
+        }
+        (path / PIPELINE_FILE).write_text(json.dumps(record))
 
 
 def load_checkpoint(engine: LearnerEngine, path: str | Path) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from rredcot.common.registry import WEIGHT_TRANSPORTS
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Entry, connect, key, run_key
 from rredcot.learner.broadcast import FilePublisher
-from rredcot.learner.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rredcot.learner.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from rredcot.learner.engine import LearnerEngine
 from rredcot.learner.packing import TrainSample, samples_from_group
 
@@ -130,7 +130,11 @@ class Trainer:
         metrics |= self._pipeline_metrics(samples, version)
         self._log(metrics)
         if self._checkpoint_due():
-            self.checkpoint()
+            try:
+                self.checkpoint()
+            except CheckpointError as e:  # e.g. a full disk: keep training; the final save will say it again
+                self.totals["checkpoint_failures"] += 1
+                log.error("%s; training goes on", e)
         return metrics
 
     def _checkpoint_due(self) -> bool:
@@ -202,6 +206,7 @@ class Trainer:
             "wait_s": wait,
             "idle_frac": wait / max(busy + wait, 1e-9),
             "duplicates": float(self.totals["duplicates"]),
+            "checkpoint_failures": float(self.totals["checkpoint_failures"]),
             "skipped_nonfinite": float(self.engine.counters["skipped_nonfinite"]),
             "skipped_empty": float(self.engine.counters["skipped_empty"]),
             "broadcast_s_total": self.totals["broadcast_s"],

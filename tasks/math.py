@@ -42,3 +42,6 @@ class Math(MathVerified):
 
     def problems(self, data: DataConfig, seed: int) -> list[Problem]:
         return load_rows(data)
+
+    def first_problems(self, data: DataConfig, seed: int, n: int) -> list[Problem]:
+        return load_rows(data, limit=n)

@@ -105,6 +105,38 @@ def test_records_on_redis_decode_validate_and_long_prompt_is_rejected(
     assert float(stored[b"finished_groups"]) == 5 and float(stored[b"tokens_per_s"]) > 0
 
 
+def test_a_group_with_a_nan_log_prob_is_rejected_and_its_slot_freed(setup, redis_server, redis_client, run_id):
+    """Fault injection on the real engine's output: the first finished group gets a NaN log-prob.
+    The generator refuses to write it (the learner's ratio would be NaN), counts it, and admits a
+    replacement, so the step still gets all its groups and the stream holds only finite log-probs."""
+    path, engines, _, _ = setup
+    _reset(engines)
+    engine = engines[0]
+    real_step, corrupted = engine.step, []
+
+    def step_with_a_nan():
+        groups = real_step()
+        if groups and not corrupted:
+            groups[0].completions[0].logprobs[0] = float("nan")
+            corrupted.append(groups[0].request_id)
+        return groups
+
+    engine.step = step_with_a_nan
+    try:
+        gen = Generator(
+            _cfg(path, redis_server.url, run_id, "run.steps=1", "generation.prompts_per_step=3"), "g0", engine=engine
+        )
+        metrics = gen.run(timeout_s=60)
+        gen.close()
+    finally:
+        del engine.step
+    assert metrics["rejected_invalid"] == 1 and metrics["finished_groups"] == 3 and metrics["admitted"] == 4
+    assert int(redis_client.get(key(run_id, "rejected_prompts"))) == 1
+    groups = [decode(f[b"d"], expect=RolloutGroup) for _, f in redis_client.xrange(key(run_id, ROLLOUTS))]
+    assert len(groups) == 3 and corrupted[0] not in {g.group_id for g in groups}
+    assert redis_client.scard(key(run_id, "inflight:g0")) == 0
+
+
 def tok_text(gen: Generator, ids) -> str:
     return gen.engine.tokenizer.decode(ids.tolist())
 

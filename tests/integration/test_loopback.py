@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -106,3 +109,58 @@ def test_a_local_ray_is_refused_when_ray_was_imported_too_early():
     assert done.returncode != 0 and "initialized" not in done.stdout
     assert "RuntimeError: a local Ray would listen on this machine's network address" in done.stderr
     assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0" in done.stderr
+
+
+BESIDE = textwrap.dedent(
+    """
+    import contextlib
+    from rredcot.common.config import load_config
+    from rredcot.launch.doctor import preflight
+    from rredcot.launch.driver import _init_ray
+
+    cfg = load_config("tests")
+    print("warned", any("another Ray instance" in w.found for w in preflight(cfg)), flush=True)
+    with contextlib.ExitStack() as stack:
+        _init_ray(cfg, stack)
+        import ray
+
+        print("gcs", ray.get_runtime_context().gcs_address, flush=True)
+    """
+)
+
+
+def test_a_run_beside_another_local_ray_starts_its_own(tmp_path):
+    """A Ray started with ``ray start --head`` (it records itself in /tmp/ray/ray_current_cluster,
+    where a bare ``ray.init`` finds it and then refuses the driver's ``num_cpus``): the run's checks
+    warn in one line and the driver starts a local Ray of its own."""
+    from rredcot.launch.services import free_port
+
+    recorded = Path("/tmp/ray/ray_current_cluster")
+    had_record = recorded.exists()
+    port = free_port()
+    head = subprocess.Popen(
+        ["ray", "start", "--head", "--block", f"--port={port}", "--num-cpus=1", "--include-dashboard=false"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while not any(f":{port}" in " ".join(p.info["cmdline"] or []) for p in _gcs_servers()):
+            assert head.poll() is None and time.monotonic() < deadline, "ray start --head did not come up"
+            time.sleep(0.5)
+        done = subprocess.run([sys.executable, "-c", BESIDE], capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stderr[-3000:]
+        lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+        assert lines["warned"] == "True"
+        assert not lines["gcs"].endswith(f":{port}")  # its own Ray, not the head's
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)  # ``ray start --block`` stops the daemons it started
+        head.wait(60)
+        if not had_record:
+            recorded.unlink(missing_ok=True)
+
+
+def _gcs_servers() -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["name", "cmdline"]) if p.info["name"] == "gcs_server"]

@@ -1,6 +1,6 @@
 """``rredcot train`` as a user runs it, stopped mid-run by SIGTERM: it ends within 30 s with a
 checkpoint and the report, prints progress lines when stdout is no terminal, and leaves no Ray
-daemon behind."""
+daemon behind; stopped by Ctrl-C while it starts, it ends as quickly with one line."""
 
 from __future__ import annotations
 
@@ -29,26 +29,27 @@ def learner_step(driver_log: Path) -> int:
     return int(steps[-1]) if steps else 0
 
 
+def start_train(tmp_path: Path, *overrides: str) -> subprocess.Popen:
+    """``rredcot train tests`` in ``tmp_path/run``, its console in ``tmp_path/console.log``, with the
+    environment a user's shell has: without the tests' RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER (rredcot
+    sets it)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"} | {"PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "rredcot.launch.cli", "train", "tests", f"run.dir={tmp_path / 'run'}", *overrides]
+    out = (tmp_path / "console.log").open("w")
+    return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+
+
 def test_sigterm_mid_run_stops_in_order(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     before = ray_daemons()
-    # as a user's shell has it: without the tests' RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER (rredcot sets it)
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"} | {"PYTHONUNBUFFERED": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "rredcot.launch.cli",
-        "train",
-        "tests",
-        f"run.dir={run_dir}",
+    proc = start_train(
+        tmp_path,
         "run.name=stoptest",
         "run.steps=400",
         "data.eval_size=0",
         "logging.progress=true",
         "logging.progress_every_s=1",  # the test reads the learner's step from these lines
-    ]
-    out = (tmp_path / "console.log").open("w")
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    )
     driver_log = run_dir / "logs" / "driver.log"
     deadline = time.monotonic() + 300
     try:
@@ -76,5 +77,31 @@ def test_sigterm_mid_run_stops_in_order(tmp_path: Path) -> None:
     assert summary["learner_stopped_in_time"] is True
     assert list((run_dir / "checkpoints").glob("step-*")), "no checkpoint at the stop"
     assert (run_dir / "report" / "summary.md").read_text().startswith("# rredcot run report")
+    time.sleep(2)
+    assert not (ray_daemons() - before), "the run left Ray daemons behind"
+
+
+def test_ctrl_c_during_start_up_ends_in_seconds_with_one_line(tmp_path: Path) -> None:
+    """SIGINT while Ray, Redis and the workers start (what Ctrl-C sends): exit 130 within 30 s,
+    ``rredcot: interrupted`` as the last line, no traceback, and nothing of the run left running."""
+    before = ray_daemons()
+    proc = start_train(tmp_path, "run.name=ctrlc")
+    driver_log = tmp_path / "run" / "logs" / "driver.log"
+    deadline = time.monotonic() + 120
+    try:
+        while "starting an embedded Redis" not in (driver_log.read_text() if driver_log.exists() else ""):
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "console.log").read_text()
+            time.sleep(0.2)
+        time.sleep(2)  # Ray is coming up
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+        took = time.monotonic() - signalled
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    console = (tmp_path / "console.log").read_text()
+    assert took <= GRACE_S and proc.returncode == 130, console[-3000:]
+    assert console.rstrip().splitlines()[-1] == "rredcot: interrupted" and "Traceback" not in console, console
     time.sleep(2)
     assert not (ray_daemons() - before), "the run left Ray daemons behind"

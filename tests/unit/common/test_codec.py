@@ -71,6 +71,8 @@ def test_25k_record_size_is_about_raw_size():
         (lambda g: setattr(g.samples[0], "completion_ids", np.zeros(32, np.int64)), "dtype int32"),
         (lambda g: setattr(g.samples[0], "finish_reason", "tired"), "finish_reason"),
         (lambda g: setattr(g.samples[0], "reward", float("nan")), "reward must be finite"),
+        (lambda g: g.samples[0].behaviour_logprobs.__setitem__(5, np.nan), "token 5 has nan"),
+        (lambda g: g.samples[0].behaviour_logprobs.__setitem__(0, -np.inf), "token 0 has -inf"),
         (lambda g: setattr(g.samples[0], "version_runs", np.array([[1, 0]], np.int32)), "version_runs"),
         (lambda g: setattr(g.samples[0], "group_id", "other"), "belongs to group"),
         (lambda g: setattr(g, "samples", []), "at least one sample"),

@@ -91,3 +91,36 @@ def test_split_eval_is_disjoint_and_deterministic():
     assert len(held) == 10 and len(train) == 90
     assert not {p.problem for p in train} & {p.problem for p in held}
     assert split_eval(probs, 10, seed=1) == (train, held)
+
+
+def test_a_row_that_is_not_utf8_names_its_row(tmp_path):
+    f = tmp_path / "latin1.jsonl"
+    f.write_bytes(b'{"problem": "a", "solution": "s", "answer": "1"}\n{"problem": "caf\xe9", "solution": "s"}\n')
+    with pytest.raises(DatasetError, match=r"latin1.jsonl: row 2: not UTF-8 \(byte 0xe9 at column 17\)"):
+        load_rows(DataConfig(source="jsonl", path=str(f)))
+
+
+@pytest.mark.parametrize("source", ["jsonl", "parquet"])
+def test_a_missing_or_unreadable_path_names_data_path(tmp_path, source):
+    with pytest.raises(DatasetError, match=r"data.path .*nope: no such file or directory; fix data.path"):
+        load_rows(DataConfig(source=source, path=str(tmp_path / "nope")))
+    with pytest.raises(DatasetError, match="is a directory"):
+        load_rows(DataConfig(source=source, path=str(tmp_path)))
+
+
+def test_a_file_that_is_not_parquet_is_named(tmp_path):
+    f = tmp_path / "rows.parquet"
+    f.write_text('{"problem": "a"}\n')
+    with pytest.raises(DatasetError, match="rows.parquet: not a readable parquet file"):
+        load_rows(DataConfig(source="parquet", path=str(f)))
+
+
+def test_the_first_rows_are_read_without_the_rest(tmp_path):
+    rows = [{"problem": f"p{i}", "solution": "s", "answer": str(i)} for i in range(5)]
+    f = _jsonl(tmp_path / "d.jsonl", [*rows, "{oops"])
+    assert [p.answer for p in load_rows(DataConfig(source="jsonl", path=str(f)), limit=3)] == ["0", "1", "2"]
+    with pytest.raises(DatasetError, match="row 6"):
+        load_rows(DataConfig(source="jsonl", path=str(f)))
+    pq.write_table(pa.table({k: [r[k] for r in rows] for k in rows[0]}), tmp_path / "d.parquet")
+    cfg = DataConfig(source="parquet", path=str(tmp_path / "d.parquet"))
+    assert [p.problem for p in load_rows(cfg, limit=2)] == ["p0", "p1"] and len(load_rows(cfg)) == 5

@@ -3,7 +3,7 @@ import time
 import pytest
 
 from rredcot.common.config import TaskConfig
-from rredcot.common.verifier import Verifier
+from rredcot.common.verifier import Verdict, Verifier
 
 
 @pytest.fixture(scope="module")
@@ -35,3 +35,15 @@ def test_pathological_input_times_out_and_verifier_recovers(verifier):
     assert time.monotonic() - t0 < 4.0  # the hard timeout (1 s), not math-verify's own 5 s
     assert verifier.timeouts == before + 1
     assert verifier.score("Answer: 5", "5").verdict == "correct"  # a fresh child took over
+
+
+def test_a_checker_that_crashes_hangs_or_raises_gives_reward_0_and_the_next_check_works():
+    """A task's own checker (tests/extensions/fragile.py) kills its process, hangs, or raises: each
+    sample gets reward 0 and is counted, and the verifier goes on with a fresh process."""
+    with Verifier(TaskConfig("tests.extensions.fragile"), timeout_s=1.0) as v:
+        assert v.score("Answer: crash", "1") == Verdict(0.0, "error")
+        assert v.score("Answer: 1", "1") == Verdict(1.0, "correct")
+        assert v.score("Answer: hang", "1") == Verdict(0.0, "timeout")
+        assert v.score("Answer: raise", "1") == Verdict(0.0, "error")
+        assert v.score("Answer: 2", "1") == Verdict(0.0, "wrong")
+        assert (v.errors, v.timeouts) == (2, 1)

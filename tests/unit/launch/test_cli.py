@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 
-from rredcot.launch import cli
+from rredcot.launch import cli, driver
 from rredcot.launch.cli import build_parser, main
 
 
@@ -39,3 +42,111 @@ def test_doctor_exit_code_reaches_the_shell(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(doctor, "run_checks", lambda cfg: [doctor.Check("error", "x", "broken", "fix it")])
     assert main(["doctor", "tests"]) == 1
     assert cli.STAGES["train"][0] == "rredcot.launch.driver"
+
+
+ROW = '{"problem": "What is 2 * 3?", "solution": "2 * 3 = 6.", "answer": "6"}\n'
+
+
+def _file(name: str, content: str | bytes) -> Callable[[Path], list[str]]:
+    """Overrides for a math task reading ``content`` from ``name`` (jsonl unless it ends .parquet)."""
+
+    def make(tmp: Path) -> list[str]:
+        f = tmp / name
+        f.write_bytes(content if isinstance(content, bytes) else content.encode())
+        source = "parquet" if name.endswith(".parquet") else "jsonl"
+        return ["task.name=math", f"data.source={source}", f"data.path={f}", "data.eval_size=1"]
+
+    return make
+
+
+def _dir_without_config(tmp: Path) -> list[str]:
+    (tmp / "model").mkdir()
+    return [f"model.path={tmp / 'model'}"]
+
+
+# (case, overrides of configs/tests.yaml or a function of tmp_path giving them, what the line must say)
+BAD_TRAIN_INPUT: list[tuple[str, list[str] | Callable[[Path], list[str]], str]] = [
+    ("unknown key", ["learner.lrr=1"], "learner.lrr"),
+    ("wrong type", ["learner.lr=fast"], "'learner.lr'"),
+    ("bad choice", ["credit.method=magic"], "credit.method = 'magic'"),
+    ("out of range", ["generation.group_size=0"], "generation.group_size"),
+    ("override without =", ["learner.lr"], "must look like key=value"),
+    ("cross-field rule", ["generation.max_tokens=600"], "generation.max_tokens"),
+    ("unknown task", ["task.name=nope"], "task.name = 'nope'"),
+    ("run.name escapes", ["run.name=../.."], "run.name = '../..'"),
+    ("malformed redis.url", ["redis.url=redis://"], "redis.url"),
+    ("empty exit string", ["credit.exit_string=''"], "credit.exit_string"),
+    ("more workers than cores", ["cluster.generators=50"], "lower cluster.generators"),
+    ("data file missing", lambda t: [*_file("d.jsonl", ROW)(t)[:2], f"data.path={t / 'nope.jsonl'}"], "no such file"),
+    ("data path is a directory", lambda t: [*_file("d.jsonl", ROW)(t)[:2], f"data.path={t}"], "is a directory"),
+    ("empty data file", _file("d.jsonl", ""), "d.jsonl: no rows"),
+    ("wrong columns", _file("d.jsonl", '{"question": "q", "solution": "s"}\n'), "row 1: column 'problem'"),
+    ("invalid JSON", _file("d.jsonl", ROW + "{oops\n"), "row 2: invalid JSON"),
+    ("non-UTF-8", _file("d.jsonl", ROW.encode() + b'{"problem": "caf\xe9"}\n'), "row 2: not UTF-8"),
+    ("no answer", _file("d.jsonl", '{"problem": "p", "solution": "no box"}\n'), "row 1: no 'answer' column"),
+    ("row not an object", _file("d.jsonl", ROW + "[1, 2]\n"), "row 2: expected an object"),
+    ("not parquet", _file("d.parquet", ROW), "not a readable parquet file"),
+    ("eval set takes every row", lambda t: [*_file("d.jsonl", ROW)(t), "data.eval_size=1"], "data.eval_size = 1"),
+    ("model path missing", ["model.path=/nope/model"], "model.path /nope/model: no such directory"),
+    ("model dir without config.json", _dir_without_config, "has no config.json"),
+    ("Redis unreachable", ["redis.url=redis://127.0.0.1:1/0"], "redis.url does not answer"),
+    ("Ray address unreachable", ["cluster.address=127.0.0.1:1"], "127.0.0.1:1 unreachable"),
+]
+
+
+@pytest.mark.parametrize(("case", "overrides", "says"), BAD_TRAIN_INPUT, ids=[c[0] for c in BAD_TRAIN_INPUT])
+def test_bad_input_is_one_line_before_anything_starts(
+    case: str,
+    overrides: list[str] | Callable[[Path], list[str]],
+    says: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Each case: exit 2, one line on stderr naming the key/file/row, no traceback, and no run
+    directory, Ray or Redis started (the checks run before any service)."""
+    monkeypatch.setattr(driver, "lead_own_process_group", lambda cfg: None)  # keep pytest's process group
+    given = overrides(tmp_path) if callable(overrides) else overrides
+    assert main(["train", "tests", f"run.dir={tmp_path / 'run'}", *given]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("rredcot: ") and "\n" not in err and "Traceback" not in err, err
+    assert says in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_wrong_redis_password_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rredcot.launch.services import EmbeddedRedis
+
+    with EmbeddedRedis(tmp_path / "redis", password="right") as server:
+        url = server.url.replace("right", "wrong")
+        assert main(["config", "show", "tests", f"redis.url={url}", "--check"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "redis.url does not answer" in err and "wrong" not in err and "\n" not in err, err
+
+
+def test_ray_address_in_the_environment_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert main(["config", "show", "tests", "--check"]) == 2
+    assert "set cluster.address=10.0.0.1:6379" in capsys.readouterr().err
+
+
+def test_yaml_that_does_not_parse_names_file_and_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (bad := tmp_path / "bad.yaml").write_text("run:\n  name: x\n  steps: [1,\nmodel: {\n")
+    assert main(["config", "show", str(bad)]) == 2
+    assert f"config file {bad}, line " in capsys.readouterr().err
+    (listed := tmp_path / "list.yaml").write_text("- run\n")
+    assert main(["config", "show", str(listed)]) == 2
+    assert "expected a mapping" in capsys.readouterr().err
+
+
+def test_other_errors_are_one_line_unless_debug(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A failure that is no user error (here a corrupt saved record for ``inspect``): its type and
+    first line, exit 1; ``--debug`` raises it with its traceback."""
+    (record := tmp_path / "r.msgpack").write_bytes(b"\xc1not msgpack")
+    assert main(["inspect", str(record), "--out", str(tmp_path / "h")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("rredcot: failed: RecordError: ") and "--debug" in err and "\n" not in err
+    with pytest.raises(Exception, match="msgpack"):
+        main(["--debug", "inspect", str(record), "--out", str(tmp_path / "h")])

@@ -9,7 +9,7 @@ import pytest
 from rredcot.common.config import load_config
 from rredcot.common.precision import DtypeChoice
 from rredcot.launch import doctor as doc
-from rredcot.launch.doctor import Check, check_paths, check_services, doctor
+from rredcot.launch.doctor import Check, PreflightError, check_data, check_paths, check_services, doctor, preflight
 
 
 def levels(checks: list[Check], topic: str) -> list[str]:
@@ -48,9 +48,58 @@ def test_paths(tmp_path: Path) -> None:
     )
     checks = check_paths(cfg)
     assert levels(checks, "model") == ["error"]  # a directory without config.json
-    assert levels(checks, "data") == ["error"] and levels(checks, "disk") in (["ok"], ["warning"])
+    assert levels(checks, "disk") in (["ok"], ["warning"])
     (model / "config.json").write_text("{}")
     assert levels(check_paths(cfg), "model") == ["ok"]
+
+
+@pytest.mark.parametrize(
+    ("path", "level"),
+    [
+        ("/nope/model", "error"),
+        ("./model", "error"),
+        ("a/b/c", "error"),
+        ("Qwen/Qwen3-4B", "warning"),
+        ("gpt2", "warning"),
+    ],
+)
+def test_a_model_path_is_a_directory_or_a_hub_id(path: str, level: str) -> None:
+    assert levels(check_paths(load_config("tests", [f"model.path={path}"])), "model") == [level]
+
+
+def _math(tmp_path: Path, rows: str, *overrides: str) -> list[Check]:
+    data = tmp_path / "data.jsonl"
+    data.write_text(rows)
+    return check_data(load_config("tests", ["task.name=math", "data.source=jsonl", f"data.path={data}", *overrides]))
+
+
+def test_the_first_rows_of_a_dataset_are_read_before_a_run_starts(tmp_path: Path) -> None:
+    good = "".join(f'{{"problem": "p{i}", "solution": "s", "answer": "{i}"}}\n' for i in range(8))
+    assert [c.level for c in _math(tmp_path, good)] == ["ok"]
+    bad = good + '{"question": "q", "solution": "s"}\n'
+    (check,) = _math(tmp_path, bad)
+    assert check.level == "error" and "row 9" in check.found and "'problem'" in check.found
+    (check,) = _math(tmp_path, good, "data.eval_size=8")
+    assert check.level == "error" and "data.eval_size = 8" in check.found
+
+
+def test_a_generated_task_needs_no_file() -> None:
+    assert [c.level for c in check_data(load_config("tests"))] == ["ok"]
+
+
+def test_ray_address_in_the_environment_without_cluster_address_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    (ray,) = [c for c in check_services(load_config("tests")) if c.topic == "ray"]
+    assert ray.level == "error" and "cluster.address=10.0.0.1:6379" in ray.fix
+
+
+def test_preflight_raises_every_error_with_its_fix_and_returns_the_warnings(tmp_path: Path) -> None:
+    cfg = load_config("tests", ["redis.url=redis://127.0.0.1:1/0", "model.path=/nope"])
+    with pytest.raises(PreflightError) as e:
+        preflight(cfg)
+    assert "redis:" in str(e.value) and "model: model.path /nope" in str(e.value) and "->" in str(e.value)
+    assert "\n" not in str(e.value)
+    assert all(c.level == "warning" for c in preflight(load_config("tests", ["model.path=org/model"])))
 
 
 def test_bf16_on_a_cpu_without_it_is_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:

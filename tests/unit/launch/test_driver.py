@@ -45,11 +45,11 @@ def _run_keys(client, run: str) -> set[str]:
 
 def test_train_refuses_to_clear_a_directory_it_did_not_create(tmp_path, monkeypatch):
     """``run.dir=.`` over a directory with someone's files: a one-line error, nothing deleted, no
-    Ray started (the plan below could never run: it would fail right after Ray)."""
+    Ray started (``train`` claims the directory before it starts any service)."""
     _fill(tmp_path, (*EARLIER_RUN, "notes.txt"))
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     monkeypatch.chdir(tmp_path)
-    cfg = load_config("tests", ["run.dir=.", "cluster.gpus_per_generator=1"])
+    cfg = load_config("tests", ["run.dir=."])
     with pytest.raises(RunDirError) as e:
         train(cfg)
     msg = str(e.value)

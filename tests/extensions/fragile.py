@@ -1,0 +1,28 @@
+"""A task whose checker misbehaves on purpose (``task.name: tests.extensions.fragile``): the answer
+``crash`` kills the verifier's process, ``hang`` never returns, ``raise`` raises; other answers
+are compared as the base task compares them."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from rredcot.common.config import DataConfig
+from rredcot.common.data import Problem
+from rredcot.common.registry import TASKS
+from rredcot.common.task import Task
+
+
+@TASKS.register("fragile")
+class Fragile(Task):
+    def problems(self, data: DataConfig, seed: int) -> list[Problem]:
+        return [Problem(id=f"f-{n}", problem=f"Say {n}.", solution=f"Answer: {n}", answer=str(n)) for n in range(9)]
+
+    def answers_match(self, predicted: str, gold: str) -> bool:
+        if predicted == "crash":
+            os._exit(3)
+        if predicted == "hang":
+            time.sleep(3600)
+        if predicted == "raise":
+            raise ArithmeticError("the checker failed")
+        return super().answers_match(predicted, gold)
