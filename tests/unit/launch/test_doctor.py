@@ -117,3 +117,13 @@ def test_exit_code_follows_errors(capsys: pytest.CaptureFixture[str], monkeypatc
     monkeypatch.setattr(doc, "CHECKS", [lambda c: [Check("ok", "a", "fine"), Check("error", "b", "bad", "fix")]])
     assert doctor(cfg) == 1
     assert "1 error(s), 0 warning(s)" in capsys.readouterr().out
+
+
+def test_tiers_sharing_the_cores_as_the_demo_does_is_ok_and_a_plan_beyond_them_an_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(doc, "local_cores", lambda: 2)
+    (cores,) = [c for c in doc.check_resources(load_config("demo_cpu")) if c.topic == "cores"]
+    assert cores.level == "ok" and "share the cores" in cores.found  # the demo's 4 CPUs on 2 cores
+    (cores,) = [c for c in doc.check_resources(load_config("demo_cpu", ["cluster.generators=4"])) if c.topic == "cores"]
+    assert cores.level == "error" and "cluster.generators" in cores.found
