@@ -9,9 +9,9 @@ DeepSpeed and transformers all load the same files.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -104,19 +104,21 @@ def materialise_tiny(name: str, seed: int = 0, root: str | Path | None = None) -
     marker = out / "rredcot.json"
     if marker.exists():
         return out
-    tok = load_tokenizer(qwen_tokenizer_dir())
-    model = build_tiny_model(arch, seed=seed)
-    if name.endswith("-arith"):
-        from rredcot.common.warmstart import sft_arith
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(out.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time (Ray actors, test workers); the rest wait
+        if marker.exists():
+            return out
+        tok = load_tokenizer(qwen_tokenizer_dir())
+        model = build_tiny_model(arch, seed=seed)
+        if name.endswith("-arith"):
+            from rredcot.common.warmstart import sft_arith
 
-        model = sft_arith(model, tok, seed=seed)
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    save_model_dir(model, tok, tmp)
-    (tmp / "rredcot.json").write_text(json.dumps({"builtin": name, "seed": seed}))
-    try:
-        tmp.rename(out)  # atomic: concurrent builders (Ray actors, test workers) never see a half directory
-    except OSError:  # another process finished first
-        shutil.rmtree(tmp, ignore_errors=True)
+            model = sft_arith(model, tok, seed=seed)
+        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+        save_model_dir(model, tok, tmp)
+        (tmp / "rredcot.json").write_text(json.dumps({"builtin": name, "seed": seed}))
+        tmp.rename(out)  # atomic: no reader ever sees a half-written directory
     return out
 
 

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def local_ray():
     # the workers import the config's own modules (tests.extensions.*) as a user's package would be
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
