@@ -8,6 +8,7 @@ Ray actor body for all tiers: the config crosses as a plain dict (never a pickle
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import os
@@ -26,15 +27,16 @@ STAGE_CLASSES = {
     "learner": ("rredcot.learner.trainer", "Trainer"),
 }
 WORKER_PREFIX = {"generator": "gen", "redistributor": "red", "learner": "learner"}
-# Ray restarts a dead generator or redistributor (``cluster.max_restarts``) and retries its run():
-# both reclaim what they held (in-flight prompts; pending stream entries). A learner is not
-# restarted: resuming it mid-run needs the lossless resume of issue 15.
-RESTARTABLE = ("generator", "redistributor")
 
 
 def restart_options(cfg: Config, tier: str) -> dict[str, int]:
-    """Ray actor options that supervise a worker of ``tier``."""
-    n = cfg.cluster.max_restarts if tier in RESTARTABLE else 0
+    """Ray actor options that supervise a worker of ``tier``: Ray restarts a dead one up to
+    ``cluster.max_restarts`` times and retries its run(). A generator or redistributor reclaims what
+    it held (in-flight prompts, pending stream entries); a learner resumes from its newest checkpoint
+    and first retrains what it trained after it (``learner.replay``). Only a learner of one rank:
+    the ranks of a torch.distributed group cannot rejoin it one by one."""
+    restartable = tier != "learner" or cfg.cluster.learner_ranks == 1
+    n = cfg.cluster.max_restarts if restartable else 0
     return {"max_restarts": n, "max_task_retries": n}
 
 
@@ -48,14 +50,18 @@ class StageWorker:
         import torch
 
         torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
-        from rredcot.common.config import from_dict
-
-        module, cls = STAGE_CLASSES[tier]
-        self.stage = getattr(importlib.import_module(module), cls)(from_dict(cfg), name, rank=rank)
         import ray
 
-        if ray.is_initialized() and ray.get_runtime_context().was_current_actor_reconstructed:
+        from rredcot.common.config import from_dict
+
+        config = from_dict(cfg)
+        restarted = ray.is_initialized() and ray.get_runtime_context().was_current_actor_reconstructed
+        if restarted:
             log.warning("%s restarted after its process died; it reclaims what it held", name)
+            config = dataclasses.replace(config, run=dataclasses.replace(config.run, resume="auto"))
+        module, cls = STAGE_CLASSES[tier]
+        self.stage = getattr(importlib.import_module(module), cls)(config, name, rank=rank)
+        if restarted:
             self.stage.control.count_restart(name)
 
     def run(self) -> dict[str, float]:

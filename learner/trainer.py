@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import Counter
+from collections import Counter, deque
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +26,12 @@ from rredcot.common.records import RecordError, WeightedGroup
 from rredcot.common.registry import WEIGHT_TRANSPORTS
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Entry, connect, key, run_key
+from rredcot.common.weight_sync import version_key
 from rredcot.learner.broadcast import FilePublisher
 from rredcot.learner.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from rredcot.learner.engine import LearnerEngine
 from rredcot.learner.packing import TrainSample, samples_from_group
+from rredcot.learner.replay import ReplayLog
 
 log = logging.getLogger(__name__)
 GROUP = "learner"
@@ -50,12 +52,14 @@ class Trainer:
         batches, dead = run_key(self.client, self.run_id, BATCHES), run_key(self.client, self.run_id, DEAD)
         self.consumer = Consumer(self.client, batches, GROUP, name, dead, cfg.redis.claim_idle_ms)
         self.trained_key = run_key(self.client, self.run_id, "trained_ids")
+        self.replay = ReplayLog(self.client, self.run_id, rank)
         path = resolve_model_path(cfg.model.path, seed=cfg.run.seed)
         self.tokenizer = load_tokenizer(cfg.model.tokenizer or path)
         self.engine = LearnerEngine(load_causal_lm(path), cfg.learner, temperature=cfg.generation.temperature)
         self.rank, self.world = self.engine.rank, self.engine.world
         self.step = 0
         self.last_checkpoint, self.saved_step = time.monotonic(), -1
+        self._to_replay: deque[tuple[int, list[bytes]]] = deque()  # steps trained after the checkpoint
         self.totals = Counter(
             {
                 "wait_s": 0.0,
@@ -84,14 +88,27 @@ class Trainer:
         return transport.publisher_class().from_config(self.cfg, self.client, self.rank, self.run_dir / "weights")
 
     def _resume(self) -> None:
-        ckpt = latest_checkpoint(self.run_dir / "checkpoints") if self.cfg.run.resume == "auto" else None
-        if ckpt is not None:
-            pipeline = load_checkpoint(self.engine, ckpt)
-            self.step = int(pipeline["step"])
-            self.totals.update(pipeline.get("totals", {}))
-            if self.rank == 0:
-                self.admission.rebase(max(self.admission.admitted(), int(pipeline["admitted"])), self.step)
-            log.info("resumed from %s at step %d, version %d", ckpt, self.step, self.engine.version)
+        """``run.resume=auto`` (also a restarted learner): the newest checkpoint, then the steps trained
+        after it are retrained first (``learner.replay``), so no group is lost to the restore."""
+        if self.cfg.run.resume == "auto":
+            ckpt = latest_checkpoint(self.run_dir / "checkpoints")
+            if ckpt is not None:
+                pipeline = load_checkpoint(self.engine, ckpt)
+                self.step = int(pipeline["step"])
+                self.totals.update(pipeline.get("totals", {}))
+                if self.rank == 0:
+                    self.admission.rebase(max(self.admission.admitted(), int(pipeline["admitted"])), self.step)
+            self._to_replay.extend(self.replay.after(self.step))
+            published = int(self.client.get(version_key(self.run_id)) or 0)
+            if published > self.engine.version:  # the restored weights go out as a newer version than
+                self.engine.version = published + 1  # any the receivers hold, so they take them
+            log.info(
+                "resumed from %s at step %d as version %d; %d step(s) trained after it are trained again first",
+                ckpt or "the starting model",
+                self.step,
+                self.engine.version,
+                len(self._to_replay),
+            )
         self._broadcast()  # receivers start from the learner's weights (matters after a resume)
         if self.rank == 0:
             self.admission.publish_version(self.step)
@@ -117,6 +134,7 @@ class Trainer:
         t0 = time.perf_counter()
         version = self.engine.version
         result = self.engine.train_step(samples)
+        self.replay.record(self.step + 1, [e.payload for e in entries if e.payload is not None])
         if result.applied and samples:
             self.client.sadd(self.trained_key, *[s.id for s in samples])
         self.consumer.ack([e.id for e in entries])
@@ -145,7 +163,14 @@ class Trainer:
         return bool(every and self.step % every == 0) or self.engine.all_reduce([by_time], ["max"])[0] > 0
 
     def _next_batch(self) -> tuple[list[Entry], list[TrainSample]] | None:
-        """This rank's groups of the next global batch (None once a stop is requested)."""
+        """This rank's groups of the next global batch (None once a stop is requested): a step to
+        train again after a resume first (no entries to acknowledge), then the ``batches`` stream."""
+        if self._to_replay:
+            _, payloads = self._to_replay.popleft()
+            samples = [s for p in payloads for s in samples_from_group(decode(p, WeightedGroup))]
+            self.totals["groups"] += len(payloads)  # consumed after the checkpoint, counted again
+            self.totals["samples"] += len(samples)
+            return [], samples
         per_step = self.cfg.generation.prompts_per_step
         need = per_step // self.world + (self.rank < per_step % self.world)
         entries: list[Entry] = []
@@ -193,9 +218,11 @@ class Trainer:
     def checkpoint(self) -> Path:
         self.last_checkpoint, self.saved_step = time.monotonic(), self.step
         pipeline = {"step": self.step, "admitted": self.admission.admitted(), "totals": dict(self.totals)}
-        return save_checkpoint(
+        path = save_checkpoint(
             self.engine, self.run_dir / "checkpoints", pipeline, self.tokenizer, keep=self.cfg.learner.keep_checkpoints
         )
+        self.replay.clear()  # the checkpoint holds what it recorded
+        return path
 
     def _pipeline_metrics(self, samples: list[TrainSample], version: int) -> dict[str, float]:
         busy, wait = self.totals["busy_s"], self.totals["wait_s"]

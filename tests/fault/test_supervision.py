@@ -1,5 +1,6 @@
-"""A generator or redistributor killed with SIGKILL mid-run: the run restarts it and finishes on its
-own, every admitted prompt trained, nothing trained twice (real ``train`` on configs/tests.yaml)."""
+"""A generator, redistributor or the learner killed with SIGKILL mid-run: the run restarts it and
+finishes on its own, every admitted prompt trained, nothing trained twice into the same weights
+(real ``train`` on configs/tests.yaml)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from rredcot.common.staleness import Admission
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, key
 from tests.integration.test_pipeline import _run, local_ray  # noqa: F401 - the module's Ray fixture
 
-WORK = {"gen0": "samples", "red0": "rollouts"}  # the metric that shows the worker is mid-run
+WORK = {"gen0": "samples", "red0": "rollouts", "learner0": "step"}  # the metric that shows the worker is mid-run
 
 
 def kill_when_working(client, run_id: str, worker: str, killed: list[int], timeout_s: float = 600) -> None:
@@ -30,7 +31,7 @@ def kill_when_working(client, run_id: str, worker: str, killed: list[int], timeo
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("worker", ["gen0", "red0"])
+@pytest.mark.parametrize("worker", ["gen0", "red0", "learner0"])
 def test_killed_worker_is_restarted_and_the_run_loses_nothing(
     local_ray,  # noqa: F811
     redis_server,
@@ -42,7 +43,9 @@ def test_killed_worker_is_restarted_and_the_run_loses_nothing(
     killed: list[int] = []
     killer = threading.Thread(target=kill_when_working, args=(redis_client, run_id, worker, killed), daemon=True)
     killer.start()
-    cfg, report = _run(tmp_path, redis_server, run_id, "run.steps=4", "learner.skip_zero_advantage=false")
+    # a checkpoint every 2 steps: the learner may die before, on or after one (it resumes from the newest)
+    overrides = ("run.steps=4", "learner.skip_zero_advantage=false", "learner.checkpoint_every=2")
+    cfg, report = _run(tmp_path, redis_server, run_id, *overrides)
     killer.join(timeout=5)
     assert killed, f"{worker} was never seen working"
     snaps = RunControl(redis_client, run_id).all_metrics()
@@ -50,8 +53,10 @@ def test_killed_worker_is_restarted_and_the_run_loses_nothing(
     (learner,) = [v for v in snaps.values() if v["tier"] == "learner"]
     prompts = cfg.run.steps * cfg.generation.prompts_per_step
     expected = prompts * cfg.generation.group_size
-    assert learner["step"] == learner["version"] == cfg.run.steps
-    assert learner["samples_trained"] == expected  # every admitted prompt's samples, each once
+    assert learner["step"] == cfg.run.steps
+    # a restored learner publishes its checkpoint as one version above the dead one's, then steps on
+    assert learner["version"] == cfg.run.steps if worker != "learner0" else learner["version"] >= cfg.run.steps
+    assert learner["samples_trained"] == expected  # every admitted prompt's samples, once into the final weights
     assert redis_client.scard(key(run_id, "trained_ids")) == expected
     assert Admission(redis_client, run_id, 2, cfg.staleness.eta).admitted() == prompts
     assert redis_client.xlen(key(run_id, DEAD)) == 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rredcot.common.codec import encode
+from rredcot.common.codec import decode, encode
 from rredcot.common.config import load_config
 from rredcot.common.control import RunControl
 from rredcot.common.records import RolloutRecord, WeightedGroup, WeightedSample, new_id
@@ -95,3 +95,45 @@ def test_trainer_loop_end_to_end(tmp_path, redis_server, redis_client, run_id):
     assert metrics["ahead_tokens"] > 0 and metrics["staleness_max"] >= 0
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == ["step-00000003", "step-00000004", "step-00000005"]  # step 4 by time; nothing .partial
+
+
+def test_a_resume_trains_again_what_was_trained_after_the_checkpoint(tmp_path, redis_server, redis_client, run_id):
+    """A learner that dies after its step-3 step, with its newest checkpoint at step 2: the resumed
+    one restores step 2, publishes it as a version above the dead one's, retrains step 3's groups
+    (from its replay log: they were acknowledged and deleted from ``batches``), then goes on with new
+    ones. Every group is trained into the final weights once; none is lost."""
+    overrides = [
+        f"run.name={run_id}",
+        f"run.dir={tmp_path}",
+        "run.steps=3",
+        f"redis.url={redis_server.url}",
+        "learner.checkpoint_every=2",
+        "redis.claim_idle_ms=0",
+    ]
+    rng = np.random.default_rng(1)
+    groups = [weighted_group(rng, version=0) for _ in range(10)]
+    producer = Producer(redis_client, key(run_id, BATCHES), maxlen=64)
+    for g in groups:
+        producer.put(encode(g))
+
+    dead = Trainer(load_config("tests", overrides))
+    for _ in range(2):
+        dead.train_on(*dead._next_batch())  # the second step checkpoints
+    after_step_2 = {n: t.clone() for n, t in full_state(dead.engine.module).items()}
+    dead.train_on(*dead._next_batch())  # a third step, then the process "dies": no final checkpoint
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-00000002"]
+    assert latest_manifest(redis_client, run_id).version == 3 and len(dead.replay) == 2
+    step_3 = [decode(p, WeightedGroup).group_id for _, ps in dead.replay.after(2) for p in ps]
+    assert step_3 == [g.group_id for g in groups[4:6]]
+
+    resumed = Trainer(load_config("tests", [*overrides, "run.steps=5", "run.resume=auto"]))
+    assert resumed.step == 2 and resumed.engine.version == 4  # above the dead learner's version 3
+    manifest = latest_manifest(redis_client, run_id)
+    assert manifest.version == 4
+    assert all(torch.equal(load_tensors(manifest)[n], t) for n, t in after_step_2.items())  # step 2's weights
+    resumed.run()
+    assert resumed.step == 5 and redis_client.xlen(key(run_id, BATCHES)) == 0
+    assert resumed.totals["duplicates"] == 0 and resumed.totals["groups"] == 10  # 4 + 2 replayed + 4 new
+    trained = {m.decode() for m in redis_client.smembers(key(run_id, "trained_ids"))}
+    assert trained == {s.rollout.id for g in groups for s in g.samples}
+    assert len(resumed.replay) == 0  # the final checkpoint holds everything

@@ -18,8 +18,15 @@ import psutil
 GRACE_S = 30.0
 
 
-def ray_daemons() -> set[int]:
-    return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] in ("gcs_server", "raylet")}
+def ray_daemons(driver_pid: int) -> set[int]:
+    """The GCS and raylet of the Ray that ``driver_pid`` started (its session directory ends with the
+    driver's pid), not those of other Ray instances on the machine (a parallel test worker's)."""
+    session = re.compile(rf"session_[\d_-]+_{driver_pid}\b")
+    return {
+        p.pid
+        for p in psutil.process_iter(["name", "cmdline"])
+        if p.info["name"] in ("gcs_server", "raylet") and session.search(" ".join(p.info["cmdline"] or []))
+    }
 
 
 def learner_step(driver_log: Path) -> int:
@@ -41,7 +48,6 @@ def start_train(tmp_path: Path, *overrides: str) -> subprocess.Popen:
 
 def test_sigterm_mid_run_stops_in_order(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    before = ray_daemons()
     proc = start_train(
         tmp_path,
         "run.name=stoptest",
@@ -78,13 +84,12 @@ def test_sigterm_mid_run_stops_in_order(tmp_path: Path) -> None:
     assert list((run_dir / "checkpoints").glob("step-*")), "no checkpoint at the stop"
     assert (run_dir / "report" / "summary.md").read_text().startswith("# rredcot run report")
     time.sleep(2)
-    assert not (ray_daemons() - before), "the run left Ray daemons behind"
+    assert not ray_daemons(proc.pid), "the run left Ray daemons behind"
 
 
 def test_ctrl_c_during_start_up_ends_in_seconds_with_one_line(tmp_path: Path) -> None:
     """SIGINT while Ray, Redis and the workers start (what Ctrl-C sends): exit 130 within 30 s,
     ``rredcot: interrupted`` as the last line, no traceback, and nothing of the run left running."""
-    before = ray_daemons()
     proc = start_train(tmp_path, "run.name=ctrlc")
     driver_log = tmp_path / "run" / "logs" / "driver.log"
     deadline = time.monotonic() + 120
@@ -104,4 +109,4 @@ def test_ctrl_c_during_start_up_ends_in_seconds_with_one_line(tmp_path: Path) ->
     assert took <= GRACE_S and proc.returncode == 130, console[-3000:]
     assert console.rstrip().splitlines()[-1] == "rredcot: interrupted" and "Traceback" not in console, console
     time.sleep(2)
-    assert not (ray_daemons() - before), "the run left Ray daemons behind"
+    assert not ray_daemons(proc.pid), "the run left Ray daemons behind"

@@ -1,0 +1,20 @@
+"""The learner's replay log on a real Redis server: recorded per step, read back after a step, cleared."""
+
+from __future__ import annotations
+
+from rredcot.common.streams import key, registered_keys
+from rredcot.learner.replay import ReplayLog
+
+
+def test_steps_after_a_checkpoint_come_back_in_order_and_a_clear_forgets_them(redis_client, run_id):
+    log = ReplayLog(redis_client, run_id, rank=1)
+    log.record(3, [b"a", b"b"])
+    log.record(4, [])  # a step with no entries of this rank: nothing recorded
+    log.record(5, [b"c"])
+    log.record(6, [b"d", b"e"])
+    assert len(log) == 5 and key(run_id, "replay:1") in registered_keys(redis_client, run_id)
+    assert log.after(0) == [(3, [b"a", b"b"]), (5, [b"c"]), (6, [b"d", b"e"])]
+    assert log.after(5) == [(6, [b"d", b"e"])]  # a crash between a checkpoint at 5 and its clear
+    assert ReplayLog(redis_client, run_id, rank=0).after(0) == []  # each rank has its own
+    log.clear()
+    assert len(log) == 0 and log.after(0) == []
