@@ -63,8 +63,10 @@ class Admission:
         return None if n < 0 else n
 
     def reject(self) -> None:
-        """Give back the slot of an admitted prompt that produced no group (its position stays used)."""
+        """Give back the slot of an admitted prompt that produced no group (its position stays used):
+        the budget has room again, so admission is tried again."""
         self.client.incr(self.rejected_key)
+        self.exhausted = False
 
     def rejected(self) -> int:
         return int(self.client.get(self.rejected_key) or 0)

@@ -98,11 +98,12 @@ def save_checkpoint(
         dist.barrier()
     try:
         _write(engine, path, pipeline, tokenizer)
-    except OSError as e:  # a full disk, a quota, a file size limit: the partial goes, older ones stay
+    except (OSError, RuntimeError) as e:  # a full disk, a quota, a size limit (torch.save: RuntimeError)
         shutil.rmtree(path, ignore_errors=True)
         free = shutil.disk_usage(Path(root)).free / 2**20
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
         raise CheckpointError(
-            f"could not write checkpoint {final.name} in {root} ({e.strerror or e}; {free:.0f} MiB free): free "
+            f"could not write checkpoint {final.name} in {root} ({why}; {free:.0f} MiB free): free "
             f"disk space or set run.dir elsewhere; the newest complete checkpoint is still {latest_checkpoint(root)}"
         ) from e
     if engine.world > 1:

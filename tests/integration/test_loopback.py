@@ -147,7 +147,7 @@ def test_a_run_beside_another_local_ray_starts_its_own(tmp_path):
     )
     try:
         deadline = time.monotonic() + 90
-        while not any(f":{port}" in " ".join(p.info["cmdline"] or []) for p in _gcs_servers()):
+        while not any(f"--gcs_server_port={port}" in " ".join(p.info["cmdline"] or []) for p in _gcs_servers()):
             assert head.poll() is None and time.monotonic() < deadline, "ray start --head did not come up"
             time.sleep(0.5)
         done = subprocess.run([sys.executable, "-c", BESIDE], capture_output=True, text=True, timeout=180)
