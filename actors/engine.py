@@ -21,6 +21,7 @@ worker, which receives each version's buckets and applies them between two engin
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import time
 from collections.abc import Callable
@@ -118,6 +119,7 @@ class Engine:
 
     def __init__(self, spec: EngineSpec) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        gc.collect()  # an unreferenced engine's teardown resets vLLM's process-wide state: let it run before ours
         from vllm import LLM
 
         gpu = torch.cuda.is_available()
@@ -247,6 +249,11 @@ class Engine:
 
     def leave_weight_group(self) -> None:
         self._rpc("rredcot_leave_group")
+
+    def close(self) -> None:
+        """Shut the engine down now, not whenever it is garbage-collected: its teardown resets vLLM's
+        process-wide parallel state, which a later engine in the same process may already use."""
+        self._core.engine_core.shutdown()
 
     def load_weights_broadcast(self, manifest: WeightManifest, in_flight: str = "finish") -> tuple[int, float]:
         """Receive the next version broadcast on the weight group (laid out as ``manifest``) at once,

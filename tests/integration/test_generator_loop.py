@@ -31,7 +31,9 @@ def setup(tmp_path_factory):
     tok = load_tokenizer(qwen_tokenizer_dir())
     path = str(save_model_dir(build_tiny_model("qwen3", seed=0), tok, root / "m0"))
     engines = [Engine(EngineSpec(path, max_model_len=MAX_LEN, kv_cache_bytes=16 * 2**20, seed=i)) for i in range(2)]
-    return path, engines, build_tiny_model("qwen3", seed=1), root
+    yield path, engines, build_tiny_model("qwen3", seed=1), root
+    for engine in engines:
+        engine.close()  # now, not at some later garbage collection (see Engine.close)
 
 
 def _cfg(path: str, url: str, run_id: str, *overrides: str):

@@ -52,6 +52,20 @@ def model_dir(tmp_path_factory) -> str:
     return str(save_model_dir(build_tiny_model("qwen3", seed=0), tok, tmp_path_factory.mktemp("m") / "m0"))
 
 
+@pytest.fixture
+def engine_of():
+    """Engines on a model dir, shut down when the test ends (see ``Engine.close``)."""
+    made: list[Engine] = []
+
+    def make(path: str) -> Engine:
+        made.append(Engine(EngineSpec(path, max_model_len=128, kv_cache_bytes=16 * 2**20, seed=0)))
+        return made[-1]
+
+    yield make
+    for engine in made:
+        engine.close()
+
+
 def _deliver(transport: str, learner: LearnerEngine, generator: Engine, client, run_id: str, out) -> None:
     """Publish the learner's weights and apply them in the generator's engine, over ``transport``'s
     publisher and receiver (the collective one joins the group as rank 1, as generator 0 does)."""
@@ -75,9 +89,9 @@ def _deliver(transport: str, learner: LearnerEngine, generator: Engine, client, 
 
 @pytest.mark.parametrize("transport", ["file", "collective"])
 def test_first_step_gap_is_zero_and_broadcast_reaches_the_generator(
-    transport, model_dir, tmp_path, redis_client, run_id
+    transport, model_dir, engine_of, tmp_path, redis_client, run_id
 ):
-    generator = Engine(EngineSpec(model_dir, max_model_len=128, kv_cache_bytes=16 * 2**20, seed=0))
+    generator = engine_of(model_dir)
     sampling = Sampling(n=4, temperature=TEMPERATURE, max_tokens=12)
     prompts = [[151644, 872, 198, 100 + k, 151645, 198] for k in range(2)]
     learner = LearnerEngine(

@@ -48,15 +48,22 @@ def weighted_group(rng: np.random.Generator, version: int, size: int = 2) -> Wei
     return WeightedGroup(gid, "p", rng.integers(10, 5000, 6).astype(np.int32), samples)
 
 
-def test_trainer_loop_end_to_end(tmp_path, redis_server, redis_client, run_id):
-    overrides = [
+def _overrides(run_id: str, tmp_path, url: str) -> list[str]:
+    """Three steps on the test server, a checkpoint every two, entries reclaimed at once."""
+    return [
         f"run.name={run_id}",
         f"run.dir={tmp_path}",
         "run.steps=3",
-        f"redis.url={redis_server.url}",
+        f"redis.url={url}",
         "learner.checkpoint_every=2",
-        "learner.lr=1e-3",
         "redis.claim_idle_ms=0",
+    ]
+
+
+def test_trainer_loop_end_to_end(tmp_path, redis_server, redis_client, run_id):
+    overrides = [
+        *_overrides(run_id, tmp_path, redis_server.url),
+        "learner.lr=1e-3",
         "run.resume=auto",
     ]
     cfg = load_config("tests", overrides)
@@ -102,14 +109,7 @@ def test_a_resume_trains_again_what_was_trained_after_the_checkpoint(tmp_path, r
     one restores step 2, publishes it as a version above the dead one's, retrains step 3's groups
     (from its replay log: they were acknowledged and deleted from ``batches``), then goes on with new
     ones. Every group is trained into the final weights once; none is lost."""
-    overrides = [
-        f"run.name={run_id}",
-        f"run.dir={tmp_path}",
-        "run.steps=3",
-        f"redis.url={redis_server.url}",
-        "learner.checkpoint_every=2",
-        "redis.claim_idle_ms=0",
-    ]
+    overrides = _overrides(run_id, tmp_path, redis_server.url)
     rng = np.random.default_rng(1)
     groups = [weighted_group(rng, version=0) for _ in range(10)]
     producer = Producer(redis_client, key(run_id, BATCHES), maxlen=64)

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -46,6 +47,27 @@ def start_train(tmp_path: Path, *overrides: str) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
 
 
+def signal_when(
+    proc: subprocess.Popen, ready: Callable[[], bool], sig: int, tmp_path: Path, wait_s: float, then_s: float = 0.0
+) -> float:
+    """Once ``ready()`` (checked while the run lives, for up to ``wait_s``) and ``then_s`` later, send
+    ``sig``; returns the seconds the run took to exit after it (killed if it does not in 60 s)."""
+    deadline = time.monotonic() + wait_s
+    try:
+        while not ready():
+            assert proc.poll() is None, (tmp_path / "console.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the run did not get there in time"
+            time.sleep(0.2)
+        time.sleep(then_s)
+        signalled = time.monotonic()
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+        return time.monotonic() - signalled
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_sigterm_mid_run_stops_in_order(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = start_train(
@@ -57,19 +79,7 @@ def test_sigterm_mid_run_stops_in_order(tmp_path: Path) -> None:
         "logging.progress_every_s=1",  # the test reads the learner's step from these lines
     )
     driver_log = run_dir / "logs" / "driver.log"
-    deadline = time.monotonic() + 300
-    try:
-        while learner_step(driver_log) < 1:
-            assert proc.poll() is None, (tmp_path / "console.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the run took no training step in time"
-            time.sleep(1)
-        signalled = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
-        took = time.monotonic() - signalled
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    took = signal_when(proc, lambda: learner_step(driver_log) >= 1, signal.SIGTERM, tmp_path, wait_s=300)
     console = (tmp_path / "console.log").read_text()
     assert took <= GRACE_S, f"stopped {took:.1f} s after SIGTERM"
     assert proc.returncode == 130  # interrupted: not a success, whatever the report says
@@ -92,19 +102,8 @@ def test_ctrl_c_during_start_up_ends_in_seconds_with_one_line(tmp_path: Path) ->
     ``rredcot: interrupted`` as the last line, no traceback, and nothing of the run left running."""
     proc = start_train(tmp_path, "run.name=ctrlc")
     driver_log = tmp_path / "run" / "logs" / "driver.log"
-    deadline = time.monotonic() + 120
-    try:
-        while "starting an embedded Redis" not in (driver_log.read_text() if driver_log.exists() else ""):
-            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "console.log").read_text()
-            time.sleep(0.2)
-        time.sleep(2)  # Ray is coming up
-        signalled = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
-        took = time.monotonic() - signalled
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    started = lambda: "starting an embedded Redis" in (driver_log.read_text() if driver_log.exists() else "")
+    took = signal_when(proc, started, signal.SIGINT, tmp_path, wait_s=120, then_s=2)  # while Ray comes up
     console = (tmp_path / "console.log").read_text()
     assert took <= GRACE_S and proc.returncode == 130, console[-3000:]
     assert console.rstrip().splitlines()[-1] == "rredcot: interrupted" and "Traceback" not in console, console
