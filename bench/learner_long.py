@@ -26,31 +26,12 @@ from rredcot.common.config import LearnerConfig
 from rredcot.learner.engine import LearnerEngine
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.learner_samples
-from tests.learner_samples import random_samples  # noqa: E402
-
-PRESETS = {
-    "qwen2.5-1.5b": {
-        "hidden_size": 1536,
-        "intermediate_size": 8960,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 12,
-        "num_key_value_heads": 2,
-        "vocab_size": 151936,
-    },
-    "smoke": {
-        "hidden_size": 128,
-        "intermediate_size": 256,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "vocab_size": 4096,
-    },
-}
+from tests.learner_samples import SHAPES, random_samples  # noqa: E402
 
 
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", choices=sorted(PRESETS), default="qwen2.5-1.5b")
+    p.add_argument("--preset", choices=sorted(SHAPES), default="qwen2.5-1.5b")
     p.add_argument("--tokens", type=int, default=25000, help="completion tokens of the sample")
     p.add_argument("--prompt", type=int, default=256, help="prompt tokens of the sample")
     p.add_argument("--zero", type=int, default=2, choices=[0, 1, 2, 3], help="learner.zero_stage")
@@ -76,7 +57,7 @@ def main() -> None:
     args = parse()
     gpu = torch.cuda.is_available()
     dtype = args.dtype or ("bfloat16" if gpu else "float32")
-    shape = PRESETS[args.preset]
+    shape = SHAPES[args.preset]
     torch.manual_seed(0)
     config = Qwen2Config(**shape, max_position_embeddings=args.prompt + args.tokens, tie_word_embeddings=True)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

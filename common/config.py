@@ -153,16 +153,22 @@ class CreditConfig:
 @dataclass
 class LearnerConfig:
     lr: float = bounded(1e-5, 0.0)
+    lr_warmup_steps: int = bounded(0, 0)  # linear warm-up from lr/warmup to lr over this many steps
+    # after the warm-up: constant, or cosine down to lr_min_ratio·lr at run.steps
+    lr_schedule: str = choice("constant", "constant", "cosine")
+    lr_min_ratio: float = bounded(0.1, 0.0, 1.0)
     weight_decay: float = bounded(0.0, 0.0)
     eps_low: float = bounded(0.2, 0.0, 1.0)
     eps_high: float = bounded(0.28, 0.0)
     tis_cap: float = bounded(2.0, 1.0)  # truncated importance weight for staleness
+    dual_clip: float = bounded(3.0, 0.0)  # A < 0: the token objective is at least dual_clip·A; 0 = off
     kl_coef: float = bounded(0.0, 0.0)
     loss_agg: str = choice("sample", "sample", "token")
     zero_stage: int = bounded(2, 0, 3)
     dtype: str = choice("auto", "auto", "float32", "bfloat16")  # auto: bf16 where native (common.precision)
     grad_checkpointing: bool = False
     offload: bool = False
+    overlap_comm: bool = True  # ZeRO-2/3 on GPUs: overlap gradient reduction with the backward pass
     micro_token_budget: int = bounded(4096, 16)  # tensor cells per micro-batch (packed: one row of samples)
     packing: str = choice("packed", "packed", "padded", "shared")  # shared: one prompt copy per group (4D mask)
     logprob_chunk: int = bounded(4096, 0)  # LM-head chunk (tokens) for log-probs; 0 = all at once
@@ -387,6 +393,18 @@ def validate(cfg: Config) -> None:
         "a non-empty string (the text that ends the thinking span early; it must tokenise to >= 1 token)",
     )
     _check(cfg.learner.eps_low < 1.0, "learner.eps_low", cfg.learner.eps_low, "a value in [0, 1)")
+    _check(
+        cfg.learner.kl_coef == 0 or cfg.learner.zero_stage < 3,
+        "learner.kl_coef",
+        cfg.learner.kl_coef,
+        "0 with learner.zero_stage=3 (the KL reference model is a whole copy; use zero_stage 0-2 for a KL term)",
+    )
+    _check(
+        cfg.learner.dual_clip == 0 or cfg.learner.dual_clip > 1 + cfg.learner.eps_high,
+        "learner.dual_clip",
+        cfg.learner.dual_clip,
+        "0 (off) or a value above 1 + learner.eps_high",
+    )
     method = cfg.credit.method
     _check(
         method != "bnpo" or cfg.learner.loss_agg == "token",

@@ -10,6 +10,9 @@ Semantics (at-least-once, nothing silently lost):
 - ``Consumer.read`` reclaims entries another consumer has held longer than ``claim_idle_ms``
   (XAUTOCLAIM, checked at most every ``claim_idle_ms / 2``; a crashed worker's entries come back),
   then reads new ones (XREADGROUP ``>``).
+- ``Consumer.hold`` takes pending entries over (from another consumer too) and resets their idle
+  time: a consumer whose work on an entry outlasts ``claim_idle_ms`` calls it, or XAUTOCLAIM (which
+  does not spare the claimer's own entries) hands the entry out a second time.
 - ``Consumer.ack`` acknowledges *and deletes* entries; call it after the downstream write succeeded.
 - ``Consumer.dead_letter`` moves an entry to the run's dead-letter stream with the reason, then acks it.
 Connections retry with exponential backoff, so a restarted server (AOF on) is picked up again.
@@ -185,6 +188,21 @@ class Consumer:
             self.client.xack(self.stream, self.group, *gone)
         self.reclaimed += len(live)
         return live
+
+    def hold(self, ids: list[bytes]) -> None:
+        """Make pending ``ids`` this consumer's and reset their idle time (XCLAIM JUSTID): call it while
+        work on them lasts, so that no other consumer's reclaim takes them meanwhile."""
+        if ids:
+            self.client.xclaim(self.stream, self.group, self.name, 0, ids, justid=True)
+
+    def fetch(self, ids: list[bytes]) -> list[Entry]:
+        """The entries ``ids`` as they are in the stream (payload None for one already deleted)."""
+        pipe = self.client.pipeline(transaction=False)
+        for i in ids:
+            pipe.xrange(self.stream, i, i)
+        return [
+            Entry(i, found[0][1].get(PAYLOAD) if found else None) for i, found in zip(ids, pipe.execute(), strict=True)
+        ]
 
     def ack(self, ids: list[bytes]) -> None:
         """Acknowledge and delete (call only after the downstream write succeeded)."""

@@ -37,16 +37,19 @@ def varlen_attention_forward(
     """Attention output ``[B, L, H, D]`` for ``query`` ``[B, H, L, D]`` (one row when ``sample_bounds``)."""
     if sample_bounds is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    # split, not sliced: the backward of n slices allocates n full-size zero gradients, a split's one
+    sizes = [b - a for a, b in pairwise(sample_bounds)]
     parts = [
         sdpa_attention_forward(
-            module,
-            query[:, :, a:b],
-            key[:, :, a:b],
-            value[:, :, a:b],
-            None if attention_mask is None else attention_mask[..., a:b, a:b],
-            **kwargs,
+            module, q, k, v, None if attention_mask is None else attention_mask[..., a:b, a:b], **kwargs
         )[0]
-        for a, b in pairwise(sample_bounds)
+        for q, k, v, (a, b) in zip(
+            query.split(sizes, dim=2),
+            key.split(sizes, dim=2),
+            value.split(sizes, dim=2),
+            pairwise(sample_bounds),
+            strict=True,
+        )
     ]
     return torch.cat(parts, dim=1), None
 

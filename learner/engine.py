@@ -14,6 +14,7 @@ KL) makes no optimizer step (counted in ``skipped_empty``).
 from __future__ import annotations
 
 import copy
+import math
 import os
 import socket
 import time
@@ -24,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from rredcot.common.config import LearnerConfig
+from rredcot.common.models import load_causal_lm
 from rredcot.common.precision import resolve_dtype
 from rredcot.learner.logprobs import TokenLogProbs, model_inputs
 from rredcot.learner.loss import LossSettings, Stats, policy_loss, sample_coefficients
@@ -61,8 +63,26 @@ def init_distributed() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def load_policy(path: str, cfg: LearnerConfig) -> torch.nn.Module:
+    """The model to train from ``path``, in the learner's dtype. Under ZeRO-3 it is loaded straight
+    into its partitions (transformers runs ``zero.Init`` while an ``HfDeepSpeedConfig`` is alive), so
+    no rank holds the whole model in host memory."""
+    from transformers.integrations import HfDeepSpeedConfig
+
+    init_distributed()
+    hf_ds = HfDeepSpeedConfig(ds_config(cfg)) if cfg.zero_stage == 3 else None
+    try:
+        return load_causal_lm(path, cfg.dtype)
+    finally:
+        del hf_ds  # transformers holds it by weak reference: ZeRO-3 loading ends here
+
+
 def ds_config(cfg: LearnerConfig) -> dict:
-    zero: dict = {"stage": cfg.zero_stage, "overlap_comm": False}
+    """The DeepSpeed config of ``cfg``. Under bf16 with ZeRO 1–3, gradients accumulate over the
+    micro-batches in float32 (``grad_accum_dtype``): a 25k-token step sums ~40 micro-batches, and
+    bf16's 8-bit mantissa would drop the small ones (DeepSpeed has no such mix for stage 0).
+    ``overlap_comm`` is used on GPUs only."""
+    zero: dict = {"stage": cfg.zero_stage, "overlap_comm": cfg.overlap_comm and torch.cuda.is_available()}
     if cfg.zero_stage == 3:
         zero |= {
             "stage3_param_persistence_threshold": cfg.zero3_persistence_threshold,
@@ -70,6 +90,7 @@ def ds_config(cfg: LearnerConfig) -> dict:
         }
     if cfg.offload and torch.cuda.is_available() and cfg.zero_stage >= 2:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    bf16 = resolve_dtype(cfg.dtype).dtype == "bfloat16"
     return {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
@@ -77,9 +98,20 @@ def ds_config(cfg: LearnerConfig) -> dict:
         "zero_optimization": zero,
         "zero_allow_untested_optimizer": True,
         "zero_force_ds_cpu_optimizer": False,
-        "bf16": {"enabled": resolve_dtype(cfg.dtype).dtype == "bfloat16"},
+        "bf16": {"enabled": bf16},
         "steps_per_print": 2**62,
-    }
+    } | ({"data_types": {"grad_accum_dtype": "fp32"}} if bf16 and cfg.zero_stage >= 1 else {})
+
+
+def lr_factor(step: int, cfg: LearnerConfig, total_steps: int) -> float:
+    """Learning-rate multiplier for optimizer step ``step`` (0-based): a linear warm-up over
+    ``lr_warmup_steps`` steps, then constant or a cosine decay to ``lr_min_ratio`` at ``total_steps``."""
+    if step < cfg.lr_warmup_steps:
+        return (step + 1) / cfg.lr_warmup_steps
+    if cfg.lr_schedule == "constant" or total_steps <= cfg.lr_warmup_steps:
+        return 1.0
+    progress = min(1.0, (step - cfg.lr_warmup_steps) / (total_steps - cfg.lr_warmup_steps))
+    return cfg.lr_min_ratio + (1 - cfg.lr_min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 @dataclass
@@ -103,13 +135,22 @@ class StepResult:
 class LearnerEngine:
     """A DeepSpeed-wrapped causal LM trained with the σ-weighted policy loss."""
 
-    def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, version: int = 0, temperature: float = 1.0) -> None:
-        """``temperature``: the generators' sampling temperature (behaviour log-probs are taken after it)."""
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cfg: LearnerConfig,
+        version: int = 0,
+        temperature: float = 1.0,
+        total_steps: int = 0,
+    ) -> None:
+        """``temperature``: the generators' sampling temperature (behaviour log-probs are taken after it);
+        ``total_steps``: the run's steps (the end of a cosine learning-rate schedule)."""
         import deepspeed
 
         self.cfg = cfg
         self.settings = LossSettings.from_config(cfg)
         self.rank, self.world = init_distributed()
+        self.comm_device = comm_device()
         self.ref_model = None
         if cfg.kl_coef > 0:
             self.ref_model = TokenLogProbs(
@@ -120,9 +161,16 @@ class LearnerEngine:
         model.config.use_cache = False
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        # stepped by DeepSpeed on applied steps only (a skipped step leaves it), saved in checkpoints
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg, total_steps))
         self.engine, *_ = deepspeed.initialize(
-            model=TokenLogProbs(model, cfg.logprob_chunk, temperature), optimizer=optimizer, config=ds_config(cfg)
+            model=TokenLogProbs(model, cfg.logprob_chunk, temperature),
+            optimizer=optimizer,
+            lr_scheduler=schedule,
+            config=ds_config(cfg),
         )
+        if self.ref_model is not None:
+            self.ref_model.to(self.engine.device)
         self.version = version
         self.counters = {"steps": 0, "skipped_nonfinite": 0, "skipped_empty": 0, "samples": 0, "tokens": 0}
 
@@ -167,13 +215,24 @@ class LearnerEngine:
         if n_samples == 0:
             return pending
         denom = n_batch if self.settings.loss_agg == "sample" else n_tokens
+        # the i-th micro-batch calls the LM head equally often on every rank (ZeRO-3 gathers per call)
+        head = self.engine.module.head_calls
+        calls = [
+            int(c)
+            for c in self.all_reduce(
+                [head(len(m.targets)) for m in mbs] + [1] * (int(n_mb) - len(mbs)), ["max"] * int(n_mb)
+            )
+        ]
         for i in range(pending.micro_batches):
             last = i == pending.micro_batches - 1
             if not pending.bad:  # every rank runs one forward, then they agree on finiteness
-                loss = self._micro_loss(mbs[i], denom, pending.stats) if i < len(mbs) else self._dummy_loss()
+                if i < len(mbs):
+                    loss = self._micro_loss(mbs[i], denom, pending.stats, calls[i])
+                else:
+                    loss = self._dummy_loss(n_chunks=calls[i])
                 pending.bad = self.all_reduce([0.0 if loss.isfinite() else 1.0], ["max"])[0] > 0
             if pending.bad:  # drop this micro-batch; the last one poisons the gradient so the step is skipped
-                loss = self._dummy_loss(poison=last)
+                loss = self._dummy_loss(poison=last, n_chunks=calls[i])
             self.engine.set_gradient_accumulation_boundary(last)
             self.engine.backward(loss * self.world, scale_wrt_gas=False)
             if not last:
@@ -189,7 +248,7 @@ class LearnerEngine:
         if pending.bad or self._grads_nonfinite():
             self._skip_step()
             return StepResult(False, {"skipped_nonfinite": 1.0, **metrics})
-        skipped_before = self.engine.skipped_steps
+        skipped_before, lr = self.engine.skipped_steps, float(self.engine.get_lr()[0])
         self.engine.step()
         if self.engine.skipped_steps != skipped_before:  # DeepSpeed found a non-finite gradient
             self.counters["skipped_nonfinite"] += 1
@@ -204,13 +263,14 @@ class LearnerEngine:
             "step_time_s": elapsed,
             "tokens_per_s": pending.tokens / elapsed,
             "micro_batches": pending.micro_batches,
+            "lr": lr,  # the one this step used
             "version": self.version,
         }
         return StepResult(True, metrics)
 
-    def _micro_loss(self, mb: MicroBatch, denom: float, stats: Stats) -> torch.Tensor:
+    def _micro_loss(self, mb: MicroBatch, denom: float, stats: Stats, n_chunks: int) -> torch.Tensor:
         mb = mb.to(self.engine.device)
-        logp = self.engine(**model_inputs(mb))
+        logp = self.engine(**model_inputs(mb), n_chunks=n_chunks)
         ref = None
         if self.ref_model is not None:
             with torch.no_grad():
@@ -220,10 +280,17 @@ class LearnerEngine:
         stats.add(mb_stats.sums, mb_stats.maxes)
         return loss
 
-    def _dummy_loss(self, poison: bool = False) -> torch.Tensor:
+    def _dummy_loss(self, poison: bool = False, n_chunks: int = 1) -> torch.Tensor:
         """A full forward with zero gradient (NaN gradient when ``poison``), keeping collectives aligned."""
         zero = torch.zeros((1, 1), dtype=torch.long, device=self.engine.device)
-        logp = self.engine(input_ids=zero, position_ids=zero, attention_mask=None, token_index=zero[0], targets=zero[0])
+        logp = self.engine(
+            input_ids=zero,
+            position_ids=zero,
+            attention_mask=None,
+            token_index=zero[0],
+            targets=zero[0],
+            n_chunks=n_chunks,
+        )
         return logp.sum() * (float("nan") if poison else 0.0)
 
     def _grads_nonfinite(self) -> bool:
@@ -245,21 +312,57 @@ class LearnerEngine:
             raise RuntimeError("DeepSpeed applied a step with a non-finite gradient")
 
     def all_reduce(self, values: list[float], ops: list[str]) -> list[float]:
-        """All-reduce a few scalars with per-value op ('sum' or 'max')."""
+        """All-reduce a few scalars with per-value op ('sum' or 'max') across the ranks."""
         if self.world == 1:
             return [float(v) for v in values]
-        out = []
-        for op in ("sum", "max"):
-            t = torch.tensor([v for v, o in zip(values, ops, strict=True) if o == op], dtype=torch.float64)
-            if len(t):
-                dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
-            out.append(iter(t.tolist()))
-        return [next(out[0] if o == "sum" else out[1]) for o in ops]
+        return all_reduce_scalars(values, ops, self.comm_device)
+
+    def all_gather(self, data: bytes) -> list[bytes]:
+        """Every rank's ``data``, in rank order."""
+        return [data] if self.world == 1 else all_gather_bytes(data, self.comm_device)
 
     def _reduce_stats(self, stats: Stats) -> Stats:
         if self.world > 1:
-            sums, maxes = stats.as_tensors()
-            dist.all_reduce(sums, op=dist.ReduceOp.SUM)
-            dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
-            stats.load_tensors(sums, maxes)
+            reduce_stats(stats, self.comm_device)
         return stats
+
+
+def comm_device() -> torch.device:
+    """Where tensors of the default process group's collectives live: the rank's GPU under NCCL
+    (it reduces only device tensors), the CPU under gloo."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce_scalars(values: list[float], ops: list[str], device: torch.device) -> list[float]:
+    """``values`` all-reduced over the default group, each with its op ('sum' or 'max'); tensors on ``device``."""
+    out = []
+    for op in ("sum", "max"):
+        t = torch.tensor([v for v, o in zip(values, ops, strict=True) if o == op], dtype=torch.float64, device=device)
+        if len(t):
+            dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+        out.append(iter(t.tolist()))
+    return [next(out[0] if o == "sum" else out[1]) for o in ops]
+
+
+def all_gather_bytes(data: bytes, device: torch.device) -> list[bytes]:
+    """Every rank's ``data`` over the default group, in rank order (byte tensors on ``device``; no pickle)."""
+    size = torch.tensor([len(data)], dtype=torch.long, device=device)
+    sizes = [torch.zeros_like(size) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, size)
+    lengths = [int(n) for n in sizes]
+    buffer = torch.zeros(max(1, *lengths), dtype=torch.uint8, device="cpu")
+    buffer[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else buffer[:0]
+    buffer = buffer.to(device)
+    out = [torch.empty_like(buffer) for _ in lengths]
+    dist.all_gather(out, buffer)
+    return [bytes(t[:n].cpu().numpy()) for t, n in zip(out, lengths, strict=True)]
+
+
+def reduce_stats(stats: Stats, device: torch.device) -> None:
+    """Sum the statistics' sums and take the maximum of their maxima over the default group, in place."""
+    sums, maxes = stats.as_tensors(device)
+    dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+    dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
+    stats.load_tensors(sums, maxes)

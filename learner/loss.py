@@ -6,8 +6,10 @@ Per completion token j of sample i (behaviour log-prob μ_j, token version v_j, 
 - stale token (v_j < V): ρ_j = π_θ/sg(π_θ) (= 1, gradient ∇log π_θ) and a truncated importance
   weight w_j = min(sg(π_θ)/μ_j, tis_cap) — decoupled PPO with the current learner policy as the
   proximal policy, so tokens from old versions are corrected instead of being clipped away;
-- ℓ_j = −w_j · min(ρ_j A_i, clip(ρ_j, 1−ε_low, 1+ε_high) A_i) + β · KL_j, with the k3 estimator
-  KL_j = exp(r_j) − r_j − 1, r_j = log π_ref − log π_θ;
+- ℓ_j = −w_j · s_j + β · KL_j with the clipped surrogate s_j = min(ρ_j A_i, clip(ρ_j, 1−ε_low,
+  1+ε_high) A_i), bounded for A_i < 0 by the dual clip s_j ← max(s_j, c·A_i) (c = ``dual_clip``;
+  Ye et al. 2020), so a fresh token whose ratio exploded cannot dominate the step; and the k3
+  estimator KL_j = exp(r_j) − r_j − 1, r_j = log π_ref − log π_θ;
 - sample loss L_i = Σ_j sg(σ_j) ℓ_j; batch loss Σ_i c_i L_i with c_i = 1/N_samples (``sample``)
   or |o_i|/N_tokens (``token``), both counted over the whole global batch (all ranks).
 
@@ -28,6 +30,7 @@ from rredcot.learner.packing import MicroBatch
 MEANS = {
     "loss": ("loss", None),
     "clip_frac": ("clipped", "tokens"),
+    "dual_clip_frac": ("dual_clipped", "tokens"),
     "ratio_mean": ("ratio", "tokens"),
     "logp_gap": ("abs_gap", "tokens"),
     "stale_frac": ("stale", "tokens"),
@@ -50,10 +53,11 @@ class LossSettings:
     tis_cap: float = 2.0
     kl_coef: float = 0.0
     loss_agg: str = "sample"
+    dual_clip: float = 3.0
 
     @classmethod
     def from_config(cls, c: LearnerConfig) -> LossSettings:
-        return cls(c.eps_low, c.eps_high, c.tis_cap, c.kl_coef, c.loss_agg)
+        return cls(c.eps_low, c.eps_high, c.tis_cap, c.kl_coef, c.loss_agg, c.dual_clip)
 
 
 class Stats:
@@ -69,10 +73,11 @@ class Stats:
         for k, v in maxes.items():
             self.maxes[k] = max(self.maxes[k], v)
 
-    def as_tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def as_tensors(self, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+        """(sums, maxima) as float64 tensors on ``device`` (the collective backend's device)."""
         return (
-            torch.tensor([self.sums[k] for k in SUM_KEYS], dtype=torch.float64),
-            torch.tensor([self.maxes[k] for k in MAX_KEYS], dtype=torch.float64),
+            torch.tensor([self.sums[k] for k in SUM_KEYS], dtype=torch.float64, device=device),
+            torch.tensor([self.maxes[k] for k in MAX_KEYS], dtype=torch.float64, device=device),
         )
 
     def load_tensors(self, sums: torch.Tensor, maxes: torch.Tensor) -> None:
@@ -91,7 +96,7 @@ class Stats:
 def sample_coefficients(mb: MicroBatch, agg: str, denominator: float) -> torch.Tensor:
     """c_i per sample of ``mb``: 1/N_samples (``sample``) or |o_i|/N_tokens (``token``)."""
     if agg == "sample":
-        return torch.full((mb.n_samples,), 1.0 / denominator)
+        return torch.full((mb.n_samples,), 1.0 / denominator, device=mb.sigma.device)
     if agg == "token":
         return mb.completion_lengths.double().div(denominator).float()
     raise ValueError(f"learner.loss_agg={agg!r} is not one of 'sample', 'token'")
@@ -117,13 +122,16 @@ def policy_loss(
     raw_ratio = torch.exp(lp_d - mu)
     is_w = torch.where(stale, raw_ratio.clamp(max=settings.tis_cap), torch.ones_like(mu))
     clipped_ratio = ratio.clamp(1 - settings.eps_low, 1 + settings.eps_high)
-    tok = -is_w * torch.minimum(ratio * adv, clipped_ratio * adv)
+    surrogate = torch.minimum(ratio * adv, clipped_ratio * adv)
+    if settings.dual_clip > 0:  # with A < 0 the clipped objective alone is unbounded as ρ grows
+        surrogate = torch.where(adv < 0, torch.maximum(surrogate, settings.dual_clip * adv), surrogate)
+    tok = -is_w * surrogate
     kl = torch.zeros_like(mu)
     if ref_logp is not None and settings.kl_coef > 0:
         r = ref_logp.float() - lp
         kl = torch.exp(r) - r - 1
         tok = tok + settings.kl_coef * kl
-    per_sample = torch.zeros(mb.n_samples, dtype=tok.dtype).index_add(0, mb.sample_of_token, mb.sigma * tok)
+    per_sample = tok.new_zeros(mb.n_samples).index_add(0, mb.sample_of_token, mb.sigma * tok)
     loss = (per_sample * coef).sum()
     return loss, _stats(loss, mb, ratio.detach(), raw_ratio, adv, stale, is_w, kl.detach(), settings)
 
@@ -141,34 +149,38 @@ def _stats(
 ) -> Stats:
     clipped = ((ratio > 1 + settings.eps_high) & (adv > 0)) | ((ratio < 1 - settings.eps_low) & (adv < 0))
     sig = mb.sigma.double()
-    sig_sum = torch.zeros(mb.n_samples, dtype=torch.float64).index_add(0, mb.sample_of_token, sig)
+    sig_sum = sig.new_zeros(mb.n_samples).index_add(0, mb.sample_of_token, sig)
     p = sig / sig_sum[mb.sample_of_token].clamp(min=1e-30)
     plogp = torch.where(p > 0, p * p.clamp(min=1e-30).log(), torch.zeros_like(p))
     ent = -torch.zeros_like(sig_sum).index_add(0, mb.sample_of_token, plogp)
     n = mb.completion_lengths.double()
     max_sig = torch.zeros_like(sig_sum).scatter_reduce(0, mb.sample_of_token, sig, "amax")
+    sums = {
+        "loss": loss.detach(),
+        "clipped": clipped.sum(),
+        "dual_clipped": ((adv < 0) & (ratio > settings.dual_clip) & (settings.dual_clip > 0)).sum(),
+        "ratio": raw_ratio.sum(),
+        "abs_gap": raw_ratio.log().abs().sum(),
+        "stale": stale.sum(),
+        "is_weight": is_w[stale].sum(),
+        "truncated": (stale & (raw_ratio > settings.tis_cap)).sum(),
+        "kl": kl.sum(),
+        "sigma_entropy": ent.sum(),
+        "sigma_entropy_norm": torch.where(n > 1, ent / n.clamp(min=2).log(), 1.0).sum(),
+        "sigma_max_scaled": (max_sig * n).sum(),
+        "sigma_sum": sig_sum.sum(),
+    }
+    zero = raw_ratio.new_zeros(())
+    maxes = {
+        "ratio_max": raw_ratio.max() if len(raw_ratio) else zero,
+        "is_weight_max": torch.where(stale, is_w, 0.0).max() if len(raw_ratio) else zero,  # weights are ≥ 0
+        "sigma_max_scaled_max": (max_sig * n).max() if mb.n_samples else zero,
+    }
+    # one device-to-host copy for all statistics (a GPU learner syncs once per micro-batch, not per value)
+    host = torch.stack([t.double() for t in (*sums.values(), *maxes.values())]).tolist()
     stats = Stats()
+    counts = {"tokens": float(len(raw_ratio)), "samples": float(mb.n_samples)}
     stats.add(
-        {
-            "loss": float(loss.detach()),
-            "tokens": float(len(mu := mb.behaviour_logprobs)),
-            "samples": float(mb.n_samples),
-            "clipped": float(clipped.sum()),
-            "ratio": float(raw_ratio.sum()),
-            "abs_gap": float(raw_ratio.log().abs().sum()),
-            "stale": float(stale.sum()),
-            "is_weight": float(is_w[stale].sum()),
-            "truncated": float((stale & (raw_ratio > settings.tis_cap)).sum()),
-            "kl": float(kl.sum()),
-            "sigma_entropy": float(ent.sum()),
-            "sigma_entropy_norm": float(torch.where(n > 1, ent / n.clamp(min=2).log(), 1.0).sum()),
-            "sigma_max_scaled": float((max_sig * n).sum()),
-            "sigma_sum": float(sig_sum.sum()),
-        },
-        {
-            "ratio_max": float(raw_ratio.max()) if len(mu) else 0.0,
-            "is_weight_max": float(is_w[stale].max()) if bool(stale.any()) else 0.0,
-            "sigma_max_scaled_max": float((max_sig * n).max()) if mb.n_samples else 0.0,
-        },
+        dict(zip(sums, host[: len(sums)], strict=True)) | counts, dict(zip(maxes, host[len(sums) :], strict=True))
     )
     return stats

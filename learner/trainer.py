@@ -1,10 +1,11 @@
 """The learner loop: batches stream → DeepSpeed step → ack → version, weights, metrics, checkpoints.
 
-Each rank reads its share of ``generation.prompts_per_step`` groups from the ``batches`` stream
-(consumer group ``learner``), drops samples already trained (a Redis set of rollout ids, written
-after the step, so a crash before the step loses nothing), trains one step, and only then
-acknowledges the entries. Rank 0 then publishes the weights (every ``learner.broadcast_every``
-steps) and the new version that the generators' staleness admission reads.
+The ranks read ``generation.prompts_per_step`` groups from the ``batches`` stream and share them
+out by tokens (``learner.batches``: never a group or sample twice, nor one trained in an earlier
+step, by a Redis set of rollout ids written after the step, so a crash before it loses nothing);
+each trains its share in one step, and only then acknowledges its entries. Rank 0 then publishes
+the weights (every ``learner.broadcast_every`` steps) and the new version that the generators'
+staleness admission reads.
 """
 
 from __future__ import annotations
@@ -21,15 +22,16 @@ import numpy as np
 from rredcot.common.codec import decode
 from rredcot.common.config import Config, ConfigError
 from rredcot.common.control import RunControl
-from rredcot.common.models import load_causal_lm, load_tokenizer, resolve_model_path
-from rredcot.common.records import RecordError, WeightedGroup
+from rredcot.common.models import load_tokenizer, resolve_model_path
+from rredcot.common.records import WeightedGroup
 from rredcot.common.registry import WEIGHT_TRANSPORTS
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Entry, connect, key, run_key
 from rredcot.common.weight_sync import version_key
+from rredcot.learner.batches import BatchReader
 from rredcot.learner.broadcast import FilePublisher
 from rredcot.learner.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
-from rredcot.learner.engine import LearnerEngine
+from rredcot.learner.engine import LearnerEngine, load_policy
 from rredcot.learner.packing import TrainSample, samples_from_group
 from rredcot.learner.replay import ReplayLog
 
@@ -55,8 +57,16 @@ class Trainer:
         self.replay = ReplayLog(self.client, self.run_id, rank)
         path = resolve_model_path(cfg.model.path, seed=cfg.run.seed)
         self.tokenizer = load_tokenizer(cfg.model.tokenizer or path)
-        self.engine = LearnerEngine(load_causal_lm(path), cfg.learner, temperature=cfg.generation.temperature)
+        self.engine = LearnerEngine(
+            load_policy(path, cfg.learner),
+            cfg.learner,
+            temperature=cfg.generation.temperature,
+            total_steps=cfg.run.steps,
+        )
         self.rank, self.world = self.engine.rank, self.engine.world
+        self.reader = BatchReader(
+            self.client, self.consumer, self.trained_key, self.rank, self.world, cfg.generation.prompts_per_step
+        )
         self.step = 0
         self.last_checkpoint, self.saved_step = time.monotonic(), -1
         self._to_replay: deque[tuple[int, list[bytes]]] = deque()  # steps trained after the checkpoint
@@ -118,10 +128,17 @@ class Trainer:
         """Train until ``run.steps`` steps or a stop request; returns the last metrics."""
         metrics: dict[str, float] = {}
         while self.step < self.cfg.run.steps:
-            batch = self._next_batch()
-            if self.engine.all_reduce([float(batch is None)], ["max"])[0] > 0:  # all ranks stop together
+            if self._to_replay:
+                metrics = self.train_on([], self._replayed())
+                continue
+            t0 = time.perf_counter()
+            own = self.reader.read(self.control.stop_requested)
+            self.totals["wait_s"] += time.perf_counter() - t0
+            if self.engine.all_reduce([float(own is None)], ["max"])[0] > 0:  # all ranks stop together
                 break
-            metrics = self.train_on(*batch)
+            batch = self.reader.balance(own, self.engine.all_gather if self.world > 1 else None)
+            self.totals.update(groups=batch.groups, samples=len(batch.samples), duplicates=batch.duplicates)
+            metrics = self.train_on(batch.entries, batch.samples)
         if self.saved_step != self.step:
             self.checkpoint()
         self.publisher.close()  # the last version reaches the generators before the run stops
@@ -162,52 +179,12 @@ class Trainer:
         by_time = float(bool(every_s) and time.monotonic() - self.last_checkpoint >= every_s and self.rank == 0)
         return bool(every and self.step % every == 0) or self.engine.all_reduce([by_time], ["max"])[0] > 0
 
-    def _next_batch(self) -> tuple[list[Entry], list[TrainSample]] | None:
-        """This rank's groups of the next global batch (None once a stop is requested): a step to
-        train again after a resume first (no entries to acknowledge), then the ``batches`` stream."""
-        if self._to_replay:
-            _, payloads = self._to_replay.popleft()
-            samples = [s for p in payloads for s in samples_from_group(decode(p, WeightedGroup))]
-            self.totals["groups"] += len(payloads)  # consumed after the checkpoint, counted again
-            self.totals["samples"] += len(samples)
-            return [], samples
-        per_step = self.cfg.generation.prompts_per_step
-        need = per_step // self.world + (self.rank < per_step % self.world)
-        entries: list[Entry] = []
-        samples: list[TrainSample] = []
-        t0 = time.perf_counter()
-        while True:
-            if self.control.stop_requested():
-                return None
-            if len(entries) >= need:
-                break
-            for entry in self.consumer.read(count=need - len(entries), block_ms=200):
-                group = self._decode(entry)
-                if group is None:
-                    continue
-                entries.append(entry)
-                samples.extend(self._fresh(samples_from_group(group)))
-        self.totals["wait_s"] += time.perf_counter() - t0
-        self.totals["groups"] += len(entries)
-        self.totals["samples"] += len(samples)
-        return entries, samples
-
-    def _decode(self, entry: Entry) -> WeightedGroup | None:
-        try:
-            if entry.payload is None:
-                raise RecordError("entry has no payload")
-            return decode(entry.payload, WeightedGroup)
-        except RecordError as e:
-            self.consumer.dead_letter(entry, f"learner: {e}")
-            return None
-
-    def _fresh(self, samples: list[TrainSample]) -> list[TrainSample]:
-        """Samples whose rollout id was never trained (reclaimed or re-sent entries are dropped)."""
-        if not samples:
-            return []
-        seen = self.client.smismember(self.trained_key, [s.id for s in samples])
-        self.totals["duplicates"] += sum(map(bool, seen))
-        return [s for s, dup in zip(samples, seen, strict=True) if not dup]
+    def _replayed(self) -> list[TrainSample]:
+        """The samples of the next step trained after the restored checkpoint (retrained first)."""
+        _, payloads = self._to_replay.popleft()
+        samples = [s for p in payloads for s in samples_from_group(decode(p, WeightedGroup))]
+        self.totals.update(groups=len(payloads), samples=len(samples))  # consumed after the checkpoint, counted again
+        return samples
 
     # ----- outputs -----
     def _broadcast(self) -> float:

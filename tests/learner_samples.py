@@ -10,6 +10,25 @@ from rredcot.common.models import tiny_config
 from rredcot.learner.packing import TrainSample
 
 VOCAB = 1000
+# Qwen2-architecture shapes for GPU tests and benchmarks (random weights): the 1.5B one and a smoke one
+SHAPES = {
+    "qwen2.5-1.5b": {
+        "hidden_size": 1536,
+        "intermediate_size": 8960,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+        "vocab_size": 151936,
+    },
+    "smoke": {
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 4096,
+    },
+}
 
 
 def tiny_lm(seed: int = 0, **config_kwargs) -> torch.nn.Module:

@@ -2,10 +2,10 @@
 
 Usage: python -m tests.integration.learner_worker '<json spec>', from the repository root
 (RANK/WORLD_SIZE/MASTER_* come from the environment).
-Spec keys: stage, steps, first_step, resume (checkpoint dir or null), save_at + save + save_out (after
-that many steps: a checkpoint under the root ``save`` and the weights in ``save_out``), out
-(safetensors file for the final weights; RANK is replaced by the rank), redis_url + run_id +
-weights_dir (publish after each step).
+Spec keys: stage, chunk (learner.logprob_chunk), steps, first_step, resume (checkpoint dir or
+null), save_at + save + save_out (after that many steps: a checkpoint under the root ``save`` and
+the weights in ``save_out``), out (safetensors file for the final weights; RANK is replaced by
+the rank), redis_url + run_id + weights_dir (publish after each step).
 """
 
 from __future__ import annotations
@@ -25,7 +25,12 @@ from tests.learner_samples import random_samples, tiny_lm
 
 def main(spec: dict) -> None:
     cfg = LearnerConfig(
-        dtype="float32", lr=1e-3, zero_stage=spec["stage"], micro_token_budget=96, zero3_persistence_threshold=0
+        dtype="float32",
+        lr=1e-3,
+        zero_stage=spec["stage"],
+        micro_token_budget=96,
+        logprob_chunk=spec.get("chunk", 4096),
+        zero3_persistence_threshold=0,
     )
     engine = LearnerEngine(tiny_lm(0), cfg)
     if spec.get("resume"):

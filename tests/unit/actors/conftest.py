@@ -85,7 +85,10 @@ def helpers() -> SimpleNamespace:
     )
 
 
-@pytest.fixture(scope="session")
+# Engines are module-scoped and closed at the module's end: vLLM's parallel state is process-wide,
+# and closing any engine (another test file's, in the same xdist worker) takes it down for every
+# engine alive then, so an engine must not outlive the test file that made it.
+@pytest.fixture(scope="module")
 def tied(tmp_path_factory, tokenizer, helpers):
     """A tied-embedding Qwen3 engine and its two weight versions (v0 loaded, v1 as a file)."""
     root = tmp_path_factory.mktemp("tied")
@@ -93,13 +96,15 @@ def tied(tmp_path_factory, tokenizer, helpers):
     path = helpers.save(m0, tokenizer, root / "m0")
     save_file(helpers.weights(m1), str(root / "v1.safetensors"))
     engine = Engine(EngineSpec(path, max_model_len=128, kv_cache_bytes=helpers.kv_bytes, seed=0))
-    return engine, m0, m1, str(root / "v1.safetensors")
+    yield engine, m0, m1, str(root / "v1.safetensors")
+    engine.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def untied(tmp_path_factory, tokenizer, helpers):
-    """An untied Qwen2 engine (v0 loaded) and a second weight version. Session-scoped like ``tied``:
-    engines share vLLM's process-wide parallel state, which a destroyed engine takes down with it."""
+    """An untied Qwen2 engine (v0 loaded) and a second weight version."""
     m0, m1 = helpers.make_model("qwen2", 2, tie=False), helpers.make_model("qwen2", 3, tie=False)
     path = helpers.save(m0, tokenizer, tmp_path_factory.mktemp("untied") / "m0")
-    return Engine(EngineSpec(path, max_model_len=128, kv_cache_bytes=helpers.kv_bytes)), m0, m1
+    engine = Engine(EngineSpec(path, max_model_len=128, kv_cache_bytes=helpers.kv_bytes))
+    yield engine, m0, m1
+    engine.close()

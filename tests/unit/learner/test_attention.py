@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from rredcot.learner.attention import VARLEN_ATTENTION, use_varlen_attention
+from rredcot.learner.attention import VARLEN_ATTENTION, use_varlen_attention, varlen_attention_forward
 from rredcot.learner.packing import collate
 
 
@@ -63,3 +63,20 @@ def test_saved_model_does_not_name_the_learner_attention(make_model, tmp_path):
     config = json.loads((tmp_path / "config.json").read_text())
     assert VARLEN_ATTENTION not in json.dumps(config)
     assert config["model_type"] == "qwen3"  # the file is the model's real config
+
+
+def test_samples_are_split_not_sliced():
+    """Each sample's q/k/v is a split of the row (one gradient buffer in backward), never a slice:
+    the backward of every slice allocates a zero gradient of the whole row, n of them per layer."""
+    q, k, v = (torch.randn(1, 2, 30, 8, requires_grad=True) for _ in range(3))
+    module = torch.nn.Module()
+    module.is_causal, module.training = True, True
+    out, _ = varlen_attention_forward(module, q, k, v, None, sample_bounds=(0, 7, 19, 30))
+    nodes, stack = set(), [out.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None and node.name() not in nodes:
+            nodes.add(node.name())
+            stack.extend(next_fn for next_fn, _ in node.next_functions)
+    assert any(name.startswith("SplitWithSizesBackward") for name in nodes), nodes
+    assert not any(name.startswith("SliceBackward") for name in nodes), nodes

@@ -11,9 +11,18 @@ from deepspeed.utils import safe_get_full_grad
 
 from rredcot.common.config import LearnerConfig
 from rredcot.learner.broadcast import full_state
-from rredcot.learner.engine import LearnerEngine
+from rredcot.learner.engine import (
+    LearnerEngine,
+    all_gather_bytes,
+    all_reduce_scalars,
+    comm_device,
+    init_distributed,
+    load_policy,
+    lr_factor,
+    reduce_stats,
+)
 from rredcot.learner.logprobs import token_logprobs
-from rredcot.learner.loss import LossSettings, policy_loss, sample_coefficients
+from rredcot.learner.loss import LossSettings, Stats, policy_loss, sample_coefficients
 from rredcot.learner.packing import BudgetError, collate
 
 
@@ -48,6 +57,7 @@ def test_bf16_step_trains(make_model, make_samples):
     assert result.applied and np.isfinite(result.metrics["loss"]) and result.metrics["grad_norm"] > 0
     after = full_state(engine.module)
     assert after["model.norm.weight"].dtype == torch.bfloat16
+    assert engine.engine.optimizer.gradient_accumulation_dtype == torch.float32  # not bf16 over micro-batches
     assert any(not torch.equal(before[n], after[n]) for n in before)
 
 
@@ -98,3 +108,47 @@ def test_too_long_sample_raises_naming_the_budget(make_model, make_samples):
     engine = LearnerEngine(make_model(), config(zero_stage=1, micro_token_budget=32))
     with pytest.raises(BudgetError, match=r"micro_token_budget=32"):
         engine.train_step(make_samples(2, lengths=[5, 40]))
+
+
+def test_reductions_place_tensors_on_the_collective_device():
+    """The scalars, statistics and bytes the ranks exchange are made on the backend's device (the
+    GPU under NCCL), not on the default one: with ``meta`` as the default they still work on gloo."""
+    init_distributed()
+    stats = Stats()
+    stats.add({"tokens": 3.0, "clipped": 1.0}, {"ratio_max": 2.0})
+    with torch.device("meta"):
+        device = comm_device()
+        scalars = all_reduce_scalars([1.0, 2.0, 3.0], ["sum", "max", "sum"], device)
+        reduce_stats(stats, device)
+        gathered = all_gather_bytes(b"abc", device)
+    assert device.type == "cpu" and scalars == [1.0, 2.0, 3.0] and gathered == [b"abc"]
+    assert stats.result()["clip_frac"] == pytest.approx(1 / 3) and stats.result()["ratio_max"] == 2.0
+
+
+def test_lr_factor_hand_values():
+    cosine = LearnerConfig(lr_warmup_steps=4, lr_schedule="cosine", lr_min_ratio=0.1)
+    assert [lr_factor(s, cosine, 14) for s in (0, 1, 3, 4)] == [0.25, 0.5, 1.0, 1.0]
+    assert lr_factor(9, cosine, 14) == pytest.approx(0.55)  # half-way down: 0.1 + 0.9 / 2
+    assert lr_factor(14, cosine, 14) == pytest.approx(0.1) and lr_factor(30, cosine, 14) == pytest.approx(0.1)
+    assert [lr_factor(s, LearnerConfig(lr_warmup_steps=2), 14) for s in (0, 1, 10)] == [0.5, 1.0, 1.0]
+
+
+def test_engine_steps_follow_the_warm_up(make_model, make_samples):
+    engine = LearnerEngine(make_model(), config(zero_stage=1, lr_warmup_steps=2), total_steps=4)
+    lrs = [engine.train_step(make_samples(3, seed=i)).metrics["lr"] for i in range(3)]
+    assert lrs == pytest.approx([5e-4, 1e-3, 1e-3])
+
+
+def test_zero3_loads_the_policy_into_partitions(make_model, tmp_path):
+    """Under ZeRO-3 the weights are loaded inside ``zero.Init`` (no whole copy per rank) and train
+    from the saved values."""
+    model = make_model()
+    model.save_pretrained(tmp_path)
+    loaded = load_policy(str(tmp_path), config(zero_stage=3))
+    assert all(hasattr(p, "ds_id") for p in loaded.parameters())
+    engine = LearnerEngine(loaded, config(zero_stage=3))
+    saved = {n: p.detach() for n, p in model.named_parameters()}
+    state = full_state(engine.module)
+    assert state.keys() == saved.keys()
+    for name, tensor in saved.items():
+        torch.testing.assert_close(state[name], tensor, atol=0, rtol=0, msg=name)

@@ -101,3 +101,53 @@ def test_stats_merge_and_tensor_roundtrip():
     maxes = torch.maximum(a.as_tensors()[1], b.as_tensors()[1])
     merged.load_tensors(sums, maxes)
     assert merged.result()["clip_frac"] == 0.5 and merged.result()["ratio_max"] == 3.0
+
+
+def test_loss_allocates_on_the_batch_device(make_samples):
+    """Every tensor the loss makes lives on the micro-batch's device: with ``meta`` as the default
+    device, a bare ``torch.zeros(n)`` (what a CUDA learner would get on the CPU) fails to mix."""
+    samples = make_samples(4, version=1)
+    mb = collate(samples)
+    logp = mb.behaviour_logprobs + 0.1
+    expected, expected_stats = policy_loss(
+        logp, mb, 2, sample_coefficients(mb, "sample", 4), LossSettings(kl_coef=0.1), logp - 0.2
+    )
+    with torch.device("meta"):
+        for agg, denom in (("sample", 4), ("token", float(mb.completion_lengths.sum()))):
+            coef = sample_coefficients(mb, agg, denom)
+            assert coef.device.type == "cpu"
+        loss, stats = policy_loss(
+            logp, mb, 2, sample_coefficients(mb, "sample", 4), LossSettings(kl_coef=0.1), logp - 0.2
+        )
+        sums, maxes = stats.as_tensors("cpu")
+    assert loss.device.type == "cpu" and sums.device.type == "cpu" and maxes.device.type == "cpu"
+    assert loss.item() == pytest.approx(expected.item()) and stats.result() == expected_stats.result()
+
+
+@pytest.mark.parametrize("dual_clip", [0.0, 3.0])
+def test_dual_clip_bounds_fresh_tokens_with_negative_advantage(make_samples, dual_clip):
+    """A fresh token with A < 0 whose ratio exploded (e^3 ≈ 20): without the dual clip its loss is
+    ρ·|A| and its gradient pushes hard; with it the objective is c·A, with no gradient."""
+    sample = make_samples(1, lengths=[5])[0]
+    sample = type(sample)(**{**sample.__dict__, "advantage": -0.5})
+    mb = collate([sample])
+    logp = (mb.behaviour_logprobs + 3.0).requires_grad_(True)
+    loss, stats = policy_loss(logp, mb, 0, torch.ones(1), LossSettings(dual_clip=dual_clip))
+    loss.backward()
+    sigma = mb.sigma.double()
+    if dual_clip:
+        assert loss.item() == pytest.approx(float((sigma * dual_clip * 0.5).sum()), rel=1e-5)
+        assert torch.count_nonzero(logp.grad) == 0 and stats.result()["dual_clip_frac"] == 1.0
+    else:
+        assert loss.item() == pytest.approx(float((sigma * math.exp(3.0) * 0.5).sum()), rel=1e-4)
+        assert bool((logp.grad > 0).all()) and stats.result()["dual_clip_frac"] == 0.0
+
+
+def test_dual_clip_leaves_tokens_below_it_and_positive_advantages_alone(make_samples):
+    samples = make_samples(6, version=0)
+    mb = collate(samples)
+    logp = mb.behaviour_logprobs + torch.linspace(-0.5, 1.0, len(mb.targets))  # ratios up to e ≈ 2.7 < 3
+    coef = sample_coefficients(mb, "sample", 6)
+    with_dual, _ = policy_loss(logp, mb, 0, coef, LossSettings(dual_clip=3.0))
+    without, _ = policy_loss(logp, mb, 0, coef, LossSettings(dual_clip=0.0))
+    assert with_dual.item() == pytest.approx(without.item(), abs=1e-7)

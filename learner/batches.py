@@ -1,0 +1,136 @@
+"""Each learner rank's share of a global batch, read from the ``batches`` stream.
+
+A step takes ``generation.prompts_per_step`` groups. Every rank first reads its count of entries
+(consumer group ``learner``; ``read``), then the ranks swap what they read (entry ids, group ids
+and token counts only; ``balance``) and assign the groups to ranks by tokens, longest first, each
+to the least-loaded rank, so the slowest rank no longer sets the step at 25k tokens. A rank
+fetches the entries assigned to it that another rank read and takes them over (``Consumer.hold``),
+so a crashed rank's entries are reclaimed from it, not from the reader.
+
+Never twice in one step: an entry read again (XAUTOCLAIM also reclaims the reader's own idle
+entries while it waits longer than ``redis.claim_idle_ms``; held entries are renewed meanwhile),
+the same group in two entries (a redistributor that re-sent it after a crash), or a sample already
+trained in an earlier step (a Redis set of rollout ids, written after the step).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgpack
+import redis
+
+from rredcot.common.codec import decode
+from rredcot.common.records import RecordError, WeightedGroup
+from rredcot.common.streams import Consumer, Entry
+from rredcot.learner.packing import TrainSample, samples_from_group
+
+# all-gather of one bytes object per rank (rank order); None for a single rank
+Gather = Callable[[bytes], list[bytes]]
+
+
+@dataclass
+class Batch:
+    """What this rank trains in one step, and the entries to acknowledge after it."""
+
+    entries: list[Entry] = field(default_factory=list)  # this rank's, acknowledged after the step
+    samples: list[TrainSample] = field(default_factory=list)
+    groups: int = 0  # groups this rank consumed (trained or found duplicate)
+    duplicates: int = 0  # samples dropped as already trained or seen twice
+
+
+def assign(tokens: list[int], world: int) -> list[int]:
+    """The rank of each group: longest first, each to the rank with the fewest tokens so far
+    (ties: the lower rank); deterministic, so every rank computes the same assignment."""
+    load = [0] * world
+    owner = [0] * len(tokens)
+    for i in sorted(range(len(tokens)), key=lambda i: (-tokens[i], i)):
+        r = min(range(world), key=lambda r: (load[r], r))
+        owner[i] = r
+        load[r] += tokens[i]
+    return owner
+
+
+class BatchReader:
+    """One rank's reader of the ``batches`` stream (see the module docstring)."""
+
+    def __init__(
+        self, client: redis.Redis, consumer: Consumer, trained_key: str, rank: int, world: int, per_step: int
+    ) -> None:
+        self.client, self.consumer, self.trained_key = client, consumer, trained_key
+        self.rank, self.world = rank, world
+        self.need = per_step // world + (rank < per_step % world)
+
+    def read(self, stop_requested: Callable[[], bool]) -> list[tuple[Entry, WeightedGroup]] | None:
+        """This rank's ``need`` entries, each once (None once a stop is requested). Malformed entries
+        go to the dead-letter stream."""
+        got: dict[bytes, tuple[Entry, WeightedGroup]] = {}
+        renew_s = self.consumer.claim_idle_ms / 4000  # held entries are renewed 4x within the idle time
+        block_ms = max(1, min(200, int(renew_s * 1000)))
+        last_hold = time.perf_counter()
+        while len(got) < self.need:
+            if stop_requested():
+                return None
+            for entry in self.consumer.read(count=self.need - len(got), block_ms=block_ms):
+                group = self._decode(entry)
+                if group is not None:
+                    got.setdefault(entry.id, (entry, group))  # an own entry reclaimed back: once
+            if got and time.perf_counter() - last_hold > renew_s:
+                self.consumer.hold(list(got))
+                last_hold = time.perf_counter()
+        return list(got.values())
+
+    def balance(self, own: list[tuple[Entry, WeightedGroup]], gather: Gather | None) -> Batch:
+        """This rank's share of the global batch made of every rank's ``own`` (``gather``: the ranks'
+        all-gather; None for one rank)."""
+        mine = [(e.id, g.group_id, sum(len(s.rollout.completion_ids) for s in g.samples)) for e, g in own]
+        per_rank = [mine] if gather is None else [msgpack.unpackb(b) for b in gather(msgpack.packb(mine))]
+        everything = [tuple(x) for rank_list in per_rank for x in rank_list]
+        first: dict[str, int] = {}
+        unique = [i for i, (_, gid, _) in enumerate(everything) if first.setdefault(gid, i) == i]
+        owner = dict(zip(unique, assign([everything[i][2] for i in unique], self.world), strict=True))
+        trained_ids = {everything[i][0] for i in unique}
+        held = {e.id: (e, g) for e, g in own}
+        taken = [everything[i][0] for i in unique if owner[i] == self.rank and everything[i][0] not in held]
+        self.consumer.hold(taken)
+        held |= {e.id: (e, None if e.payload is None else self._decode(e)) for e in self.consumer.fetch(taken)}
+        batch, seen = Batch(), set()
+        for i, (entry_id, _, _) in enumerate(everything):
+            if i in owner:  # a group's first copy: its owner trains it
+                if owner[i] != self.rank:
+                    continue
+            elif entry_id not in held or entry_id in trained_ids:  # a second copy: its reader acknowledges it
+                continue
+            entry, group = held[entry_id]
+            batch.entries.append(entry)
+            batch.groups += 1
+            if group is None:  # deleted from the stream meanwhile
+                continue
+            samples = samples_from_group(group)
+            if i not in owner:
+                batch.duplicates += len(samples)
+                continue
+            new = [s for s in samples if s.id not in seen]
+            batch.duplicates += len(samples) - len(new)
+            batch.samples += new
+            seen.update(s.id for s in new)
+        return self._fresh(batch)
+
+    def _decode(self, entry: Entry) -> WeightedGroup | None:
+        try:
+            if entry.payload is None:
+                raise RecordError("entry has no payload")
+            return decode(entry.payload, WeightedGroup)
+        except RecordError as e:
+            self.consumer.dead_letter(entry, f"learner: {e}")
+            return None
+
+    def _fresh(self, batch: Batch) -> Batch:
+        """``batch`` without the samples whose rollout id was trained in an earlier step."""
+        if batch.samples:
+            seen = self.client.smismember(self.trained_key, [s.id for s in batch.samples])
+            batch.duplicates += sum(map(bool, seen))
+            batch.samples = [s for s, dup in zip(batch.samples, seen, strict=True) if not dup]
+        return batch

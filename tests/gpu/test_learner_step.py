@@ -1,0 +1,51 @@
+"""The learner on a GPU (needs only torch, transformers and DeepSpeed, e.g. a carried wheel): one
+25k-token step of a Qwen2.5-1.5B-shaped model, and the device placement of every learner tensor."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config
+
+from rredcot.common.config import LearnerConfig
+from tests.learner_samples import SHAPES, random_samples, tiny_lm
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def _engine(model: torch.nn.Module, **kw):
+    from rredcot.learner.engine import LearnerEngine
+
+    return LearnerEngine(model, LearnerConfig(**{"dtype": "bfloat16", "lr": 1e-5, **kw}))
+
+
+def _changed(before: dict[str, torch.Tensor], module: torch.nn.Module) -> bool:
+    now = dict(module.named_parameters())
+    return any(not torch.equal(t, now[n].detach()) for n, t in before.items())
+
+
+def test_25k_token_step_of_a_1_5b_model_zero2_bf16():
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(Qwen2Config(**SHAPES["qwen2.5-1.5b"]), dtype=torch.bfloat16)
+    engine = _engine(model, zero_stage=2, grad_checkpointing=True, micro_token_budget=26_000, logprob_chunk=4096)
+    before = {n: p.detach().clone() for n, p in list(engine.module.named_parameters())[-4:]}
+    result = engine.train_step(random_samples(1, lengths=[25_000], prompt=256))
+    assert result.applied, result.metrics
+    assert math.isfinite(result.metrics["loss"]) and result.metrics["grad_norm"] > 0
+    assert _changed(before, engine.module)
+    assert torch.cuda.max_memory_allocated() < torch.cuda.get_device_properties(0).total_memory
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_every_tensor_on_the_gpu_with_a_kl_term_and_chunks(stage):
+    """Loss, statistics, reductions and the KL reference model on the GPU (stage 3: no KL, refused)."""
+    kl = 0.1 if stage < 3 else 0.0
+    engine = _engine(tiny_lm(0), zero_stage=stage, kl_coef=kl, logprob_chunk=8, micro_token_budget=64)
+    if kl:
+        assert next(engine.ref_model.parameters()).device.type == "cuda"
+    before = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+    result = engine.train_step(random_samples(6))
+    assert result.applied and math.isfinite(result.metrics["loss"]) and result.metrics["kl"] >= 0
+    assert _changed(before, engine.module)

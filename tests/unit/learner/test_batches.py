@@ -1,0 +1,138 @@
+"""Each rank's share of a global batch (real Redis): once per step, taken over, balanced by tokens."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rredcot.common.codec import encode
+from rredcot.common.streams import Consumer, key
+from rredcot.learner.batches import BatchReader, assign
+from tests.factories import weighted_group
+
+GROUP = "learner"
+
+
+def _stream(run_id: str) -> str:
+    return key(run_id, "batches")
+
+
+def _reader(client, run_id: str, rank: int = 0, world: int = 1, per_step: int = 2, idle_ms: int = 30_000):
+    consumer = Consumer(client, _stream(run_id), GROUP, f"learner{rank}", key(run_id, "dead"), idle_ms)
+    return BatchReader(client, consumer, key(run_id, "trained_ids"), rank, world, per_step)
+
+
+def _put(client, run_id: str, group) -> bytes:
+    return client.xadd(_stream(run_id), {b"d": encode(group)})
+
+
+def _never() -> bool:
+    return False
+
+
+def test_assign_longest_first_to_the_least_loaded_rank():
+    # 10 → r0, 8 → r1, 5 → r1 (8 < 10), 3 → r0 (10 < 13), 3 → r0 (13 = 13: the lower rank)
+    assert assign([10, 8, 5, 3, 3], 2) == [0, 1, 1, 0, 0]
+    assert assign([], 3) == [] and assign([4, 4], 1) == [0, 0]
+
+
+@given(st.lists(st.integers(1, 25_000), max_size=40), st.integers(1, 8))
+def test_assign_loads_differ_by_at_most_one_group(tokens, world):
+    owner = assign(tokens, world)
+    loads = [sum(t for t, r in zip(tokens, owner, strict=True) if r == rank) for rank in range(world)]
+    assert sum(loads) == sum(tokens) and max(loads) - min(loads) <= max(tokens, default=0)
+
+
+def test_waiting_longer_than_the_reclaim_idle_time_reads_no_entry_twice(redis_client, run_id):
+    """The reader holds one entry and waits 0.8 s for the second with claim_idle_ms = 200: XAUTOCLAIM
+    would hand it the held entry again (and another rank could take it) unless it is renewed."""
+    reader = _reader(redis_client, run_id, per_step=2, idle_ms=200)
+    thief = Consumer(redis_client, _stream(run_id), GROUP, "learner1", key(run_id, "dead"), 200)
+    first = _put(redis_client, run_id, weighted_group(seed=1))
+    stolen = []
+
+    def late_second_and_a_thief() -> None:
+        deadline = time.monotonic() + 0.8
+        while time.monotonic() < deadline:
+            stolen.extend(thief._reclaim(10))
+            time.sleep(0.05)
+        _put(redis_client, run_id, weighted_group(seed=2))
+
+    other = threading.Thread(target=late_second_and_a_thief)
+    other.start()
+    own = reader.read(_never)
+    other.join()
+    ids = [e.id for e, _ in own]
+    assert len(ids) == 2 and len(set(ids)) == 2 and first in ids
+    assert stolen == []
+    batch = reader.balance(own, None)
+    assert len(batch.samples) == 8 and len({s.id for s in batch.samples}) == 8 and batch.duplicates == 0
+
+
+def test_a_group_sent_twice_or_already_trained_is_trained_once(redis_client, run_id):
+    group = weighted_group(seed=3)
+    reader = _reader(redis_client, run_id, per_step=3)
+    for g in (group, group, weighted_group(seed=4)):
+        _put(redis_client, run_id, g)
+    redis_client.sadd(key(run_id, "trained_ids"), group.samples[0].rollout.id)  # trained in an earlier step
+    batch = reader.balance(reader.read(_never), None)
+    assert len(batch.entries) == 3 and batch.groups == 3  # all three are acknowledged after the step
+    assert len(batch.samples) == 3 + 4 and len({s.id for s in batch.samples}) == 7
+    assert batch.duplicates == 4 + 1
+
+
+def _all_gather(world: int):
+    """An in-process all-gather for ``world`` threads (what the engine's collective does across ranks)."""
+    slots: list[bytes | None] = [None] * world
+    barrier = threading.Barrier(world, timeout=30)
+
+    def gather_for(rank: int):
+        def gather(data: bytes) -> list[bytes]:
+            slots[rank] = data
+            barrier.wait()
+            out = list(slots)
+            barrier.wait()
+            return out
+
+        return gather
+
+    return gather_for
+
+
+def test_two_ranks_share_a_batch_by_tokens_and_take_over_their_entries(redis_client, run_id):
+    """Rank 0 reads the three long groups, rank 1 the three short ones (740 vs 60 tokens per sample);
+    after the balance each trains half the tokens, every group exactly once, and owns (in Redis)
+    the entries it trains."""
+    lengths = [400, 300, 40, 30, 20, 10]
+    groups = [weighted_group(g=2, length=n, seed=10 + i) for i, n in enumerate(lengths)]
+    readers = [_reader(redis_client, run_id, rank, 2, per_step=6) for rank in range(2)]
+    for g in groups:
+        _put(redis_client, run_id, g)
+    own0, own1 = readers[0].read(_never), readers[1].read(_never)
+    assert [g.group_id for _, g in own0] == [g.group_id for g in groups[:3]]
+    gather_for, batches = _all_gather(2), [None, None]
+
+    def run(rank: int, own) -> None:
+        try:
+            batches[rank] = readers[rank].balance(own, gather_for(rank))
+        except BaseException as e:  # noqa: BLE001 - re-raised below, on the test's thread
+            batches[rank] = e
+
+    threads = [threading.Thread(target=run, args=(r, o)) for r, o in enumerate((own0, own1))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for b in batches:
+        if isinstance(b, BaseException):
+            raise b
+    tokens = [sum(len(s.completion_ids) for s in b.samples) for b in batches]
+    assert tokens == [2 * 400, 2 * (300 + 40 + 30 + 20 + 10)]  # groups of 2 samples; unbalanced: 1400 vs 200
+    ids = [s.id for b in batches for s in b.samples]
+    assert len(ids) == len(set(ids)) == 12
+    for rank, b in enumerate(batches):
+        pending = redis_client.xpending_range(_stream(run_id), GROUP, "-", "+", 100, consumername=f"learner{rank}")
+        assert {p["message_id"] for p in pending} == {e.id for e in b.entries}
