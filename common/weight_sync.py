@@ -121,13 +121,6 @@ class WeightWriter:
         self, version: int, names: list[str], shapes: list[list[int]], dtypes: list[str], out_dir: str | Path
     ) -> None:
         self.version, self.names, self.shapes, self.dtypes, self.out_dir = version, names, shapes, dtypes, out_dir
-        self.path = weights_file(out_dir, version).resolve()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-        self._file = open(self._tmp, "wb")  # noqa: SIM115 - closed by commit/abort
-        self._hash = hashlib.sha256()
-        self._next = 0  # index of the next tensor to write
-        self._committed = False
         entries, offset = {"__metadata__": {"version": str(version)}}, 0
         for name, shape, dtype in zip(names, shapes, dtypes, strict=True):
             if dtype not in _ST_DTYPES:
@@ -138,6 +131,13 @@ class WeightWriter:
         header = json.dumps(entries, separators=(",", ":")).encode()
         header += b" " * (-len(header) % 8)  # the data starts 8-byte aligned, as safetensors writes it
         self.nbytes = 8 + len(header) + offset
+        self.path = weights_file(out_dir, version).resolve()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+        self._file = open(self._tmp, "wb")  # noqa: SIM115 - closed by commit or on leaving the context
+        self._hash = hashlib.sha256()
+        self._next = 0  # index of the next tensor to write
+        self._committed = False
         self._write(struct.pack("<Q", len(header)) + header)
 
     def _write(self, data: bytes | memoryview) -> None:

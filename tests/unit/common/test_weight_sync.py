@@ -118,4 +118,6 @@ def test_a_writer_left_without_its_tensors_leaves_nothing(tmp_path):
         WeightWriter(2, ["a"], [[2]], ["float32"], tmp_path) as w,
     ):
         w.commit()
+    with pytest.raises(WeightSyncError, match="complex64 cannot be written"):
+        WeightWriter(2, ["c"], [[2]], ["complex64"], tmp_path)
     assert not any(tmp_path.iterdir())
