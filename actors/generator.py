@@ -56,6 +56,7 @@ class GeneratorMetrics:
     blocked_backpressure_s: float = 0.0
     weight_updates: int = 0
     weight_update_s: float = 0.0
+    weight_files_missing: int = 0  # versions whose weight file this node could not find (no shared run.dir)
     version: int = 0
 
     def snapshot(self) -> dict[str, float]:
@@ -110,6 +111,9 @@ class Generator:
         """Apply the newest published weights if they are newer than the engine's; True if applied."""
         applied = self.receiver.poll(self.cfg.generation.in_flight)
         if applied is None:
+            if self.receiver.missing_files != self.metrics.weight_files_missing:
+                self.metrics.weight_files_missing = self.receiver.missing_files
+                self.control.publish_metrics(self.name, "generator", self.metrics.snapshot())
             return False
         version, seconds = applied
         self._write_finished(self.engine.step())  # groups drained by the "finish" policy

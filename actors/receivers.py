@@ -4,6 +4,11 @@ One receiver per vLLM engine (a generator, or the evaluator with ``rank=None``).
 the newest published version if it is newer than the engine's, under the in-flight policy, and
 returns (version, seconds of the update); None when there is nothing new (or nothing readable
 yet: a pruned file means a newer version exists, taken on the next poll).
+
+A file that the newest manifest names and that this node cannot find was never pruned: the
+receiver does not share the learner's filesystem. That is logged as an error (once per version,
+naming the path and the fix), counted in ``missing_files`` (the generator's ``weight_files_missing``
+metric), and retried on every poll.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import Any
 from rredcot.actors.engine import Engine
 from rredcot.common.config import Config
 from rredcot.common.weight_group import read_group
-from rredcot.common.weight_sync import WeightManifest, latest_manifest, read_weights
+from rredcot.common.weight_sync import WeightManifest, latest_manifest, published_version, read_weights
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +34,8 @@ class FileReceiver:
 
     def __init__(self, client: Any, run_id: str, engine: Engine, name: str = "") -> None:
         self.client, self.run_id, self.engine, self.name = client, run_id, engine, name
+        self.missing_files = 0  # versions whose file this node could not find (no shared filesystem)
+        self._missing: int | None = None  # the last such version (logged once)
 
     @classmethod
     def from_config(cls, cfg: Config, client: Any, engine: Engine, rank: int | None) -> FileReceiver:
@@ -47,9 +54,25 @@ class FileReceiver:
             return None
         try:
             data = read_weights(manifest)
-        except FileNotFoundError:  # pruned by a newer publication: pick that one up next time
+        except FileNotFoundError:  # pruned by a newer publication (taken next time), or never on this node
+            if published_version(self.client, self.run_id) <= manifest.version:
+                self._report_missing(manifest)
             return None
         return manifest.version, self.engine.load_weights_bytes(data, manifest.version, in_flight)
+
+    def _report_missing(self, manifest: WeightManifest) -> None:
+        if self._missing == manifest.version:
+            return
+        self._missing = manifest.version
+        self.missing_files += 1
+        log.error(
+            "%s: weights v%d are published as %s, which does not exist on this node and no newer version "
+            "pruned it: this receiver does not share the learner's filesystem. Put run.dir on a filesystem "
+            "that every node mounts, or use generation.weight_transport=collective; retrying",
+            self.name,
+            manifest.version,
+            manifest.path,
+        )
 
     def close(self) -> None:
         """Nothing to release (files are pruned by the publisher)."""

@@ -8,19 +8,28 @@ vLLM and a receiver never joins a stale group. Backend: gloo on CPU, NCCL on GPU
 Wire format of one version: the manifest (``common.weight_sync``, ``transport="collective"``,
 ``buckets`` = tensors per bucket) is published in Redis first; then rank 0 broadcasts each bucket
 after a 16-byte header (version, total bytes) as one contiguous ``uint8`` buffer (the bucket's
-tensors in manifest order, each at a 16-byte aligned offset), then the 32-byte SHA-256 digest of all bucket bytes.
-The header labels the bytes: a sender may run a version ahead of a slow receiver (socket buffers),
-and the receiver still applies each version under its own number. A receiver sizes its buffers from
-the manifest (the layout is the same for every version), checks the digest, and only then hands
-the tensors on. Never one call per tensor.
+tensors in manifest order, each at a 16-byte aligned offset), then one int64 :func:`checksum` per
+bucket. The header labels the bytes: a sender may run a version ahead of a slow receiver (socket
+buffers), and the receiver still applies each version under its own number. A receiver sizes its
+buffers from the manifest (the layout is the same for every version), checks every bucket's
+checksum, and only then hands the tensors on. Never one call per tensor.
+
+The checksum is computed in torch on the bucket's own device (no device→host copy of a bucket just
+to check it): the bytes as int16 words, weighted by their position in rows of 2^16 words, each row
+sum taken modulo the prime 2^31 − 1 and weighted by its row number. Integers stay below 2^63, so
+nothing overflows; a change within one word (a flipped byte) always changes it, as does moving a
+word within its row. It guards against transport corruption and layout mix-ups, not tampering.
+Temporary device memory: under 100 MiB (8 MiB of the bucket at a time, as int64), whatever its size.
+
+A sender whose buckets live off the group's device (the learner keeps each version in host memory)
+stages them one at a time through one device buffer of the largest bucket's size.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 
@@ -32,8 +41,10 @@ import torch.distributed as dist
 from rredcot.common.streams import registry_key
 from rredcot.common.weight_sync import WeightSyncError
 
-DIGEST_BYTES = 32
 ALIGN = 16  # every tensor starts at a multiple of this in its bucket (any dtype can view it)
+_PRIME = 2**31 - 1
+_ROW = 2**16  # int16 words per checksum row
+_BLOCK = 64 * _ROW  # words per checksum block (8 MiB of a bucket)
 
 
 @dataclass(frozen=True)
@@ -134,12 +145,18 @@ def bucket_nbytes(shapes: Sequence[Sequence[int]], dtypes: Sequence[str], counts
     return out
 
 
-def flatten(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """The tensors' bytes in one new ``uint8`` buffer on ``device``, each at an ``ALIGN``-byte offset."""
-    sizes = [t.numel() * t.element_size() for t in tensors]
-    buffer = torch.zeros(sum(map(_slot, sizes)), dtype=torch.uint8, device=device)
+def flat_nbytes(tensors: Sequence[torch.Tensor]) -> int:
+    """Bytes of the bucket ``flatten`` makes of ``tensors``."""
+    return sum(_slot(t.numel() * t.element_size()) for t in tensors)
+
+
+def flatten(tensors: Sequence[torch.Tensor], device: torch.device, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The tensors' bytes in one ``uint8`` buffer on ``device``, each at an ``ALIGN``-byte offset: a new
+    zeroed one, or ``out`` (of ``flat_nbytes(tensors)`` bytes, reused: its padding is left as is)."""
+    buffer = torch.zeros(flat_nbytes(tensors), dtype=torch.uint8, device=device) if out is None else out
     offset = 0
-    for t, n in zip(tensors, sizes, strict=True):
+    for t in tensors:
+        n = t.numel() * t.element_size()
         buffer[offset : offset + n].view(t.dtype).view(t.shape).copy_(t.detach())
         offset += _slot(n)
     return buffer
@@ -168,11 +185,20 @@ def unflatten_buckets(
     return tensors
 
 
-def _digest(buffers: Iterable[torch.Tensor]) -> bytes:
-    h = hashlib.sha256()
-    for b in buffers:
-        h.update(b.cpu().numpy())
-    return h.digest()
+def checksum(buffer: torch.Tensor) -> torch.Tensor:
+    """The int64 checksum (0-d, on the buffer's device) of a ``uint8`` bucket of even length (module
+    docstring)."""
+    words = buffer.view(torch.int16)
+    weights = torch.arange(1, _ROW + 1, dtype=torch.int64, device=buffer.device)
+    total = torch.zeros((), dtype=torch.int64, device=buffer.device)
+    for start in range(0, words.numel(), _BLOCK):
+        block = words[start : start + _BLOCK].to(torch.int64)
+        rows = torch.nn.functional.pad(block, (0, -block.numel() % _ROW)).view(-1, _ROW)
+        sums = (rows * weights).sum(1).remainder(_PRIME)  # |row sum| < 2^47
+        first = start // _ROW + 1
+        index = torch.arange(first, first + len(sums), dtype=torch.int64, device=buffer.device)
+        total += (sums * index).remainder(_PRIME).sum()
+    return total.remainder(_PRIME)
 
 
 def _broadcast(group: dist.ProcessGroup, tensor: torch.Tensor) -> None:
@@ -181,15 +207,28 @@ def _broadcast(group: dist.ProcessGroup, tensor: torch.Tensor) -> None:
     group.broadcast([tensor], opts).wait()
 
 
-def send_buckets(group: dist.ProcessGroup, version: int, buffers: Sequence[torch.Tensor]) -> str:
-    """Rank 0: broadcast the header, every bucket (at least one), then their SHA-256 digest (returned, hex)."""
+def send_buckets(
+    group: dist.ProcessGroup, version: int, buffers: Sequence[torch.Tensor], device: torch.device | None = None
+) -> list[int]:
+    """Rank 0: broadcast the header, every bucket (at least one), then their checksums (returned).
+
+    ``device``: the group's (default: the first bucket's); buckets elsewhere are staged through one
+    reused buffer there, so the extra device memory is one bucket."""
+    device = buffers[0].device if device is None else device
     header = torch.tensor([version, sum(b.numel() for b in buffers)], dtype=torch.int64)
-    _broadcast(group, header.view(torch.uint8).to(buffers[0].device))
+    _broadcast(group, header.view(torch.uint8).to(device))
+    staging = None
+    sums = []
     for b in buffers:
+        if b.device != device:
+            if staging is None:
+                staging = torch.empty(max(x.numel() for x in buffers), dtype=torch.uint8, device=device)
+            b = staging[: b.numel()].copy_(b)
         _broadcast(group, b)
-    digest = _digest(buffers)
-    _broadcast(group, torch.frombuffer(bytearray(digest), dtype=torch.uint8).to(buffers[0].device))
-    return digest.hex()
+        sums.append(checksum(b))
+    sent = torch.stack(sums)
+    _broadcast(group, sent.view(torch.uint8))
+    return sent.tolist()
 
 
 def receive_buckets(
@@ -198,7 +237,7 @@ def receive_buckets(
     device: torch.device,
 ) -> tuple[int, list[torch.Tensor]]:
     """Receive one version: (its number, buckets of ``nbytes`` each); raises ``WeightSyncError`` on a
-    layout or digest mismatch."""
+    layout or checksum mismatch."""
     header = torch.empty(16, dtype=torch.uint8, device=device)
     _broadcast(group, header)
     version, total = header.cpu().view(torch.int64).tolist()
@@ -207,10 +246,12 @@ def receive_buckets(
     buffers = [torch.empty(n, dtype=torch.uint8, device=device) for n in nbytes]
     for b in buffers:
         _broadcast(group, b)
-    sent = torch.empty(DIGEST_BYTES, dtype=torch.uint8, device=device)
-    _broadcast(group, sent)
-    if bytes(sent.cpu().numpy()) != _digest(buffers):
-        raise WeightSyncError(f"received weights v{version} do not match the sender's SHA-256 digest")
+    sent = torch.empty(len(buffers), dtype=torch.int64, device=device)
+    _broadcast(group, sent.view(torch.uint8))
+    got = torch.stack([checksum(b) for b in buffers])
+    if not torch.equal(sent, got):
+        bad = [i for i, (s, g) in enumerate(zip(sent.tolist(), got.tolist(), strict=True)) if s != g]
+        raise WeightSyncError(f"received weights v{version} do not match the sender's checksums (buckets {bad})")
     return version, buffers
 
 

@@ -2,14 +2,17 @@
 
 File path (CPU and GPU, any receiver): learner rank 0 writes the full weights of version ``v`` as ONE
 safetensors file in Hugging Face parameter naming (``model.layers.0.self_attn.q_proj.weight``,
-tied ``lm_head`` omitted, exactly what ``model.named_parameters()`` yields), atomically
-(temporary file + ``os.replace``), then sets the Redis key ``rredcot:{run_id}:weights:latest``
-to a msgpack-encoded :class:`WeightManifest` and publishes the version number on the channel
-``rredcot:{run_id}:weights`` (a wake-up hint; the key is the source of truth). A receiver polls
-or subscribes, reads the manifest with :func:`latest_manifest`, and gets verified bytes with
-:func:`read_weights` (feed them to vLLM's ``reload_weights`` through a worker extension). Only the
-last ``keep`` files stay on disk: a receiver that finds its file pruned re-reads the latest
-manifest. Receivers must share the learner's filesystem (one node, or a shared mount).
+tied ``lm_head`` omitted, exactly what ``model.named_parameters()`` yields), streamed tensor by
+tensor (:class:`WeightWriter`: the header first, the SHA-256 computed while writing, never the
+whole file in memory) and atomically (temporary file + ``os.replace``), then sets the Redis key
+``rredcot:{run_id}:weights:latest`` to a msgpack-encoded :class:`WeightManifest` and publishes
+the version number on the channel ``rredcot:{run_id}:weights`` (a wake-up hint; the key is the
+source of truth). A receiver polls or subscribes, reads the manifest with
+:func:`latest_manifest`, and gets verified bytes with :func:`read_weights` (feed them to vLLM's
+``reload_weights`` through a worker extension). Only the last ``keep`` files stay on disk: a
+receiver that finds its file pruned re-reads the latest manifest; a file missing while no newer
+version exists means the receiver does not share the learner's filesystem (one node, or a shared
+mount), which receivers must.
 
 Collective path (``common.weight_group``; gloo on CPU, NCCL on GPU): the manifest carries
 ``transport="collective"`` and ``buckets`` (tensors per bucket); learner rank 0 then broadcasts the
@@ -21,8 +24,11 @@ that lost the group); if a broadcast fails, the learner re-publishes that versio
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 import os
 import re
+import struct
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -32,12 +38,23 @@ import msgpack
 import redis
 import torch
 from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 
 from rredcot.common.streams import registry_key
 
 MANIFEST_SCHEMA = 1
 _FILE_RE = re.compile(r"^weights-v(\d+)\.safetensors$")
+_ST_DTYPES = {
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+}  # torch dtype name → safetensors dtype
 
 
 class WeightSyncError(RuntimeError):
@@ -94,31 +111,89 @@ def _checksum(data: bytes | memoryview) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
+class WeightWriter:
+    """Streams one version's safetensors file: the header (from the names, shapes and dtypes known up
+    front), then each tensor's bytes as it comes, hashed while written; ``commit`` renames the
+    temporary file into place (atomic) and prunes old files. Host memory: one tensor at a time. As a
+    context manager, it removes the temporary file when left without a commit."""
+
+    def __init__(
+        self, version: int, names: list[str], shapes: list[list[int]], dtypes: list[str], out_dir: str | Path
+    ) -> None:
+        self.version, self.names, self.shapes, self.dtypes, self.out_dir = version, names, shapes, dtypes, out_dir
+        entries, offset = {"__metadata__": {"version": str(version)}}, 0
+        for name, shape, dtype in zip(names, shapes, dtypes, strict=True):
+            if dtype not in _ST_DTYPES:
+                raise WeightSyncError(f"tensor {name!r}: dtype {dtype} cannot be written to a weight file")
+            end = offset + math.prod(shape) * getattr(torch, dtype).itemsize
+            entries[name] = {"dtype": _ST_DTYPES[dtype], "shape": shape, "data_offsets": [offset, end]}
+            offset = end
+        header = json.dumps(entries, separators=(",", ":")).encode()
+        header += b" " * (-len(header) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+        self.nbytes = 8 + len(header) + offset
+        self.path = weights_file(out_dir, version).resolve()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+        self._file = open(self._tmp, "wb")  # noqa: SIM115 - closed by commit or on leaving the context
+        self._hash = hashlib.sha256()
+        self._next = 0  # index of the next tensor to write
+        self._committed = False
+        self._write(struct.pack("<Q", len(header)) + header)
+
+    def _write(self, data: bytes | memoryview) -> None:
+        self._file.write(data)
+        self._hash.update(data)
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        """The next tensor (in the order of ``names``), copied to the host only if it is not there."""
+        i = self._next
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        if i >= len(self.names) or (name, list(tensor.shape), dtype) != (self.names[i], self.shapes[i], self.dtypes[i]):
+            raise WeightSyncError(f"tensor {name!r} {dtype}{list(tensor.shape)} is not the next one of the header")
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+        self._write(memoryview(flat.view(torch.uint8).numpy()))
+        self._next += 1
+
+    def commit(self, keep: int = 2) -> WeightManifest:
+        """Flush, fsync and rename the file into place, prune old files; its manifest."""
+        if self._next != len(self.names):
+            raise WeightSyncError(f"{self._next} of {len(self.names)} tensors written to {self.path}")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        os.replace(self._tmp, self.path)
+        self._committed = True
+        prune(self.out_dir, keep)
+        return WeightManifest(
+            version=self.version,
+            names=self.names,
+            shapes=self.shapes,
+            dtypes=self.dtypes,
+            checksum="sha256:" + self._hash.hexdigest(),
+            path=str(self.path),
+            nbytes=self.nbytes,
+            created=time.time(),
+        )
+
+    def __enter__(self) -> WeightWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._committed:
+            self._file.close()
+            self._tmp.unlink(missing_ok=True)
+
+
 def write_weights(
     version: int, named_tensors: Iterable[tuple[str, torch.Tensor]], out_dir: str | Path, keep: int = 2
 ) -> WeightManifest:
     """Write version ``version`` as one safetensors file (atomically), prune old files; its manifest."""
-    tensors = {name: t.detach().to("cpu").contiguous() for name, t in named_tensors}
-    data = st_save(tensors, metadata={"version": str(version)})
-    path = weights_file(out_dir, version).resolve()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    prune(out_dir, keep)
-    return WeightManifest(
-        version=version,
-        names=list(tensors),
-        shapes=[list(t.shape) for t in tensors.values()],
-        dtypes=[str(t.dtype).removeprefix("torch.") for t in tensors.values()],
-        checksum=_checksum(data),
-        path=str(path),
-        nbytes=len(data),
-        created=time.time(),
-    )
+    named = list(named_tensors)
+    names, shapes = [n for n, _ in named], [list(t.shape) for _, t in named]
+    with WeightWriter(version, names, shapes, [str(t.dtype).removeprefix("torch.") for _, t in named], out_dir) as w:
+        for name, tensor in named:
+            w.write(name, tensor)
+        return w.commit(keep)
 
 
 def publish_manifest(client: redis.Redis, run_id: str, manifest: WeightManifest) -> None:
@@ -154,11 +229,16 @@ def prune(out_dir: str | Path, keep: int = 2) -> list[Path]:
     return doomed
 
 
+def published_version(client: redis.Redis, run_id: str) -> int:
+    """The newest published version (-1 before the first publication)."""
+    return int(client.get(version_key(run_id)) or -1)
+
+
 def latest_manifest(client: redis.Redis, run_id: str, newer_than: int | None = None) -> WeightManifest | None:
     """The newest published manifest, or None before the first publication — or, with
     ``newer_than``, when nothing newer than that version exists (checked on a small version key,
     so receivers can poll every engine step without fetching and decoding the whole manifest)."""
-    if newer_than is not None and int(client.get(version_key(run_id)) or -1) <= newer_than:
+    if newer_than is not None and published_version(client, run_id) <= newer_than:
         return None
     data = client.get(latest_key(run_id))
     return None if data is None else WeightManifest.decode(data)

@@ -1,20 +1,25 @@
 """Full weights out of a (possibly ZeRO-3 partitioned) model, and the built-in transports' publishers.
 
 Parameters are gathered in buckets of about ``bucket_bytes`` (one ``GatheredParameters`` call per
-bucket, all ranks take part). Rank 0 then delivers them (``common.transports`` pairs each
-publisher with its receiver in ``actors.receivers``):
+bucket, all ranks take part). Only rank 0 copies anything: the other ranks take part in the gathers
+and hold nothing more. Rank 0 then delivers them (``common.transports`` pairs each publisher with
+its receiver in ``actors.receivers``):
 
 - ``FilePublisher`` (``file``): one safetensors file per version plus its manifest
-  (``common.weight_sync``);
-- ``CollectivePublisher`` (``collective``): each bucket is copied into one flat buffer on the
-  learner's device; the version's manifest is published at once (before the learner admits the
-  next step's prompts, so that η = 0 holds), and a background thread broadcasts the buckets to
-  the generators' weight group (``common.weight_group``; gloo on CPU, NCCL on GPU) while the next
-  step trains. At most one send is in flight: the next publication waits for it. The file is
-  written too (and the version re-announced with its path) when a receiver outside the group
-  needs it. Version 0 (what every receiver starts from) is never broadcast, only written when a
-  file is wanted. If the group cannot be formed or a send fails, the version is re-published as
-  a file and the run continues on files.
+  (``common.weight_sync``), streamed to disk bucket by bucket as the buckets are gathered
+  (``WeightWriter``: the SHA-256 computed while writing). Host memory: one tensor at a time.
+- ``CollectivePublisher`` (``collective``): each bucket is copied into its own reused host buffer
+  (pinned when CUDA is there), so rank 0 holds one copy of the version in host memory and no extra
+  one on its device; the version's manifest is published at once (before the learner admits the
+  next step's prompts, so that η = 0 holds), and a background thread broadcasts the buckets to the
+  generators' weight group (``common.weight_group``; gloo on CPU, NCCL on GPU) while the next step
+  trains, staging them one at a time through one device buffer of the largest bucket's size (plus
+  the checksum's < 100 MiB). At most one send is in flight: the next publication waits for it
+  before it overwrites the host buffers. The file is written from the same host buffers too (and
+  the version re-announced with its path) when a receiver outside the group needs it. Version 0
+  (what every receiver starts from) is never broadcast, only written when a file is wanted. If the
+  group cannot be formed or a send fails, the version is re-published as a file from the host
+  buffers and the run continues on files.
 
 Never one remote call per tensor.
 """
@@ -36,16 +41,18 @@ from rredcot.common.config import Config
 from rredcot.common.weight_group import (
     GroupInfo,
     bucket_counts,
+    flat_nbytes,
     flatten,
     open_group,
     publish_group,
     send_buckets,
     unflatten_buckets,
 )
-from rredcot.common.weight_sync import WeightManifest, publish_manifest, publish_weights, write_weights
+from rredcot.common.weight_sync import WeightManifest, WeightWriter, publish_manifest, write_weights
 
 log = logging.getLogger(__name__)
 BUCKET_BYTES = 256 * 2**20
+CPU = torch.device("cpu")
 Layout = tuple[str, list[int], str]  # (HF name, shape, dtype name) of one tensor in a bucket
 
 
@@ -79,8 +86,8 @@ def full_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 class FilePublisher:
-    """The ``file`` transport's publisher: every rank calls ``publish``; rank 0 writes the version's
-    safetensors file and publishes its manifest (``common.weight_sync``)."""
+    """The ``file`` transport's publisher: every rank calls ``publish``; rank 0 streams the version's
+    safetensors file to disk and publishes its manifest (``common.weight_sync``)."""
 
     def __init__(self, client: redis.Redis | None, run_id: str, out_dir: str | Path, rank: int, keep: int = 2) -> None:
         self.client, self.run_id, self.out_dir, self.rank, self.keep = client, run_id, Path(out_dir), rank, keep
@@ -94,10 +101,15 @@ class FilePublisher:
     def publish(self, module: torch.nn.Module, version: int) -> tuple[WeightManifest | None, float]:
         """Publish ``version``; returns (the manifest when published on this thread, seconds here)."""
         t0 = time.perf_counter()
-        state = full_state(module)
-        manifest = None
-        if self.rank == 0 and self.client is not None:
-            manifest = publish_weights(self.client, self.run_id, version, state.items(), self.out_dir, self.keep)
+        if self.rank != 0 or self.client is None:  # only rank 0 delivers
+            _take_part(module)
+            return None, time.perf_counter() - t0
+        with WeightWriter(version, *_columns([_layout(module)]), self.out_dir) as writer:
+            for bucket in gathered_buckets(module):
+                for name, tensor in bucket:
+                    writer.write(name, tensor)
+            manifest = writer.commit(self.keep)
+        publish_manifest(self.client, self.run_id, manifest)
         return manifest, time.perf_counter() - t0
 
     def wait(self) -> None:
@@ -109,8 +121,8 @@ class FilePublisher:
 
 class CollectivePublisher(FilePublisher):
     """The ``collective`` transport's publisher: rank 0 hosts the weight group for ``receivers``
-    generators and broadcasts each version's buckets from a background thread (files: see the
-    module docstring)."""
+    generators and broadcasts each version's buckets from a background thread (files and memory: see
+    the module docstring)."""
 
     def __init__(
         self,
@@ -131,6 +143,7 @@ class CollectivePublisher(FilePublisher):
         self._group = None
         self._pool: ThreadPoolExecutor | None = None
         self._pending: Future | None = None
+        self._host: list[torch.Tensor] = []  # rank 0: the last version's buckets, reused
         if rank == 0:
             self.group_info, self._store = GroupInfo.host(group_address, receivers, timeout_s)
             publish_group(client, run_id, self.group_info)
@@ -162,27 +175,27 @@ class CollectivePublisher(FilePublisher):
         if version == 0:  # every receiver starts from version 0: the group never carries it
             return super().publish(module, version) if self.file_too else (None, 0.0)
         t0 = time.perf_counter()
+        if self.rank != 0:
+            _take_part(module, self.bucket_bytes)
+            return None, time.perf_counter() - t0
+        self.wait()  # the send in flight is done with the host buffers
         manifest = None
         device = next(module.parameters()).device
         layout: list[list[Layout]] = []
         buffers: list[torch.Tensor] = []
-        for bucket in gathered_buckets(module, self.bucket_bytes):
-            if self.rank == 0:
-                layout.append([(n, list(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in bucket])
-                buffers.append(flatten([t for _, t in bucket], device))
-        if self.rank == 0:
-            self.wait()
-            if self.collective:
-                # announced before publish() returns, so before the learner admits the next step's
-                # prompts: a generator that admits one finds this version waiting (η = 0 holds)
-                announced = WeightManifest(
-                    version, *_columns(layout), checksum="", path="", nbytes=0, created=time.time()
-                )
-                publish_manifest(self.client, self.run_id, _collective(announced, layout))
-                self._pending = self._pool.submit(self._send, version, layout, buffers)
-            else:
-                manifest = self._write_file(version, layout, buffers)
-                publish_manifest(self.client, self.run_id, manifest)
+        for i, bucket in enumerate(gathered_buckets(module, self.bucket_bytes)):
+            tensors = [t for _, t in bucket]
+            layout.append([(n, list(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in bucket])
+            buffers.append(flatten(tensors, CPU, self._host_buffer(i, flat_nbytes(tensors))))
+        if self.collective:
+            # announced before publish() returns, so before the learner admits the next step's
+            # prompts: a generator that admits one finds this version waiting (η = 0 holds)
+            announced = WeightManifest(version, *_columns(layout), checksum="", path="", nbytes=0, created=time.time())
+            publish_manifest(self.client, self.run_id, _collective(announced, layout))
+            self._pending = self._pool.submit(self._send, version, layout, buffers, device)
+        else:
+            manifest = self._write_file(version, layout, buffers)
+            publish_manifest(self.client, self.run_id, manifest)
         return manifest, time.perf_counter() - t0
 
     def wait(self) -> None:
@@ -194,6 +207,12 @@ class CollectivePublisher(FilePublisher):
         self.wait()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+
+    def _host_buffer(self, i: int, nbytes: int) -> torch.Tensor:
+        """Bucket ``i``'s host buffer of ``nbytes``, kept from version to version."""
+        if i == len(self._host) or self._host[i].numel() != nbytes:
+            self._host[i : i + 1] = [torch.zeros(nbytes, dtype=torch.uint8, pin_memory=torch.cuda.is_available())]
+        return self._host[i]
 
     # ----- rank 0, background thread -----
     def _open(self) -> None:
@@ -207,7 +226,9 @@ class CollectivePublisher(FilePublisher):
         pool, self._pool, self._group = self._pool, None, None
         pool.shutdown(wait=False)  # called from the pool's (last) task
 
-    def _send(self, version: int, layout: list[list[Layout]], buffers: list[torch.Tensor]) -> None:
+    def _send(
+        self, version: int, layout: list[list[Layout]], buffers: list[torch.Tensor], device: torch.device
+    ) -> None:
         """Background: write the file for receivers outside the group (re-announcing the version with
         its path), then broadcast the buckets; on any failure the version is published as a file."""
         t0 = time.perf_counter()
@@ -216,7 +237,7 @@ class CollectivePublisher(FilePublisher):
             if self.file_too:
                 written = self._write_file(version, layout, buffers)
                 publish_manifest(self.client, self.run_id, _collective(written, layout))
-            send_buckets(self._group, version, buffers)
+            send_buckets(self._group, version, buffers, device)
         except Exception as e:  # noqa: BLE001 - whatever broke the group, the run continues on files
             log.warning(
                 "weight group failed at v%d (%s: %s); publishing files from now on", version, type(e).__name__, e
@@ -228,9 +249,24 @@ class CollectivePublisher(FilePublisher):
             self.send_s += time.perf_counter() - t0
 
     def _write_file(self, version: int, layout: list[list[Layout]], buffers: list[torch.Tensor]) -> WeightManifest:
+        """Stream the version from its host buffers into its file (no copy)."""
         names, shapes, dtypes = _columns(layout)
-        tensors = unflatten_buckets([b.cpu() for b in buffers], shapes, dtypes, [len(b) for b in layout])
+        tensors = unflatten_buckets(buffers, shapes, dtypes, [len(b) for b in layout])
         return write_weights(version, zip(names, tensors, strict=True), self.out_dir, self.keep)
+
+
+def _take_part(module: torch.nn.Module, bucket_bytes: int = BUCKET_BYTES) -> None:
+    """A rank that delivers nothing: take part in the gathers (collectives under ZeRO-3), copy nothing."""
+    for _ in gathered_buckets(module, bucket_bytes):
+        pass
+
+
+def _layout(module: torch.nn.Module) -> list[Layout]:
+    """(HF name, full shape, dtype) of every parameter, without gathering (ZeRO-3 keeps ``ds_shape``)."""
+    return [
+        (n, list(getattr(p, "ds_shape", p.shape)), str(p.dtype).removeprefix("torch."))
+        for n, p in module.named_parameters()
+    ]
 
 
 def _columns(layout: list[list[Layout]]) -> tuple[list[str], list[list[int]], list[str]]:

@@ -13,6 +13,8 @@ from rredcot.common.weight_group import (
     _broadcast,
     bucket_counts,
     bucket_nbytes,
+    checksum,
+    flat_nbytes,
     flatten,
     open_group,
     publish_group,
@@ -53,6 +55,28 @@ def test_flatten_and_unflatten_round_trip_mixed_dtypes_and_shapes():
         unflatten(buffer, shapes[:-1], dtypes[:-1])
     with pytest.raises(WeightSyncError, match="tensors"):
         bucket_nbytes(shapes, dtypes, [2, 2])
+    reused = torch.full((flat_nbytes(tensors),), 7, dtype=torch.uint8)
+    assert flatten(tensors, CPU, reused) is reused  # refilled in place, padding left as it was
+    assert all(torch.equal(a, b) for a, b in zip(unflatten(reused, shapes, dtypes), tensors, strict=True))
+
+
+def test_the_checksum_sees_any_flipped_byte_and_moved_words():
+    g = torch.Generator().manual_seed(0)
+    buffer = torch.randint(0, 256, (3 * 2**23 + 48,), dtype=torch.uint8, generator=g)  # 3 blocks and a bit
+    base = checksum(buffer)
+    assert base.dtype == torch.int64 and base.dim() == 0 and torch.equal(checksum(buffer.clone()), base)
+    positions = [0, 1, 2**17 - 1, 2**17, 2**23 + 5, buffer.numel() - 1] + torch.randint(
+        0, buffer.numel(), (40,), generator=g
+    ).tolist()
+    for i in positions:
+        for flip in (0x01, 0x80, 0xFF):
+            corrupt = buffer.clone()
+            corrupt[i] ^= flip
+            assert not torch.equal(checksum(corrupt), base), (i, flip)
+    swapped = buffer.clone().view(torch.int16)
+    swapped[[10, 11]] = swapped[[11, 10]]
+    assert swapped[10] == swapped[11] or not torch.equal(checksum(swapped.view(torch.uint8)), base)
+    assert checksum(torch.zeros(32, dtype=torch.uint8)).item() == 0 and checksum(torch.empty(0, dtype=torch.uint8)) == 0
 
 
 def _group(receivers: int) -> tuple[GroupInfo, list]:
@@ -79,27 +103,45 @@ def test_every_receiver_gets_each_version_with_its_own_number(redis_client, run_
     threads = [threading.Thread(target=receive, args=(r,)) for r in (1, 2)]
     for t in threads:
         t.start()
-    digests = [send_buckets(groups[0], 10 + v, b) for v, b in enumerate(buffers)]  # sent back to back
+    sums = [send_buckets(groups[0], 10 + v, b) for v, b in enumerate(buffers)]  # sent back to back
     for t in threads:
         t.join(30)
-    assert len(set(digests)) == 2 and all(len(d) == 64 for d in digests)
+    assert sums == [[checksum(x).item() for x in b] for b in buffers] and sums[0] != sums[1]
     for rank in (1, 2):
         assert [v for v, _ in got[rank]] == [10, 11]
         for (_, received), sent in zip(got[rank], buffers, strict=True):
             assert all(torch.equal(r, s) for r, s in zip(received, sent, strict=True))
 
 
-def test_a_wrong_digest_or_layout_is_an_error_on_the_receiving_side():
+def test_a_corrupted_bucket_or_wrong_layout_is_an_error_on_the_receiving_side():
     _, groups = _group(1)
-    payload = torch.arange(40, dtype=torch.uint8)
-    header = torch.tensor([3, 40], dtype=torch.int64).view(torch.uint8)
+    first, payload = torch.arange(16, dtype=torch.uint8), torch.arange(40, dtype=torch.uint8)
+    corrupt = payload.clone()
+    corrupt[17] ^= 0x04  # one flipped bit between the sender's checksum and the receiver
+    header = torch.tensor([3, 56], dtype=torch.int64).view(torch.uint8)
     with ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(receive_buckets, groups[1], [40], CPU)
-        for t in (header, payload, torch.zeros(32, dtype=torch.uint8)):  # a digest that does not match
+        pending = pool.submit(receive_buckets, groups[1], [16, 40], CPU)
+        sums = torch.stack([checksum(first), checksum(payload)]).view(torch.uint8)
+        for t in (header, first, corrupt, sums):
             _broadcast(groups[0], t)
-        with pytest.raises(WeightSyncError, match="v3 do not match"):
+        with pytest.raises(WeightSyncError, match=r"v3 do not match the sender's checksums \(buckets \[1\]\)"):
             pending.result(30)
+        header = torch.tensor([3, 40], dtype=torch.int64).view(torch.uint8)
         pending = pool.submit(receive_buckets, groups[1], [39], CPU)  # a manifest of another layout
         _broadcast(groups[0], header)
         with pytest.raises(WeightSyncError, match="40 bytes"):
             pending.result(30)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_host_buckets_are_staged_on_the_device_and_checked_there():
+    cuda = torch.device("cuda", torch.cuda.current_device())
+    _, groups = _group(1)  # gloo carries CUDA tensors too
+    host = [flatten([torch.randn(1000)], CPU), flatten([torch.randn(77, 3)], CPU)]
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(receive_buckets, groups[1], [b.numel() for b in host], cuda)
+        sums = send_buckets(groups[0], 4, host, cuda)
+        version, received = pending.result(30)
+    assert version == 4 and sums == [checksum(b).item() for b in host]  # the same on either device
+    assert all(r.device == cuda and torch.equal(r.cpu(), h) for r, h in zip(received, host, strict=True))

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import hashlib
+import tracemalloc
+from pathlib import Path
+
 import pytest
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
 
 from rredcot.common.weight_sync import (
     WeightManifest,
     WeightSyncError,
+    WeightWriter,
     latest_manifest,
     load_tensors,
     publish_weights,
     read_weights,
+    write_weights,
 )
 from tests.learner_samples import tiny_lm
 
@@ -67,3 +75,49 @@ def test_newer_than_polls_only_the_version(redis_client, run_id, tmp_path):
     publish_weights(redis_client, run_id, 3, [("w", torch.ones(2))], tmp_path)
     assert latest_manifest(redis_client, run_id, newer_than=3) is None
     assert latest_manifest(redis_client, run_id, newer_than=2).version == 3
+
+
+def test_the_streamed_file_is_plain_safetensors_and_its_checksum_covers_every_byte(tmp_path):
+    tensors = {
+        "a": torch.randn(3, 5),
+        "b": torch.randn(7).to(torch.bfloat16),  # odd bytes: the next tensor starts unaligned
+        "c": torch.arange(6).view(2, 3),
+        "d": torch.tensor(2.5),
+        "e": torch.randn(4, 1, 2).transpose(0, 2),  # not contiguous
+        "f": torch.zeros(0, 3),
+    }
+    m = write_weights(4, tensors.items(), tmp_path)
+    data = Path(m.path).read_bytes()
+    assert m.nbytes == len(data) and m.checksum == "sha256:" + hashlib.sha256(data).hexdigest()
+    for loaded in (load_file(m.path), load_tensors(m)):  # safetensors' own reader and ours
+        assert all(loaded[n].dtype == t.dtype and torch.equal(loaded[n], t) for n, t in tensors.items())
+    with safe_open(m.path, "pt") as f:
+        assert f.metadata() == {"version": "4"}
+    assert [p.name for p in tmp_path.iterdir()] == ["weights-v00000004.safetensors"]  # no temporary left
+
+
+def test_the_file_is_streamed_never_held_whole_in_memory(tmp_path):
+    tensors = [(f"w{i}", torch.randn(256, 1024)) for i in range(4)]  # 1 MiB each
+    tracemalloc.start()
+    try:
+        write_weights(1, tensors, tmp_path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20  # not one serialised copy of the 4 MiB file
+
+
+def test_a_writer_left_without_its_tensors_leaves_nothing(tmp_path):
+    with (
+        pytest.raises(WeightSyncError, match="not the next one"),
+        WeightWriter(2, ["a"], [[2]], ["float32"], tmp_path) as w,
+    ):
+        w.write("a", torch.zeros(3))
+    with (
+        pytest.raises(WeightSyncError, match="0 of 1 tensors"),
+        WeightWriter(2, ["a"], [[2]], ["float32"], tmp_path) as w,
+    ):
+        w.commit()
+    with pytest.raises(WeightSyncError, match="complex64 cannot be written"):
+        WeightWriter(2, ["c"], [[2]], ["complex64"], tmp_path)
+    assert not any(tmp_path.iterdir())

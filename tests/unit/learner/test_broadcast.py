@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import time
+import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+import pytest
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from rredcot.common.config import LearnerConfig
 from rredcot.common.weight_group import open_group, read_group, receive_tensors
@@ -36,15 +40,50 @@ def test_zero3_buckets_cover_all_parameters_in_order_and_publish(make_model, tmp
     assert all(torch.equal(received[n], t) for n, t in original.items())
 
 
-def _receive_one(client, run_id: str, timeout_s: float = 30) -> tuple[int, dict[str, torch.Tensor]]:
-    """A bare receiver (group rank 1): join, wait for the manifest, receive one version."""
+@pytest.mark.parametrize("collective", [False, True])
+def test_a_rank_other_than_0_only_takes_part_in_the_gathers(make_model, tmp_path, redis_client, run_id, collective):
+    model = make_model()
+    publisher = (
+        CollectivePublisher(redis_client, run_id, tmp_path, rank=1, group_address="127.0.0.1", receivers=1)
+        if collective
+        else FilePublisher(redis_client, run_id, tmp_path, rank=1)
+    )
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        manifest, _ = publisher.publish(model, 3)
+    copies = [e.key for e in prof.key_averages() if e.key in ("aten::copy_", "aten::_to_copy", "aten::clone")]
+    assert manifest is None and copies == []  # no host copy of any parameter
+    assert latest_manifest(redis_client, run_id) is None and not any(tmp_path.iterdir())
+    publisher.close()
+
+
+def test_rank_0_streams_the_file_without_a_serialised_copy_in_memory(tmp_path, redis_client, run_id):
+    model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])  # 4 MiB of weights
+    publisher = FilePublisher(redis_client, run_id, tmp_path, rank=0)
+    tracemalloc.start()
+    try:
+        manifest, _ = publisher.publish(model, 2)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20 and manifest.nbytes > 4 * 2**20
+    assert list(tmp_path.iterdir()) == [Path(manifest.path)]
+    _assert_file_holds(manifest, model)  # read_weights verifies the checksum written beside it
+
+
+def _receive(client, run_id: str, versions: int = 1, timeout_s: float = 30) -> list[tuple[int, dict]]:
+    """A bare receiver (group rank 1): join, then for each version wait for its manifest and receive it."""
     info = read_group(client, run_id)
     group = open_group(info, 1, timeout_s)
-    deadline = time.monotonic() + timeout_s
-    while (manifest := latest_manifest(client, run_id)) is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert manifest.transport == "collective"
-    return receive_tensors(group, manifest.names, manifest.shapes, manifest.dtypes, manifest.buckets, CPU)
+    out = []
+    for _ in range(versions):
+        deadline = time.monotonic() + timeout_s
+        while (
+            manifest := latest_manifest(client, run_id, newer_than=out[-1][0] if out else -1)
+        ) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert manifest.transport == "collective"
+        out.append(receive_tensors(group, manifest.names, manifest.shapes, manifest.dtypes, manifest.buckets, CPU))
+    return out
 
 
 def test_collective_publication_reaches_the_group_and_writes_the_file_too(make_model, tmp_path, redis_client, run_id):
@@ -62,10 +101,10 @@ def test_collective_publication_reaches_the_group_and_writes_the_file_too(make_m
         bucket_bytes=64 * 1024,
     )
     with ThreadPoolExecutor(1) as pool:
-        receiver = pool.submit(_receive_one, redis_client, run_id)
+        receiver = pool.submit(_receive, redis_client, run_id)
         manifest, seconds = publisher.publish(engine.module, 5)  # returns while the send runs behind
         assert manifest is None and seconds > 0
-        version, received = receiver.result(60)
+        [(version, received)] = receiver.result(60)
     publisher.close()
     assert version == 5 and publisher.collective and publisher.fallbacks == 0 and publisher.send_s > 0
     assert received.keys() == original.keys()
@@ -75,6 +114,27 @@ def test_collective_publication_reaches_the_group_and_writes_the_file_too(make_m
     on_disk = load_tensors(manifest)  # file_too: receivers outside the group read the same weights
     assert all(torch.equal(on_disk[n], t) for n, t in original.items())
     assert publisher.publish(engine.module, 0)[0].transport == "file"  # v0 is every receiver's start: no send
+
+
+def test_versions_back_to_back_reuse_the_host_buffers_and_arrive_whole(make_model, tmp_path, redis_client, run_id):
+    engine = LearnerEngine(make_model(), LearnerConfig(dtype="float32", zero_stage=0))
+    publisher = CollectivePublisher(
+        redis_client, run_id, tmp_path, rank=0, group_address="127.0.0.1", receivers=1, timeout_s=30
+    )
+    sent = []
+    with ThreadPoolExecutor(1) as pool:
+        receiver = pool.submit(_receive, redis_client, run_id, 3)
+        for version in (1, 2, 3):
+            with torch.no_grad():
+                engine.module.model.norm.weight.fill_(float(version))  # the next step's training
+            sent.append({n: p.detach().clone() for n, p in engine.module.named_parameters()})
+            publisher.publish(engine.module, version)
+        received = receiver.result(60)
+    publisher.close()
+    assert [v for v, _ in received] == [1, 2, 3] and publisher.fallbacks == 0
+    for (_, got), want in zip(received, sent, strict=True):
+        assert all(torch.equal(got[n], t) for n, t in want.items())
+    assert load_tensors(latest_manifest(redis_client, run_id))["model.norm.weight"].eq(3).all()  # file_too
 
 
 def _assert_file_holds(manifest, module) -> None:
