@@ -128,17 +128,10 @@ class Trainer:
         """Train until ``run.steps`` steps or a stop request; returns the last metrics."""
         metrics: dict[str, float] = {}
         while self.step < self.cfg.run.steps:
-            if self._to_replay:
-                metrics = self.train_on([], self._replayed())
-                continue
-            t0 = time.perf_counter()
-            own = self.reader.read(self.control.stop_requested)
-            self.totals["wait_s"] += time.perf_counter() - t0
-            if self.engine.all_reduce([float(own is None)], ["max"])[0] > 0:  # all ranks stop together
+            batch = self.next_batch()
+            if batch is None:
                 break
-            batch = self.reader.balance(own, self.engine.all_gather if self.world > 1 else None)
-            self.totals.update(groups=batch.groups, samples=len(batch.samples), duplicates=batch.duplicates)
-            metrics = self.train_on(batch.entries, batch.samples)
+            metrics = self.train_on(*batch)
         if self.saved_step != self.step:
             self.checkpoint()
         self.publisher.close()  # the last version reaches the generators before the run stops
@@ -178,6 +171,20 @@ class Trainer:
         every, every_s = self.cfg.learner.checkpoint_every, self.cfg.learner.checkpoint_every_s
         by_time = float(bool(every_s) and time.monotonic() - self.last_checkpoint >= every_s and self.rank == 0)
         return bool(every and self.step % every == 0) or self.engine.all_reduce([by_time], ["max"])[0] > 0
+
+    def next_batch(self) -> tuple[list[Entry], list[TrainSample]] | None:
+        """This rank's share of the next global batch: a step trained after the restored checkpoint
+        first (nothing to acknowledge), then the stream's; None once any rank saw a stop request."""
+        if self._to_replay:
+            return [], self._replayed()
+        t0 = time.perf_counter()
+        own = self.reader.read(self.control.stop_requested)
+        self.totals["wait_s"] += time.perf_counter() - t0
+        if self.engine.all_reduce([float(own is None)], ["max"])[0] > 0:  # all ranks stop together
+            return None
+        batch = self.reader.balance(own, self.engine.all_gather if self.world > 1 else None)
+        self.totals.update(groups=batch.groups, samples=len(batch.samples), duplicates=batch.duplicates)
+        return batch.entries, batch.samples
 
     def _replayed(self) -> list[TrainSample]:
         """The samples of the next step trained after the restored checkpoint (retrained first)."""

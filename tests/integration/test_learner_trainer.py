@@ -118,9 +118,9 @@ def test_a_resume_trains_again_what_was_trained_after_the_checkpoint(tmp_path, r
 
     dead = Trainer(load_config("tests", overrides))
     for _ in range(2):
-        dead.train_on(*dead._next_batch())  # the second step checkpoints
+        dead.train_on(*dead.next_batch())  # the second step checkpoints
     after_step_2 = {n: t.clone() for n, t in full_state(dead.engine.module).items()}
-    dead.train_on(*dead._next_batch())  # a third step, then the process "dies": no final checkpoint
+    dead.train_on(*dead.next_batch())  # a third step, then the process "dies": no final checkpoint
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-00000002"]
     assert latest_manifest(redis_client, run_id).version == 3 and len(dead.replay) == 2
     step_3 = [decode(p, WeightedGroup).group_id for _, ps in dead.replay.after(2) for p in ps]
