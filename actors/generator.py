@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -26,6 +25,7 @@ from rredcot.common.codec import encode
 from rredcot.common.config import Config, ConfigError
 from rredcot.common.control import RunControl
 from rredcot.common.data import Problem, ProblemOrder, train_and_held_out
+from rredcot.common.ledger import Ledger, group_id, inflight_key
 from rredcot.common.prompts import prompt_ids
 from rredcot.common.records import RecordError, RolloutGroup, RolloutRecord
 from rredcot.common.registry import WEIGHT_TRANSPORTS
@@ -34,7 +34,6 @@ from rredcot.common.streams import ROLLOUTS, Producer, connect, run_key
 from rredcot.common.verifier import Verifier
 
 log = logging.getLogger(__name__)
-_IDS = uuid.UUID("5d1f0c1e-9a41-4c53-9b8e-6a0f3f0a2b7d")
 
 
 @dataclass
@@ -67,11 +66,6 @@ class GeneratorMetrics:
         return out
 
 
-def stable_id(run_id: str, index: int, sample: int | None = None) -> str:
-    """Deterministic id of admitted prompt ``index`` (and of one of its samples)."""
-    return uuid.uuid5(_IDS, f"{run_id}:{index}:{'' if sample is None else sample}").hex
-
-
 class Generator:
     """One generator: an engine, a verifier and the run's Redis state."""
 
@@ -91,7 +85,8 @@ class Generator:
         self.control = RunControl(self.client, self.run_id)
         rollouts = run_key(self.client, self.run_id, ROLLOUTS)
         self.producer = Producer(self.client, rollouts, cfg.redis.maxlen, cfg.redis.block_timeout_s)
-        self.inflight_key = run_key(self.client, self.run_id, f"inflight:{name}")
+        self.inflight_key = inflight_key(self.client, self.run_id, name)
+        self.ledger = Ledger(self.client, self.run_id)
         self.verifier = Verifier(cfg.task, cfg.generation.verifier_timeout_s)
         self.task = self.verifier.task
         train, _ = train_and_held_out(self.task, cfg.data, cfg.run.seed)
@@ -147,18 +142,19 @@ class Generator:
     def _submit(self, index: int) -> int:
         problem = self.order.at(index)
         ids = prompt_ids(problem, self.task, self.cfg.data, self.engine.tokenizer)
-        rid = stable_id(self.run_id, index)
+        rid = group_id(self.run_id, index)
         try:
             self.engine.submit(rid, ids, self.sampling)
         except PromptTooLong as e:
             self.metrics.rejected_too_long += 1
-            self._reject(index, problem, e)
+            self._reject(index, problem, e, "too_long")
             return 0
         self._problems[rid] = (index, problem)
         return 1
 
-    def _reject(self, index: int, problem: Problem, why: Exception) -> None:
+    def _reject(self, index: int, problem: Problem, why: Exception, reason: str) -> None:
         """An admitted prompt that yields no group: free its slot, so the learner still gets a full step."""
+        self.ledger.record("rejected", {group_id(self.run_id, index): 0}, reason)
         self.admission.reject()
         log.warning("generator %s: rejected problem %s: %s", self.name, problem.id, why)
         self.client.srem(self.inflight_key, index)
@@ -171,7 +167,7 @@ class Generator:
                 data = encode(self._record(group, index, problem))
             except RecordError as e:  # e.g. a NaN log-prob from the engine: the learner cannot use it
                 self.metrics.rejected_invalid += 1
-                self._reject(index, problem, e)
+                self._reject(index, problem, e, "invalid")
                 continue
             before = self.producer.blocked_s
             self.producer.put(data)
@@ -190,7 +186,7 @@ class Generator:
             verdict = self.verifier.score(tok.decode(c.token_ids, skip_special_tokens=True), problem.answer)
             samples.append(
                 RolloutRecord(
-                    id=stable_id(self.run_id, index, i),
+                    id=group_id(self.run_id, index, i),
                     group_id=group.request_id,
                     prompt_id=problem.id,
                     sample_index=i,

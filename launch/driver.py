@@ -27,6 +27,7 @@ from typing import Any
 
 from rredcot.common.config import Config, ConfigError, redacted, to_dict, to_yaml
 from rredcot.common.control import RunControl
+from rredcot.common.ledger import balance_now
 from rredcot.common.precision import cpu_info, resolve_dtype
 from rredcot.common.streams import BATCHES, ROLLOUTS, connect, key, registered_keys
 from rredcot.common.weight_group import group_key
@@ -221,6 +222,8 @@ def train(cfg: Config, verbose: bool = False) -> Path:
             _stop(outcome)
             raise
         finally:
+            if outcome.control is not None:
+                _close_ledger(outcome)
             if outcome.monitor is not None:
                 phases.enter("report")
                 try:
@@ -238,6 +241,19 @@ def train(cfg: Config, verbose: bool = False) -> Path:
     if outcome.status == "finished":
         record_seconds(cfg, phases.elapsed())
     return run_dir / "report"
+
+
+def _close_ledger(outcome: RunOutcome) -> None:
+    """The run's ledger at its end: logged (a warning naming the missing groups if it does not
+    balance), on TensorBoard and in the report."""
+    try:
+        outcome.ledger = balance_now(outcome.control.client, outcome.control.run_id)
+    except Exception as e:  # noqa: BLE001 - e.g. Redis gone with a failed run: the report says the rest
+        log.warning("no ledger: %s: %s", type(e).__name__, e)
+        return
+    (log.info if outcome.ledger.balanced else log.warning)("ledger: %s", outcome.ledger.line())
+    if outcome.monitor is not None:
+        outcome.monitor.add_ledger(outcome.ledger)
 
 
 def lead_own_process_group(cfg: Config) -> None:
@@ -267,6 +283,7 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     if cfg.run.resume == "never":
         _clear_run_dir(run_dir, keep=run_dir / "logs" / "driver.log")
     (run_dir / "report").mkdir(parents=True, exist_ok=True)
+    server = None
     if not cfg.redis.url:
         server = stack.enter_context(embedded_redis(cfg, run_dir, len(nodes)))
         cfg = _with_redis_url(cfg, server.url)
@@ -281,7 +298,7 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     stack.callback(monitor.close)
     progress = Progress(cfg, phases)
     stack.callback(progress.close)
-    watch = Watch(cfg, monitor, progress, client)
+    watch = Watch(cfg, monitor, progress, client, server)
 
     plan = bundles(cfg)
     pg = placement_group([b for _, _, b in plan], strategy=cfg.cluster.placement.upper())
@@ -337,13 +354,40 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
 class Watch:
     """The driver's waiting: polls metrics, shows progress, and surfaces any actor's failure at once."""
 
-    def __init__(self, cfg: Config, monitor: Monitor, progress: Progress, client: Any) -> None:
-        self.cfg, self.monitor, self.progress, self.client = cfg, monitor, progress, client
+    def __init__(
+        self, cfg: Config, monitor: Monitor, progress: Progress, client: Any, server: EmbeddedRedis | None
+    ) -> None:
+        self.cfg, self.monitor, self.progress, self.client, self.server = cfg, monitor, progress, client, server
+        self.redis_restarts = 0
 
     def tick(self, evals_left: int) -> None:
+        self._keep_redis()
         self.monitor.poll()
         depths = {s: self.client.xlen(key(self.cfg.run.name, s)) for s in (ROLLOUTS, BATCHES)}
         self.progress.update(self.monitor, depths, evals_left)
+
+    def _keep_redis(self) -> None:
+        """Restart the embedded Redis if it died: same port, its append-only file replayed (every
+        acknowledged write survives a killed process), so the workers' clients, which retry with
+        back-off, carry on; at most ``cluster.max_restarts`` times."""
+        if self.server is None or self.server.alive():
+            return
+        code = self.server.proc.returncode if self.server.proc is not None else None
+        if self.redis_restarts >= self.cfg.cluster.max_restarts:
+            raise RuntimeError(
+                f"the embedded Redis server died (exit {code}) after {self.redis_restarts} restart(s); "
+                "resume the run with run.resume=auto"
+            )
+        self.redis_restarts += 1
+        log.warning(
+            "the embedded Redis server died (exit %s); restarting it on port %d from its append-only file (%d/%d)",
+            code,
+            self.server.port,
+            self.redis_restarts,
+            self.cfg.cluster.max_restarts,
+        )
+        self.server.start()
+        self.monitor.control.publish_metrics("driver", "driver", {"redis_restarts": float(self.redis_restarts)})
 
     def wait(self, ref: Any, evals_left: int) -> Any:
         """The result of ``ref`` (an evaluation), with progress while it runs."""

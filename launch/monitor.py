@@ -17,6 +17,7 @@ from typing import Any
 
 from rredcot.common.config import Config
 from rredcot.common.control import RunControl
+from rredcot.common.ledger import Balance
 from rredcot.common.streams import BATCHES, ROLLOUTS
 
 log = logging.getLogger("rredcot.progress")
@@ -81,6 +82,15 @@ class Monitor:
             result["sampled_high"],
             result["greedy"],
             result["seconds"],
+        )
+
+    def add_ledger(self, balance: Balance) -> None:
+        """The run's ledger at its end: outcome counts, and each outcome's groups per length bucket."""
+        counts = {o: getattr(balance, o) for o in ("admitted", "trained", "dead", "rejected", "in_flight")}
+        per_length = {f"{o}_{b}": n for o, buckets in balance.by_length.items() for b, n in buckets.items()}
+        self._log(
+            {f"ledger/{k}": float(v) for k, v in (counts | per_length | {"missing": len(balance.missing)}).items()},
+            self.step,
         )
 
     def close(self) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rredcot.common.config import Config, redacted, to_yaml
+from rredcot.common.ledger import Balance
 from rredcot.common.precision import cpu_info, resolve_dtype
 
 if TYPE_CHECKING:
@@ -88,6 +89,7 @@ def write_summary(
     artefacts: dict[str, str],
     status: str = "finished",
     phases: dict[str, float] | None = None,
+    ledger: Balance | None = None,
 ) -> Path:
     lines = ["# rredcot run report", "", f"Status: {status}. Wall time: {wall_s / 60:.1f} min"]
     if phases:
@@ -114,6 +116,17 @@ def write_summary(
                 f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}] (95% interval of the mean per-problem change, paired "
                 "over the same held-out problems).",
             ]
+    if ledger is not None:
+        lines += ["", "## Ledger (every admitted prompt group)", "", ledger.line() + ".", ""]
+        lines += ["| outcome | groups | by mean completion length |", "|---|---:|---|"]
+        for outcome in ("trained", "dead", "rejected"):
+            buckets = ", ".join(f"{b}: {n}" for b, n in sorted(ledger.by_length.get(outcome, {}).items()))
+            lines.append(f"| {outcome} | {getattr(ledger, outcome)} | {buckets} |")
+        if ledger.dead_by_reason or ledger.dead_unattributed:
+            reasons = dict(ledger.dead_by_reason) | (
+                {"unreadable": ledger.dead_unattributed} if ledger.dead_unattributed else {}
+            )
+            lines += ["", "Dead letters by reason: " + ", ".join(f"{r} {n}" for r, n in sorted(reasons.items())) + "."]
     lines += ["", "## Final counters per worker", "", "| worker | tier | metrics |", "|---|---|---|"]
     for worker, values in sorted(final.items()):
         shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(values.items()) if k != "tier" and isinstance(v, float))
@@ -135,6 +148,7 @@ class RunOutcome:
     monitor: Monitor | None = None
     refs: dict[Any, tuple[str, int]] = field(default_factory=dict)  # Ray refs of the workers' run()
     learner_stopped: bool | None = None  # on a stop: did every learner rank return (and checkpoint) in time
+    ledger: Balance | None = None  # what became of every admitted prompt (``common.ledger``)
 
 
 def summary_json(cfg: Config, outcome: RunOutcome, artefacts: dict[str, str]) -> dict[str, Any]:
@@ -164,6 +178,7 @@ def summary_json(cfg: Config, outcome: RunOutcome, artefacts: dict[str, str]) ->
             "why": resolve_dtype(cfg.model.dtype).reason,
         },
         "cpu": {"model": info.model, "flags": info.speed_flags()},
+        "ledger": None if outcome.ledger is None else outcome.ledger.as_dict(),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "files": artefacts,
     }
@@ -194,6 +209,7 @@ def write_report(cfg: Config, run_dir: Path, outcome: RunOutcome) -> dict[str, s
         artefacts,
         outcome.status,
         outcome.phases.closed(),
+        outcome.ledger,
     )
     (report_dir / "summary.json").write_text(json.dumps(summary_json(cfg, outcome, artefacts), indent=1))
     return artefacts

@@ -127,6 +127,10 @@ class EmbeddedRedis:
                     raise RuntimeError(f"embedded Redis server did not answer on port {self.port}") from None
                 time.sleep(0.05)
 
+    def alive(self) -> bool:
+        """Whether the server process runs (False once it died or was stopped)."""
+        return self.proc is not None and self.proc.poll() is None
+
     def stop(self, timeout_s: float = 10.0) -> None:
         """Shut down (flushing the AOF); idempotent."""
         proc, self.proc = self.proc, None

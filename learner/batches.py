@@ -23,6 +23,7 @@ import msgpack
 import redis
 
 from rredcot.common.codec import decode
+from rredcot.common.ledger import Ledger, mean_length
 from rredcot.common.records import RecordError, WeightedGroup
 from rredcot.common.streams import Consumer, Entry
 from rredcot.learner.packing import TrainSample, samples_from_group
@@ -37,7 +38,7 @@ class Batch:
 
     entries: list[Entry] = field(default_factory=list)  # this rank's, acknowledged after the step
     samples: list[TrainSample] = field(default_factory=list)
-    groups: int = 0  # groups this rank consumed (trained or found duplicate)
+    groups: dict[str, int] = field(default_factory=dict)  # group id -> mean length, of what this rank consumed
     duplicates: int = 0  # samples dropped as already trained or seen twice
 
 
@@ -57,9 +58,16 @@ class BatchReader:
     """One rank's reader of the ``batches`` stream (see the module docstring)."""
 
     def __init__(
-        self, client: redis.Redis, consumer: Consumer, trained_key: str, rank: int, world: int, per_step: int
+        self,
+        client: redis.Redis,
+        consumer: Consumer,
+        ledger: Ledger,
+        trained_key: str,
+        rank: int,
+        world: int,
+        per_step: int,
     ) -> None:
-        self.client, self.consumer, self.trained_key = client, consumer, trained_key
+        self.client, self.consumer, self.ledger, self.trained_key = client, consumer, ledger, trained_key
         self.rank, self.world = rank, world
         self.need = per_step // world + (rank < per_step % world)
 
@@ -105,9 +113,9 @@ class BatchReader:
                 continue
             entry, group = held[entry_id]
             batch.entries.append(entry)
-            batch.groups += 1
             if group is None:  # deleted from the stream meanwhile
                 continue
+            batch.groups[group.group_id] = mean_length(s.rollout.completion_ids for s in group.samples)
             samples = samples_from_group(group)
             if i not in owner:
                 batch.duplicates += len(samples)
@@ -124,6 +132,7 @@ class BatchReader:
                 raise RecordError("entry has no payload")
             return decode(entry.payload, WeightedGroup)
         except RecordError as e:
+            self.ledger.record_unreadable(entry.id, "learner_RecordError")
             self.consumer.dead_letter(entry, f"learner: {e}")
             return None
 

@@ -22,6 +22,7 @@ import numpy as np
 from rredcot.common.codec import decode
 from rredcot.common.config import Config, ConfigError
 from rredcot.common.control import RunControl
+from rredcot.common.ledger import Ledger, mean_length
 from rredcot.common.models import load_tokenizer, resolve_model_path
 from rredcot.common.records import WeightedGroup
 from rredcot.common.registry import WEIGHT_TRANSPORTS
@@ -64,8 +65,15 @@ class Trainer:
             total_steps=cfg.run.steps,
         )
         self.rank, self.world = self.engine.rank, self.engine.world
+        self.ledger = Ledger(self.client, self.run_id)
         self.reader = BatchReader(
-            self.client, self.consumer, self.trained_key, self.rank, self.world, cfg.generation.prompts_per_step
+            self.client,
+            self.consumer,
+            self.ledger,
+            self.trained_key,
+            self.rank,
+            self.world,
+            cfg.generation.prompts_per_step,
         )
         self.step = 0
         self.last_checkpoint, self.saved_step = time.monotonic(), -1
@@ -139,14 +147,16 @@ class Trainer:
             self.writer.close()
         return metrics
 
-    def train_on(self, entries: list[Entry], samples: list[TrainSample]) -> dict[str, float]:
-        """One step on this rank's share; ack, publish, log and checkpoint after it."""
+    def train_on(self, entries: list[Entry], samples: list[TrainSample], groups: dict[str, int]) -> dict[str, float]:
+        """One step on this rank's share (``groups``: their ids and mean lengths, for the ledger); ack,
+        publish, log and checkpoint after it."""
         t0 = time.perf_counter()
         version = self.engine.version
         result = self.engine.train_step(samples)
         self.replay.record(self.step + 1, [e.payload for e in entries if e.payload is not None])
         if result.applied and samples:
             self.client.sadd(self.trained_key, *[s.id for s in samples])
+        self.ledger.record("trained", groups)  # before the ack: a crash between them trains it again
         self.consumer.ack([e.id for e in entries])
         self.step += 1
         metrics = dict(result.metrics)
@@ -172,26 +182,27 @@ class Trainer:
         by_time = float(bool(every_s) and time.monotonic() - self.last_checkpoint >= every_s and self.rank == 0)
         return bool(every and self.step % every == 0) or self.engine.all_reduce([by_time], ["max"])[0] > 0
 
-    def next_batch(self) -> tuple[list[Entry], list[TrainSample]] | None:
+    def next_batch(self) -> tuple[list[Entry], list[TrainSample], dict[str, int]] | None:
         """This rank's share of the next global batch: a step trained after the restored checkpoint
         first (nothing to acknowledge), then the stream's; None once any rank saw a stop request."""
         if self._to_replay:
-            return [], self._replayed()
+            return self._replayed()
         t0 = time.perf_counter()
         own = self.reader.read(self.control.stop_requested)
         self.totals["wait_s"] += time.perf_counter() - t0
         if self.engine.all_reduce([float(own is None)], ["max"])[0] > 0:  # all ranks stop together
             return None
         batch = self.reader.balance(own, self.engine.all_gather if self.world > 1 else None)
-        self.totals.update(groups=batch.groups, samples=len(batch.samples), duplicates=batch.duplicates)
-        return batch.entries, batch.samples
+        self.totals.update(groups=len(batch.entries), samples=len(batch.samples), duplicates=batch.duplicates)
+        return batch.entries, batch.samples, batch.groups
 
-    def _replayed(self) -> list[TrainSample]:
-        """The samples of the next step trained after the restored checkpoint (retrained first)."""
+    def _replayed(self) -> tuple[list[Entry], list[TrainSample], dict[str, int]]:
+        """The next step trained after the restored checkpoint (retrained first; nothing to acknowledge)."""
         _, payloads = self._to_replay.popleft()
-        samples = [s for p in payloads for s in samples_from_group(decode(p, WeightedGroup))]
+        groups = [decode(p, WeightedGroup) for p in payloads]
+        samples = [s for g in groups for s in samples_from_group(g)]
         self.totals.update(groups=len(payloads), samples=len(samples))  # consumed after the checkpoint, counted again
-        return samples
+        return [], samples, {g.group_id: mean_length(s.rollout.completion_ids for s in g.samples) for g in groups}
 
     # ----- outputs -----
     def _broadcast(self) -> float:

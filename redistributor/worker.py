@@ -21,6 +21,7 @@ import torch
 from rredcot.common.codec import decode, encode
 from rredcot.common.config import Config, ConfigError
 from rredcot.common.control import RunControl
+from rredcot.common.ledger import Ledger, length_bucket, mean_length
 from rredcot.common.models import load_causal_lm, load_tokenizer, resolve_model_path
 from rredcot.common.records import RecordError, RolloutGroup, WeightedGroup, WeightedSample
 from rredcot.common.sampling import RewardFn
@@ -33,14 +34,8 @@ from rredcot.redistributor.registry import get_method
 from rredcot.redistributor.scorer import Scorer
 
 log = logging.getLogger(__name__)
-LENGTH_BUCKETS = ((1024, "lt1k"), (4096, "lt4k"), (16384, "lt16k"))
 GROUP = "redistributors"
 STAGES = ("entropy", "segment", "values", "sigma")
-
-
-def length_bucket(n_tokens: int) -> str:
-    """The completion-length bucket of the per-length metrics: lt1k, lt4k, lt16k or ge16k."""
-    return next((name for limit, name in LENGTH_BUCKETS if n_tokens < limit), "ge16k")
 
 
 @dataclass
@@ -108,6 +103,7 @@ class Redistributor:
         self.client = connect(cfg.redis.url)
         rollouts, dead, batches = (run_key(self.client, self.run_id, k) for k in (ROLLOUTS, DEAD, BATCHES))
         self.consumer = Consumer(self.client, rollouts, GROUP, name, dead, cfg.redis.claim_idle_ms)
+        self.ledger = Ledger(self.client, self.run_id)
         self.producer = Producer(self.client, batches, cfg.redis.maxlen, cfg.redis.block_timeout_s)
         self.control = RunControl(self.client, self.run_id)
         self.scorer = scorer if scorer is not None or not self.method.needs_scorer else build_scorer(cfg)
@@ -156,20 +152,25 @@ class Redistributor:
             self._dead(entry, "entry has no payload", "no_payload")
             return
         t0 = time.perf_counter()
+        group = None
         try:
             group = decode(entry.payload, RolloutGroup)
             with torch.inference_mode():
                 out = redistribute_group(group, self.cfg, self.scorer, self.method, **self.extra)
             payload = encode(out)
         except (RecordError, ValueError, RuntimeError) as e:
-            self._dead(entry, f"{type(e).__name__}: {e}", type(e).__name__)
+            self._dead(entry, f"{type(e).__name__}: {e}", type(e).__name__, group)
             return
         self.producer.put(payload)
         self.consumer.ack([entry.id])
         self._count(group, out.samples, time.perf_counter() - t0)
         self._maybe_save(out, payload)
 
-    def _dead(self, entry: Entry, reason: str, kind: str) -> None:
+    def _dead(self, entry: Entry, reason: str, kind: str, group: RolloutGroup | None = None) -> None:
+        if group is None:  # unreadable: the ledger keeps it under its entry id
+            self.ledger.record_unreadable(entry.id, kind)
+        else:
+            self.ledger.record("dead", {group.group_id: mean_length(s.completion_ids for s in group.samples)}, kind)
         self.consumer.dead_letter(entry, reason)
         self.metrics.dead_letters += 1
         self.metrics.add(f"dead_letters.{kind}")

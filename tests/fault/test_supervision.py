@@ -1,19 +1,24 @@
-"""A generator, redistributor or the learner killed with SIGKILL mid-run: the run restarts it and
-finishes on its own, every admitted prompt trained, nothing trained twice into the same weights
-(real ``train`` on configs/tests.yaml)."""
+"""A generator, redistributor, the learner or the embedded Redis server killed with SIGKILL mid-run:
+the run restarts it and finishes on its own, every admitted prompt trained, nothing trained twice
+into the same weights, the ledger balanced (real ``train`` on configs/tests.yaml)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
+from rredcot.common.config import load_config
 from rredcot.common.control import RunControl
 from rredcot.common.staleness import Admission
-from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, key
+from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, connect, key
+from rredcot.launch.driver import train
 from tests.integration.test_pipeline import _run, local_ray  # noqa: F401 - the module's Ray fixture
 
 WORK = {"gen0": "samples", "red0": "rollouts", "learner0": "step"}  # the metric that shows the worker is mid-run
@@ -61,4 +66,44 @@ def test_killed_worker_is_restarted_and_the_run_loses_nothing(
     assert Admission(redis_client, run_id, 2, cfg.staleness.eta).admitted() == prompts
     assert redis_client.xlen(key(run_id, DEAD)) == 0
     assert redis_client.xlen(key(run_id, ROLLOUTS)) == redis_client.xlen(key(run_id, BATCHES)) == 0
-    assert (report / "summary.md").exists()
+    assert_ledger_balanced(report, prompts)
+
+
+def assert_ledger_balanced(report: Path, prompts: int) -> None:
+    """The run report's ledger: every admitted prompt trained, none dead, rejected, in flight or missing."""
+    ledger = json.loads((report / "summary.json").read_text())["ledger"]
+    assert ledger["balanced"] and ledger["missing"] == [] and ledger["admitted"] == prompts, ledger
+    assert (ledger["trained"], ledger["dead"], ledger["rejected"], ledger["in_flight"]) == (prompts, 0, 0, 0)
+    assert "## Ledger" in (report / "summary.md").read_text()
+
+
+def kill_redis_when_training(run_dir: Path, run_id: str, killed: list[int], timeout_s: float = 600) -> None:
+    """SIGKILL the run's embedded Redis server once the learner has made a step."""
+    deadline = time.monotonic() + timeout_s
+    while not (run_dir / "config.yaml").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    client = connect(OmegaConf.load(run_dir / "config.yaml").redis.url)
+    while time.monotonic() < deadline:
+        learner = RunControl(client, run_id).all_metrics().get("learner0", {})
+        if learner.get("step", 0) >= 1:
+            pid = int(client.info("server")["process_id"])
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+            return
+        time.sleep(0.05)
+
+
+def test_killed_redis_is_restarted_and_the_run_loses_nothing(local_ray, tmp_path, run_id):  # noqa: F811
+    """The embedded server (no ``redis.url``) dies mid-run: the driver restarts it on its port from
+    its append-only file, the workers reconnect, and the run ends with every prompt trained once."""
+    run_dir = tmp_path / run_id
+    killed: list[int] = []
+    killer = threading.Thread(target=kill_redis_when_training, args=(run_dir, run_id, killed), daemon=True)
+    killer.start()
+    overrides = ["run.steps=4", "learner.skip_zero_advantage=false", "logging.progress=false", "data.eval_size=0"]
+    cfg = load_config("tests", [f"run.dir={run_dir}", f"run.name={run_id}", *overrides])
+    report = train(cfg)
+    killer.join(timeout=5)
+    assert killed, "the Redis server was never killed"
+    assert "restarting it on port" in (run_dir / "logs" / "driver.log").read_text()
+    assert_ledger_balanced(report, cfg.run.steps * cfg.generation.prompts_per_step)

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from rredcot.actors.engine import Engine, EngineSpec
-from rredcot.actors.generator import Generator, stable_id
+from rredcot.actors.generator import Generator
 from rredcot.common.codec import decode
 from rredcot.common.config import load_config
+from rredcot.common.ledger import group_id
 from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir, save_model_dir
 from rredcot.common.records import RolloutGroup
 from rredcot.common.staleness import Admission
@@ -94,7 +95,7 @@ def test_records_on_redis_decode_validate_and_long_prompt_is_rejected(
     groups = [decode(fields[b"d"], expect=RolloutGroup) for _, fields in entries]
     assert len(groups) == 5
     used = [i for i in range(5 + rejected) if "+ 1 +" not in gen.order.at(i).problem]
-    assert {g.group_id for g in groups} == {stable_id(run_id, i) for i in used}
+    assert {g.group_id for g in groups} == {group_id(run_id, i) for i in used}
     for g in groups:
         assert len(g.samples) == 2 and g.answer == str(3 * int(g.prompt_id.split("-")[-1]) - 3)
         assert len({s.id for s in g.samples}) == 2

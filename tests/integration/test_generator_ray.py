@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from rredcot.actors.generator import stable_id
 from rredcot.common.codec import decode
 from rredcot.common.config import load_config, to_dict
+from rredcot.common.ledger import group_id
 from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir, save_model_dir
 from rredcot.common.records import RolloutGroup
 from rredcot.common.staleness import Admission
@@ -78,8 +78,8 @@ def test_killed_generator_resumes_with_latest_weights_and_no_lost_prompts(
     groups = [decode(f[b"d"], expect=RolloutGroup) for _, f in redis_client.xrange(key(run_id, ROLLOUTS))]
     ids = [g.group_id for g in groups]
     assert admission.admitted() == pps * steps
-    assert set(ids) == {stable_id(run_id, i) for i in range(pps * steps)}, "an admitted prompt was lost"
-    dupes = {i for i in range(pps * steps) if ids.count(stable_id(run_id, i)) > 1}
+    assert set(ids) == {group_id(run_id, i) for i in range(pps * steps)}, "an admitted prompt was lost"
+    dupes = {i for i in range(pps * steps) if ids.count(group_id(run_id, i)) > 1}
     assert dupes <= held, "only prompts the in-flight record held may be generated twice"
     assert redis_client.scard(key(run_id, "inflight:gen0")) == 0
     after = groups[len(groups) - int(metrics["finished_groups"]) :]  # written by the restarted incarnation

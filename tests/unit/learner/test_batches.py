@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rredcot.common.codec import encode
+from rredcot.common.ledger import Ledger
 from rredcot.common.streams import Consumer, key
 from rredcot.learner.batches import BatchReader, assign
 from tests.factories import weighted_group
@@ -22,7 +23,7 @@ def _stream(run_id: str) -> str:
 
 def _reader(client, run_id: str, rank: int = 0, world: int = 1, per_step: int = 2, idle_ms: int = 30_000):
     consumer = Consumer(client, _stream(run_id), GROUP, f"learner{rank}", key(run_id, "dead"), idle_ms)
-    return BatchReader(client, consumer, key(run_id, "trained_ids"), rank, world, per_step)
+    return BatchReader(client, consumer, Ledger(client, run_id), key(run_id, "trained_ids"), rank, world, per_step)
 
 
 def _put(client, run_id: str, group) -> bytes:
@@ -75,11 +76,13 @@ def test_waiting_longer_than_the_reclaim_idle_time_reads_no_entry_twice(redis_cl
 def test_a_group_sent_twice_or_already_trained_is_trained_once(redis_client, run_id):
     group = weighted_group(seed=3)
     reader = _reader(redis_client, run_id, per_step=3)
-    for g in (group, group, weighted_group(seed=4)):
+    other = weighted_group(seed=4)
+    for g in (group, group, other):
         _put(redis_client, run_id, g)
     redis_client.sadd(key(run_id, "trained_ids"), group.samples[0].rollout.id)  # trained in an earlier step
     batch = reader.balance(reader.read(_never), None)
-    assert len(batch.entries) == 3 and batch.groups == 3  # all three are acknowledged after the step
+    assert len(batch.entries) == 3  # all three are acknowledged after the step
+    assert batch.groups.keys() == {group.group_id, other.group_id}
     assert len(batch.samples) == 3 + 4 and len({s.id for s in batch.samples}) == 7
     assert batch.duplicates == 4 + 1
 
