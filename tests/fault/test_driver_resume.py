@@ -1,0 +1,54 @@
+"""The whole ``rredcot train`` killed with SIGKILL mid-run (its embedded Redis and local Ray go with
+it), then ``rredcot train ... run.resume=auto``: the run restores the newest checkpoint, trains
+again what was trained after it, finishes, and its ledger balances: every admitted prompt trained,
+none lost (the streams, the ledger and the replay log come back from Redis' append-only file)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import psutil
+
+from tests.integration.test_train_stop import learner_step, ray_daemons, signal_when, start_train
+
+OVERRIDES = (
+    "run.name=drvkill",
+    "run.steps=6",
+    "data.eval_size=0",
+    "learner.checkpoint_every=2",
+    "learner.skip_zero_advantage=false",
+    "logging.progress=true",
+    "logging.progress_every_s=1",  # the test reads the learner's step from these lines
+    "redis.claim_idle_ms=2000",  # the dead run's pending entries come back within seconds
+)
+
+
+def _kill_tree(pids: set[int]) -> None:
+    """What a killed driver left behind (its Ray daemons and their workers)."""
+    procs = [
+        p for pid in pids if psutil.pid_exists(pid) for p in [psutil.Process(pid), *psutil.Process(pid).children(True)]
+    ]
+    for p in procs:
+        p.kill()
+    psutil.wait_procs(procs, timeout=30)
+
+
+def test_killed_driver_resumes_and_loses_nothing(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = start_train(tmp_path, *OVERRIDES)
+    signal_when(proc, lambda: learner_step(run_dir / "logs" / "driver.log") >= 3, signal.SIGKILL, tmp_path, 400)
+    _kill_tree(ray_daemons(proc.pid))
+    assert not (run_dir / "report" / "summary.json").exists()  # killed: no report
+    assert [p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step-")]
+    time.sleep(1)
+    resumed = start_train(tmp_path, *OVERRIDES, "run.resume=auto")
+    assert resumed.wait(timeout=600) == 0, (tmp_path / "console.log").read_text()[-3000:]
+    summary = json.loads((run_dir / "report" / "summary.json").read_text())
+    ledger, prompts = summary["ledger"], 6 * 2
+    assert summary["status"] == "finished" and summary["steps"] == 6
+    assert ledger["balanced"] and ledger["missing"] == [] and ledger["admitted"] == prompts, ledger
+    assert (ledger["trained"], ledger["dead"], ledger["rejected"], ledger["in_flight"]) == (prompts, 0, 0, 0)
+    assert "resumed from" in (run_dir / "logs" / "learner0.log").read_text()  # not a fresh start
