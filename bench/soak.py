@@ -1,0 +1,116 @@
+"""Soak: a long real run of the pipeline, sampling every worker's memory and the streams' lengths.
+
+Starts ``rredcot train CONFIG`` (more steps than it will reach), samples every ``--every`` seconds
+the resident memory (RSS) of each worker (the pid in its metrics, with its children: the
+verifier) and of the driver process, and the ``rollouts``/``batches`` stream lengths; after
+``--minutes`` it sends SIGTERM (the run checkpoints and writes its report). Prints per worker the
+RSS slope (MiB per 10 minutes, least squares over the second half, after the warm-up) and the
+first/last RSS, and the stream peaks against ``redis.maxlen`` (+ one entry per producer); goal:
+flat within noise, streams bounded. The last line is one JSON object; the samples go to
+``<run.dir>/soak.csv``.
+
+    python -P bench/soak.py [--config demo_cpu --minutes 30 --every 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+from omegaconf import OmegaConf
+
+from rredcot.common.control import RunControl
+from rredcot.common.precision import cpu_info
+from rredcot.common.streams import BATCHES, ROLLOUTS, connect, key
+
+
+def rss_mib(pid: int, children: bool = True) -> float | None:
+    """RSS of ``pid`` (and its descendants) in MiB; None once it is gone."""
+    try:
+        proc = psutil.Process(pid)
+        procs = [proc, *proc.children(recursive=True)] if children else [proc]
+        return sum(p.memory_info().rss for p in procs if p.is_running()) / 2**20
+    except psutil.NoSuchProcess:
+        return None
+
+
+def slope_mib_per_10min(t: list[float], rss: list[float]) -> float:
+    """Least-squares slope of the second half of the samples, in MiB per 10 minutes."""
+    half = len(t) // 2
+    if len(t) - half < 3:
+        return float("nan")
+    return float(np.polyfit(np.asarray(t[half:]), np.asarray(rss[half:]), 1)[0] * 600)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="demo_cpu")
+    p.add_argument("--minutes", type=float, default=30.0)
+    p.add_argument("--every", type=float, default=10.0, help="seconds between samples")
+    p.add_argument("--run-dir", default="runs/soak")
+    args, overrides = p.parse_known_args()
+    run_dir = Path(args.run_dir).resolve()
+    cmd = [sys.executable, "-m", "rredcot.launch.cli", "train", args.config, f"run.dir={run_dir}"]
+    cmd += ["run.name=soak", "run.steps=100000", "data.eval_size=0", *overrides]
+    env = os.environ | {"PYTHONUNBUFFERED": "1"}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    console = (run_dir.parent / "soak-console.log").open("w")
+    driver = subprocess.Popen(cmd, stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    while not (run_dir / "config.yaml").exists():
+        if driver.poll() is not None:
+            sys.exit(f"the run ended before it started: see {console.name}")
+        time.sleep(1)
+    cfg = OmegaConf.load(run_dir / "config.yaml")
+    client = connect(cfg.redis.url)
+    control = RunControl(client, cfg.run.name)
+    t0 = time.monotonic()
+    samples: list[dict[str, float]] = []
+    while time.monotonic() - t0 < args.minutes * 60 and driver.poll() is None:
+        # the driver alone: the local Ray's daemons and workers are its descendants
+        row = {"t": time.monotonic() - t0, "driver": rss_mib(driver.pid, children=False) or 0.0}
+        for worker, snap in control.all_metrics().items():
+            rss = rss_mib(int(snap["pid"])) if "pid" in snap else None
+            if rss is not None and snap.get("tier") != "driver":
+                row[worker] = rss
+        row |= {f"queue_{s}": float(client.xlen(key(cfg.run.name, s))) for s in (ROLLOUTS, BATCHES)}
+        row["step"] = float(control.all_metrics().get("learner0", {}).get("step", 0.0))
+        samples.append(row)
+        time.sleep(args.every)
+    if driver.poll() is None:
+        driver.send_signal(signal.SIGTERM)
+        driver.wait(timeout=120)
+    names = sorted({k for row in samples for k in row} - {"t"})
+    with (run_dir / "soak.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["t", *names])
+        writer.writeheader()
+        writer.writerows(samples)
+    result: dict[str, object] = {"minutes": args.minutes, "samples": len(samples), "rc": driver.returncode}
+    print(f"{'process':<12} {'first MiB':>10} {'last MiB':>10} {'slope MiB/10min (2nd half)':>28}")
+    for name in [n for n in names if not n.startswith("queue_") and n != "step"]:
+        t = [r["t"] for r in samples if name in r]
+        rss = [r[name] for r in samples if name in r]
+        slope = slope_mib_per_10min(t, rss)
+        result[f"rss_{name}"] = {"first": rss[0], "last": rss[-1], "slope_mib_per_10min": slope}
+        print(f"{name:<12} {rss[0]:>10.0f} {rss[-1]:>10.0f} {slope:>28.1f}")
+    producers = {ROLLOUTS: cfg.cluster.generators, BATCHES: cfg.cluster.redistributors}
+    for s, n in producers.items():
+        peak = max((r[f"queue_{s}"] for r in samples), default=0.0)
+        result[f"peak_{s}"] = peak
+        print(f"stream {s:<8} peak {peak:.0f} entries (bound: maxlen {cfg.redis.maxlen} + {n} producer(s))")
+    result["steps"] = max((r["step"] for r in samples), default=0.0)
+    info = cpu_info()
+    result["cpu"] = {"model": info.model, "flags": info.speed_flags()}
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
