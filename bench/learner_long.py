@@ -1,12 +1,15 @@
-"""Long-sequence learner step: one σ-weighted training step on a single --tokens-token sample.
+"""Long-sequence learner steps: σ-weighted training steps on one sample per length and LM-head chunk.
 
 A random-initialised model of a preset shape (``qwen2.5-1.5b``: the Qwen2.5-1.5B architecture,
 1.54B parameters; ``smoke``: a tiny one that runs on a CPU in seconds), one packed micro-batch,
 real DeepSpeed (one rank: NCCL on GPU, gloo on CPU), gradient checkpointing and the chunked LM
-head. Reports the step time, tokens/s and the peak memory (GPU: ``max_memory_allocated``; CPU:
-the process's peak RSS). Prints a table; the last line is one JSON object.
+head. For every completion length (default 8k, 16k, 25k, 32k) and LM-head chunk (1024, 2048,
+4096) on the same engine: the step time, tokens/s and the peak memory (GPU: ``max_memory_allocated``
+since the row began; CPU: the process's peak RSS so far, which cannot be reset). Prints a table;
+the last line is one JSON object.
 
-Usage: python -P bench/learner_long.py [--preset qwen2.5-1.5b --tokens 25000 --zero 2 --dtype bfloat16]
+Usage: python -P bench/learner_long.py [--preset qwen2.5-1.5b --tokens 8000 25000 --logprob-chunk 2048
+--zero 2 --dtype bfloat16]; on a CPU: --preset smoke --tokens 2000 --logprob-chunk 512
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ from tests.learner_samples import SHAPES, random_samples  # noqa: E402
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=sorted(SHAPES), default="qwen2.5-1.5b")
-    p.add_argument("--tokens", type=int, default=25000, help="completion tokens of the sample")
+    p.add_argument(
+        "--tokens", type=int, nargs="+", default=[8000, 16000, 25000, 32000], help="completion tokens of the sample"
+    )
     p.add_argument("--prompt", type=int, default=256, help="prompt tokens of the sample")
     p.add_argument("--zero", type=int, default=2, choices=[0, 1, 2, 3], help="learner.zero_stage")
     p.add_argument(
@@ -42,65 +47,83 @@ def parse() -> argparse.Namespace:
         help="learner.dtype (default: bfloat16 on GPU, float32 on CPU)",
     )
     p.add_argument("--no-grad-checkpointing", action="store_true")
-    p.add_argument("--logprob-chunk", type=int, default=4096, help="learner.logprob_chunk")
+    p.add_argument(
+        "--logprob-chunk", type=int, nargs="+", default=[1024, 2048, 4096], help="learner.logprob_chunk values"
+    )
     p.add_argument("--steps", type=int, default=2, help="timed steps (after 1 warm-up)")
     return p.parse_args()
 
 
 def peak_memory_gib() -> float:
+    """GPU: the peak since the last reset; CPU: the process's peak RSS (it cannot be reset)."""
     if torch.cuda.is_available():
         return torch.cuda.max_memory_allocated() / 2**30
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def timed_steps(engine: LearnerEngine, tokens: int, prompt: int, steps: int) -> float:
+    """Median seconds of ``steps`` training steps on one sample (after one warm-up step)."""
+    batch = random_samples(1, seed=0, lengths=[tokens], prompt=prompt)
+    assert engine.train_step(batch).applied  # warm-up
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        assert engine.train_step(batch).applied
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def main() -> None:
     args = parse()
     gpu = torch.cuda.is_available()
     dtype = args.dtype or ("bfloat16" if gpu else "float32")
-    shape = SHAPES[args.preset]
+    longest = args.prompt + max(args.tokens)
     torch.manual_seed(0)
-    config = Qwen2Config(**shape, max_position_embeddings=args.prompt + args.tokens, tie_word_embeddings=True)
+    config = Qwen2Config(**SHAPES[args.preset], max_position_embeddings=longest, tie_word_embeddings=True)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     params = sum(p.numel() for p in model.parameters())
-    budget = args.prompt + args.tokens
     cfg = LearnerConfig(
         lr=1e-6,
-        micro_token_budget=budget,
+        micro_token_budget=longest,
         zero_stage=args.zero,
         dtype=dtype,
         grad_checkpointing=not args.no_grad_checkpointing,
-        logprob_chunk=args.logprob_chunk,
+        logprob_chunk=args.logprob_chunk[0],
     )
     engine = LearnerEngine(model, cfg)
-    batch = random_samples(1, seed=0, lengths=[args.tokens], prompt=args.prompt)
-    assert engine.train_step(batch).applied  # warm-up
-    times = []
-    for _ in range(args.steps):
-        t0 = time.perf_counter()
-        assert engine.train_step(batch).applied
-        if gpu:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    step = statistics.median(times)
-    result = {
-        "device": torch.cuda.get_device_name() if gpu else "cpu",
-        "preset": args.preset,
-        "params": params,
-        "tokens": budget,
-        "zero_stage": args.zero,
-        "dtype": dtype,
-        "grad_checkpointing": not args.no_grad_checkpointing,
-        "step_s": step,
-        "tokens_per_s": budget / step,
-        "peak_memory_gib": peak_memory_gib(),
-    }
+    device = torch.cuda.get_device_name() if gpu else "cpu"
     print(
-        f"learner long step: {args.preset} ({params / 1e6:,.1f}M parameters), one {budget}-token sample, "
-        f"ZeRO-{args.zero}, {dtype}, on {result['device']}"
+        f"learner long step: {args.preset} ({params / 1e6:,.1f}M parameters), ZeRO-{args.zero}, {dtype}, "
+        f"gradient checkpointing {'off' if args.no_grad_checkpointing else 'on'}, on {device}"
     )
-    for name in ("step_s", "tokens_per_s", "peak_memory_gib"):
-        print(f"  {name:<16} {result[name]:10.2f}")
-    print(json.dumps(result))
+    print(f"{'tokens':>7} {'chunk':>6} {'step s':>8} {'tokens/s':>9} {'peak GiB':>9}")
+    rows = []
+    for tokens in args.tokens:
+        for chunk in args.logprob_chunk:
+            engine.engine.module.chunk = chunk  # the LM-head chunk of TokenLogProbs
+            if gpu:
+                torch.cuda.reset_peak_memory_stats()
+            step = timed_steps(engine, tokens, args.prompt, args.steps)
+            row = {"tokens": args.prompt + tokens, "chunk": chunk, "step_s": step}
+            row |= {"tokens_per_s": row["tokens"] / step, "peak_memory_gib": peak_memory_gib()}
+            rows.append(row)
+            print(
+                f"{row['tokens']:>7} {chunk:>6} {step:>8.2f} {row['tokens_per_s']:>9.0f} {row['peak_memory_gib']:>9.2f}"
+            )
+    print(
+        json.dumps(
+            {
+                "device": device,
+                "preset": args.preset,
+                "params": params,
+                "zero_stage": args.zero,
+                "dtype": dtype,
+                "rows": rows,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":
