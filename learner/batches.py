@@ -99,7 +99,7 @@ class BatchReader:
         first: dict[str, int] = {}
         unique = [i for i, (_, gid, _) in enumerate(everything) if first.setdefault(gid, i) == i]
         owner = dict(zip(unique, assign([everything[i][2] for i in unique], self.world), strict=True))
-        trained_ids = {everything[i][0] for i in unique}
+        first_copies = {everything[i][0] for i in unique}  # entry ids
         held = {e.id: (e, g) for e, g in own}
         taken = [everything[i][0] for i in unique if owner[i] == self.rank and everything[i][0] not in held]
         self.consumer.hold(taken)
@@ -109,7 +109,7 @@ class BatchReader:
             if i in owner:  # a group's first copy: its owner trains it
                 if owner[i] != self.rank:
                     continue
-            elif entry_id not in held or entry_id in trained_ids:  # a second copy: its reader acknowledges it
+            elif entry_id not in held or entry_id in first_copies:  # a second copy: its reader acknowledges it
                 continue
             entry, group = held[entry_id]
             batch.entries.append(entry)
