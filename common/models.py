@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -97,29 +98,40 @@ def save_model_dir(model: Any, tokenizer: Any, out: str | Path) -> Path:
     return out
 
 
-def materialise_tiny(name: str, seed: int = 0, root: str | Path | None = None) -> Path:
-    """Create (once) the HF directory for a builtin tiny model and return its path."""
-    arch = name.removeprefix("tiny-").removesuffix("-arith")
-    out = Path(root or cache_dir() / "models") / f"{name}-seed{seed}"
+def build_once(out: Path, build: Callable[[Path], None]) -> Path:
+    """``out``, made once by ``build(tmp)`` in a temporary directory renamed into place (no reader
+    ever sees half of it). One builder at a time across processes (the Ray actors of a first run,
+    test workers) under a file lock; the others wait and take its result. ``build`` writes the
+    marker ``rredcot.json`` last."""
     marker = out / "rredcot.json"
     if marker.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.with_name(out.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time (Ray actors, test workers); the rest wait
+        fcntl.flock(lock, fcntl.LOCK_EX)
         if marker.exists():
             return out
+        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+        build(tmp)
+        tmp.rename(out)
+    return out
+
+
+def materialise_tiny(name: str, seed: int = 0, root: str | Path | None = None) -> Path:
+    """Create (once) the HF directory for a builtin tiny model and return its path."""
+    arch = name.removeprefix("tiny-").removesuffix("-arith")
+
+    def build(tmp: Path) -> None:
         tok = load_tokenizer(qwen_tokenizer_dir())
         model = build_tiny_model(arch, seed=seed)
         if name.endswith("-arith"):
             from rredcot.common.warmstart import sft_arith
 
             model = sft_arith(model, tok, seed=seed)
-        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
         save_model_dir(model, tok, tmp)
         (tmp / "rredcot.json").write_text(json.dumps({"builtin": name, "seed": seed}))
-        tmp.rename(out)  # atomic: no reader ever sees a half-written directory
-    return out
+
+    return build_once(Path(root or cache_dir() / "models") / f"{name}-seed{seed}", build)
 
 
 def resolve_model_path(path: str, seed: int = 0) -> str:

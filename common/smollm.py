@@ -12,7 +12,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from rredcot.common.models import cache_dir
+from rredcot.common.models import build_once, cache_dir
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -29,10 +29,11 @@ def gguf_path() -> Path:
 
 
 def smollm2_dir(root: str | Path | None = None) -> Path:
-    """The converted HF directory (created on first use)."""
-    out = Path(root or cache_dir() / "models") / "smollm2-135m-instruct"
-    if (out / "rredcot.json").exists():
-        return out
+    """The converted HF directory (created on first use, once, whichever worker asks first)."""
+    return build_once(Path(root or cache_dir() / "models") / "smollm2-135m-instruct", _convert)
+
+
+def _convert(out: Path) -> None:
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -40,15 +41,12 @@ def smollm2_dir(root: str | Path | None = None) -> Path:
     src = gguf_path()
     tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
     model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
-    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     config = model.config.to_dict()
     config.pop("quantization_config", None)
     config.update(architectures=[type(model).__name__], tie_word_embeddings=True, torch_dtype="float32")
-    (tmp / "config.json").write_text(json.dumps(config, indent=2))
-    tok.save_pretrained(tmp)
-    (tmp / "rredcot.json").write_text(json.dumps({"source": GGUF_NAME}))
-    tmp.rename(out)
-    return out
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    tok.save_pretrained(out)
+    (out / "rredcot.json").write_text(json.dumps({"source": GGUF_NAME}))
