@@ -104,11 +104,17 @@ class FilePublisher:
         if self.rank != 0 or self.client is None:  # only rank 0 delivers
             _take_part(module)
             return None, time.perf_counter() - t0
-        with WeightWriter(version, *_columns([_layout(module)]), self.out_dir) as writer:
-            for bucket in gathered_buckets(module):
-                for name, tensor in bucket:
-                    writer.write(name, tensor)
-            manifest = writer.commit(self.keep)
+        buckets = gathered_buckets(module)
+        try:
+            with WeightWriter(version, *_columns([_layout(module)]), self.out_dir) as writer:
+                for bucket in buckets:
+                    for name, tensor in bucket:
+                        writer.write(name, tensor)
+                manifest = writer.commit(self.keep)
+        except OSError:  # e.g. a full disk: finish the gathers first, the other ZeRO-3 ranks wait in them
+            for _ in buckets:
+                pass
+            raise
         publish_manifest(self.client, self.run_id, manifest)
         return manifest, time.perf_counter() - t0
 

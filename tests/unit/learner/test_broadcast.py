@@ -56,6 +56,25 @@ def test_a_rank_other_than_0_only_takes_part_in_the_gathers(make_model, tmp_path
     publisher.close()
 
 
+def test_rank_0_that_cannot_write_still_joins_every_gather(make_model, tmp_path, redis_client, run_id, monkeypatch):
+    """Under ZeRO-3 the other ranks wait in each bucket's gather: a rank 0 whose file cannot be
+    written (here: the directory is a file) raises only after it has taken part in all of them."""
+    seen: list[int] = []
+
+    def counted(module):
+        for i, bucket in enumerate(gathered_buckets(module, bucket_bytes=4096)):
+            seen.append(i)
+            yield bucket
+
+    monkeypatch.setattr("rredcot.learner.broadcast.gathered_buckets", counted)
+    model, blocker = make_model(), tmp_path / "weights"
+    blocker.write_text("not a directory")
+    with pytest.raises(OSError):
+        FilePublisher(redis_client, run_id, blocker, rank=0).publish(model, 1)
+    assert len(seen) == len(list(gathered_buckets(model, bucket_bytes=4096))) > 1
+    assert latest_manifest(redis_client, run_id) is None
+
+
 def test_rank_0_streams_the_file_without_a_serialised_copy_in_memory(tmp_path, redis_client, run_id):
     model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])  # 4 MiB of weights
     publisher = FilePublisher(redis_client, run_id, tmp_path, rank=0)
