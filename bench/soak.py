@@ -1,13 +1,14 @@
 """Soak: a long real run of the pipeline, sampling every worker's memory and the streams' lengths.
 
 Starts ``rredcot train CONFIG`` (more steps than it will reach), samples every ``--every`` seconds
-the resident memory (RSS) of each worker (the pid in its metrics, with its children: the
-verifier) and of the driver process, and the ``rollouts``/``batches`` stream lengths; after
-``--minutes`` it sends SIGTERM (the run checkpoints and writes its report). Prints per worker the
-RSS slope (MiB per 10 minutes, least squares over the second half, after the warm-up) and the
-first/last RSS, and the stream peaks against ``redis.maxlen`` (+ one entry per producer); goal:
-flat within noise, streams bounded. The last line is one JSON object; the samples go to
-``<run.dir>/soak.csv``.
+the resident memory (RSS) of each worker (the pid in its metrics, with its children: the verifier)
+and of the driver process, and the ``rollouts``/``batches`` stream lengths; after ``--minutes`` it
+sends SIGTERM (the run checkpoints and writes its report). Prints per worker the RSS slope (MiB per
+10 minutes, least squares over the second half, after the warm-up), the first/last RSS and the peak
+of each half (a worker whose RSS saws up and down with its batches, like the learner, shows a trend
+in its peaks, not in a slope), and the stream peaks against ``redis.maxlen`` (+ one entry per
+producer); goal: flat within noise, streams bounded. The last line is one JSON object; the samples
+go to ``<run.dir>/soak.csv``.
 
     python -P bench/soak.py [--config demo_cpu --minutes 30 --every 10]
 """
@@ -94,13 +95,19 @@ def main() -> None:
         writer.writeheader()
         writer.writerows(samples)
     result: dict[str, object] = {"minutes": args.minutes, "samples": len(samples), "rc": driver.returncode}
-    print(f"{'process':<12} {'first MiB':>10} {'last MiB':>10} {'slope MiB/10min (2nd half)':>28}")
+    header = ("first", "last", "peak 1st half", "peak 2nd half", "slope/10min")
+    print(f"{'MiB':<12} {header[0]:>7} {header[1]:>7} {header[2]:>14} {header[3]:>14} {header[4]:>12}")
     for name in [n for n in names if not n.startswith("queue_") and n != "step"]:
         t = [r["t"] for r in samples if name in r]
         rss = [r[name] for r in samples if name in r]
-        slope = slope_mib_per_10min(t, rss)
-        result[f"rss_{name}"] = {"first": rss[0], "last": rss[-1], "slope_mib_per_10min": slope}
-        print(f"{name:<12} {rss[0]:>10.0f} {rss[-1]:>10.0f} {slope:>28.1f}")
+        half = len(rss) // 2
+        row = {"first": rss[0], "last": rss[-1], "peak_1st_half": max(rss[:half], default=rss[0])}
+        row |= {"peak_2nd_half": max(rss[half:]), "slope_mib_per_10min": slope_mib_per_10min(t, rss)}
+        result[f"rss_{name}"] = row
+        print(
+            f"{name:<12} {row['first']:>7.0f} {row['last']:>7.0f} {row['peak_1st_half']:>14.0f} "
+            f"{row['peak_2nd_half']:>14.0f} {row['slope_mib_per_10min']:>12.1f}"
+        )
     producers = {ROLLOUTS: cfg.cluster.generators, BATCHES: cfg.cluster.redistributors}
     for s, n in producers.items():
         peak = max((r[f"queue_{s}"] for r in samples), default=0.0)
