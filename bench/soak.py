@@ -1,14 +1,14 @@
 """Soak: a long real run of the pipeline, sampling every worker's memory and the streams' lengths.
 
 Starts ``rredcot train CONFIG`` (more steps than it will reach), samples every ``--every`` seconds
-the resident memory (RSS) of each worker (the pid in its metrics, with its children: the verifier)
-and of the driver process, and the ``rollouts``/``batches`` stream lengths; after ``--minutes`` it
-sends SIGTERM (the run checkpoints and writes its report). Prints per worker the RSS slope (MiB per
-10 minutes, least squares over the second half, after the warm-up), the first/last RSS and the peak
-of each half (a worker whose RSS saws up and down with its batches, like the learner, shows a trend
-in its peaks, not in a slope), and the stream peaks against ``redis.maxlen`` (+ one entry per
-producer); goal: flat within noise, streams bounded. The last line is one JSON object; the samples
-go to ``<run.dir>/soak.csv``.
+the resident memory (RSS) of each worker (the pid in its metrics, with its children: the verifier;
+and alone, ``<worker>.self``) and of the driver process, and the ``rollouts``/``batches`` stream
+lengths; after ``--minutes`` it sends SIGTERM (the run checkpoints and writes its report). Prints
+per worker the RSS slope (MiB per 10 minutes, least squares over the second half, after the
+warm-up), the first/last RSS and the peak of each half (a worker whose RSS saws up and down with its
+batches, like the learner, shows a trend in its peaks, not in a slope), and the stream peaks against
+``redis.maxlen`` (+ one entry per producer); goal: flat within noise, streams bounded. The last line
+is one JSON object; the samples go to ``<run.dir>/soak.csv``.
 
     python -P bench/soak.py [--config demo_cpu --minutes 30 --every 10]
 """
@@ -79,9 +79,11 @@ def main() -> None:
         # the driver alone: the local Ray's daemons and workers are its descendants
         row = {"t": time.monotonic() - t0, "driver": rss_mib(driver.pid, children=False) or 0.0}
         for worker, snap in control.all_metrics().items():
-            rss = rss_mib(int(snap["pid"])) if "pid" in snap else None
-            if rss is not None and snap.get("tier") != "driver":
-                row[worker] = rss
+            if "pid" not in snap or snap.get("tier") == "driver":
+                continue
+            rss, own = rss_mib(int(snap["pid"])), rss_mib(int(snap["pid"]), children=False)
+            if rss is not None and own is not None:
+                row[worker], row[f"{worker}.self"] = rss, own  # with its children (the verifier), and alone
         row |= {f"queue_{s}": float(client.xlen(key(cfg.run.name, s))) for s in (ROLLOUTS, BATCHES)}
         row["step"] = float(control.all_metrics().get("learner0", {}).get("step", 0.0))
         samples.append(row)
