@@ -42,6 +42,11 @@ class Batch:
     duplicates: int = 0  # samples dropped as already trained or seen twice
 
 
+def group_length(group: WeightedGroup) -> int:
+    """The group's mean completion length, as the ledger records it."""
+    return mean_length(s.rollout.completion_ids for s in group.samples)
+
+
 def assign(tokens: list[int], world: int) -> list[int]:
     """The rank of each group: longest first, each to the rank with the fewest tokens so far
     (ties: the lower rank); deterministic, so every rank computes the same assignment."""
@@ -115,7 +120,7 @@ class BatchReader:
             batch.entries.append(entry)
             if group is None:  # deleted from the stream meanwhile
                 continue
-            batch.groups[group.group_id] = mean_length(s.rollout.completion_ids for s in group.samples)
+            batch.groups[group.group_id] = group_length(group)
             samples = samples_from_group(group)
             if i not in owner:
                 batch.duplicates += len(samples)

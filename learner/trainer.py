@@ -22,14 +22,14 @@ import numpy as np
 from rredcot.common.codec import decode
 from rredcot.common.config import Config, ConfigError
 from rredcot.common.control import RunControl
-from rredcot.common.ledger import Ledger, mean_length
+from rredcot.common.ledger import Ledger
 from rredcot.common.models import load_tokenizer, resolve_model_path
 from rredcot.common.records import WeightedGroup
 from rredcot.common.registry import WEIGHT_TRANSPORTS
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Entry, connect, key, run_key
 from rredcot.common.weight_sync import version_key
-from rredcot.learner.batches import BatchReader
+from rredcot.learner.batches import BatchReader, group_length
 from rredcot.learner.broadcast import FilePublisher
 from rredcot.learner.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from rredcot.learner.engine import LearnerEngine, load_policy
@@ -192,7 +192,7 @@ class Trainer:
         self.totals["wait_s"] += time.perf_counter() - t0
         if self.engine.all_reduce([float(own is None)], ["max"])[0] > 0:  # all ranks stop together
             return None
-        batch = self.reader.balance(own, self.engine.all_gather if self.world > 1 else None)
+        batch = self.reader.balance(own, self.engine.all_gather)
         self.totals.update(groups=len(batch.entries), samples=len(batch.samples), duplicates=batch.duplicates)
         return batch.entries, batch.samples, batch.groups
 
@@ -202,7 +202,7 @@ class Trainer:
         groups = [decode(p, WeightedGroup) for p in payloads]
         samples = [s for g in groups for s in samples_from_group(g)]
         self.totals.update(groups=len(payloads), samples=len(samples))  # consumed after the checkpoint, counted again
-        return [], samples, {g.group_id: mean_length(s.rollout.completion_ids for s in g.samples) for g in groups}
+        return [], samples, {g.group_id: group_length(g) for g in groups}
 
     # ----- outputs -----
     def _broadcast(self) -> float:
