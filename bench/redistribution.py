@@ -1,7 +1,8 @@
 """Redistribution benchmark (CPU, tiny random Qwen3 with the real tokenizer); ratios from one run.
 
 1. fast vs reference exit-point values on a 4k-token reasoning trace, K = 40, N = 2;
-   tokens forwarded by the fast path ÷ ideal (trace + K·N branch tokens);
+   tokens forwarded by the fast path ÷ ideal (trace + K·N branch tokens); the branches with the
+   measured waste rule vs as many per forward as memory allows (the planner before it);
 1b. the long case: a 25k-token thinking trace, K = 40, N = 4: peak RSS of the values stage within
    ``credit.values_memory_mb`` vs one unbounded forward (what a token budget of 131,072 did);
 2. redistribution (rredcot) time ÷ transformers ``generate`` time for the same rollouts;
@@ -23,12 +24,18 @@ import torch
 from rredcot.common.config import Config, CreditConfig
 from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir
 from rredcot.common.records import RolloutGroup, RolloutRecord, new_id
+from rredcot.redistributor.branch_plan import ModelShape, plan_pieces
 from rredcot.redistributor.credit import redistribute_group
 from rredcot.redistributor.entropy import TokenCounter, score_trace
 from rredcot.redistributor.mc import HFContinuationSampler
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.segmentation import segment, token_texts
-from rredcot.redistributor.values import branch_logprobs_fast, branch_logprobs_reference
+from rredcot.redistributor.values import (
+    branch_logprobs_fast,
+    branch_logprobs_reference,
+    exit_branches,
+    forward_overhead_cells,
+)
 
 LINES = [
     "Let me compute {a}*{b} step by step.",
@@ -108,12 +115,28 @@ def bench_values(model, tok, length: int, k: int, n_refs: int, vocab: int | None
     t_branch, _ = timed(
         lambda: branch_logprobs_fast(model, trace, exits, refs, exit_ids, cfg.values_memory_mb << 20), 3
     )
-    sweep = {  # branches alone per credit.values_memory_mb: smaller forwards attend over shorter prefixes
+    sweep = {  # branches alone per credit.values_memory_mb (with the measured waste rule)
         f"branches_s_at_{mb}mb": timed(
             lambda mb=mb: branch_logprobs_fast(model, trace, exits, refs, exit_ids, mb << 20), 3
         )[0]
         for mb in (256, 64, 16, 4)
     }
+    # what the planner did before the waste rule: as many branches per forward as memory allows
+    sweep["branches_s_memory_only"] = timed(
+        lambda: branch_logprobs_fast(
+            model, trace, exits, refs, exit_ids, cfg.values_memory_mb << 20, overhead_cells=1 << 62
+        ),
+        3,
+    )[0]
+    sweep["overhead_cells"] = forward_overhead_cells(model)
+    sweep["forwards"] = len(
+        plan_pieces(
+            exit_branches(trace.prompt_len, exits, refs, exit_ids),
+            cfg.values_memory_mb << 20,
+            ModelShape.of(model),
+            forward_overhead_cells(model),
+        )
+    )
 
     def reference():
         counter = TokenCounter()

@@ -145,6 +145,7 @@ class CreditConfig:
     scorer: str = choice("reference", "reference", "policy")
     token_budget: int = bounded(8192, 64)  # scorer batch size in tokens
     values_memory_mb: int = bounded(1024, 1)  # peak of one exit-value forward (mask, scores, one layer's KV)
+    branch_attention: str = choice("auto", "auto", "dense", "flex")  # flex: block-sparse, CUDA scorers
     entropy_chunk: int = bounded(1024, 16)
     mc_samples: int = bounded(4, 1)  # M, for method=mc
     save_traces: int = bounded(3, 0)  # weighted groups (with a non-zero advantage) each worker saves for heatmaps

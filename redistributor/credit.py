@@ -196,7 +196,14 @@ def rredcot(ctx: CreditContext) -> list[SampleCredit]:
         values, log_values = np.zeros(0), None
         if refs[i]:
             bl = branch_logprobs_fast(
-                scorer.model, trace, exits.tolist(), refs[i], scorer.exit_ids, c.values_memory_mb << 20, c.entropy_chunk
+                scorer.model,
+                trace,
+                exits.tolist(),
+                refs[i],
+                scorer.exit_ids,
+                c.values_memory_mb << 20,
+                c.entropy_chunk,
+                c.branch_attention,
             )
             scorer.tokens.branch += trace.counter.branch
             prob = c.value_space == "prob"  # computed in log space: σ survives values below e^-745

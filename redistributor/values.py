@@ -6,16 +6,19 @@ v̂(s_t) = (1/N) Σ_i [p(u_i, y_i | s_t) / q] · U(y_i) = Σ_i p(u_i, y_i | s_t)
 
 Two ways to get the log-probs, equal up to float rounding:
 - ``branch_logprobs_fast``: the trace's KV cache from ``score_trace`` is reused; the branches of
-  consecutive exit points go in as one extra sequence whose 4D mask lets branch (t, i) see the
-  first P + e_t trace positions and itself only. Each forward runs on views of the trace KV (never
-  copied or modified) and holds as many branches as fit a memory budget in bytes (mask and score
-  cells, one layer's keys, activations), so its peak is bounded whatever the trace length; a branch
-  too long for the budget alone is forwarded in chunks on its own cache.
+  consecutive exit points go in as one extra sequence whose mask lets branch (t, i) see the first
+  P + e_t trace positions and itself only (``branch_attention``: dense, or block-sparse flex on
+  CUDA). Each forward runs on views of the trace KV (never copied or modified) and holds as many
+  branches as fit a memory budget in bytes and cost less together than apart (``branch_plan``),
+  so its peak is bounded whatever the trace length; a branch too long for the budget alone is
+  forwarded in chunks on its own cache.
 - ``branch_logprobs_reference``: one full forward per (exit point, pair), recomputing the prefix.
 """
 
 from __future__ import annotations
 
+import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +28,9 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from rredcot.redistributor.entropy import TokenCounter, TraceScores, head_stats
+from rredcot.redistributor.branch_attention import BranchRows, dense_mask, flex_attention_on, flex_mask, resolve
+from rredcot.redistributor.branch_plan import Branch, ModelShape, Piece, plan_pieces
+from rredcot.redistributor.entropy import TokenCounter, TraceScores, head_stats, score_trace
 
 VALUE_SPACES = ("log", "prob", "mean_token_prob")
 
@@ -39,21 +44,13 @@ class BranchLogprobs:
     mean_token_prob: np.ndarray  # mean over the u_i ⊕ y_i tokens of p(token | ...)
 
 
-@dataclass
-class Branch:
-    exit_index: int
-    prefix_len: int  # trace positions the branch may attend to (P + e_t)
-    ids: list[int]  # exit ⊕ u ⊕ y
-    n_exit: int
-    n_u: int
-
-
-def _branches(
+def exit_branches(
     prompt_len: int,
     exit_points: Sequence[int],
     refs: Sequence[tuple[Sequence[int], Sequence[int]]],
     exit_ids: Sequence[int],
 ) -> list[Branch]:
+    """The branch ``exit ⊕ u_i ⊕ y_i`` of every (exit point, reference pair), exit-major."""
     if not exit_ids:
         raise ValueError("the exit string must tokenise to at least one token")
     return [
@@ -75,80 +72,6 @@ def _collect(branches: list[Branch], lps: list[torch.Tensor], n_exits: int, n_re
         log_y[t, i] = lp[b.n_u :].sum().item()
         mtp[t, i] = lp.exp().mean().item() if lp.numel() else 1.0
     return BranchLogprobs(log_u, log_y, mtp)
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the peak memory of a branch forward depends on (from the model config)."""
-
-    heads: int
-    kv_heads: int
-    head_dim: int
-    hidden: int
-    intermediate: int
-    dtype_bytes: int
-    mask_bytes: int  # a boolean mask (sdpa) or an additive float one (eager)
-
-    @classmethod
-    def of(cls, model: Any) -> ModelShape:
-        c = model.config
-        dtype_bytes = next(model.parameters()).element_size()
-        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        eager = _attention(model) == "eager"
-        kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-        return cls(
-            c.num_attention_heads,
-            kv_heads,
-            head_dim,
-            c.hidden_size,
-            c.intermediate_size,
-            dtype_bytes,
-            4 if eager else 1,
-        )
-
-    def forward_bytes(self, q: int, kv: int) -> int:
-        """Peak bytes of one forward of ``q`` query tokens over ``kv`` key positions: the mask and
-        the attention scores (q·kv cells), one layer's keys and values (the cached prefix is joined
-        to the new ones per layer, then dropped), and the MLP activations."""
-        cells = q * kv * (self.mask_bytes + 4 * self.heads)
-        layer_kv = 2 * kv * self.kv_heads * self.head_dim * self.dtype_bytes
-        return cells + layer_kv + q * (4 * self.hidden + 3 * self.intermediate) * self.dtype_bytes
-
-
-def _attention(model: Any) -> str:
-    return getattr(model.config, "_attn_implementation", None) or "eager"
-
-
-@dataclass
-class _Piece:
-    """One branch forward: tokens [a, b) of each listed branch (k, a, b). A branch too long for the
-    budget alone is split into pieces of one item each; a piece with a > 0 continues the previous
-    one on its cache."""
-
-    items: list[tuple[int, int, int]]
-    limit: int  # trace positions attended: the largest prefix among its branches
-
-
-def plan_pieces(branches: list[Branch], budget: int, shape: ModelShape) -> list[_Piece]:
-    """Consecutive branches per forward while ``shape.forward_bytes`` stays within ``budget``."""
-    pieces: list[_Piece] = []
-    for k, b in enumerate(branches):
-        n, last = len(b.ids), pieces[-1] if pieces else None
-        if last is not None and last.items[-1][1] == 0:  # a piece of whole branches: can it take this one?
-            q = sum(hi - lo for _, lo, hi in last.items) + n
-            limit = max(last.limit, b.prefix_len)
-            if shape.forward_bytes(q, limit + q) <= budget:
-                last.items.append((k, 0, n))
-                last.limit = limit
-                continue
-        if shape.forward_bytes(n, b.prefix_len + n) <= budget:
-            pieces.append(_Piece([(k, 0, n)], b.prefix_len))
-            continue
-        kv = b.prefix_len + n  # split: the largest chunk whose forward fits (at least one token)
-        per_token = shape.forward_bytes(1, kv) - shape.forward_bytes(0, kv)
-        c = max(1, (budget - shape.forward_bytes(0, kv)) // per_token)
-        pieces += [_Piece([(k, a, min(a + c, n))], b.prefix_len) for a in range(0, n, c)]
-    return pieces
 
 
 class _PrefixLayer(DynamicLayer):
@@ -181,18 +104,6 @@ def _prefix_cache(trace: TraceScores, n: int, config: Any) -> DynamicCache:
     return cache
 
 
-def _mask(allowed: torch.Tensor, model: Any, dtype: torch.dtype) -> torch.Tensor:
-    """The 4D mask in the form the attention implementation reads: sdpa takes a boolean mask;
-    eager *adds* the mask to the scores, so it needs 0 / −inf (a boolean one is off by nats)."""
-    impl = _attention(model)
-    if impl == "sdpa":
-        return allowed[None, None]
-    if impl == "eager":
-        additive = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-        return additive.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
-    raise ValueError(f"exit values need sdpa or eager attention (the 4D branch mask); the scorer uses {impl!r}")
-
-
 def _is_oom(e: Exception) -> bool:
     text = str(e)
     return isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in text or "out of memory" in text
@@ -207,19 +118,27 @@ def branch_logprobs_fast(
     exit_ids: Sequence[int],
     memory_bytes: int,
     chunk: int = 1024,
+    attention: str = "auto",
+    overhead_cells: int | None = None,
 ) -> BranchLogprobs:
     """Branch log-probs on top of the cached trace (``trace.cache`` must hold the whole trace).
 
     Each forward's peak (``ModelShape.forward_bytes``) stays within ``memory_bytes``, whatever the
     trace length; a failed allocation retries the whole computation with half the budget.
+    ``attention``: ``credit.branch_attention``; ``overhead_cells``: the cost of one forward in
+    attention cells (None: ``forward_overhead_cells`` measures it once for the model).
     """
     if trace.cache is None:
         raise ValueError("branch_logprobs_fast needs the trace KV cache (score_trace(keep_cache=True))")
-    branches = _branches(trace.prompt_len, exit_points, refs, exit_ids)
-    shape, budget = ModelShape.of(model), memory_bytes
+    branches = exit_branches(trace.prompt_len, exit_points, refs, exit_ids)
+    flex = resolve(attention, model) == "flex"
+    shape, budget = ModelShape.of(model, sparse=flex), memory_bytes
+    if overhead_cells is None:  # flex computes no waste: only memory splits its forwards
+        overhead_cells = 0 if flex else forward_overhead_cells(model)
     while True:
         try:
-            out = _run_pieces(model, trace, branches, plan_pieces(branches, budget, shape), chunk)
+            pieces = plan_pieces(branches, budget, shape, overhead_cells)
+            out = _run_pieces(model, trace, branches, pieces, chunk, flex)
             return _collect(branches, out, len(exit_points), len(refs))
         except RuntimeError as e:
             if not _is_oom(e) or budget <= shape.forward_bytes(1, trace.cache.get_seq_length()):
@@ -228,53 +147,109 @@ def branch_logprobs_fast(
             trace.counter.oom_retries += 1
 
 
+def _rows(piece: Piece, branches: list[Branch], device: torch.device) -> tuple[list[int], list[int], BranchRows]:
+    """The piece's token ids, positions and query rows."""
+    ids, pos, item, local, prefix = [], [], [], [], []
+    for k, a, b in piece.items:
+        br = branches[k]
+        ids += br.ids[a:b]
+        pos += range(br.prefix_len + a, br.prefix_len + b)
+        item += [k] * (b - a)
+        local += range(a, b)
+        prefix += [br.prefix_len] * (b - a)
+    tensor = lambda x: torch.tensor(x, device=device)  # noqa: E731
+    return ids, pos, BranchRows(tensor(prefix), tensor(item), tensor(local), piece.limit, piece.items[0][1])
+
+
 def _run_pieces(
-    model: Any, trace: TraceScores, branches: list[Branch], pieces: list[_Piece], chunk: int
+    model: Any, trace: TraceScores, branches: list[Branch], pieces: list[Piece], chunk: int, flex: bool = False
 ) -> list[torch.Tensor]:
     base, head = model.get_decoder(), model.get_output_embeddings()
     device, dtype = head.weight.device, head.weight.dtype
     parts: list[list[torch.Tensor]] = [[] for _ in branches]
     cache = None
     for piece in pieces:
-        earlier = piece.items[0][1]  # tokens of a continued branch already in the cache
-        if not earlier:
+        if not piece.items[0][1]:  # a new piece (not a continued branch): a cache over its prefix
             cache = _prefix_cache(trace, piece.limit, model.config)
-        ids, pos, item, local, prefix = [], [], [], [], []
-        for k, a, b in piece.items:
-            br = branches[k]
-            ids += br.ids[a:b]
-            pos += range(br.prefix_len + a, br.prefix_len + b)
-            item += [k] * (b - a)
-            local += range(a, b)
-            prefix += [br.prefix_len] * (b - a)
-        item_t, local_t = torch.tensor(item, device=device), torch.tensor(local, device=device)
-        sees_trace = torch.arange(piece.limit, device=device)[None, :] < torch.tensor(prefix, device=device)[:, None]
-        sees_earlier = torch.ones((len(ids), earlier), dtype=torch.bool, device=device)
-        sees_piece = (item_t[:, None] == item_t[None, :]) & (local_t[None, :] <= local_t[:, None])
-        allowed = torch.cat([sees_trace, sees_earlier, sees_piece], dim=1)
-        hidden = base(
-            input_ids=torch.tensor(ids, device=device)[None],
-            position_ids=torch.tensor(pos, device=device)[None],
-            attention_mask=_mask(allowed, model, dtype),
-            past_key_values=cache,
-            use_cache=True,
-        ).last_hidden_state[0]
+        ids, pos, rows = _rows(piece, branches, device)
+        if flex:
+            with flex_attention_on(model):
+                hidden = _forward(base, ids, pos, flex_mask(rows), cache)
+        else:
+            hidden = _forward(base, ids, pos, dense_mask(rows, model, dtype), cache)
         # scored rows: branch position l (n_exit-1 <= l <= n-2) predicts token l+1
-        rows, targets, owners = [], [], []
+        scored, targets, owners = [], [], []
         start = 0
         for k, a, b in piece.items:
             br = branches[k]
             lo, hi = max(a, br.n_exit - 1), min(b, len(br.ids) - 1)
-            rows += range(start + lo - a, start + hi - a)
+            scored += range(start + lo - a, start + hi - a)
             targets += br.ids[lo + 1 : hi + 1]
             owners += [k] * max(hi - lo, 0)
             start += b - a
-        _, lp = head_stats(head, hidden[rows], torch.tensor(targets, device=device), chunk, entropy=False)
+        _, lp = head_stats(head, hidden[scored], torch.tensor(targets, device=device), chunk, entropy=False)
         owners_t = torch.tensor(owners)
         for k, _, _ in piece.items:
             parts[k].append(lp[owners_t == k])
         trace.counter.branch += len(ids)
     return [torch.cat(p) if p else torch.zeros(0) for p in parts]
+
+
+def _forward(base: Any, ids: list[int], pos: list[int], mask: Any, cache: DynamicCache | None) -> torch.Tensor:
+    device = base.get_input_embeddings().weight.device
+    return base(
+        input_ids=torch.tensor(ids, device=device)[None],
+        position_ids=torch.tensor(pos, device=device)[None],
+        attention_mask=mask,
+        past_key_values=cache,
+        use_cache=True,
+    ).last_hidden_state[0]
+
+
+_OVERHEAD: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+DEFAULT_OVERHEAD_CELLS = 1 << 16  # used while a measurement fails for want of memory (not cached)
+
+
+@torch.no_grad()
+def forward_overhead_cells(model: Any, repeat: int = 3) -> int:
+    """The fixed cost of one dense branch forward, in attention cells (F/C), measured once per
+    model on this machine: F is the time of a 1-token forward, C the time one more attended cell
+    adds (a 1/8-length branch over a near vs a far prefix of a random trace of ≤ 512 tokens). It
+    decides when branches share a forward (``branch_plan``); it differs between CPUs and GPUs, so
+    it is measured, never assumed. A measurement that runs out of memory gives
+    ``DEFAULT_OVERHEAD_CELLS`` and is tried again next time."""
+    if model in _OVERHEAD:
+        return _OVERHEAD[model]
+    n = max(16, min(512, getattr(model.config, "max_position_embeddings", 512) // 2))
+    q = n // 8
+    ids = torch.randint(0, model.config.vocab_size, (n + q,), generator=torch.Generator().manual_seed(0)).tolist()
+    sync = torch.cuda.synchronize if _on_cuda(model) else lambda: None
+
+    def seconds(trace: TraceScores, prefix: int, length: int) -> float:
+        branch = Branch(0, prefix, ids[n : n + length], 1, length - 1)
+        best = float("inf")
+        for _ in range(repeat):
+            sync()
+            t = time.perf_counter()
+            _run_pieces(model, trace, [branch], [Piece([(0, 0, length)], prefix)], chunk=q)
+            sync()
+            best = min(best, time.perf_counter() - t)
+        return best
+
+    try:
+        trace = score_trace(model, ids[:1], ids[1:n], chunk=n, stats=False, forward_chunk=n)
+        fixed = seconds(trace, 1, 2)
+        per_cell = max(seconds(trace, n, q) - seconds(trace, 1, q), 1e-12) / (q * (n - 1))
+    except RuntimeError as e:
+        if not _is_oom(e):
+            raise
+        return DEFAULT_OVERHEAD_CELLS
+    _OVERHEAD[model] = int(min(max(fixed / per_cell, 1024), 1 << 26))
+    return _OVERHEAD[model]
+
+
+def _on_cuda(model: Any) -> bool:
+    return model.get_output_embeddings().weight.device.type == "cuda"
 
 
 @torch.no_grad()
@@ -288,7 +263,7 @@ def branch_logprobs_reference(
     counter: TokenCounter | None = None,
 ) -> BranchLogprobs:
     """Plain per-exit-point, per-pair recomputation of the whole prefix (the tests' reference)."""
-    branches = _branches(len(prompt_ids), exit_points, refs, exit_ids)
+    branches = exit_branches(len(prompt_ids), exit_points, refs, exit_ids)
     device = model.get_output_embeddings().weight.device
     out = []
     for b in branches:

@@ -84,6 +84,13 @@ def build_scorer(cfg: Config) -> Scorer:
     path = resolve_model_path(cfg.model.path, seed=cfg.run.seed)
     tok = load_tokenizer(cfg.model.tokenizer or path)
     model = load_causal_lm(path, cfg.model.dtype)
+    if torch.cuda.is_available():  # the plan's gpus_per_redistributor (Ray sets CUDA_VISIBLE_DEVICES)
+        model = model.to("cuda")
+    elif cfg.credit.branch_attention == "flex":
+        raise ConfigError(
+            "credit.branch_attention = 'flex' needs a CUDA scorer (compiled flex attention); "
+            "this redistributor has no GPU: use 'auto' or 'dense'"
+        )
     return Scorer(model, tok, cfg.credit.exit_string, cfg.model.think_start, cfg.model.think_end)
 
 

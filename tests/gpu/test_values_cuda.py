@@ -1,5 +1,6 @@
-"""Exit values on a CUDA scorer: the fast path (4D branch mask on the trace KV, memory-budgeted
-forwards) equals the per-exit recomputation, in fp32 (needs only torch and transformers)."""
+"""Exit values on a CUDA scorer: the fast path (dense 4D branch mask, or compiled block-sparse flex
+attention, on the trace KV; memory-budgeted forwards) equals the per-exit recomputation, in fp32
+(needs only torch and transformers)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from rredcot.redistributor.values import branch_logprobs_fast, branch_logprobs_r
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
+@pytest.mark.parametrize("attention", ["dense", "flex"])
 @pytest.mark.parametrize("budget", [1 << 30, 200_000])  # one forward; several forwards and chunked branches
-def test_fast_values_match_reference_on_cuda(budget) -> None:
+def test_fast_values_match_reference_on_cuda(budget, attention) -> None:
     model = build_tiny_model("qwen3", seed=0, vocab_size=512).to("cuda")
     g = torch.Generator().manual_seed(0)
     prompt, comp = (
@@ -25,7 +27,13 @@ def test_fast_values_match_reference_on_cuda(budget) -> None:
     refs = [(torch.randint(0, 512, (40,), generator=g).tolist(), [7, 8]) for _ in range(3)]
     exits = [0, 50, 120, 200, 300]
     trace = score_trace(model, prompt, comp, chunk=64)
-    fast = branch_logprobs_fast(model, trace, exits, refs, [1, 2], memory_bytes=budget)
+    fast = branch_logprobs_fast(model, trace, exits, refs, [1, 2], memory_bytes=budget, attention=attention)
     ref = branch_logprobs_reference(model, prompt, comp, exits, refs, [1, 2])
     np.testing.assert_allclose(fast.log_u, ref.log_u, atol=1e-3, rtol=0)  # fp32 sums of 40 log-probs
     np.testing.assert_allclose(fast.log_y, ref.log_y, atol=1e-4, rtol=0)
+
+
+def test_auto_picks_flex_on_cuda() -> None:
+    from rredcot.redistributor.branch_attention import resolve
+
+    assert resolve("auto", build_tiny_model("qwen3", seed=0, vocab_size=512).to("cuda")) == "flex"

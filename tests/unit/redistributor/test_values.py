@@ -9,16 +9,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rredcot.redistributor.branch_attention import resolve
+from rredcot.redistributor.branch_plan import Branch, ModelShape, plan_pieces
 from rredcot.redistributor.entropy import TokenCounter, score_trace, score_traces
 from rredcot.redistributor.values import (
-    Branch,
+    DEFAULT_OVERHEAD_CELLS,
     BranchLogprobs,
-    ModelShape,
     branch_logprobs_fast,
     branch_logprobs_reference,
     exit_values,
+    forward_overhead_cells,
     importance_weights,
-    plan_pieces,
 )
 
 
@@ -61,20 +62,25 @@ def _random_case(seed: int, p: int, n: int, k: int, n_refs: int, vocab: int = 51
     return r(p), r(n), exits, refs, r(3)
 
 
+@pytest.mark.parametrize("attention", ["dense", "flex"])
 @pytest.mark.parametrize(
-    "arch,seed,n,k,n_refs,budget",
+    "arch,seed,n,k,n_refs,budget,overhead",
     [
-        ("qwen3", 0, 40, 3, 1, 1 << 30),  # every branch in one forward
-        ("qwen3", 1, 97, 8, 2, 600_000),  # a few branches per forward
-        ("qwen2", 2, 150, 12, 3, 160_000),  # about one branch per forward
-        ("qwen3", 3, 64, 1, 4, 1),  # every branch in one-token chunks on its own cache
+        ("qwen3", 0, 40, 3, 1, 1 << 30, 1 << 30),  # every branch in one forward
+        ("qwen3", 1, 97, 8, 2, 600_000, 1 << 30),  # a few branches per forward (memory)
+        ("qwen3", 1, 97, 8, 2, 1 << 30, 200),  # a few branches per forward (waste)
+        ("qwen2", 2, 150, 12, 3, 160_000, 1 << 30),  # about one branch per forward
+        ("qwen3", 3, 64, 1, 4, 1, 1 << 30),  # every branch in one-token chunks on its own cache
     ],
 )
-def test_fast_matches_reference(make_lm, arch, seed, n, k, n_refs, budget) -> None:
+def test_fast_matches_reference(make_lm, arch, seed, n, k, n_refs, budget, overhead, attention) -> None:
+    """Dense (sdpa) and block-sparse flex (uncompiled on CPU) masks give the reference's values."""
     model = make_lm(arch, seed)
     prompt, comp, exits, refs, exit_ids = _random_case(seed, 5, n, k, n_refs)
     trace = score_trace(model, prompt, comp, chunk=16)
-    fast = branch_logprobs_fast(model, trace, exits, refs, exit_ids, memory_bytes=budget, chunk=7)
+    fast = branch_logprobs_fast(
+        model, trace, exits, refs, exit_ids, budget, chunk=7, attention=attention, overhead_cells=overhead
+    )
     ref = branch_logprobs_reference(model, prompt, comp, exits, refs, exit_ids)
     for a, b in [(fast.log_u, ref.log_u), (fast.log_y, ref.log_y), (fast.mean_token_prob, ref.mean_token_prob)]:
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
@@ -173,34 +179,82 @@ def test_fast_matches_reference_under_eager_attention(make_lm) -> None:
         np.testing.assert_allclose(fast.log_y, ref.log_y, atol=1e-5, rtol=0)
     model.config._attn_implementation = "flash_attention_2"  # what a GPU scorer could be set to
     with pytest.raises(ValueError, match="sdpa or eager attention.*flash_attention_2"):
-        branch_logprobs_fast(model, trace, exits, refs, exit_ids, memory_bytes=1 << 30)
+        branch_logprobs_fast(model, trace, exits, refs, exit_ids, memory_bytes=1 << 30, attention="dense")
 
 
 SHAPE = ModelShape(heads=4, kv_heads=2, head_dim=16, hidden=64, intermediate=128, dtype_bytes=4, mask_bytes=1)
+FLEX_SHAPE = ModelShape(
+    heads=4, kv_heads=2, head_dim=16, hidden=64, intermediate=128, dtype_bytes=4, mask_bytes=0, sparse=True
+)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     st.lists(st.tuples(st.integers(1, 5000), st.integers(1, 300)), min_size=1, max_size=30),
     st.integers(1, 1 << 28),
+    st.integers(0, 1 << 22),
+    st.booleans(),
 )
-def test_plan_stays_within_the_budget_and_covers_every_token_once(spec, budget) -> None:
+def test_plan_stays_within_the_budget_and_covers_every_token_once(spec, budget, overhead, sparse) -> None:
     """Issue 13.3: a forward's peak is bounded by the byte budget whatever the trace length (a lone
     token over a long prefix is the only exception); every branch token is forwarded exactly once,
-    in order, and a chunked branch is alone in its pieces."""
+    in order, and a chunked branch is alone in its pieces. A branch joined a dense forward only if
+    the waste it added was at most ``overhead`` cells, and when it started a forward of its own, the
+    forward before could not take it (memory or waste)."""
+    shape = FLEX_SHAPE if sparse else SHAPE
     branches = [Branch(t, prefix, list(range(n)), 1, n - 1) for t, (prefix, n) in enumerate(sorted(spec))]
-    pieces = plan_pieces(branches, budget, SHAPE)
+    pieces = plan_pieces(branches, budget, shape, overhead)
     seen: dict[int, list[int]] = {}
     for piece in pieces:
         q = sum(b - a for _, a, b in piece.items)
         assert piece.limit == max(branches[k].prefix_len for k, _, _ in piece.items)
         earlier = piece.items[0][1]
-        assert SHAPE.forward_bytes(q, piece.limit + earlier + q) <= budget or q == 1
+        assert shape.forward_bytes(q, piece.limit + earlier + q) <= budget or q == 1
         assert earlier == 0 or len(piece.items) == 1
         for k, a, b in piece.items:
             assert seen.get(k, [0])[-1] == a  # continues where the branch's last piece ended
             seen.setdefault(k, [0]).append(b)
+        for j in range(1, len(piece.items)):  # each join added at most `overhead` cells of waste
+            before, with_j = (_cells(branches, piece.items[:i], shape) for i in (j, j + 1))
+            assert with_j - before <= overhead
+    for prev, nxt in zip(pieces, pieces[1:]):  # a new forward only when the previous one could not take it
+        if prev.items[-1][1] == 0 and nxt.items[0][1] == 0 and nxt.items[0][2] == len(branches[nxt.items[0][0]].ids):
+            joined = [*prev.items, nxt.items[0]]
+            q = sum(b - a for _, a, b in joined)
+            limit = max(branches[k].prefix_len for k, _, _ in joined)
+            added = _cells(branches, joined, shape) - _cells(branches, prev.items, shape)
+            assert shape.forward_bytes(q, limit + q) > budget or added > overhead
     assert {k: v[-1] for k, v in seen.items()} == {k: len(b.ids) for k, b in enumerate(branches)}
+
+
+def _cells(branches: list[Branch], items: list, shape: ModelShape) -> int:
+    """Wasted cells of a dense forward of whole branches, recomputed from scratch (0 for flex)."""
+    q = sum(b - a for _, a, b in items)
+    limit = max(branches[k].prefix_len for k, _, _ in items)
+    need = sum(len(branches[k].ids) * (branches[k].prefix_len + len(branches[k].ids)) for k, _, _ in items)
+    return 0 if shape.sparse else q * (limit + q) - need
+
+
+def test_waste_rule_by_hand() -> None:
+    """Two 10-token branches over prefixes 100 and 200: together they compute 20·(200 + 20) = 4400
+    cells for 10·110 + 10·210 = 3200 needed, 1200 wasted; apart, none. They share a forward iff one
+    forward costs more than 1200 cells; flex computes no waste and always joins them."""
+    branches = [Branch(0, 100, list(range(10)), 1, 9), Branch(1, 200, list(range(10)), 1, 9)]
+    assert [len(p.items) for p in plan_pieces(branches, 1 << 30, SHAPE, 1200)] == [2]
+    assert [len(p.items) for p in plan_pieces(branches, 1 << 30, SHAPE, 1199)] == [1, 1]
+    assert [len(p.items) for p in plan_pieces(branches, 1 << 30, FLEX_SHAPE, 0)] == [2]
+
+
+def test_overhead_is_measured_once_per_model(make_lm) -> None:
+    """The fixed cost of a forward, in attention cells, is measured on this machine (a positive,
+    finite number within the clamp) and cached for the model; a fresh model measures again."""
+    model = make_lm("qwen3", 8)
+    cells = forward_overhead_cells(model)
+    assert 1024 <= cells <= 1 << 26
+    assert forward_overhead_cells(model) == cells  # cached: the same value, not a second timing
+    assert resolve("auto", model) == "dense"  # a CPU scorer
+    with pytest.raises(ValueError, match="branch attention 'sparse'"):
+        resolve("sparse", model)
 
 
 def test_failed_allocation_retries_with_a_smaller_budget(make_lm) -> None:
@@ -216,9 +270,11 @@ def test_failed_allocation_retries_with_a_smaller_budget(make_lm) -> None:
 
     hook = model.get_decoder().register_forward_pre_hook(refuse_large, with_kwargs=True)
     try:
-        fast = branch_logprobs_fast(model, trace, exits, refs, exit_ids, memory_bytes=1 << 30)
+        fast = branch_logprobs_fast(model, trace, exits, refs, exit_ids, memory_bytes=1 << 30, overhead_cells=1 << 30)
+        assert forward_overhead_cells(model) == DEFAULT_OVERHEAD_CELLS  # its own forwards refused too
     finally:
         hook.remove()
+    assert forward_overhead_cells(model) != DEFAULT_OVERHEAD_CELLS  # not cached: measured once memory allows
     ref = branch_logprobs_reference(model, prompt, comp, exits, refs, exit_ids)
     np.testing.assert_allclose(fast.log_u, ref.log_u, atol=1e-5, rtol=0)
     assert trace.counter.oom_retries >= 2

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
+import torch
 
-from rredcot.common.config import TaskConfig
+from rredcot.common.config import ConfigError, TaskConfig, load_config
 from rredcot.common.records import WeightedSample
 from rredcot.common.verifier import Verifier
-from rredcot.redistributor.worker import WorkerMetrics, verifier_reward
+from rredcot.redistributor.worker import WorkerMetrics, build_scorer, verifier_reward
 from tests.factories import rollout
 
 
@@ -40,3 +42,13 @@ def test_metrics_per_length_bucket() -> None:
     assert snap["samples.lt1k"] == 2 and snap["samples.lt4k"] == 1 and snap["uniform_zero_mass.lt1k"] == 1
     assert snap["uniform_underflow.lt4k"] == 1 and "uniform_underflow.lt1k" not in snap
     assert snap["sigma_peak.lt1k"] == np.float32(0.7) * 4 and snap["sigma_peak.lt4k"] == np.float32(1 / 2000) * 2000
+
+
+def test_flex_branch_attention_is_refused_without_a_gpu() -> None:
+    """``credit.branch_attention=flex`` needs compiled flex attention on a CUDA scorer; a
+    redistributor without one says so, naming the key and the alternatives, before any work."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU scorer may use flex (tests/gpu/test_values_cuda.py)")
+    with pytest.raises(ConfigError, match="credit.branch_attention = 'flex'.*'auto' or 'dense'"):
+        build_scorer(load_config("tests", ["credit.branch_attention=flex"]))
+    assert build_scorer(load_config("tests", ["credit.branch_attention=dense"])).model.device.type == "cpu"
