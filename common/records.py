@@ -54,6 +54,10 @@ class RolloutRecord:
     def min_version(self) -> int:
         return int(self.version_runs[:, 1].min())
 
+    @property
+    def max_version(self) -> int:
+        return int(self.version_runs[:, 1].max())
+
     def validate(self) -> None:
         _require_id(self.id, "id")
         _require_id(self.group_id, "group_id")
@@ -122,6 +126,8 @@ class WeightedSample:
     credit_method: str
     timings: dict[str, float] = field(default_factory=dict)
     sigma_fallback: str = ""  # why σ is uniform: no_segment, no_reference, underflow, zero_mass, skipped
+    exit_stderr: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # [K+1] MC only, else empty
+    values_version: int = -1  # policy version that sampled the MC continuations behind exit_values; -1: none
 
     def validate(self) -> None:
         self.rollout.validate()
@@ -132,6 +138,8 @@ class WeightedSample:
         _array(self.exit_points, np.int32, 1, "exit_points")
         _array(self.exit_values, np.float32, 1, "exit_values")
         _array(self.segment_rewards, np.float32, 1, "segment_rewards")
+        if _array(self.exit_stderr, np.float32, 1, "exit_stderr") not in (0, len(self.exit_values)):
+            raise RecordError(f"exit_stderr of {self.rollout.id} must be empty or match exit_values")
         if not np.isfinite(self.advantage):
             raise RecordError(f"advantage of {self.rollout.id} must be finite, got {self.advantage}")
 

@@ -19,7 +19,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 STAGES: dict[str, tuple[str, str, str]] = {
     "train": ("rredcot.launch.driver", "train", "run the whole asynchronous pipeline on Ray"),
     "generate": ("rredcot.actors.generator", "run_generator", "run one generator actor against redis.url"),
-    "redistribute": ("rredcot.redistributor.worker", "run_worker", "run one redistributor worker against redis.url"),
+    "redistribute": ("rredcot.launch.stages", "run_redistributor", "run one redistributor worker against redis.url"),
     "learn": ("rredcot.learner.trainer", "run_learner", "run the learner against redis.url"),
 }
 

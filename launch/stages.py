@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rredcot.common.config import Config
+from rredcot.common.registry import CREDIT_METHODS
 from rredcot.launch.logs import redirect_output
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,24 @@ def restart_options(cfg: Config, tier: str) -> dict[str, int]:
     return {"max_restarts": n, "max_task_retries": n}
 
 
+def stage_parts(tier: str, cfg: Config) -> dict[str, Any]:
+    """What launch builds for a stage beyond its config: a redistributor whose credit method samples
+    continuations (``mc``) gets a dedicated vLLM engine holding the policy, following the run's
+    published weights (``actors.continuations.VLLMContinuations``), built before the stage's scorer."""
+    if tier != "redistributor" or not CREDIT_METHODS.get(cfg.credit.method).needs_sampler:
+        return {}
+    from rredcot.actors.continuations import VLLMContinuations
+
+    return {"sampler": VLLMContinuations.from_config(cfg)}
+
+
+def run_redistributor(cfg: Config) -> None:
+    """``rredcot redistribute CONFIG``: one redistributor worker with what launch wires into it."""
+    from rredcot.redistributor.worker import run_worker
+
+    run_worker(cfg, **stage_parts("redistributor", cfg))
+
+
 class StageWorker:
     """Ray actor body for any tier: builds the stage object from a plain-dict config and runs it."""
 
@@ -60,7 +79,7 @@ class StageWorker:
             log.warning("%s restarted after its process died; it reclaims what it held", name)
             config = dataclasses.replace(config, run=dataclasses.replace(config.run, resume="auto"))
         module, cls = STAGE_CLASSES[tier]
-        self.stage = getattr(importlib.import_module(module), cls)(config, name, rank=rank)
+        self.stage = getattr(importlib.import_module(module), cls)(config, name, rank=rank, **stage_parts(tier, config))
         if restarted:
             self.stage.control.count_restart(name)
 

@@ -225,8 +225,9 @@ def rredcot(ctx: CreditContext) -> list[SampleCredit]:
 
 @register("mc", return_equivalent=True, needs_scorer=True, needs_sampler=True)
 def mc(ctx: CreditContext) -> list[SampleCredit]:
-    """Like ``rredcot`` but v̂(s_t) is the mean reward of M sampled continuations (prob space)."""
-    c = ctx.cfg.credit
+    """Like ``rredcot`` but v̂(s_t) is the mean reward of M continuations sampled from ``ctx.sampler``
+    within the budget left at each exit (prob space), with its standard error."""
+    c, g = ctx.cfg.credit, ctx.cfg.generation
     if ctx.sampler is None or ctx.reward_fn is None:
         raise ValueError("credit method 'mc' needs a continuation sampler and a reward function")
     out: list[SampleCredit] = [SampleCredit(_uniform(0))] * len(ctx.group.samples)
@@ -235,20 +236,25 @@ def mc(ctx: CreditContext) -> list[SampleCredit]:
         t1 = time.perf_counter()
         exits = _segments(ctx, s, trace).exit_points
         t2 = time.perf_counter()
-        values, _ = mc_values(
+        est = mc_values(
             ctx.sampler,
             ctx.reward_fn,
             ctx.group.prompt_ids.tolist(),
             s.completion_ids.tolist(),
             exits.tolist(),
             c.mc_samples,
-            ctx.cfg.generation.max_tokens,
+            g.max_tokens,
             ctx.group.answer,
+            sample_id=s.id,
+            max_len=ctx.cfg.model.max_model_len,
         )
+        values, stderr = est.values, est.stderr
         if c.answer_part == "terminal":
             exits, values = _terminal(exits, values, n, s.reward)
+            stderr = np.append(stderr, np.zeros(len(values) - len(stderr)))  # the outcome R is exact
         out[i] = _sigma(exits, values, n, float(ctx.advantages[i]), ctx)
         out[i].timings = {"entropy": t_entropy, "segment": t2 - t1, "values": time.perf_counter() - t2}
+        out[i].exit_stderr, out[i].values_version = stderr.astype(np.float32), ctx.sampler.version
     return out
 
 
@@ -270,7 +276,17 @@ def redistribute_group(
         credits = method.fn(CreditContext(group, adv, cfg, scorer, **extra))
     samples = [
         WeightedSample(
-            s, float(a), c.sigma, c.exit_points, c.exit_values, c.segment_rewards, method.name, c.timings, c.fallback
+            s,
+            float(a),
+            c.sigma,
+            c.exit_points,
+            c.exit_values,
+            c.segment_rewards,
+            method.name,
+            c.timings,
+            c.fallback,
+            c.exit_stderr,
+            c.values_version,
         )
         for s, a, c in zip(group.samples, adv, credits)
     ]

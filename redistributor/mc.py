@@ -1,15 +1,41 @@
-"""Monte-Carlo exit-point values: mean verifier reward of M sampled continuations per exit point,
-plus a transformers ``generate`` continuation sampler for CPU tests and benchmarks."""
+"""Monte-Carlo exit-point values: the mean verified reward of M continuations per exit point, each
+within the token budget the policy had left there, with its standard error; and a transformers
+continuation sampler (the reference, and the fallback where no vLLM engine is wired)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from rredcot.common.sampling import ContinuationSampler, RewardFn
+from rredcot.common.sampling import ContinuationRequest, ContinuationSampler, RewardFn, seed_of
+
+
+@dataclass
+class MCValues:
+    """One trace's MC estimate at each of its T exit points."""
+
+    values: np.ndarray  # float64 [T]: v̂(s_t), the mean of the row of ``rewards``
+    rewards: np.ndarray  # float64 [T, M]: reward of o[:e_t] ⊕ continuation j
+    stderr: np.ndarray  # float64 [T]: std(rewards[t], ddof=1)/√M; 0 where v̂ is exact (no budget); NaN if M = 1
+    budgets: np.ndarray  # int64 [T]: tokens the policy had left at e_t (0: not sampled)
+    tokens: int  # continuation tokens generated
+
+
+def exit_budgets(
+    prompt_len: int, exit_points: Sequence[int], max_tokens: int, max_len: int | None = None
+) -> np.ndarray:
+    """Tokens the policy had left at each exit: ``max_tokens − e_t``, and no more than the model's
+    context ``max_len`` leaves after prompt ⊕ o[:e_t]; never below 0."""
+    e = np.asarray(exit_points, dtype=np.int64)
+    left = max_tokens - e
+    if max_len is not None:
+        left = np.minimum(left, max_len - prompt_len - e)
+    return left.clip(min=0)
 
 
 def mc_values(
@@ -21,51 +47,110 @@ def mc_values(
     m: int,
     max_tokens: int,
     answer: str,
-) -> tuple[np.ndarray, int]:
+    sample_id: str = "",
+    max_len: int | None = None,
+) -> MCValues:
     """v̂(s_t) = mean_j R(o[:e_t] ⊕ c_j) over M continuations c_j of x ⊕ o[:e_t] (prob space).
 
-    Returns the values and the number of tokens generated.
+    Exit t's continuations have at most ``exit_budgets`` tokens and the seed
+    ``seed_of(sample_id, e_t)``; an exit with no budget left is not sampled: the policy could add
+    nothing there, so its value is exactly the reward of o[:e_t] as it stands.
     """
-    prefixes = [[*prompt_ids, *completion_ids[: int(e)]] for e in exit_points]
-    conts = sampler.sample(prefixes, m, max_tokens)
-    values = [
-        float(np.mean([reward_fn([*completion_ids[: int(e)], *c], answer) for c in cs]))
-        for e, cs in zip(exit_points, conts)
+    prompt, comp = list(prompt_ids), list(completion_ids)
+    exits = [int(e) for e in exit_points]
+    budgets = exit_budgets(len(prompt), exits, max_tokens, max_len)
+    sampled = [t for t, b in enumerate(budgets) if b > 0]
+    requests = [
+        ContinuationRequest([*prompt, *comp[: exits[t]]], m, int(budgets[t]), seed_of(sample_id, exits[t]))
+        for t in sampled
     ]
-    return np.array(values, dtype=np.float64), sum(len(c) for cs in conts for c in cs)
+    conts = dict(zip(sampled, sampler.sample(requests))) if requests else {}
+    rewards = np.zeros((len(exits), m), dtype=np.float64)
+    for t, e in enumerate(exits):
+        if t in conts:
+            rewards[t] = [reward_fn([*comp[:e], *c], answer) for c in conts[t]]
+        else:
+            rewards[t] = reward_fn(comp[:e], answer)
+    stderr = rewards.std(axis=1, ddof=1) / math.sqrt(m) if m > 1 else np.full(len(exits), np.nan)
+    stderr[budgets == 0] = 0.0
+    tokens = sum(len(c) for cs in conts.values() for c in cs)
+    return MCValues(rewards.mean(axis=1), rewards, stderr, budgets, tokens)
 
 
 class HFContinuationSampler:
-    """``ContinuationSampler`` on transformers ``generate`` (one prefix at a time, M sequences each;
-    greedy when ``temperature`` is 0)."""
+    """``ContinuationSampler`` on a transformers model: one request at a time, its prefix prefilled
+    once and its M rows decoded together with a KV cache, row j drawn from its own
+    ``torch.Generator`` seeded ``seed_of(seed, request.seed) + j`` (greedy when ``temperature`` is 0).
+    Ignores ``generation.stop`` strings (stops at ``eos_token_id`` or the budget)."""
 
-    def __init__(self, model: Any, temperature: float = 1.0, eos_token_id: int | None = None, seed: int = 0):
-        self.model, self.eos, self.seed = model, eos_token_id, seed
-        self.greedy = temperature <= 0
-        self.sampling = (
-            {"do_sample": False} if self.greedy else {"do_sample": True, "temperature": temperature, "top_k": 0}
-        )
+    def __init__(
+        self,
+        model: Any,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        eos_token_id: int | None = None,
+        seed: int = 0,
+        version: Callable[[], int] = lambda: 0,
+    ) -> None:
+        """``version``: the policy version of ``model``'s weights, read at each call (e.g. the
+        scorer's, whose owner loads them)."""
+        self.model, self.temperature, self.top_p, self.eos, self.seed = model, temperature, top_p, eos_token_id, seed
+        self._version = version
+        self.generated_tokens = 0
+
+    @property
+    def version(self) -> int:
+        return self._version()
+
+    def sync(self) -> bool:
+        """Nothing to follow: the model's owner loads its weights."""
+        return False
 
     @torch.no_grad()
-    def sample(self, prefixes: list[list[int]], m: int, max_tokens: int) -> list[list[list[int]]]:
-        torch.manual_seed(self.seed)
-        out = []
-        for prefix in prefixes:
-            ids = torch.tensor([prefix], device=self.model.device)
-            gen = self.model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                **self.sampling,
-                max_new_tokens=max_tokens,
-                min_new_tokens=0,
-                num_return_sequences=1 if self.greedy else m,
-                eos_token_id=self.eos,
-                pad_token_id=self.eos if self.eos is not None else 0,
-            )[:, len(prefix) :].tolist()
-            conts = [_until_eos(c, self.eos) for c in gen]
-            out.append(conts * m if self.greedy else conts)  # greedy: M identical continuations
+    def sample(self, requests: Sequence[ContinuationRequest]) -> list[list[list[int]]]:
+        out = [self._continue(r) for r in requests]
+        self.generated_tokens += sum(len(c) for cs in out for c in cs)
         return out
 
+    def _continue(self, r: ContinuationRequest) -> list[list[int]]:
+        greedy = self.temperature <= 0
+        rows = 1 if greedy else r.m  # greedy: M identical continuations
+        device = self.model.device
+        base = seed_of(self.seed, r.seed)
+        gens = [torch.Generator(device=device).manual_seed(base + j) for j in range(rows)]
+        step = self.model(torch.tensor([r.prefix], device=device), use_cache=True)
+        cache = step.past_key_values
+        cache.batch_repeat_interleave(rows)
+        logits = step.logits[:, -1].expand(rows, -1)
+        conts: list[list[int]] = [[] for _ in range(rows)]
+        alive = [True] * rows
+        for _ in range(r.max_tokens):
+            picked = self._pick(logits, gens)
+            for j, tok in enumerate(picked.tolist()):
+                if alive[j]:
+                    conts[j].append(tok)
+                    alive[j] = tok != self.eos
+            if not any(alive):
+                break
+            step = self.model(picked[:, None], past_key_values=cache, use_cache=True)
+            logits = step.logits[:, -1]
+        return conts * r.m if greedy else conts
 
-def _until_eos(ids: list[int], eos: int | None) -> list[int]:
-    return ids[: ids.index(eos) + 1] if eos is not None and eos in ids else ids
+    def _pick(self, logits: torch.Tensor, gens: list[torch.Generator]) -> torch.Tensor:
+        """Next token per row: argmax when greedy, else a draw from softmax(logits / T) restricted
+        to the top-p nucleus, with each row's generator."""
+        if self.temperature <= 0:
+            return logits.argmax(-1)
+        probs = torch.softmax(logits.float() / self.temperature, dim=-1)
+        if self.top_p < 1.0:
+            probs = top_p_filter(probs, self.top_p)
+        return torch.stack([torch.multinomial(p, 1, generator=g)[0] for p, g in zip(probs, gens)])
+
+
+def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``probs`` [rows, V] with everything outside the nucleus zeroed: per row, the most likely
+    tokens in order until their mass reaches ``top_p`` (the first token always stays)."""
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    before = sorted_p.cumsum(dim=-1) - sorted_p  # mass of the tokens ranked above each one
+    sorted_p = sorted_p.masked_fill(before >= top_p, 0.0)
+    return torch.zeros_like(probs).scatter(-1, order, sorted_p)

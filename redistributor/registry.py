@@ -34,6 +34,8 @@ class SampleCredit:
     segment_rewards: np.ndarray = field(default_factory=lambda: _empty(np.float32))
     timings: dict[str, float] = field(default_factory=dict)
     fallback: str = ""  # why σ fell back to uniform ('' when it did not): sigma.uniform_reason, or 'skipped'
+    exit_stderr: np.ndarray = field(default_factory=lambda: _empty(np.float32))  # MC: standard error per exit
+    values_version: int = -1  # MC: policy version of the weights that sampled the continuations
 
 
 @dataclass

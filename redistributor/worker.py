@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from rredcot.common.codec import decode, encode
@@ -24,7 +25,7 @@ from rredcot.common.control import RunControl
 from rredcot.common.ledger import Ledger, length_bucket, mean_length
 from rredcot.common.models import load_causal_lm, load_tokenizer, resolve_model_path
 from rredcot.common.records import RecordError, RolloutGroup, WeightedGroup, WeightedSample
-from rredcot.common.sampling import RewardFn
+from rredcot.common.sampling import ContinuationSampler, RewardFn
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Entry, Producer, connect, run_key
 from rredcot.common.verifier import Verifier
 from rredcot.common.weight_sync import latest_manifest, load_tensors
@@ -53,8 +54,17 @@ class WorkerMetrics:
     segment_s: float = 0.0
     values_s: float = 0.0
     sigma_s: float = 0.0
+    # MC (credit.method=mc): the sampler's policy version, continuation tokens, exit values and the sum
+    # of their standard errors; the version gap (sampler version − trace version) per sample
+    mc_version: int = -1
+    mc_tokens: int = 0
+    mc_exits: int = 0
+    mc_stderr_sum: float = 0.0
+    mc_samples: int = 0
+    mc_version_gap_sum: int = 0
     # per completion-length bucket (``length_bucket``) and per dead-letter reason:
-    # samples.<b>, uniform_<reason>.<b>, sigma_peak.<b> (max σ·|o|), dead_letters.<reason>
+    # samples.<b>, uniform_<reason>.<b>, sigma_peak.<b> (max σ·|o|), dead_letters.<reason>,
+    # mc_version_gap.<gap> (samples whose MC values came from a policy <gap> versions after the trace's)
     detail: dict[str, float] = field(default_factory=dict)
 
     def add(self, key: str, value: float = 1.0) -> None:
@@ -70,12 +80,22 @@ class WorkerMetrics:
         if n:
             peak = f"sigma_peak.{b}"
             self.detail[peak] = max(self.detail.get(peak, 0.0), float(s.sigma.max()) * n)
+        if s.values_version >= 0:
+            gap = s.values_version - s.rollout.max_version
+            self.mc_samples += 1
+            self.mc_version_gap_sum += gap
+            self.add(f"mc_version_gap.{gap}")
+            finite = s.exit_stderr[np.isfinite(s.exit_stderr)]
+            self.mc_exits += len(finite)
+            self.mc_stderr_sum += float(finite.sum())
 
     def snapshot(self) -> dict[str, float]:
         out: dict[str, float] = asdict(self)
         out.update(out.pop("detail"))
         out["rollouts_per_s"] = self.rollouts / self.busy_s if self.busy_s else 0.0
         out["tokens_per_s"] = self.tokens / self.busy_s if self.busy_s else 0.0
+        out["mc_stderr_mean"] = self.mc_stderr_sum / self.mc_exits if self.mc_exits else 0.0
+        out["mc_version_gap_mean"] = self.mc_version_gap_sum / self.mc_samples if self.mc_samples else 0.0
         return out
 
 
@@ -99,10 +119,31 @@ def verifier_reward(verifier: Verifier, tokenizer: Any) -> RewardFn:
     return lambda ids, gold: verifier.score(tokenizer.decode(ids, skip_special_tokens=True), gold).reward
 
 
-class Redistributor:
-    """One worker of the redistributor tier."""
+def scorer_sampler(scorer: Scorer, cfg: Config, name: str) -> HFContinuationSampler:
+    """The fallback continuation sampler: transformers on the scorer's model (its version is the scorer's)."""
+    log.info("%s: no policy engine wired; MC continuations come from the scorer (transformers)", name)
+    g = cfg.generation
+    eos = scorer.tokenizer.eos_token_id
+    return HFContinuationSampler(scorer.model, g.temperature, g.top_p, eos, cfg.run.seed, lambda: scorer.version)
 
-    def __init__(self, cfg: Config, name: str = "red0", rank: int = 0, scorer: Scorer | None = None) -> None:
+
+class Redistributor:
+    """One worker of the redistributor tier.
+
+    A method that samples continuations (``mc``) takes them from ``sampler``: in a run, launch
+    injects a vLLM engine holding the policy (``actors.continuations.VLLMContinuations``), brought
+    to the newest published version before each group. Without one (unit tests, benchmarks) the
+    scorer samples them with transformers: a fallback, not the policy unless ``credit.scorer=policy``.
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        name: str = "red0",
+        rank: int = 0,
+        scorer: Scorer | None = None,
+        sampler: ContinuationSampler | None = None,
+    ) -> None:
         if not cfg.redis.url:
             raise ConfigError("redis.url is not set: a redistributor needs the run's Redis server")
         self.cfg, self.name, self.run_id = cfg, name, cfg.run.name
@@ -116,12 +157,11 @@ class Redistributor:
         self.scorer = scorer if scorer is not None or not self.method.needs_scorer else build_scorer(cfg)
         self.extra: dict[str, Any] = {"settings": self.method.typed_settings(cfg)}
         self.verifier: Verifier | None = None
+        self.sampler: ContinuationSampler | None = None
         if self.method.needs_sampler and self.scorer is not None:
-            sampler = HFContinuationSampler(
-                self.scorer.model, cfg.generation.temperature, self.scorer.tokenizer.eos_token_id, cfg.run.seed
-            )
+            self.sampler = sampler or scorer_sampler(self.scorer, cfg, name)
             self.verifier = Verifier(cfg.task, cfg.generation.verifier_timeout_s)
-            self.extra |= {"sampler": sampler, "reward_fn": verifier_reward(self.verifier, self.scorer.tokenizer)}
+            self.extra |= {"sampler": self.sampler, "reward_fn": verifier_reward(self.verifier, self.scorer.tokenizer)}
         self.metrics = WorkerMetrics()
         self.saved = 0
         self._resumed = False
@@ -155,6 +195,7 @@ class Redistributor:
 
     def _process(self, entry: Entry) -> None:
         self.metrics.queue_lag_s = max(0.0, time.time() - int(entry.id.split(b"-")[0]) / 1000)
+        self._sync_sampler()
         if entry.payload is None:
             self._dead(entry, "entry has no payload", "no_payload")
             return
@@ -172,6 +213,12 @@ class Redistributor:
         self.consumer.ack([entry.id])
         self._count(group, out.samples, time.perf_counter() - t0)
         self._maybe_save(out, payload)
+
+    def _sync_sampler(self) -> None:
+        """Bring the continuation sampler to the newest published policy version (between groups)."""
+        if self.sampler is not None:
+            self.sampler.sync()
+            self.metrics.mc_version = self.sampler.version
 
     def _dead(self, entry: Entry, reason: str, kind: str, group: RolloutGroup | None = None) -> None:
         if group is None:  # unreadable: the ledger keeps it under its entry id
@@ -199,6 +246,8 @@ class Redistributor:
         m.tokens += sum(len(s.rollout.completion_ids) for s in samples)
         m.busy_s += seconds
         m.zero_advantage_groups += not any(s.advantage for s in samples)
+        if self.sampler is not None:
+            m.mc_tokens = self.sampler.generated_tokens
         for s in samples:
             m.count_sample(s)
         if len(group.samples) < self.cfg.generation.group_size:
@@ -228,7 +277,7 @@ class Redistributor:
         return self.metrics.snapshot()
 
 
-def run_worker(cfg: Config) -> None:
+def run_worker(cfg: Config, sampler: ContinuationSampler | None = None) -> None:
     """``rredcot redistribute CONFIG``: one worker against ``redis.url`` until the run stops."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    log.info("redistributor done: %s", Redistributor(cfg).run())
+    log.info("redistributor done: %s", Redistributor(cfg, sampler=sampler).run())

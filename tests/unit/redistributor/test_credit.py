@@ -237,16 +237,16 @@ class RecordingSampler(HFContinuationSampler):
 
     prefixes: list[list[int]]
 
-    def sample(self, prefixes, m, max_tokens):
-        self.prefixes = getattr(self, "prefixes", []) + prefixes
-        return super().sample(prefixes, m, max_tokens)
+    def sample(self, requests):
+        self.prefixes = getattr(self, "prefixes", []) + [r.prefix for r in requests]
+        return super().sample(requests)
 
 
 def test_mc_terminal_never_continues_a_finished_completion(qwen_tok, qwen_model) -> None:
     """Issue 13.2 for ``mc``: no continuation is sampled after the full completion; the answer
     part's end value is the sample's reward."""
     cfg = Config()
-    cfg.generation.max_tokens = 2
+    cfg.generation.max_tokens = 128  # room left at every exit: each is sampled
     cfg.credit = CreditConfig(method="mc", mc_samples=1, segments=2, answer_part="terminal")
     group = make_group(qwen_tok, [t + "<|im_end|>" for t in TRACES[:2]], rewards=(1.0, 0.0))
     sampler = RecordingSampler(qwen_model, temperature=0)
@@ -263,6 +263,11 @@ def test_mc_terminal_never_continues_a_finished_completion(qwen_tok, qwen_model)
     for w, s in zip(out.samples, group.samples):
         assert w.exit_values[-1] == s.reward and w.exit_points[-1] == len(w.sigma)
         assert all(v == 0.5 for v in w.exit_values[:-1])
+        # one continuation per exit: no spread to measure (NaN); the outcome R is exact
+        assert (
+            np.isnan(w.exit_stderr[:-1]).all() and w.exit_stderr[-1] == 0 and len(w.exit_stderr) == len(w.exit_values)
+        )
+        assert w.values_version == 0
 
 
 def test_group_references_never_include_a_samples_own_answer_nor_an_unclosed_trace(qwen_tok) -> None:
@@ -329,10 +334,10 @@ def test_mc_credits_the_segment_that_makes_the_answer(qwen_tok, qwen_model) -> N
     """Reward 1 iff the token of ' 84' appears: only exits after its segment have value 1."""
     target = qwen_tok(" 84", add_special_tokens=False)["input_ids"][0]
     cfg = Config()
-    cfg.generation.max_tokens = 3
     cfg.credit = CreditConfig(method="mc", mc_samples=2, segments=4, min_segment_tokens=1)
     trace = "<think>\nFirst, 12*7 = 70 + 14.\nSo it is 84.\nWait, yes.\n</think>\n\nAnswer: 84"
     group = make_group(qwen_tok, traces=[trace, "x"], rewards=(1.0, 0.0))
+    cfg.generation.max_tokens = len(group.samples[0].completion_ids) + 3  # every exit samples >= 3 tokens
     reward = lambda ids, gold: float(target in ids)  # noqa: E731
     out = redistribute_group(
         group,

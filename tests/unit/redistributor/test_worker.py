@@ -44,6 +44,39 @@ def test_metrics_per_length_bucket() -> None:
     assert snap["sigma_peak.lt1k"] == np.float32(0.7) * 4 and snap["sigma_peak.lt4k"] == np.float32(1 / 2000) * 2000
 
 
+def test_mc_metrics_stderr_and_version_gap() -> None:
+    """MC samples count their version gap (MC policy − the trace's newest token version) in a
+    histogram and a mean, and their finite standard errors in a mean; other samples count in neither."""
+    m = WorkerMetrics()
+    e = np.zeros(3, np.float32)
+    for versions, mc_version, stderr in [
+        (((0, 2),), 3, [0.2, 0.4, 0.0]),
+        (((0, 1), (5, 2)), 3, [0.3, np.nan, 0.1]),  # the trace ends on v2: gap 1
+        (((0, 4),), 3, [0.0, 0.0, 0.0]),  # the generator was ahead of the MC engine: gap -1
+        (((0, 0),), -1, []),  # not MC
+    ]:
+        r = rollout("g", 0, 10, versions=versions)
+        w = WeightedSample(
+            r,
+            1.0,
+            np.full(10, 0.1, np.float32),
+            e.astype(np.int32),
+            e,
+            e[:2],
+            "mc",
+            {},
+            "",
+            np.array(stderr, np.float32),
+            mc_version,
+        )
+        m.count_sample(w)
+    snap = m.snapshot()
+    assert snap["mc_version_gap.1"] == 2 and snap["mc_version_gap.-1"] == 1 and snap["mc_samples"] == 3
+    assert snap["mc_version_gap_mean"] == pytest.approx(1 / 3) and snap["mc_exits"] == 8
+    assert snap["mc_stderr_mean"] == pytest.approx(1.0 / 8)
+    assert WorkerMetrics().snapshot()["mc_stderr_mean"] == 0.0
+
+
 def test_flex_branch_attention_is_refused_without_a_gpu() -> None:
     """``credit.branch_attention=flex`` needs compiled flex attention on a CUDA scorer; a
     redistributor without one says so, naming the key and the alternatives, before any work."""
