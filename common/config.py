@@ -39,9 +39,10 @@ def choice(default: str, *allowed: str) -> Any:
     return field(default=default, metadata={"choices": allowed})
 
 
-def bounded(default: float, lo: float | None = None, hi: float | None = None) -> Any:
-    """A numeric field with an inclusive range [lo, hi] (None = unbounded on that side)."""
-    return field(default=default, metadata={"range": (lo, hi)})
+def bounded(default: float, lo: float | None = None, hi: float | None = None, lo_open: bool = False) -> Any:
+    """A numeric field with an inclusive range [lo, hi] (None = unbounded on that side; (lo, hi]
+    when ``lo_open``)."""
+    return field(default=default, metadata={"range": (lo, hi), "lo_open": lo_open})
 
 
 @dataclass
@@ -502,15 +503,18 @@ def _validate_fields(node: Any, prefix: str) -> None:
         bounds = f.metadata.get("range")
         if bounds is not None:
             lo, hi = bounds
+            lo_open = f.metadata.get("lo_open", False)
             ok = isinstance(value, (int, float)) and not math.isnan(value)
-            ok = ok and (lo is None or value >= lo) and (hi is None or value <= hi)
-            _check(ok, key, value, _range_text(lo, hi))
+            ok = ok and (lo is None or (value > lo if lo_open else value >= lo)) and (hi is None or value <= hi)
+            _check(ok, key, value, _range_text(lo, hi, lo_open))
 
 
-def _range_text(lo: float | None, hi: float | None) -> str:
+def _range_text(lo: float | None, hi: float | None, lo_open: bool = False) -> str:
     if lo is not None and hi is not None:
-        return f"a number in [{lo}, {hi}]"
-    return f"a number >= {lo}" if lo is not None else f"a number <= {hi}"
+        return f"a number in {'(' if lo_open else '['}{lo}, {hi}]"
+    if lo is not None:
+        return f"a number {'>' if lo_open else '>='} {lo}"
+    return f"a number <= {hi}"
 
 
 def _check(ok: bool, key: str, value: Any, allowed: str) -> None:

@@ -110,7 +110,10 @@ TASKS: Registry[Any] = Registry(
 CREDIT_METHODS: Registry[Any] = Registry(
     "credit method",
     "credit.method",
-    {name: "rredcot.redistributor.credit" for name in ("grpo", "bnpo", "drgrpo", "entropy", "rredcot", "mc")},
+    {
+        name: "rredcot.redistributor.credit"
+        for name in ("grpo", "bnpo", "drgrpo", "entropy", "top_entropy", "rredcot", "mc")
+    },
 )
 WEIGHT_TRANSPORTS: Registry[Any] = Registry(
     "weight transport",

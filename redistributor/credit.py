@@ -1,15 +1,18 @@
-"""Credit methods (grpo, bnpo, drgrpo, entropy, rredcot, mc), group advantages, and
+"""Credit methods (grpo, bnpo, drgrpo, entropy, top_entropy, rredcot, mc), group advantages, and
 ``redistribute_group``: RolloutGroup in, WeightedGroup out."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
-from rredcot.common.config import Config, CreditConfig
+from rredcot.common.config import Config, CreditConfig, bounded
 from rredcot.common.records import RolloutGroup, RolloutRecord, WeightedGroup, WeightedSample
 from rredcot.redistributor.entropy import TraceScores, score_traces
 from rredcot.redistributor.mc import mc_values
@@ -101,6 +104,38 @@ def entropy_credit(ctx: CreditContext) -> list[SampleCredit]:
         h = np.nan_to_num(trace.entropy.double().cpu().numpy(), nan=0.0, posinf=0.0, neginf=0.0).clip(min=0.0)
         sigma = (h / h.sum()).astype(np.float32) if h.sum() > 0 else _uniform(len(h))
         out[i] = SampleCredit(sigma, timings={"entropy": seconds})
+    return out
+
+
+@dataclass
+class TopEntropySettings:
+    """``credit.settings`` of ``top_entropy``."""
+
+    fraction: float = bounded(0.2, 0.0, 1.0, lo_open=True)  # share of the completion's tokens that get σ
+
+
+def top_entropy_sigma(entropy: np.ndarray, fraction: float) -> np.ndarray:
+    """σ uniform over the ⌈fraction·L⌉ tokens of highest entropy (non-finite entropies count as 0;
+    ties go to the earlier token), 0 elsewhere; ``fraction`` is taken as the decimal it prints as,
+    so 0.07 of 100 tokens is 7, not 8."""
+    n = len(entropy)
+    k = math.ceil(Fraction(repr(fraction)) * n)
+    h = np.nan_to_num(np.asarray(entropy, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    sigma = np.zeros(n, np.float32)
+    sigma[np.argsort(-h, kind="stable")[:k]] = 1.0 / k if k else 0.0
+    return sigma
+
+
+@register("top_entropy", return_equivalent=True, needs_scorer=True, settings=TopEntropySettings)
+def top_entropy(ctx: CreditContext) -> list[SampleCredit]:
+    """σ uniform over the top ``settings.fraction`` of completion tokens by scorer entropy (the
+    "top-20% high-entropy tokens" baseline)."""
+    fraction = (ctx.settings or TopEntropySettings()).fraction
+    out: list[SampleCredit] = [SampleCredit(_uniform(0))] * len(ctx.group.samples)
+    for i, _, trace, seconds in _scored(ctx, keep_cache=False):
+        out[i] = SampleCredit(
+            top_entropy_sigma(trace.entropy.double().cpu().numpy(), fraction), timings={"entropy": seconds}
+        )
     return out
 
 

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
 import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rredcot.common.config import Config, CreditConfig, load_config
+from rredcot.common.config import Config, ConfigError, CreditConfig, load_config
 from rredcot.common.models import build_tiny_model
 from rredcot.learner.loss import sample_coefficients
 from rredcot.learner.packing import collate, samples_from_group
-from rredcot.redistributor.credit import budget_batches, group_advantages, redistribute_group, reference_pairs
+from rredcot.redistributor.credit import (
+    budget_batches,
+    group_advantages,
+    redistribute_group,
+    reference_pairs,
+    top_entropy_sigma,
+)
 from rredcot.redistributor.entropy import score_trace
 from rredcot.redistributor.mc import HFContinuationSampler
 from rredcot.redistributor.registry import CREDIT_METHODS
@@ -119,7 +128,7 @@ def test_rredcot_matches_reference_pipeline(qwen_tok, qwen_model) -> None:
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    method=st.sampled_from(["rredcot", "entropy", "grpo"]),
+    method=st.sampled_from(["rredcot", "entropy", "top_entropy", "grpo"]),
     sign=st.sampled_from(["relu", "abs", "softmax"]),
     lam=st.floats(0, 1),
     space=st.sampled_from(["log", "prob", "mean_token_prob"]),
@@ -322,12 +331,61 @@ def test_empty_completion_rejected_by_nothing(qwen_tok, qwen_model) -> None:
     """An empty completion (L = 0) gets an empty σ and no exit values, for every method."""
     cfg = Config()
     group = make_group(qwen_tok, traces=["", "84"], rewards=(0.0, 1.0))
-    for method in ["grpo", "rredcot", "entropy"]:
+    for method in ["grpo", "rredcot", "entropy", "top_entropy"]:
         cfg.credit.method = method
         w = redistribute_group(group, cfg, Scorer(qwen_model, qwen_tok, cfg.credit.exit_string)).samples[0]
         assert w.sigma.size == 0
         if method == "rredcot":
             assert w.exit_points.tolist() == [0] and w.segment_rewards.size == 0
+
+
+def test_top_entropy_by_hand() -> None:
+    """⌈f·L⌉ tokens of highest entropy share σ; NaN/inf count as 0; ties go to the earlier token;
+    f is the decimal it prints as (0.07 of 100 is 7 tokens, though 0.07·100 > 7 in floating point)."""
+    h = np.array([0.5, 2.0, 1.0, 2.0, 0.1, np.nan, np.inf], dtype=np.float32)
+    third = np.float32(1 / 3)
+    assert top_entropy_sigma(h, 0.4).tolist() == [0, third, third, third, 0, 0, 0]  # ⌈2.8⌉ = 3
+    assert top_entropy_sigma(h, 0.25).tolist() == [0, 0.5, 0, 0.5, 0, 0, 0]  # ⌈1.75⌉ = 2: the tied pair
+    assert top_entropy_sigma(h, 0.1).tolist() == [0, 1, 0, 0, 0, 0, 0]  # ⌈0.7⌉ = 1: the earlier of the tie
+    assert np.count_nonzero(top_entropy_sigma(np.arange(100.0), 0.07)) == 7 and 0.07 * 100 > 7
+    assert top_entropy_sigma(np.zeros(0), 0.2).size == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    h=st.lists(st.sampled_from([0.0, 0.5, 1.0, 2.5, float("nan")]) | st.floats(0, 10), min_size=1, max_size=60),
+    fraction=st.floats(1e-6, 1.0),
+)
+def test_top_entropy_property(h, fraction) -> None:
+    """Σσ = 1; exactly the smallest k with k/L ≥ f tokens hold it, equally; none left out has a higher
+    entropy than one chosen, nor an equal one earlier."""
+    sigma = top_entropy_sigma(np.array(h), fraction)
+    n = len(h)
+    k = next(k for k in range(1, n + 1) if Fraction(k, n) >= Fraction(repr(fraction)))
+    chosen = np.flatnonzero(sigma)
+    assert abs(float(sigma.sum(dtype=np.float64)) - 1) < 1e-6 and len(chosen) == k
+    assert np.all(sigma[chosen] == sigma[chosen[0]])
+    e = np.nan_to_num(np.array(h))
+    for j in set(range(n)) - set(chosen.tolist()):
+        assert all(e[j] < e[i] or (e[j] == e[i] and j > i) for i in chosen)
+
+
+def test_top_entropy_through_the_registry(qwen_tok, qwen_model) -> None:
+    """On the scorer's entropies (``score_trace``), with ``credit.settings.fraction``; the config
+    refuses a fraction outside (0, 1]."""
+    cfg = load_config("tests", ["credit.method=top_entropy", "credit.settings.fraction=0.3"])
+    method = CREDIT_METHODS.get("top_entropy")
+    group = make_group(qwen_tok)
+    scorer = Scorer(qwen_model, qwen_tok, cfg.credit.exit_string)
+    out = redistribute_group(group, cfg, scorer, method, settings=method.typed_settings(cfg))
+    for w, s in zip(out.samples, group.samples):
+        h = score_trace(qwen_model, group.prompt_ids.tolist(), s.completion_ids.tolist(), 64).entropy
+        np.testing.assert_array_equal(w.sigma, top_entropy_sigma(h.double().numpy(), 0.3))
+        assert np.count_nonzero(w.sigma) == math.ceil(0.3 * len(w.sigma) - 1e-9) and w.credit_method == "top_entropy"
+    assert method.return_equivalent and method.needs_scorer
+    for bad in ("0", "1.5"):
+        with pytest.raises(ConfigError, match=r"credit.settings.fraction = .* expected a number in \(0.0, 1.0\]"):
+            load_config("tests", ["credit.method=top_entropy", f"credit.settings.fraction={bad}"])
 
 
 def test_mc_credits_the_segment_that_makes_the_answer(qwen_tok, qwen_model) -> None:
