@@ -18,16 +18,15 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 
-import numpy as np
-
 from rredcot.actors.engine import Engine, EngineSpec, GroupOutput, PromptTooLong, Sampling
+from rredcot.actors.rollouts import rollout_group
 from rredcot.common.codec import encode
 from rredcot.common.config import Config, ConfigError
 from rredcot.common.control import RunControl
 from rredcot.common.data import Problem, ProblemOrder, train_and_held_out
 from rredcot.common.ledger import Ledger, group_id, inflight_key
 from rredcot.common.prompts import prompt_ids
-from rredcot.common.records import RecordError, RolloutGroup, RolloutRecord
+from rredcot.common.records import RecordError, RolloutGroup
 from rredcot.common.registry import WEIGHT_TRANSPORTS
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import ROLLOUTS, Producer, connect, run_key
@@ -178,45 +177,14 @@ class Generator:
             self.control.publish_metrics(self.name, "generator", self.metrics.snapshot())
 
     def _record(self, group: GroupOutput, index: int, problem: Problem) -> RolloutGroup:
-        tok = self.engine.tokenizer
-        u, y = self.task.reference(problem)
-        samples = []
-        for i, c in enumerate(group.completions):
-            start = time.perf_counter()
-            verdict = self.verifier.score(tok.decode(c.token_ids, skip_special_tokens=True), problem.answer)
-            samples.append(
-                RolloutRecord(
-                    id=group_id(self.run_id, index, i),
-                    group_id=group.request_id,
-                    prompt_id=problem.id,
-                    sample_index=i,
-                    completion_ids=np.asarray(c.token_ids, dtype=np.int32),
-                    behaviour_logprobs=np.asarray(c.logprobs, dtype=np.float32),
-                    version_runs=np.asarray(c.version_runs, dtype=np.int32).reshape(-1, 2),
-                    finish_reason=c.finish_reason,
-                    reward=verdict.reward,
-                    verdict=verdict.verdict,
-                    timings={
-                        "generate_s": group.finished - group.started,
-                        "verify_s": time.perf_counter() - start,
-                        "finished_at": group.finished,
-                    },
-                )
-            )
+        record = rollout_group(group, problem, index, self.run_id, self.task, self.engine.tokenizer, self.verifier)
+        for s in record.samples:
             self.metrics.samples += 1
-            self.metrics.truncated += c.finish_reason == "length"
-            self.metrics.verifier_timeouts += verdict.verdict == "timeout"
-            self.metrics.verifier_errors += verdict.verdict == "error"
-            self.metrics.reward_sum += verdict.reward
-        return RolloutGroup(
-            group_id=group.request_id,
-            prompt_id=problem.id,
-            prompt_ids=np.asarray(group.prompt_ids, dtype=np.int32),
-            ref_solution_ids=[np.asarray(tok(u, add_special_tokens=False)["input_ids"], dtype=np.int32)],
-            ref_answer_ids=[np.asarray(tok(y, add_special_tokens=False)["input_ids"], dtype=np.int32)],
-            samples=samples,
-            answer=problem.answer,
-        )
+            self.metrics.truncated += s.finish_reason == "length"
+            self.metrics.verifier_timeouts += s.verdict == "timeout"
+            self.metrics.verifier_errors += s.verdict == "error"
+            self.metrics.reward_sum += s.reward
+        return record
 
     # ----- loop -----
     def step(self) -> int:

@@ -56,7 +56,7 @@ class RunConfig:
 
 @dataclass
 class ModelConfig:
-    path: str = "tiny-qwen3"  # HF dir, hub id, or a builtin: tiny-qwen3 | tiny-qwen2 | smollm2-135m
+    path: str = "tiny-qwen3"  # HF dir, hub id, or a builtin: tiny-qwen3 | tiny-qwen2 | smollm2-135m[-chain]
     tokenizer: str | None = None  # defaults to the model's own
     dtype: str = choice("auto", "auto", "float32", "bfloat16")  # generators and the scorer; auto: bf16 where native
     max_model_len: int = bounded(1024, 16)
@@ -142,6 +142,7 @@ class CreditConfig:
     uniform_mix: float = bounded(0.0, 0.0, 1.0)  # lambda
     answer_part: str = choice("uniform", "uniform", "terminal")  # after the thinking span: docs/credit.md
     group_refs: bool = False  # add the group's correct completions as reference pairs
+    reference: str = choice("solution", "solution", "answer")  # branches score u ⊕ y, or y alone
     max_refs: int = bounded(4, 1)
     scorer: str = choice("reference", "reference", "policy")
     token_budget: int = bounded(8192, 64)  # scorer batch size in tokens

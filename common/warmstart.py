@@ -20,23 +20,32 @@ CHAT = DataConfig(eval_size=0, prompt_style="chat")
 
 
 def sft_arith(model: Any, tokenizer: Any, steps: int = 150, lr: float = 3e-3, batch: int = 16, seed: int = 0) -> Any:
-    """Supervised steps on (prompt, reference solution) pairs; loss on solution tokens only."""
+    """The tiny model's warm start: ``sft`` on small products with the chat prompt."""
+    return sft(model, tokenizer, ARITH_TASK, CHAT, steps, lr, batch, seed)
+
+
+def sft(
+    model: Any, tokenizer: Any, task_cfg: TaskConfig, data: DataConfig, steps: int, lr: float, batch: int, seed: int
+) -> Any:
+    """Supervised steps on (prompt, reference solution) pairs of ``task_cfg``'s problems, prompted
+    as ``data.prompt_style``; loss on solution tokens only."""
     import torch
     import torch.nn.functional as F
 
     gen = torch.Generator().manual_seed(seed)
     pairs = []
-    task = build_task(ARITH_TASK)
-    for p in task.problems(CHAT, seed):
-        prompt = tokenizer(prompt_text(p, task, CHAT, tokenizer), add_special_tokens=False)["input_ids"]
+    task = build_task(task_cfg)
+    for p in task.problems(data, seed):
+        prompt = tokenizer(prompt_text(p, task, data, tokenizer), add_special_tokens=False)["input_ids"]
         answer = tokenizer(p.solution + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
         pairs.append((prompt, answer))
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     for _ in range(steps):
         chosen = [pairs[int(i)] for i in torch.randint(0, len(pairs), (batch,), generator=gen)]
         width = max(len(a) + len(b) for a, b in chosen)
-        ids = torch.full((batch, width), tokenizer.pad_token_id)
+        ids = torch.full((batch, width), pad)
         targets = torch.full((batch, width), -1)
         for row, (a, b) in enumerate(chosen):
             ids[row, : len(a) + len(b)] = torch.tensor(a + b)

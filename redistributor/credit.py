@@ -180,8 +180,12 @@ def reference_pairs(group: RolloutGroup, scorer: Scorer, c: CreditConfig) -> lis
     """Each sample's reference pairs: the dataset's (u_i, y_i); with ``credit.group_refs`` also the
     answer parts of the group's *other* correct samples as (u, empty y) — never a sample's own, and
     only from samples that stopped normally with their thinking closed (a truncated trace's answer
-    read from inside its thinking is no reference); at most ``credit.max_refs`` each."""
-    dataset: list[Pair] = [(u.tolist(), y.tolist()) for u, y in zip(group.ref_solution_ids, group.ref_answer_ids)]
+    read from inside its thinking is no reference); at most ``credit.max_refs`` each. With
+    ``credit.reference=answer`` the dataset pairs keep only their answer y (empty u)."""
+    dataset: list[Pair] = [
+        ([] if c.reference == "answer" else u.tolist(), y.tolist())
+        for u, y in zip(group.ref_solution_ids, group.ref_answer_ids)
+    ]
     answers: list[list[int] | None] = [None] * len(group.samples)
     if c.group_refs:
         for i, s in enumerate(group.samples):

@@ -212,7 +212,7 @@ class Redistributor:
         self.producer.put(payload)
         self.consumer.ack([entry.id])
         self._count(group, out.samples, time.perf_counter() - t0)
-        self._maybe_save(out, payload)
+        self._maybe_save(out, payload, entry.payload)
 
     def _sync_sampler(self) -> None:
         """Bring the continuation sampler to the newest published policy version (between groups)."""
@@ -229,14 +229,16 @@ class Redistributor:
         self.metrics.dead_letters += 1
         self.metrics.add(f"dead_letters.{kind}")
 
-    def _maybe_save(self, out: WeightedGroup, payload: bytes) -> None:
+    def _maybe_save(self, out: WeightedGroup, payload: bytes, rollouts: bytes) -> None:
         """Keep the first ``credit.save_traces`` groups with a non-zero advantage under
-        ``run.dir/traces`` (encoded records, for ``rredcot inspect`` and the run report)."""
+        ``run.dir/traces``: the weighted group (``rredcot inspect``, the run report) and the rollout
+        group it came from (under ``traces/rollouts``, for ``rredcot study credit``), encoded."""
         if self.saved >= self.cfg.credit.save_traces or not any(s.advantage for s in out.samples):
             return
         folder = Path(self.cfg.run.dir) / "traces"
-        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "rollouts").mkdir(parents=True, exist_ok=True)
         (folder / f"{self.name}-{out.group_id}.msgpack").write_bytes(payload)
+        (folder / "rollouts" / f"{self.name}-{out.group_id}.msgpack").write_bytes(rollouts)
         self.saved += 1
 
     def _count(self, group: RolloutGroup, samples: list[WeightedSample], seconds: float) -> None:

@@ -1,8 +1,9 @@
 """``arith``: generated arithmetic problems with step-by-step reference solutions (tests, CPU demo).
 
 Families (``task.settings.op``): ``mul`` (a × b), ``add`` (a + b) and ``chain`` (``chain_steps``
-operations applied left to right, e.g. ``(7 + 5) × 3 - 4``). Every solution ends with the line
-``Answer: N``; answers are checked like ``math``'s (math-verify).
+operations applied left to right, e.g. ``(7 + 5) × 3 - 4``, one line of working each: the credit
+study's task, docs/study.md). Every solution ends with the line ``Answer: N``; answers are checked
+like ``math``'s (math-verify).
 """
 
 from __future__ import annotations
@@ -71,6 +72,14 @@ class Arith(MathVerified):
 
     def problems(self, data: DataConfig, seed: int) -> list[Problem]:
         return generate(self.settings, seed)
+
+    @property
+    def example(self) -> Problem | None:  # type: ignore[override]
+        """The one-shot example in the family's own format: ``chain`` shows its lines of working (an
+        example drawn apart from the problems); ``mul`` and ``add`` 7 * 8."""
+        if self.settings.op == "chain":
+            return make_problem(-1, np.random.default_rng([1, 7919]), self.settings)
+        return MathVerified.example
 
     def check(self, cfg: Config) -> None:
         s = self.settings

@@ -16,7 +16,7 @@ import torch
 from rredcot.common.codec import decode, encode
 from rredcot.common.config import load_config
 from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir
-from rredcot.common.records import WeightedGroup
+from rredcot.common.records import RolloutGroup, WeightedGroup
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Producer, dead_letters, key
 from rredcot.common.weight_sync import publish_weights
 from rredcot.redistributor.scorer import Scorer
@@ -58,6 +58,8 @@ def test_every_rollout_becomes_one_weighted_sample_or_dead_letter(redis_client, 
     metrics = worker.run(idle_exit_s=1.0)
     saved = sorted((tmp_path / "traces").glob("red0-*.msgpack"))
     assert len(saved) == 2 and all(decode(p.read_bytes(), WeightedGroup).group_id in groups for p in saved)
+    rollouts = [decode(p.read_bytes(), RolloutGroup) for p in sorted((tmp_path / "traces" / "rollouts").glob("*"))]
+    assert [g.group_id for g in rollouts] == [decode(p.read_bytes(), WeightedGroup).group_id for p in saved]
     out = _batches(redis_client, run_id)
     assert {g.group_id: [s.rollout.id for s in g.samples] for g in out} == groups
     for g in out:

@@ -295,6 +295,8 @@ def test_group_references_never_include_a_samples_own_answer_nor_an_unclosed_tra
     assert refs[0][1:] == [(whole_3, [])] and refs[3][1:] == [(answer_0, [])]  # never its own
     assert refs[1][1:] == refs[2][1:] == [(answer_0, []), (whole_3, [])]
     assert reference_pairs(group, scorer, CreditConfig(group_refs=False)) == [[dataset]] * 4
+    # credit.reference=answer: the dataset pair keeps its answer line only (no restated solution)
+    assert reference_pairs(group, scorer, CreditConfig(reference="answer")) == [[([], dataset[1])]] * 4
 
 
 def test_degenerate_groups(qwen_tok, qwen_model) -> None:

@@ -49,3 +49,14 @@ def test_cross_field_rules_name_the_key(override, fragment):
     with pytest.raises(ConfigError) as e:
         load_config("tests", [override])
     assert fragment in str(e.value)
+
+
+def test_chain_example_shows_the_chain_format_and_mul_keeps_its_own():
+    """The one-shot example teaches the family's lines of working (one per step), drawn apart from
+    the problems; ``mul`` and ``add`` keep the 7 * 8 example (the CPU demo's prompt is unchanged)."""
+    chain = build_task(TaskConfig("arith", {"op": "chain", "chain_steps": 4, "operand_min": 1, "operand_max": 5}))
+    lines = chain.example.solution.splitlines()
+    assert len(lines) == 5 and lines[-1] == f"Answer: {chain.example.answer}"
+    assert all(" = " in line for line in lines[:4]) and chain.example.problem.count("(") == 3
+    assert chain.example.problem not in {p.problem for p in chain.problems(DataConfig(), 0)}
+    assert build_task(TaskConfig("arith", {"op": "mul"})).example.solution == "7 * 8 = 56.\nAnswer: 56"

@@ -1,0 +1,1 @@
+"""`rredcot study`: measure credit methods against Monte Carlo on traces of a named policy."""

@@ -1,0 +1,79 @@
+"""``rredcot study credit CONFIG --checkpoint PATH``: credit methods against Monte Carlo on a policy."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from rredcot.actors.continuations import VLLMContinuations
+from rredcot.common.config import Config
+from rredcot.common.precision import cpu_info
+from rredcot.common.verifier import Verifier
+from rredcot.launch.study.credit import TraceCredit, study_group
+from rredcot.launch.study.report import write_report
+from rredcot.launch.study.traces import load_traces, sample_traces, study_engine, with_model
+from rredcot.redistributor.worker import build_scorer, verifier_reward
+
+log = logging.getLogger("rredcot.study")
+
+
+def _log_to(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(out / "study.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+
+
+def credit_study(
+    cfg: Config,
+    config_name: str,
+    checkpoint: str,
+    out: Path,
+    traces_dir: Path | None = None,
+    problems: int = 16,
+    mc_samples: int = 8,
+) -> Path:
+    """Traces of the policy at ``checkpoint`` (saved under ``traces_dir``, or ``problems`` groups
+    sampled now), every credit method and MC on each, and the report under ``out``; returns the
+    report's path. Progress goes to the console and ``out/study.log``."""
+    _log_to(out)
+    cfg = with_model(cfg, checkpoint)
+    engine = study_engine(cfg)
+    with Verifier(cfg.task, cfg.generation.verifier_timeout_s) as verifier:
+        if traces_dir is not None:
+            groups, source = load_traces(traces_dir), f"`{traces_dir}`"
+        else:
+            log.info("study: sampling %d groups of %d at %s", problems, cfg.generation.group_size, checkpoint)
+            groups, source = sample_traces(cfg, engine, verifier, problems), f"{problems} problems sampled now"
+        scorer = build_scorer(cfg)
+        g = cfg.generation
+        sampler = VLLMContinuations(engine, g.temperature, g.top_p, cfg.run.seed, tuple(g.stop))
+        reward_fn = verifier_reward(verifier, scorer.tokenizer)
+        traces: list[TraceCredit] = []
+        start = time.monotonic()
+        for n, group in enumerate(groups, start=1):
+            traces += study_group(group, cfg, scorer, sampler, reward_fn, mc_samples)
+            elapsed = time.monotonic() - start
+            log.info(
+                "study: group %d/%d, %d traces, %.0f s, ETA %.0f s",
+                n,
+                len(groups),
+                len(traces),
+                elapsed,
+                elapsed / n * (len(groups) - n),
+            )
+    engine.close()
+    if not traces:
+        raise RuntimeError("no trace with a non-zero advantage: every group's rewards were equal (sample more)")
+    meta = {
+        "checkpoint": checkpoint,
+        "config": config_name,
+        "source": source,
+        "mc_samples": mc_samples,
+        "machine": cpu_info().describe(),
+    }
+    path = write_report(traces, meta, out)
+    log.info("study: report %s", path)
+    return path

@@ -1,0 +1,51 @@
+"""The study's rank agreement, intervals over traces and MC subsampling, against hand values."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rredcot.launch.study.stats import mean_interval, rank_agreement, subsample_std
+
+
+def test_rank_agreement_by_hand() -> None:
+    assert rank_agreement([1, 2, 3, 4], [10, 20, 30, 40]) == (1.0, 1.0)
+    assert rank_agreement([1, 2, 3, 4], [4, 3, 2, 1]) == (-1.0, -1.0)
+    # one swapped pair of 4: Spearman 1 - 6·(1+1)/(4·15) = 0.8; Kendall (5 - 1)/6
+    rho, tau = rank_agreement([1, 2, 3, 4], [1, 3, 2, 4])
+    assert rho == pytest.approx(0.8) and tau == pytest.approx(4 / 6)
+
+
+@pytest.mark.parametrize("a,b", [([1, 1, 1], [1, 2, 3]), ([1, 2], [2, 1]), ([1, 2, 3], [0, np.inf, 1])])
+def test_rank_agreement_is_undefined_without_a_ranking(a, b) -> None:
+    """A constant series (e.g. MC values all 1), fewer than 3 points or a non-finite value: NaN."""
+    assert all(math.isnan(x) for x in rank_agreement(a, b))
+
+
+def test_mean_interval_by_hand() -> None:
+    """Values 0.2, 0.4, 0.6 (and one NaN excluded): mean 0.4, sd 0.2, t(0.975, 2) = 4.3027."""
+    iv = mean_interval([0.2, 0.4, float("nan"), 0.6])
+    half = 4.302652729911275 * 0.2 / math.sqrt(3)
+    assert iv.mean == pytest.approx(0.4) and iv.n == 3 and iv.excluded == 1
+    assert (iv.low, iv.high) == (pytest.approx(0.4 - half), pytest.approx(0.4 + half))
+    assert mean_interval([float("nan")]).n == 0 and "n/a" in str(mean_interval([float("nan")]))
+
+
+def test_subsample_std_by_hand() -> None:
+    """One exit, rewards 1 1 0 0: two disjoint pairs have means 1 and 0 (std 0.707); four single
+    continuations 1 1 0 0 have std 0.577; one group of four gives no spread (NaN)."""
+    r = np.array([[1.0, 1.0, 0.0, 0.0]])
+    assert subsample_std(r, 2) == pytest.approx(math.sqrt(0.5))
+    assert subsample_std(r, 1) == pytest.approx(np.std([1, 1, 0, 0], ddof=1))
+    assert math.isnan(subsample_std(r, 4))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(-1, 1), min_size=2, max_size=40))
+def test_interval_contains_its_mean(values) -> None:
+    iv = mean_interval(values)
+    assert iv.low <= iv.mean + 1e-12 and iv.mean <= iv.high + 1e-12 and iv.n == len(values)
