@@ -35,6 +35,7 @@ import torch
 from rredcot.common.config import Config
 from rredcot.common.models import load_tokenizer, resolve_model_path
 from rredcot.common.precision import resolve_dtype
+from rredcot.common.sampling import seed_of
 from rredcot.common.weight_group import GroupInfo
 from rredcot.common.weight_sync import WeightManifest
 
@@ -110,13 +111,17 @@ class EngineSpec:
 
     @classmethod
     def from_config(cls, cfg: Config, seed_offset: int = 0, seeded: bool = False) -> EngineSpec:
-        """The run's engine: ``model.*`` and ``generation.*``, seeded ``run.seed + seed_offset``."""
+        """The run's engine: ``model.*`` and ``generation.*``, seeded ``run.seed + seed_offset`` (hashed
+        with ``run.sampling_seed`` when that is set)."""
+        r = cfg.run
+        # vLLM seeds numpy with it: it must fit 32 bits
+        seed = r.seed + seed_offset if not r.sampling_seed else seed_of(r.seed, r.sampling_seed, seed_offset) % 2**32
         return cls(
             resolve_model_path(cfg.model.path, seed=cfg.run.seed),
             max_model_len=cfg.model.max_model_len,
             kv_cache_bytes=cfg.generation.kv_cache_bytes,
             dtype=resolve_dtype(cfg.model.dtype).dtype,
-            seed=cfg.run.seed + seed_offset,
+            seed=seed,
             block_size=cfg.generation.kv_block_size,
             seeded=seeded,
         )

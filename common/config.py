@@ -50,6 +50,9 @@ class RunConfig:
     name: str = "run"
     dir: str = "runs/${run.name}"
     seed: int = 0
+    # varies only the generators' and the evaluator's sampling, not the problems, their order or a
+    # builtin model's initialisation: what ``rredcot study compare --seeds`` sets
+    sampling_seed: int = bounded(0, 0)
     steps: int = bounded(10, 1)
     resume: str = choice("never", "never", "auto")
 

@@ -69,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     credit.add_argument("--problems", type=int, default=16, help="groups to sample when --traces is not given")
     credit.add_argument("--mc-samples", type=int, default=8, help="MC continuations per exit point")
     credit.add_argument("--out", default=None, help="report folder (default: <run.dir>/study)")
+    _add_config_args(compare := study_sub.add_parser("compare", help="train once per (method, seed); curves, paired"))
+    compare.add_argument("--methods", default="grpo,rredcot", help="comma-separated credit methods (first: baseline)")
+    compare.add_argument("--seeds", type=int, default=3, help="sampling seeds per method (run.sampling_seed 1..N)")
+    compare.add_argument("--out", default=None, help="report folder (default: runs/compare-<run.name>)")
     bench = sub.add_parser("bench", help="run a benchmark from bench/ (prints a table and a JSON line)")
     bench.add_argument(
         "name", help="queue | redistribution | generation | learner | learner_long | pipeline | cpu_first_contact"
@@ -154,6 +158,8 @@ def _call_study(args: argparse.Namespace) -> int:
     from rredcot.launch.study.command import credit_study
 
     cfg = load_config(args.config, args.overrides)
+    if args.action == "compare":
+        return _call_compare(args, cfg)
     if args.mc_samples < 2 or args.problems < 1:
         raise UserError(f"--mc-samples must be >= 2 (got {args.mc_samples}) and --problems >= 1 (got {args.problems})")
     path = credit_study(
@@ -166,6 +172,21 @@ def _call_study(args: argparse.Namespace) -> int:
         args.mc_samples,
     )
     print(f"rredcot: study report {path}")
+    return 0
+
+
+def _call_compare(args: argparse.Namespace, cfg: Config) -> int:
+    from rredcot.launch.study.compare import compare_study
+
+    methods = [m for m in args.methods.split(",") if m]
+    if len(methods) < 2 or args.seeds < 1:
+        raise UserError(
+            f"--methods needs two or more methods (got {args.methods!r}) and --seeds >= 1 (got {args.seeds})"
+        )
+    for m in methods:  # every method's config must load (its rules checked) before any run starts
+        load_config(args.config, [*args.overrides, f"credit.method={m}"])
+    out = Path(args.out) if args.out else Path("runs") / f"compare-{cfg.run.name}"
+    print(f"rredcot: comparison report {compare_study(args.config, args.overrides, methods, args.seeds, out)}")
     return 0
 
 

@@ -151,12 +151,21 @@ class RunOutcome:
     ledger: Balance | None = None  # what became of every admitted prompt (``common.ledger``)
 
 
+def training_reward(history: list[dict[str, Any]]) -> list[list[float]]:
+    """[step, mean sampled reward] of learner rank 0's batches, one point per step it reported."""
+    points: dict[int, float] = {}
+    for p in history:
+        if p["worker"] == "learner0" and "reward_mean" in p["values"]:
+            points[int(p["values"].get("step", p["step"]))] = p["values"]["reward_mean"]
+    return [[step, points[step]] for step in sorted(points)]
+
+
 def summary_json(cfg: Config, outcome: RunOutcome, artefacts: dict[str, str]) -> dict[str, Any]:
     """The machine-readable summary: evaluations, paired change, phases, dtype and CPU."""
     from rredcot.launch.evaluate import paired_change
 
     monitor = outcome.monitor
-    evals = [{k: v for k, v in e.items() if k != "sampled_per_problem"} for e in (monitor.evals if monitor else [])]
+    evals = monitor.evals if monitor else []
     paired = None
     if monitor is not None and len(monitor.evals) > 1:
         d, lo, hi = paired_change(monitor.evals[0]["sampled_per_problem"], monitor.evals[-1]["sampled_per_problem"])
@@ -170,8 +179,9 @@ def summary_json(cfg: Config, outcome: RunOutcome, artefacts: dict[str, str]) ->
         "learner_stopped_in_time": outcome.learner_stopped,
         "wall_s": outcome.phases.elapsed(),
         "phases_s": outcome.phases.closed(),
-        "evaluations": evals,
+        "evaluations": evals,  # with each problem's sampled accuracy, for paired comparisons between runs
         "paired_change": paired,
+        "training_reward": training_reward(monitor.history) if monitor else [],
         "dtype": {
             "model": resolve_dtype(cfg.model.dtype).dtype,
             "learner": resolve_dtype(cfg.learner.dtype).dtype,

@@ -53,7 +53,8 @@ def test_report_writes_both_summaries(tmp_path: Path, status: str) -> None:
     assert paired["sampled_change"] == pytest.approx(0.375) and paired["problems"] == 4
     assert paired["low"] < 0.375 < paired["high"]
     assert [e["step"] for e in summary["evaluations"]] == [0, 3]
-    assert "sampled_per_problem" not in summary["evaluations"][0]
+    assert summary["evaluations"][0]["sampled_per_problem"] == before  # for paired comparisons between runs
+    assert summary["training_reward"] == [[1, 0.4]]  # learner0's mean sampled reward per step
     assert summary["dtype"]["model"] in ("float32", "bfloat16") and summary["cpu"]["model"]
     assert set(summary["phases_s"]) == {"start-up"}
     md = (tmp_path / "report" / "summary.md").read_text()

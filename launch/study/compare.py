@@ -1,0 +1,178 @@
+"""``rredcot study compare CONFIG --methods grpo,rredcot --seeds N``: one training run per (method,
+sampling seed) of the same config (same problems, data order and step budget), then learning curves
+with bands over seeds, steps to reach the first method's final held-out accuracy, and the paired
+per-problem held-out change of each method against the first.
+
+Each run is its own ``rredcot train`` process under ``out/<method>-s<seed>`` (logs and report there);
+a run whose report says it finished is not run again, so an interrupted comparison resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from rredcot.common.errors import UserError  # noqa: E402
+from rredcot.launch.evaluate import mean_ci  # noqa: E402
+
+log = logging.getLogger("rredcot.study")
+
+
+@dataclass
+class Run:
+    method: str
+    seed: int
+    summary: dict[str, Any]
+
+    @property
+    def evals(self) -> list[dict[str, Any]]:
+        return self.summary["evaluations"]
+
+
+def run_name(method: str, seed: int) -> str:
+    return f"{method.replace('.', '_')}-s{seed}"
+
+
+def train_once(config: str, overrides: list[str], method: str, seed: int, out: Path) -> Run:
+    """``rredcot train`` for one (method, seed), unless its report says it already finished."""
+    folder = out / run_name(method, seed)
+    summary_path = folder / "report" / "summary.json"
+    if summary_path.exists() and json.loads(summary_path.read_text())["status"] == "finished":
+        log.info("study: %s already finished, reusing it", folder)
+        return Run(method, seed, json.loads(summary_path.read_text()))
+    args = [
+        *overrides,
+        f"credit.method={method}",
+        f"run.sampling_seed={seed}",
+        f"run.name={run_name(method, seed)}",
+        f"run.dir={folder}",
+        "run.resume=never",
+    ]
+    log.info("study: training %s (seed %d) in %s", method, seed, folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(out / f"{run_name(method, seed)}.out", "w") as console:
+        rc = subprocess.run(
+            [sys.executable, "-m", "rredcot.launch.cli", "train", config, *args],
+            stdout=console,
+            stderr=subprocess.STDOUT,
+        ).returncode
+    if rc != 0 or not summary_path.exists():
+        raise RuntimeError(f"the {method} run (seed {seed}) failed (exit {rc}): see {folder}/logs and {console.name}")
+    return Run(method, seed, json.loads(summary_path.read_text()))
+
+
+def steps_to_reach(run: Run, target: float) -> int | None:
+    """The first evaluated step whose sampled held-out accuracy reaches ``target`` (None: never)."""
+    return next((e["step"] for e in run.evals if e["sampled"] >= target), None)
+
+
+def paired_against(runs: list[Run], baseline: list[Run]) -> tuple[float, float, float, int]:
+    """Mean per-problem change of the final sampled held-out accuracy against the baseline method's
+    run of the same seed (averaged over seeds, problems the unit), with its 95% interval."""
+    base = {r.seed: r.evals[-1]["sampled_per_problem"] for r in baseline}
+    diffs = np.mean([np.subtract(r.evals[-1]["sampled_per_problem"], base[r.seed]) for r in runs], axis=0)
+    m, lo, hi = mean_ci(list(map(float, diffs)), clip=None)
+    return m, lo, hi, len(diffs)
+
+
+def summarize(runs: list[Run], methods: list[str]) -> dict[str, Any]:
+    """Per method: final held-out accuracy over seeds, start-to-end change, steps to reach the first
+    method's final accuracy, and the paired change against the first method."""
+    by = {m: [r for r in runs if r.method == m] for m in methods}
+    if any(not r.evals for r in runs):
+        raise UserError("study compare needs held-out evaluations: set data.eval_size > 0 in the config")
+    target = float(np.mean([r.evals[-1]["sampled"] for r in by[methods[0]]]))
+    out: dict[str, Any] = {"baseline": methods[0], "target_accuracy": target, "methods": {}}
+    for m, rs in by.items():
+        final = [r.evals[-1]["sampled"] for r in rs]
+        reached = [steps_to_reach(r, target) for r in rs]
+        paired = paired_against(rs, by[methods[0]]) if m != methods[0] else None
+        out["methods"][m] = {
+            "seeds": [r.seed for r in rs],
+            "final_sampled": final,
+            "final_sampled_mean": float(np.mean(final)),
+            "start_sampled_mean": float(np.mean([r.evals[0]["sampled"] for r in rs])),
+            "steps_to_target": reached,
+            "wall_s_mean": float(np.mean([r.summary["wall_s"] for r in rs])),
+            "paired_vs_baseline": None if paired is None else dict(zip(("mean", "low", "high", "problems"), paired)),
+        }
+    return out
+
+
+def _band(ax: Any, series: list[list[list[float]]], label: str) -> None:
+    """Mean over seeds with a min–max band, on the steps every seed reported."""
+    steps = sorted(set.intersection(*(set(int(p[0]) for p in s) for s in series))) if series else []
+    if not steps:
+        return
+    ys = np.array([[dict((int(p[0]), p[1]) for p in s)[t] for t in steps] for s in series])
+    (line,) = ax.plot(steps, ys.mean(axis=0), marker=".", label=f"{label} (n={len(series)})")
+    ax.fill_between(steps, ys.min(axis=0), ys.max(axis=0), color=line.get_color(), alpha=0.2)
+
+
+def plot(runs: list[Run], methods: list[str], path: Path) -> None:
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for m in methods:
+        rs = [r for r in runs if r.method == m]
+        _band(left, [r.summary["training_reward"] for r in rs], m)
+        _band(right, [[[e["step"], e["sampled"]] for e in r.evals] for r in rs], m)
+    left.set(xlabel="learner step", ylabel="mean sampled reward (training)", title="Training reward")
+    right.set(xlabel="learner step", ylabel="sampled accuracy (held-out)", title="Held-out accuracy")
+    for ax in (left, right):
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(runs: list[Run], methods: list[str], meta: dict[str, Any], out: Path) -> Path:
+    s = {**meta, **summarize(runs, methods)}
+    (out / "compare.json").write_text(json.dumps(s, indent=1))
+    plot(runs, methods, out / "compare_curves.png")
+    base = methods[0]
+    lines = [
+        f"# Credit methods compared: {', '.join(methods)}",
+        "",
+        f"- config: `{s['config']}` {' '.join(s['overrides'])}; sampling seeds 1 to {s['seeds']} per method; "
+        "the same problems, data order and steps in every run",
+        f"- machine: {s['machine']}",
+        "",
+        "| method | held-out sampled, start → end (mean over seeds) | end, per seed | "
+        f"steps to reach {base}'s final {s['target_accuracy']:.3f} | paired change vs {base} [95%] | wall s |",
+        "|---|---|---|---|---|---:|",
+    ]
+    for m, r in s["methods"].items():
+        p = r["paired_vs_baseline"]
+        paired = (
+            "—" if p is None else f"{p['mean']:+.3f} [{p['low']:+.3f}, {p['high']:+.3f}] ({p['problems']} problems)"
+        )
+        reached = ", ".join("never" if x is None else str(x) for x in r["steps_to_target"])
+        per_seed = ", ".join(f"{x:.3f}" for x in r["final_sampled"])
+        lines.append(
+            f"| {m} | {r['start_sampled_mean']:.3f} → {r['final_sampled_mean']:.3f} | {per_seed} | {reached} | "
+            f"{paired} | {r['wall_s_mean']:.0f} |"
+        )
+    lines += ["", "![training reward and held-out accuracy](compare_curves.png)", ""]
+    path = out / "compare.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def compare_study(config: str, overrides: list[str], methods: list[str], seeds: int, out: Path) -> Path:
+    """Every (method, seed) run, then ``compare.md``, ``compare.json`` and ``compare_curves.png``."""
+    from rredcot.common.precision import cpu_info
+
+    out.mkdir(parents=True, exist_ok=True)
+    runs = [train_once(config, overrides, m, seed, out) for seed in range(1, seeds + 1) for m in methods]
+    meta = {"config": config, "overrides": overrides, "seeds": seeds, "machine": cpu_info().describe()}
+    return write_report(runs, methods, meta, out)
