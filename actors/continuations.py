@@ -5,16 +5,18 @@ request's budget and its own seed, so continuations do not depend on what else i
 The engine must be dedicated to this sampler (``Engine.run`` drains every request it holds) and
 built with ``EngineSpec(seeded=True)``. With a receiver of the run's weight transport, ``sync``
 brings the engine to the newest published policy version (``launch`` wires this into the
-redistributor for ``credit.method=mc``: ``from_config``).
+redistributor for ``credit.method=mc``, and a fixed prover's engine for ``progress``: ``from_config``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 from rredcot.actors.engine import Engine, EngineSpec, Sampling
 from rredcot.common.config import Config
+from rredcot.common.models import resolve_model_path
 from rredcot.common.registry import WEIGHT_TRANSPORTS
 from rredcot.common.sampling import ContinuationRequest, seed_of
 from rredcot.common.streams import connect
@@ -43,12 +45,18 @@ class VLLMContinuations:
         self._calls = 0
 
     @classmethod
-    def from_config(cls, cfg: Config) -> VLLMContinuations:
-        """A dedicated engine on ``model.path`` following the run's published weights (outside the
-        learner's weight group: it reads the weight files), sampling like the generators."""
-        engine = Engine(EngineSpec.from_config(cfg, seed_offset=MC_SEED_OFFSET, seeded=True))
-        transport = WEIGHT_TRANSPORTS.get(cfg.generation.weight_transport)
-        receiver = transport.receiver_class().from_config(cfg, connect(cfg.redis.url), engine, None)
+    def from_config(cls, cfg: Config, prover: str = "policy") -> VLLMContinuations:
+        """A dedicated engine sampling like the generators. ``prover``: ``policy``, ``model.path``
+        following the run's published weights (outside the learner's weight group: it reads the
+        weight files); ``initial``, ``model.path``'s weights, fixed; else the model at that path, fixed."""
+        spec = EngineSpec.from_config(cfg, seed_offset=MC_SEED_OFFSET, seeded=True)
+        if prover not in ("policy", "initial"):
+            spec = dataclasses.replace(spec, model=resolve_model_path(prover, seed=cfg.run.seed))
+        engine = Engine(spec)
+        receiver = None
+        if prover == "policy":
+            transport = WEIGHT_TRANSPORTS.get(cfg.generation.weight_transport)
+            receiver = transport.receiver_class().from_config(cfg, connect(cfg.redis.url), engine, None)
         g = cfg.generation
         return cls(engine, g.temperature, g.top_p, cfg.run.seed, tuple(g.stop), receiver)
 

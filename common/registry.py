@@ -113,7 +113,8 @@ CREDIT_METHODS: Registry[Any] = Registry(
     {
         name: "rredcot.redistributor.credit"
         for name in ("grpo", "bnpo", "drgrpo", "entropy", "top_entropy", "rredcot", "mc")
-    },
+    }
+    | {"progress": "rredcot.redistributor.progress"},
 )
 WEIGHT_TRANSPORTS: Registry[Any] = Registry(
     "weight transport",

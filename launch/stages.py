@@ -43,13 +43,16 @@ def restart_options(cfg: Config, tier: str) -> dict[str, int]:
 
 def stage_parts(tier: str, cfg: Config) -> dict[str, Any]:
     """What launch builds for a stage beyond its config: a redistributor whose credit method samples
-    continuations (``mc``) gets a dedicated vLLM engine holding the policy, following the run's
-    published weights (``actors.continuations.VLLMContinuations``), built before the stage's scorer."""
-    if tier != "redistributor" or not CREDIT_METHODS.get(cfg.credit.method).needs_sampler:
+    continuations (``mc``, ``progress``) gets a dedicated vLLM engine (``VLLMContinuations``), built
+    before the stage's scorer: the policy following the run's published weights, or the fixed prover
+    that the method's ``credit.settings.prover`` names."""
+    method = CREDIT_METHODS.get(cfg.credit.method) if tier == "redistributor" else None
+    if method is None or not method.needs_sampler:
         return {}
     from rredcot.actors.continuations import VLLMContinuations
 
-    return {"sampler": VLLMContinuations.from_config(cfg)}
+    prover = getattr(method.typed_settings(cfg), "prover", "policy")
+    return {"sampler": VLLMContinuations.from_config(cfg, prover)}
 
 
 def run_redistributor(cfg: Config) -> None:

@@ -1,5 +1,5 @@
-"""Credit methods (grpo, bnpo, drgrpo, entropy, top_entropy, rredcot, mc), group advantages, and
-``redistribute_group``: RolloutGroup in, WeightedGroup out."""
+"""Credit methods (grpo, bnpo, drgrpo, entropy, top_entropy, rredcot, mc; ``progress`` lives in
+``progress.py``), group advantages, and ``redistribute_group``: RolloutGroup in, WeightedGroup out."""
 
 from __future__ import annotations
 
@@ -96,14 +96,20 @@ def _scored(ctx: CreditContext, keep_cache: bool) -> Iterator[tuple[int, Rollout
             yield i, group.samples[i], trace, seconds
 
 
+def entropy_weights(trace: TraceScores) -> np.ndarray:
+    """The ``entropy`` method's unnormalised σ: the scorer's token entropies (non-finite ones count
+    as 0), or all ones when they are all 0 (float64 [L])."""
+    h = np.nan_to_num(trace.entropy.double().cpu().numpy(), nan=0.0, posinf=0.0, neginf=0.0).clip(min=0.0)
+    return h if h.sum() > 0 else np.ones_like(h)
+
+
 @register("entropy", return_equivalent=True, needs_scorer=True)
 def entropy_credit(ctx: CreditContext) -> list[SampleCredit]:
     """σ ∝ scorer token entropy (non-finite entropies count as 0; uniform when all are 0)."""
     out: list[SampleCredit] = [SampleCredit(_uniform(0))] * len(ctx.group.samples)
     for i, _, trace, seconds in _scored(ctx, keep_cache=False):
-        h = np.nan_to_num(trace.entropy.double().cpu().numpy(), nan=0.0, posinf=0.0, neginf=0.0).clip(min=0.0)
-        sigma = (h / h.sum()).astype(np.float32) if h.sum() > 0 else _uniform(len(h))
-        out[i] = SampleCredit(sigma, timings={"entropy": seconds})
+        w = entropy_weights(trace)
+        out[i] = SampleCredit((w / w.sum()).astype(np.float32), timings={"entropy": seconds})
     return out
 
 
@@ -262,36 +268,43 @@ def rredcot(ctx: CreditContext) -> list[SampleCredit]:
     return out
 
 
+def mc_exit_values(
+    ctx: CreditContext, s: RolloutRecord, exits: np.ndarray, m: int, sample_id: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(exits, v̂, standard errors): ``mc_values`` of ``s`` from ``ctx.sampler`` at ``exits`` (M = ``m``,
+    seeded by ``sample_id``), with ``answer_part=terminal``'s end value R (exact, standard error 0)."""
+    if ctx.sampler is None or ctx.reward_fn is None:
+        raise ValueError(f"credit method {ctx.cfg.credit.method!r} needs a continuation sampler and a reward function")
+    est = mc_values(
+        ctx.sampler,
+        ctx.reward_fn,
+        ctx.group.prompt_ids.tolist(),
+        s.completion_ids.tolist(),
+        exits.tolist(),
+        m,
+        ctx.cfg.generation.max_tokens,
+        ctx.group.answer,
+        sample_id=sample_id,
+        max_len=ctx.cfg.model.max_model_len,
+    )
+    values, stderr = est.values, est.stderr
+    if ctx.cfg.credit.answer_part == "terminal":
+        exits, values = _terminal(exits, values, len(s.completion_ids), s.reward)
+        stderr = np.append(stderr, np.zeros(len(values) - len(stderr)))
+    return exits, values, stderr
+
+
 @register("mc", return_equivalent=True, needs_scorer=True, needs_sampler=True)
 def mc(ctx: CreditContext) -> list[SampleCredit]:
     """Like ``rredcot`` but v̂(s_t) is the mean reward of M continuations sampled from ``ctx.sampler``
     within the budget left at each exit (prob space), with its standard error."""
-    c, g = ctx.cfg.credit, ctx.cfg.generation
-    if ctx.sampler is None or ctx.reward_fn is None:
-        raise ValueError("credit method 'mc' needs a continuation sampler and a reward function")
     out: list[SampleCredit] = [SampleCredit(_uniform(0))] * len(ctx.group.samples)
     for i, s, trace, t_entropy in _scored(ctx, keep_cache=False):
-        n = len(s.completion_ids)
         t1 = time.perf_counter()
         exits = _segments(ctx, s, trace).exit_points
         t2 = time.perf_counter()
-        est = mc_values(
-            ctx.sampler,
-            ctx.reward_fn,
-            ctx.group.prompt_ids.tolist(),
-            s.completion_ids.tolist(),
-            exits.tolist(),
-            c.mc_samples,
-            g.max_tokens,
-            ctx.group.answer,
-            sample_id=s.id,
-            max_len=ctx.cfg.model.max_model_len,
-        )
-        values, stderr = est.values, est.stderr
-        if c.answer_part == "terminal":
-            exits, values = _terminal(exits, values, n, s.reward)
-            stderr = np.append(stderr, np.zeros(len(values) - len(stderr)))  # the outcome R is exact
-        out[i] = _sigma(exits, values, n, float(ctx.advantages[i]), ctx)
+        exits, values, stderr = mc_exit_values(ctx, s, exits, ctx.cfg.credit.mc_samples, s.id)
+        out[i] = _sigma(exits, values, len(s.completion_ids), float(ctx.advantages[i]), ctx)
         out[i].timings = {"entropy": t_entropy, "segment": t2 - t1, "values": time.perf_counter() - t2}
         out[i].exit_stderr, out[i].values_version = stderr.astype(np.float32), ctx.sampler.version
     return out

@@ -80,14 +80,14 @@ class WorkerMetrics:
         if n:
             peak = f"sigma_peak.{b}"
             self.detail[peak] = max(self.detail.get(peak, 0.0), float(s.sigma.max()) * n)
-        if s.values_version >= 0:
+        finite = s.exit_stderr[np.isfinite(s.exit_stderr)]  # MC values, the policy's or a fixed prover's
+        self.mc_exits += len(finite)
+        self.mc_stderr_sum += float(finite.sum())
+        if s.values_version >= 0:  # from the policy: its version gap
             gap = s.values_version - s.rollout.max_version
             self.mc_samples += 1
             self.mc_version_gap_sum += gap
             self.add(f"mc_version_gap.{gap}")
-            finite = s.exit_stderr[np.isfinite(s.exit_stderr)]
-            self.mc_exits += len(finite)
-            self.mc_stderr_sum += float(finite.sum())
 
     def snapshot(self) -> dict[str, float]:
         out: dict[str, float] = asdict(self)
@@ -119,21 +119,31 @@ def verifier_reward(verifier: Verifier, tokenizer: Any) -> RewardFn:
     return lambda ids, gold: verifier.score(tokenizer.decode(ids, skip_special_tokens=True), gold).reward
 
 
-def scorer_sampler(scorer: Scorer, cfg: Config, name: str) -> HFContinuationSampler:
-    """The fallback continuation sampler: transformers on the scorer's model (its version is the scorer's)."""
-    log.info("%s: no policy engine wired; MC continuations come from the scorer (transformers)", name)
+def scorer_sampler(scorer: Scorer, cfg: Config, name: str, prover: str = "policy") -> HFContinuationSampler:
+    """The fallback continuation sampler (transformers) when launch wired no engine. ``prover``
+    (``credit.settings.prover`` of a method that has one): ``policy``, the scorer's model (its version
+    is the scorer's); ``initial``, model.path's weights, frozen (the scorer's model unless
+    ``credit.scorer=policy`` moves it); else the model at that path, frozen (version 0)."""
     g = cfg.generation
-    eos = scorer.tokenizer.eos_token_id
-    return HFContinuationSampler(scorer.model, g.temperature, g.top_p, eos, cfg.run.seed, lambda: scorer.version)
+    model, version = scorer.model, lambda: scorer.version
+    if prover != "policy":
+        version = lambda: 0
+        if prover != "initial" or cfg.credit.scorer == "policy":
+            path = resolve_model_path(cfg.model.path if prover == "initial" else prover, seed=cfg.run.seed)
+            model = load_causal_lm(path, cfg.model.dtype).to(scorer.model.device)
+    log.info("%s: no engine wired; continuations come from %s (transformers)", name, prover)
+    return HFContinuationSampler(model, g.temperature, g.top_p, scorer.tokenizer.eos_token_id, cfg.run.seed, version)
 
 
 class Redistributor:
     """One worker of the redistributor tier.
 
-    A method that samples continuations (``mc``) takes them from ``sampler``: in a run, launch
-    injects a vLLM engine holding the policy (``actors.continuations.VLLMContinuations``), brought
-    to the newest published version before each group. Without one (unit tests, benchmarks) the
-    scorer samples them with transformers: a fallback, not the policy unless ``credit.scorer=policy``.
+    A method that samples continuations (``mc``, ``progress``) takes them from ``sampler``: in a run,
+    launch injects a vLLM engine holding the policy (``actors.continuations.VLLMContinuations``),
+    brought to the newest published version before each group, or the method's fixed prover
+    (``credit.settings.prover``). Without one (unit tests, benchmarks) they are sampled with
+    transformers (``scorer_sampler``): for ``mc`` by the scorer, not the policy unless
+    ``credit.scorer=policy``.
     """
 
     def __init__(
@@ -159,7 +169,8 @@ class Redistributor:
         self.verifier: Verifier | None = None
         self.sampler: ContinuationSampler | None = None
         if self.method.needs_sampler and self.scorer is not None:
-            self.sampler = sampler or scorer_sampler(self.scorer, cfg, name)
+            prover = getattr(self.extra["settings"], "prover", "policy")
+            self.sampler = sampler or scorer_sampler(self.scorer, cfg, name, prover)
             self.verifier = Verifier(cfg.task, cfg.generation.verifier_timeout_s)
             self.extra |= {"sampler": self.sampler, "reward_fn": verifier_reward(self.verifier, self.scorer.tokenizer)}
         self.metrics = WorkerMetrics()

@@ -46,13 +46,15 @@ def test_metrics_per_length_bucket() -> None:
 
 def test_mc_metrics_stderr_and_version_gap() -> None:
     """MC samples count their version gap (MC policy − the trace's newest token version) in a
-    histogram and a mean, and their finite standard errors in a mean; other samples count in neither."""
+    histogram and a mean, and their finite standard errors in a mean; a fixed prover's samples count
+    only their errors; other samples count in neither."""
     m = WorkerMetrics()
     e = np.zeros(3, np.float32)
     for versions, mc_version, stderr in [
         (((0, 2),), 3, [0.2, 0.4, 0.0]),
         (((0, 1), (5, 2)), 3, [0.3, np.nan, 0.1]),  # the trace ends on v2: gap 1
         (((0, 4),), 3, [0.0, 0.0, 0.0]),  # the generator was ahead of the MC engine: gap -1
+        (((0, 0),), -1, [0.5]),  # a fixed prover's MC (progress): its error counts, no version gap
         (((0, 0),), -1, []),  # not MC
     ]:
         r = rollout("g", 0, 10, versions=versions)
@@ -72,8 +74,8 @@ def test_mc_metrics_stderr_and_version_gap() -> None:
         m.count_sample(w)
     snap = m.snapshot()
     assert snap["mc_version_gap.1"] == 2 and snap["mc_version_gap.-1"] == 1 and snap["mc_samples"] == 3
-    assert snap["mc_version_gap_mean"] == pytest.approx(1 / 3) and snap["mc_exits"] == 8
-    assert snap["mc_stderr_mean"] == pytest.approx(1.0 / 8)
+    assert snap["mc_version_gap_mean"] == pytest.approx(1 / 3) and snap["mc_exits"] == 9
+    assert snap["mc_stderr_mean"] == pytest.approx(1.5 / 9)
     assert WorkerMetrics().snapshot()["mc_stderr_mean"] == 0.0
 
 
