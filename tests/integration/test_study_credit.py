@@ -1,5 +1,6 @@
 """``rredcot study credit`` end to end at CI size: traces sampled by a real vLLM engine from the
-tiny SFT'd model, every credit method and MC (the same engine, seeded) on them, and the report."""
+tiny SFT'd model, every credit method (``progress`` with the same engine as its prover) and MC (the
+same engine, seeded) on them, and the report."""
 
 from __future__ import annotations
 
@@ -20,13 +21,15 @@ def test_study_credit_writes_the_report(tmp_path) -> None:
     assert summary["traces"] >= 2 and summary["checkpoint"] == "tiny-qwen3-arith" and summary["mc_samples"] == 4
     methods = set(summary["segment_rewards"])
     assert {"rredcot:log", "rredcot:prob", "rredcot:mean_token_prob", "rredcot:sigma", "grpo", "entropy"} <= methods
-    assert "top_entropy" in methods
+    assert {"top_entropy", "progress"} <= methods
     assert set(summary["exit_values"]) == {"rredcot:log", "rredcot:prob", "rredcot:mean_token_prob"}
     for agreement in [*summary["segment_rewards"].values(), *summary["exit_values"].values()]:
         for stat in agreement.values():
             assert stat["n"] + stat["excluded"] == summary["traces"]
             assert math.isnan(stat["mean"]) or -1 <= stat["mean"] <= 1
     assert summary["cost"]["mc"]["tokens"] > 0 and summary["cost"]["rredcot:log"]["tokens"] > 0
+    # progress samples its prover's continuations: its cost is more than the entropy pass alone
+    assert summary["cost"]["progress"]["tokens"] > summary["cost"]["entropy"]["tokens"]
     assert 0 <= summary["mc_stderr_mean"] <= 0.5 + 1e-9  # a mean of M rewards in {0, 1}
     assert set(summary["mc_std_by_m"]) == {"1", "2"}  # M = 4: subsets of 1 and 2 continuations
     report = path.read_text()
