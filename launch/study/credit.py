@@ -128,6 +128,7 @@ def study_group(
             cfg.generation.max_tokens,
             group.answer,
             sample_id=s.id,
+            max_len=cfg.model.max_model_len,
         )
         tr.values[MC], tr.mc_rewards, tr.mc_stderr = mc.values, mc.rewards, mc.stderr
         tr.segment_scores[MC] = np.diff(mc.values)
