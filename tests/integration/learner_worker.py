@@ -14,6 +14,7 @@ import json
 import sys
 
 import redis
+import torch
 from safetensors.torch import save_file
 
 from rredcot.common.config import LearnerConfig
@@ -49,6 +50,11 @@ def main(spec: dict) -> None:
     state = full_state(engine.module)
     if spec.get("out"):
         save_file(state, spec["out"].replace("RANK", str(engine.rank)))
+    publisher.close()
+    # end the ranks together and join the process group's threads: one still running at interpreter
+    # exit aborted a rank (SIGABRT, "terminate called without an active exception") in a fresh-clone CI
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
