@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from rredcot.actors.continuations import VLLMContinuations
+from rredcot.actors.engine import Engine
 from rredcot.common.config import Config
 from rredcot.common.precision import cpu_info
 from rredcot.common.verifier import Verifier
@@ -18,12 +19,13 @@ from rredcot.redistributor.worker import build_scorer, verifier_reward
 log = logging.getLogger("rredcot.study")
 
 
-def _log_to(out: Path) -> None:
+def _log_to(out: Path) -> logging.Handler:
     out.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(out / "study.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
     log.addHandler(handler)
     log.setLevel(logging.INFO)
+    return handler
 
 
 def credit_study(
@@ -38,9 +40,28 @@ def credit_study(
     """Traces of the policy at ``checkpoint`` (saved under ``traces_dir``, or ``problems`` groups
     sampled now), every credit method and MC on each, and the report under ``out``; returns the
     report's path. Progress goes to the console and ``out/study.log``."""
-    _log_to(out)
+    handler = _log_to(out)
     cfg = with_model(cfg, checkpoint)
     engine = study_engine(cfg)
+    try:
+        path = _study(cfg, config_name, checkpoint, out, engine, traces_dir, problems, mc_samples)
+    finally:  # the engine and this study's log file are released whatever happened
+        engine.close()
+        log.removeHandler(handler)
+        handler.close()
+    return path
+
+
+def _study(
+    cfg: Config,
+    config_name: str,
+    checkpoint: str,
+    out: Path,
+    engine: Engine,
+    traces_dir: Path | None,
+    problems: int,
+    mc_samples: int,
+) -> Path:
     with Verifier(cfg.task, cfg.generation.verifier_timeout_s) as verifier:
         if traces_dir is not None:
             groups, source = load_traces(traces_dir), f"`{traces_dir}`"
@@ -64,7 +85,6 @@ def credit_study(
                 elapsed,
                 elapsed / n * (len(groups) - n),
             )
-    engine.close()
     if not traces:
         raise RuntimeError("no trace with a non-zero advantage: every group's rewards were equal (sample more)")
     meta = {
