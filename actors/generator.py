@@ -25,6 +25,7 @@ from rredcot.common.config import Config, ConfigError
 from rredcot.common.control import RunControl
 from rredcot.common.data import Problem, ProblemOrder, train_and_held_out
 from rredcot.common.ledger import Ledger, group_id, inflight_key
+from rredcot.common.lineage import VersionLineage
 from rredcot.common.prompts import prompt_ids
 from rredcot.common.records import RecordError, RolloutGroup
 from rredcot.common.registry import WEIGHT_TRANSPORTS
@@ -99,11 +100,17 @@ class Generator:
         self._problems: dict[str, tuple[int, Problem]] = {}
         transport = WEIGHT_TRANSPORTS.get(g.weight_transport)
         self.receiver = transport.receiver_class().from_config(cfg, self.client, self.engine, rank)
+        self.lineage = VersionLineage(self.client, self.run_id)
 
     # ----- weights -----
     def sync_weights(self) -> bool:
         """Apply the newest published weights if they are newer than the engine's; True if applied."""
-        applied = self.receiver.poll(self.cfg.generation.in_flight)
+        in_flight = self.cfg.generation.in_flight
+        if in_flight == "pause" and self.lineage.restored_after(self.engine.version):
+            # a restored learner's (older) policy: running requests finish on the newer one, as their
+            # tokens so far, or they would be trained more than η updates after the policy that sampled them
+            in_flight = "finish"
+        applied = self.receiver.poll(in_flight)
         if applied is None:
             if self.receiver.missing_files != self.metrics.weight_files_missing:
                 self.metrics.weight_files_missing = self.receiver.missing_files

@@ -201,7 +201,7 @@ class ClusterConfig:
     cpus_per_redistributor: float = bounded(1.0, 0.0)
     cpus_per_learner: float = bounded(1.0, 0.0)
     placement: str = choice("pack", "pack", "spread")  # placement-group strategy across nodes
-    max_restarts: int = bounded(3, 0)  # per generator / redistributor worker that dies (docs/reliability.md)
+    max_restarts: int = bounded(3, 0)  # per generator / redistributor worker, and for the learner tier (reliability.md)
     dashboard: bool = False  # start Ray's dashboard with a local Ray (bound to dashboard_host)
     dashboard_host: str = "127.0.0.1"
 

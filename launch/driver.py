@@ -38,7 +38,8 @@ from rredcot.launch.plan import bundles, check_plan, local_cores, local_ray_cpus
 from rredcot.launch.report import RunOutcome, write_report
 from rredcot.launch.run_times import expected_seconds, record_seconds
 from rredcot.launch.services import EmbeddedRedis
-from rredcot.launch.stages import WORKER_PREFIX, StageWorker, restart_options, stage_env
+from rredcot.launch.stages import WORKER_PREFIX
+from rredcot.launch.supervisor import StageActors
 
 log = logging.getLogger(__name__)
 
@@ -162,18 +163,6 @@ def _write_placement(pg: Any, plan: list[tuple[str, int, dict[str, float]]], out
     out.write_text(json.dumps({f"{WORKER_PREFIX[t]}{r}": nodes[i] for i, (t, r, _) in enumerate(plan)}, indent=1))
 
 
-def _learner_master(pg: Any, bundle_index: int, port: int) -> tuple[str, int]:
-    """Address of the node holding learner rank 0's bundle (the torch.distributed rendezvous)."""
-    import ray
-    from ray.util.placement_group import placement_group_table
-
-    node_id = placement_group_table(pg)["bundles_to_node_id"][bundle_index]
-    nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
-    if len(nodes) == 1:
-        return "127.0.0.1", port
-    return nodes[node_id], port
-
-
 def first_line(cfg: Config, run_dir: Path) -> str:
     """What starts, with which dtype, and how long it is expected to take."""
     choice = resolve_dtype(cfg.model.dtype)
@@ -270,10 +259,8 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     local_ray_env(cfg)  # before the first import of ray
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from rredcot.launch.evaluate import Evaluator
-    from rredcot.launch.services import free_port
 
     _init_ray(cfg, stack)
     # after ray.init, which installs its own SIGTERM handler: ours tears the run down cleanly
@@ -309,23 +296,9 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
 
     # The workers start (imports, model loading, engine and DeepSpeed set-up: a minute or more on a
     # small CPU) while the starting model is evaluated; their run() is only called after it.
-    master = _learner_master(pg, [t for t, _, _ in plan].index("learner"), free_port())
     client.delete(group_key(cfg.run.name))  # generators must not join an earlier learner's weight group
-    actors = []
-    for index, (tier, rank, bundle) in enumerate(plan):
-        actor = (
-            ray.remote(StageWorker)
-            .options(
-                num_cpus=bundle.get("CPU", 0),
-                num_gpus=bundle.get("GPU", 0),
-                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
-                name=f"rredcot-{cfg.run.name}-{tier}{rank}",
-                **restart_options(cfg, tier),
-            )
-            .remote(tier, cfg_dict, rank, stage_env(cfg, tier, rank, master))
-        )
-        actors.append((actor, tier, rank))
-        stack.callback(ray.kill, actor)
+    actors = StageActors(cfg, pg, plan, control, stack, outcome.refs)
+    actors.start()
 
     evaluator = None
     if cfg.data.eval_size:
@@ -333,11 +306,10 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
         stack.callback(ray.kill, evaluator)
         phases.enter("evaluation (before training)")
         monitor.add_eval(watch.wait(evaluator.evaluate_latest.remote(), evals_left=1), 0)
-    for actor, tier, rank in actors:
-        outcome.refs[actor.run.remote()] = (tier, rank)
+    actors.run()
     phases.enter("training")
     watch.training(
-        outcome.refs,
+        actors,
         next_eval=cfg.logging.eval_every if evaluator is not None else 0,
         evaluate=None if evaluator is None else evaluator.evaluate_latest.remote,
     )
@@ -398,21 +370,19 @@ class Watch:
         self.tick(evals_left)
         return ray.get(ref)
 
-    def training(self, refs: dict[Any, tuple[str, int]], next_eval: int, evaluate: Any) -> None:
-        """Until every learner rank returns; evaluations every ``next_eval`` steps when set."""
+    def training(self, actors: StageActors, next_eval: int, evaluate: Any) -> None:
+        """Until every learner rank returns (a lost learner tier is restarted on the way);
+        evaluations every ``next_eval`` steps when set."""
         import ray
 
-        learner_refs = [r for r, (tier, _) in refs.items() if tier == "learner"]
-        pending = set(refs)
         every = next_eval
         final_eval = int(evaluate is not None)
-        while any(r in pending for r in learner_refs):
-            done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+        while actors.learning():
+            done, _ = ray.wait(actors.pending(), num_returns=1, timeout=1.0)
             for r in done:
-                pending.discard(r)
-                ray.get(r)  # raises the actor's exception (error path tears everything down)
+                actors.collect(r)  # raises a worker's failure (the error path tears everything down)
             self.tick(final_eval)
-            if next_eval and self.monitor.step >= next_eval and any(r in pending for r in learner_refs):
+            if next_eval and self.monitor.step >= next_eval and actors.learning():
                 self.monitor.add_eval(self.wait(evaluate(), final_eval), self.monitor.step)
                 next_eval += every
 

@@ -31,13 +31,12 @@ WORKER_PREFIX = {"generator": "gen", "redistributor": "red", "learner": "learner
 
 
 def restart_options(cfg: Config, tier: str) -> dict[str, int]:
-    """Ray actor options that supervise a worker of ``tier``: Ray restarts a dead one up to
-    ``cluster.max_restarts`` times and retries its run(). A generator or redistributor reclaims what
-    it held (in-flight prompts, pending stream entries); a learner resumes from its newest checkpoint
-    and first retrains what it trained after it (``learner.replay``). Only a learner of one rank:
-    the ranks of a torch.distributed group cannot rejoin it one by one."""
-    restartable = tier != "learner" or cfg.cluster.learner_ranks == 1
-    n = cfg.cluster.max_restarts if restartable else 0
+    """Ray actor options that supervise a worker of ``tier``: Ray restarts a dead generator or
+    redistributor up to ``cluster.max_restarts`` times and retries its run(); the new one reclaims
+    what the dead one held (in-flight prompts, pending stream entries). Never a learner rank: the
+    ranks of a torch.distributed group cannot rejoin it one by one, so the driver restarts the whole
+    learner tier (``launch.supervisor``)."""
+    n = cfg.cluster.max_restarts if tier != "learner" else 0
     return {"max_restarts": n, "max_task_retries": n}
 
 
@@ -65,7 +64,9 @@ def run_redistributor(cfg: Config) -> None:
 class StageWorker:
     """Ray actor body for any tier: builds the stage object from a plain-dict config and runs it."""
 
-    def __init__(self, tier: str, cfg: dict[str, Any], rank: int, env: dict[str, str]) -> None:
+    def __init__(self, tier: str, cfg: dict[str, Any], rank: int, env: dict[str, str], incarnation: int = 0) -> None:
+        """``incarnation``: how many times the driver has started this worker before (a learner tier
+        it restarted); a worker that Ray restarted in place knows it from its runtime context."""
         os.environ.update(env)
         name = f"{WORKER_PREFIX[tier]}{rank}"
         redirect_output(Path(cfg["run"]["dir"]).resolve() / "logs" / f"{name}.log")
@@ -77,9 +78,11 @@ class StageWorker:
         from rredcot.common.config import from_dict
 
         config = from_dict(cfg)
-        restarted = ray.is_initialized() and ray.get_runtime_context().was_current_actor_reconstructed
+        reconstructed = ray.is_initialized() and ray.get_runtime_context().was_current_actor_reconstructed
+        restarted = incarnation > 0 or reconstructed
         if restarted:
-            log.warning("%s restarted after its process died; it reclaims what it held", name)
+            why = "with its learner tier" if incarnation else "after its process died"
+            log.warning("%s restarted %s; it reclaims what it held", name, why)
             config = dataclasses.replace(config, run=dataclasses.replace(config.run, resume="auto"))
         module, cls = STAGE_CLASSES[tier]
         self.stage = getattr(importlib.import_module(module), cls)(config, name, rank=rank, **stage_parts(tier, config))

@@ -10,12 +10,14 @@ so a crashed rank's entries are reclaimed from it, not from the reader.
 Never twice in one step: an entry read again (XAUTOCLAIM also reclaims the reader's own idle
 entries while it waits longer than ``redis.claim_idle_ms``; held entries are renewed meanwhile),
 the same group in two entries (a redistributor that re-sent it after a crash), or a sample already
-trained in an earlier step (a Redis set of rollout ids, written after the step).
+trained in an earlier step (a Redis set of rollout ids, written after the step). A restarted rank
+first takes the entries still pending under its name (what its dead predecessor held).
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -75,6 +77,15 @@ class BatchReader:
         self.client, self.consumer, self.ledger, self.trained_key = client, consumer, ledger, trained_key
         self.rank, self.world = rank, world
         self.need = per_step // world + (rank < per_step % world)
+        self._backlog: deque[Entry] | None = None  # entries pending under this rank's name at its start
+
+    def _next_entries(self, count: int, block_ms: int) -> list[Entry]:
+        """What a restarted rank held when it died first (pending under its name), then the stream's."""
+        if self._backlog is None:
+            self._backlog = deque(self.consumer.pending_mine())
+        if self._backlog:
+            return [self._backlog.popleft() for _ in range(min(count, len(self._backlog)))]
+        return self.consumer.read(count=count, block_ms=block_ms)
 
     def read(self, stop_requested: Callable[[], bool]) -> list[tuple[Entry, WeightedGroup]] | None:
         """This rank's ``need`` entries, each once (None once a stop is requested). Malformed entries
@@ -86,7 +97,7 @@ class BatchReader:
         while len(got) < self.need:
             if stop_requested():
                 return None
-            for entry in self.consumer.read(count=self.need - len(got), block_ms=block_ms):
+            for entry in self._next_entries(self.need - len(got), block_ms):
                 group = self._decode(entry)
                 if group is not None:
                     got.setdefault(entry.id, (entry, group))  # an own entry reclaimed back: once

@@ -7,18 +7,21 @@ to its own stream ``rredcot:<run>:replay:<rank>``; a checkpoint empties it. A re
 restarted) learner first retrains, step by step, the entries tagged after its checkpoint's step:
 every group reaches the restored weights exactly once, and nothing is asked of the generators.
 Entries tagged at or before the checkpoint's step (a crash between the checkpoint and the
-emptying) are skipped.
+emptying) are skipped. With several ranks, every rank replays every step up to the last one any
+rank recorded, empty where it recorded nothing (an empty share, or a death before it recorded).
 """
 
 from __future__ import annotations
 
 from itertools import groupby
+from typing import TypeVar
 
 import redis
 
 from rredcot.common.streams import PAYLOAD, run_key
 
 STEP = b"step"
+T = TypeVar("T")
 
 
 class ReplayLog:
@@ -51,3 +54,9 @@ class ReplayLog:
 
     def __len__(self) -> int:
         return int(self.client.xlen(self.stream))
+
+
+def steps_to_replay(recorded: dict[int, list[T]], after: int, last: int) -> list[list[T]]:
+    """Each step from ``after + 1`` to ``last`` (the last any rank recorded), with what this rank
+    recorded for it, or nothing: every rank replays the same steps, so their collectives stay in step."""
+    return [recorded.get(step, []) for step in range(after + 1, last + 1)]

@@ -23,6 +23,7 @@ from rredcot.common.codec import decode
 from rredcot.common.config import Config, ConfigError
 from rredcot.common.control import RunControl
 from rredcot.common.ledger import Ledger
+from rredcot.common.lineage import VersionLineage
 from rredcot.common.models import load_tokenizer, resolve_model_path
 from rredcot.common.records import WeightedGroup
 from rredcot.common.registry import WEIGHT_TRANSPORTS
@@ -34,7 +35,7 @@ from rredcot.learner.broadcast import FilePublisher
 from rredcot.learner.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from rredcot.learner.engine import LearnerEngine, load_policy
 from rredcot.learner.packing import TrainSample, samples_from_group
-from rredcot.learner.replay import ReplayLog
+from rredcot.learner.replay import ReplayLog, steps_to_replay
 
 log = logging.getLogger(__name__)
 GROUP = "learner"
@@ -56,6 +57,7 @@ class Trainer:
         self.consumer = Consumer(self.client, batches, GROUP, name, dead, cfg.redis.claim_idle_ms)
         self.trained_key = run_key(self.client, self.run_id, "trained_ids")
         self.replay = ReplayLog(self.client, self.run_id, rank)
+        self.lineage = VersionLineage(self.client, self.run_id)
         path = resolve_model_path(cfg.model.path, seed=cfg.run.seed)
         self.tokenizer = load_tokenizer(cfg.model.tokenizer or path)
         self.engine = LearnerEngine(
@@ -77,7 +79,7 @@ class Trainer:
         )
         self.step = 0
         self.last_checkpoint, self.saved_step = time.monotonic(), -1
-        self._to_replay: deque[tuple[int, list[bytes]]] = deque()  # steps trained after the checkpoint
+        self._to_replay: deque[list[WeightedGroup]] = deque()  # steps trained after the checkpoint
         self.totals = Counter(
             {
                 "wait_s": 0.0,
@@ -116,10 +118,11 @@ class Trainer:
                 self.totals.update(pipeline.get("totals", {}))
                 if self.rank == 0:
                     self.admission.rebase(max(self.admission.admitted(), int(pipeline["admitted"])), self.step)
-            self._to_replay.extend(self.replay.after(self.step))
+            self._plan_replay()
             published = int(self.client.get(version_key(self.run_id)) or 0)
             if published > self.engine.version:  # the restored weights go out as a newer version than
-                self.engine.version = published + 1  # any the receivers hold, so they take them
+                self.lineage.renumber(published + 1, self.engine.version)  # any the receivers hold
+                self.engine.version = published + 1  # so they take them
             log.info(
                 "resumed from %s at step %d as version %d; %d step(s) trained after it are trained again first",
                 ckpt or "the starting model",
@@ -130,6 +133,23 @@ class Trainer:
         self._broadcast()  # receivers start from the learner's weights (matters after a resume)
         if self.rank == 0:
             self.admission.publish_version(self.step)
+
+    def _plan_replay(self) -> None:
+        """The steps this rank trained after the restored checkpoint, retrained first. Every rank
+        replays the same steps, up to the last any rank recorded: a rank that recorded nothing for a
+        step (an empty share, or it died before recording) replays it empty, so the ranks' collectives
+        stay in step; its unacknowledged entries come back from the stream afterwards. The replayed
+        samples count as trained, and an entry of theirs still pending under this rank's name (a crash
+        between recording and acknowledging) is acknowledged, not trained a second time."""
+        recorded = {s: [decode(p, WeightedGroup) for p in payloads] for s, payloads in self.replay.after(self.step)}
+        last = int(self.engine.all_reduce([float(max(recorded, default=self.step))], ["max"])[0])
+        self._to_replay.extend(steps_to_replay(recorded, self.step, last))
+        ids = [s.rollout.id for groups in recorded.values() for g in groups for s in g.samples]
+        if ids:
+            self.client.sadd(self.trained_key, *ids)
+        replayed = {g.group_id for groups in recorded.values() for g in groups}
+        held = [e for e in self.consumer.pending_mine() if e.payload is not None]
+        self.consumer.ack([e.id for e in held if decode(e.payload, WeightedGroup).group_id in replayed])
 
     # ----- the loop -----
     def run(self) -> dict[str, float]:
@@ -198,10 +218,9 @@ class Trainer:
 
     def _replayed(self) -> tuple[list[Entry], list[TrainSample], dict[str, int]]:
         """The next step trained after the restored checkpoint (retrained first; nothing to acknowledge)."""
-        _, payloads = self._to_replay.popleft()
-        groups = [decode(p, WeightedGroup) for p in payloads]
+        groups = self._to_replay.popleft()
         samples = [s for g in groups for s in samples_from_group(g)]
-        self.totals.update(groups=len(payloads), samples=len(samples))  # consumed after the checkpoint, counted again
+        self.totals.update(groups=len(groups), samples=len(samples))  # consumed after the checkpoint, counted again
         return [], samples, {g.group_id: group_length(g) for g in groups}
 
     # ----- outputs -----
@@ -241,8 +260,9 @@ class Trainer:
         out["samples_consumed"] = float(self.totals["samples"])
         out["samples_trained"] = float(self.engine.counters["samples"])
         if samples:
-            lag = np.concatenate([version - s.versions for s in samples])
-            # tokens newer than the learner (sampled before it was restored to an older checkpoint)
+            # in updates along the run's history, across restores (``common.lineage``)
+            lag = self.lineage.position(version) - self.lineage.position(np.concatenate([s.versions for s in samples]))
+            # tokens of a policy the restore discarded that the restored one has not caught up with
             self.totals["ahead_tokens"] += int((lag < 0).sum())
             out["ahead_tokens"] = float(self.totals["ahead_tokens"])
             lag = np.maximum(lag, 0)
@@ -258,8 +278,8 @@ class Trainer:
         return out
 
     def _log(self, metrics: dict[str, float]) -> None:
-        if self.rank != 0:
-            return
+        """Every rank's snapshot (its step and pid: the driver's progress waits for the slowest rank);
+        TensorBoard from rank 0."""
         self.control.publish_metrics(self.name, "learner", metrics)
         if self.writer is not None and self.step % self.cfg.logging.every == 0:
             for k, v in metrics.items():

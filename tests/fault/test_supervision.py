@@ -21,7 +21,8 @@ from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, connect, key
 from rredcot.launch.driver import train
 from tests.integration.test_pipeline import _run, local_ray  # noqa: F401 - the module's Ray fixture
 
-WORK = {"gen0": "samples", "red0": "rollouts", "learner0": "step"}  # the metric that shows the worker is mid-run
+# the metric that shows the worker is mid-run
+WORK = {"gen0": "samples", "red0": "rollouts", "learner0": "step", "learner1": "step"}
 
 
 def kill_when_working(client, run_id: str, worker: str, killed: list[int], timeout_s: float = 600) -> None:
@@ -36,7 +37,11 @@ def kill_when_working(client, run_id: str, worker: str, killed: list[int], timeo
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("worker", ["gen0", "red0", "learner0"])
+@pytest.mark.parametrize(
+    ("worker", "ranks"),
+    [("gen0", 1), ("red0", 1), ("learner0", 1), ("learner1", 2)],
+    ids=["gen0", "red0", "learner0", "learner1-of-2"],
+)
 def test_killed_worker_is_restarted_and_the_run_loses_nothing(
     local_ray,  # noqa: F811
     redis_server,
@@ -44,25 +49,33 @@ def test_killed_worker_is_restarted_and_the_run_loses_nothing(
     run_id,
     tmp_path,
     worker,
+    ranks,
 ):
+    """A dead learner rank restarts every rank (a torch.distributed group cannot take one back)."""
     killed: list[int] = []
     killer = threading.Thread(target=kill_when_working, args=(redis_client, run_id, worker, killed), daemon=True)
     killer.start()
     # a checkpoint every 2 steps: the learner may die before, on or after one (it resumes from the newest)
     overrides = ("run.steps=4", "learner.skip_zero_advantage=false", "learner.checkpoint_every=2")
-    cfg, report = _run(tmp_path, redis_server, run_id, *overrides)
+    cfg, report = _run(tmp_path, redis_server, run_id, *overrides, f"cluster.learner_ranks={ranks}")
     killer.join(timeout=5)
     assert killed, f"{worker} was never seen working"
     snaps = RunControl(redis_client, run_id).all_metrics()
     assert snaps[worker]["restarts"] == 1 and snaps[worker]["pid"] != killed[0]
-    (learner,) = [v for v in snaps.values() if v["tier"] == "learner"]
+    learners = [v for v in snaps.values() if v["tier"] == "learner"]
+    assert len(learners) == ranks and all(v.get("restarts", 0) == 1 for v in learners) == worker.startswith("learner")
+    assert snaps.get("driver", {}).get("learner_restarts", 0) == int(worker.startswith("learner"))
     prompts = cfg.run.steps * cfg.generation.prompts_per_step
     expected = prompts * cfg.generation.group_size
-    assert learner["step"] == cfg.run.steps
+    assert all(v["step"] == cfg.run.steps for v in learners)
     # a restored learner publishes its checkpoint as one version above the dead one's, then steps on
-    assert learner["version"] == cfg.run.steps if worker != "learner0" else learner["version"] >= cfg.run.steps
-    assert learner["samples_trained"] == expected  # every admitted prompt's samples, once into the final weights
+    versions = {v["version"] for v in learners}
+    assert versions == {cfg.run.steps} if worker[:3] != "lea" else len(versions) == 1 and min(versions) >= cfg.run.steps
+    # every admitted prompt's samples, once into the final weights, within η updates of their policy
+    assert {v["samples_trained"] for v in learners} == {expected}  # each rank counts the global batch
     assert redis_client.scard(key(run_id, "trained_ids")) == expected
+    assert max(v["staleness_max"] for v in learners) <= cfg.staleness.eta
+    assert sum(v["ahead_tokens"] for v in learners) == 0
     assert Admission(redis_client, run_id, 2, cfg.staleness.eta).admitted() == prompts
     assert redis_client.xlen(key(run_id, DEAD)) == 0
     assert redis_client.xlen(key(run_id, ROLLOUTS)) == redis_client.xlen(key(run_id, BATCHES)) == 0
@@ -107,3 +120,23 @@ def test_killed_redis_is_restarted_and_the_run_loses_nothing(local_ray, tmp_path
     assert killed, "the Redis server was never killed"
     assert "restarting it on port" in (run_dir / "logs" / "driver.log").read_text()
     assert_ledger_balanced(report, cfg.run.steps * cfg.generation.prompts_per_step)
+
+
+def test_a_learner_lost_past_its_restarts_stops_the_run_and_says_how_to_resume(
+    local_ray,  # noqa: F811
+    redis_server,
+    redis_client,
+    run_id,
+    tmp_path,
+):
+    """``cluster.max_restarts=0``: the learner's death stops the run, with a checkpoint to resume from
+    and a report that says how."""
+    killed: list[int] = []
+    killer = threading.Thread(target=kill_when_working, args=(redis_client, run_id, "learner0", killed), daemon=True)
+    killer.start()
+    overrides = ("run.steps=4", "learner.checkpoint_every=1", "cluster.max_restarts=0")
+    with pytest.raises(RuntimeError, match=r"learner tier has used its 0 restart.* resume the run with run.resume=auto"):
+        _run(tmp_path, redis_server, run_id, *overrides)
+    killer.join(timeout=5)
+    summary = json.loads((tmp_path / run_id / "report" / "summary.json").read_text())
+    assert killed and summary["status"].startswith("failed") and "run.resume=auto" in summary["status"]

@@ -15,6 +15,7 @@ from rredcot.actors.generator import Generator
 from rredcot.common.codec import decode
 from rredcot.common.config import load_config
 from rredcot.common.ledger import group_id
+from rredcot.common.lineage import VersionLineage
 from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir, save_model_dir
 from rredcot.common.records import RolloutGroup
 from rredcot.common.staleness import Admission
@@ -218,3 +219,35 @@ def test_backpressure_blocks_the_generator_until_the_stream_drains(setup, redis_
     gen.close()
     assert metrics["finished_groups"] == 4 and len(drained) == 4
     assert metrics["blocked_backpressure_s"] > 1.0  # waited for room instead of trimming unread data
+
+
+def test_a_restored_policy_finishes_running_requests_first_even_under_pause(setup, redis_server, redis_client, run_id):
+    """``in_flight=pause`` swaps weights under running requests. A restored learner's version holds
+    an older policy: requests sampled so far by the newer one finish on it first, so no token of a
+    group comes from the restored policy and staleness stays within η updates."""
+    path, engines, m1, root = setup
+    _reset(engines)
+    cfg = _cfg(
+        path,
+        redis_server.url,
+        run_id,
+        "generation.in_flight=pause",
+        "generation.max_tokens=64",
+        "generation.max_in_flight_groups=2",
+    )
+    gen = Generator(cfg, "g0", engine=engines[0])
+    params = dict(m1.named_parameters())
+    gen.step()  # admits two prompts and runs one engine step: both still running
+    assert gen.engine.num_unfinished == 2
+    publish_weights(redis_client, run_id, 1, params.items(), root / run_id)
+    assert gen.sync_weights() and gen.engine.num_unfinished == 2  # pause: they go on under version 1
+    gen.step()
+    VersionLineage(redis_client, run_id).renumber(2, 0)  # version 2: the learner restored to version 0
+    publish_weights(redis_client, run_id, 2, params.items(), root / run_id)
+    assert gen.sync_weights() and gen.engine.num_unfinished == 0 and gen.engine.version == 2
+    reader = Consumer(redis_client, key(run_id, ROLLOUTS), "learner", "l0", key(run_id, DEAD))
+    groups = [decode(e.payload, expect=RolloutGroup) for e in reader.read(count=8, block_ms=1000)]
+    assert len(groups) == 2
+    runs = [s.version_runs[:, 1].tolist() for g in groups for s in g.samples]
+    assert all(r[0] == 0 and r[-1] == 1 for r in runs), runs  # sampled by 0 then 1, never by 2
+    gen.close()

@@ -137,3 +137,50 @@ def test_a_resume_trains_again_what_was_trained_after_the_checkpoint(tmp_path, r
     trained = {m.decode() for m in redis_client.smembers(key(run_id, "trained_ids"))}
     assert trained == {s.rollout.id for g in groups for s in g.samples}
     assert len(resumed.replay) == 0  # the final checkpoint holds everything
+
+
+def test_a_crash_between_recording_and_acknowledging_trains_the_step_once(tmp_path, redis_server, redis_client, run_id):
+    """The learner recorded step 3's groups in its replay log, then died before it marked them trained
+    and acknowledged them: the resumed one retrains them from the log, and their entries, still
+    pending in ``batches``, are acknowledged, not trained a second time."""
+    overrides = _overrides(run_id, tmp_path, redis_server.url)
+    rng = np.random.default_rng(2)
+    groups = [weighted_group(rng, version=0) for _ in range(10)]
+    producer = Producer(redis_client, key(run_id, BATCHES), maxlen=64)
+    for g in groups:
+        producer.put(encode(g))
+    dead = Trainer(load_config("tests", overrides))
+    for _ in range(2):
+        dead.train_on(*dead.next_batch())  # the second step checkpoints
+    entries, samples, _ = dead.next_batch()
+    dead.engine.train_step(samples)
+    dead.replay.record(3, [e.payload for e in entries])  # ... and the process dies here
+
+    resumed = Trainer(load_config("tests", [*overrides, "run.steps=5", "run.resume=auto"]))
+    resumed.run()
+    assert resumed.step == 5 and redis_client.xlen(key(run_id, BATCHES)) == 0
+    assert resumed.totals["duplicates"] == 0 and resumed.consumer.pending_mine() == []
+    assert resumed.totals["groups"] == 10  # 4 before the checkpoint + 2 replayed + 4 new
+    trained = {m.decode() for m in redis_client.smembers(key(run_id, "trained_ids"))}
+    assert trained == {s.rollout.id for g in groups for s in g.samples}
+
+
+def test_a_restarted_learner_first_trains_what_its_predecessor_held(tmp_path, redis_server, redis_client, run_id):
+    """The learner read step 3's entries and died before training them: the restarted one (same
+    consumer name; no idle reclaim here, ``claim_idle_ms=0``) takes them first, before new entries."""
+    overrides = _overrides(run_id, tmp_path, redis_server.url)
+    rng = np.random.default_rng(3)
+    groups = [weighted_group(rng, version=0) for _ in range(8)]
+    producer = Producer(redis_client, key(run_id, BATCHES), maxlen=64)
+    for g in groups:
+        producer.put(encode(g))
+    dead = Trainer(load_config("tests", overrides))
+    for _ in range(2):
+        dead.train_on(*dead.next_batch())  # the second step checkpoints
+    held = [decode(e.payload, WeightedGroup).group_id for e in dead.next_batch()[0]]  # ... and dies
+    assert held == [g.group_id for g in groups[4:6]]
+
+    resumed = Trainer(load_config("tests", [*overrides, "run.steps=3", "run.resume=auto"]))
+    entries, samples, trained = resumed.next_batch()
+    assert [decode(e.payload, WeightedGroup).group_id for e in entries] == held
+    assert list(trained) == held and len(samples) == 4

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rredcot.common.streams import key, registered_keys
-from rredcot.learner.replay import ReplayLog
+from rredcot.learner.replay import ReplayLog, steps_to_replay
 
 
 def test_steps_after_a_checkpoint_come_back_in_order_and_a_clear_forgets_them(redis_client, run_id):
@@ -18,3 +18,12 @@ def test_steps_after_a_checkpoint_come_back_in_order_and_a_clear_forgets_them(re
     assert ReplayLog(redis_client, run_id, rank=0).after(0) == []  # each rank has its own
     log.clear()
     assert len(log) == 0 and log.after(0) == []
+
+
+def test_every_rank_replays_the_same_steps_empty_where_it_recorded_nothing():
+    """Rank 1 had an empty share at step 4 and died before recording step 6; rank 0 recorded 6: both
+    replay steps 3..6 (the last any rank recorded), rank 1 empty at 4 and 6."""
+    rank1 = {3: ["a"], 5: ["b", "c"]}
+    assert steps_to_replay(rank1, after=2, last=6) == [["a"], [], ["b", "c"], []]
+    assert steps_to_replay(rank1, after=5, last=5) == []  # nothing after the checkpoint
+    assert steps_to_replay({}, after=2, last=2) == []

@@ -1,0 +1,128 @@
+"""Learner RSS over many steps: does it grow, and is it the data or the allocator?
+
+The soak (``bench/soak.py``) saw the demo learner's RSS saw between 3 and 7 GiB and its peaks rise.
+This runs the learner of a config (its model, ``learner`` settings and dtype) alone on the same
+random batches, shaped like the config's steps (``prompts_per_step`` × ``group_size`` samples,
+completions of 1 to ``max_tokens`` tokens), once per mode, each in a fresh process:
+``plain``, and ``trim``, which hands the C heap's free pages back to the OS after every step
+(glibc ``malloc_trim(0)``). A thread samples RSS every 20 ms: per step its peak, and the RSS after
+it. Same seed in every mode, so a difference between modes is the allocator's, not the data's.
+Prints a table; the last line is one JSON object.
+
+Usage: python -P bench/learner_memory.py [--config demo_cpu --steps 20 --modes plain trim]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.learner_samples
+
+MIB = 2**20
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="demo_cpu")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--modes", nargs="+", default=["plain", "trim"], choices=["plain", "trim"])
+    p.add_argument("--child", choices=["plain", "trim"], help=argparse.SUPPRESS)
+    return p.parse_args()
+
+
+class RssPeak:
+    """The process's RSS peak since the last ``take()``, sampled every 20 ms by a thread."""
+
+    def __init__(self) -> None:
+        self.proc, self.peak = psutil.Process(), 0
+        threading.Thread(target=self._sample, daemon=True).start()
+
+    def _sample(self) -> None:
+        while True:
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+            time.sleep(0.02)
+
+    def take(self) -> tuple[float, float]:
+        """(peak since the last call, RSS now), in MiB."""
+        now = self.proc.memory_info().rss
+        peak, self.peak = max(self.peak, now), now
+        return peak / MIB, now / MIB
+
+
+def child(config: str, steps: int, mode: str) -> None:
+    """One mode in this process: a JSON line per step."""
+    from rredcot.common.config import load_config
+    from rredcot.common.models import resolve_model_path
+    from rredcot.learner.engine import LearnerEngine, load_policy
+    from tests.learner_samples import random_samples
+
+    cfg = load_config(config, [])
+    torch.set_num_threads(max(1, int(cfg.cluster.cpus_per_learner)))
+    engine = LearnerEngine(load_policy(resolve_model_path(cfg.model.path, seed=cfg.run.seed), cfg.learner), cfg.learner)
+    trim = ctypes.CDLL("libc.so.6").malloc_trim if mode == "trim" else None
+    g = cfg.generation
+    rng = np.random.default_rng(0)
+    rss = RssPeak()
+    for step in range(steps):
+        lengths = [int(x) for x in rng.integers(1, g.max_tokens + 1, g.prompts_per_step * g.group_size)]
+        samples = random_samples(len(lengths), seed=step, lengths=lengths, prompt=120)
+        t0 = time.perf_counter()
+        engine.train_step(samples)
+        if trim is not None:
+            trim(0)
+        peak, after = rss.take()
+        row = {"step": step, "peak": peak, "after": after, "s": time.perf_counter() - t0, "tokens": sum(lengths)}
+        print(json.dumps(row), flush=True)
+
+
+def slope(ys: list[float]) -> float:
+    """Least-squares slope per step."""
+    return float(np.polyfit(np.arange(len(ys)), ys, 1)[0]) if len(ys) > 1 else float("nan")
+
+
+def main() -> None:
+    args = parse()
+    if args.child:
+        child(args.config, args.steps, args.child)
+        return
+    from rredcot.common.precision import cpu_info
+
+    print(f"# {args.config}, {args.steps} steps per mode; CPU: {cpu_info().describe()}", flush=True)
+    results = {}
+    for mode in args.modes:
+        cmd = [sys.executable, "-P", __file__, "--config", args.config, "--steps", str(args.steps), "--child", mode]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        half = len(rows) // 2
+        results[mode] = {
+            "after_first": rows[0]["after"],
+            "after_last": rows[-1]["after"],
+            "peak_1st_half": max(r["peak"] for r in rows[:half]),
+            "peak_2nd_half": max(r["peak"] for r in rows[half:]),
+            "after_slope_2nd_half_per_10_steps": 10 * slope([r["after"] for r in rows[half:]]),
+            "peak_slope_2nd_half_per_10_steps": 10 * slope([r["peak"] for r in rows[half:]]),
+            "s_per_step": float(np.median([r["s"] for r in rows[1:]])),
+            "rows": rows,
+        }
+        print(f"# {mode} done", flush=True)
+    cols = [k for k in next(iter(results.values())) if k != "rows"]
+    print("| mode | " + " | ".join(cols) + " |")
+    print("|---|" + "---:|" * len(cols))
+    for mode, r in results.items():
+        print(f"| {mode} | " + " | ".join(f"{r[c]:.1f}" if c != "s_per_step" else f"{r[c]:.2f}" for c in cols) + " |")
+    print(json.dumps({m: {k: v for k, v in r.items() if k != "rows"} for m, r in results.items()}))
+
+
+if __name__ == "__main__":
+    main()

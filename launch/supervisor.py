@@ -1,0 +1,180 @@
+"""The run's stage actors on Ray, and what the driver does when one of them dies.
+
+One ``StageWorker`` actor per worker of the plan, each in its own placement-group bundle. Ray
+restarts a dead generator or redistributor in place (``stages.restart_options``). A learner rank
+cannot rejoin its torch.distributed group alone, so when a learner rank's process dies the driver
+restarts the whole learner tier: it kills the surviving ranks, waits a back-off (1, 2, 4 … s, at
+most 30), and starts every rank again with a fresh rendezvous port. The new ranks restore the newest
+checkpoint and first retrain what was trained after it (``learner.replay``), so nothing trained is
+lost. At most ``cluster.max_restarts`` times; then the run stops and says how to resume it.
+
+A learner rank that *raises* is a failure of the run, unless a peer's process died with it (a
+rank's collective fails when its peer dies): the driver gives the peers ``PEER_DEATH_WAIT_S`` to
+show that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Any
+
+from rredcot.common.config import Config, to_dict
+from rredcot.common.control import RunControl
+from rredcot.launch.stages import StageWorker, restart_options, stage_env
+
+log = logging.getLogger(__name__)
+
+PEER_DEATH_WAIT_S = 10.0  # a learner rank raised: how long its peers get to show that one of them died
+MAX_BACKOFF_S = 30.0
+
+
+class StageActors:
+    """Every stage worker of the run: starts them, runs them, and restarts a lost learner tier.
+
+    ``refs`` maps each running worker's ``run()`` ref to its (tier, rank); the driver's report
+    shares the same dict, so a stop always waits on the current learner ranks.
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        pg: Any,
+        plan: list[tuple[str, int, dict[str, float]]],
+        control: RunControl,
+        stack: contextlib.ExitStack,
+        refs: dict[Any, tuple[str, int]],
+    ) -> None:
+        self.cfg, self.pg, self.plan, self.control, self.stack, self.refs = cfg, pg, plan, control, stack, refs
+        self.cfg_dict = to_dict(cfg)
+        self.actors: dict[tuple[str, int], Any] = {}
+        self.learner_restarts = 0
+
+    # ----- starting -----
+    def start(self) -> None:
+        """Create every worker (their set-up runs while the driver evaluates the starting model)."""
+        self._create(tiers={t for t, _, _ in self.plan}, incarnation=0)
+
+    def run(self) -> None:
+        """Call every worker's ``run()``."""
+        for (tier, rank), actor in self.actors.items():
+            self.refs[actor.run.remote()] = (tier, rank)
+
+    def _create(self, tiers: set[str], incarnation: int) -> None:
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        master = learner_master(self.pg, [t for t, _, _ in self.plan].index("learner"))
+        for index, (tier, rank, bundle) in enumerate(self.plan):
+            if tier not in tiers:
+                continue
+            name = f"rredcot-{self.cfg.run.name}-{tier}{rank}" + (f"-{incarnation}" if incarnation else "")
+            actor = (
+                ray.remote(StageWorker)
+                .options(
+                    num_cpus=bundle.get("CPU", 0),
+                    num_gpus=bundle.get("GPU", 0),
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=index),
+                    name=name,
+                    **restart_options(self.cfg, tier),
+                )
+                .remote(tier, self.cfg_dict, rank, stage_env(self.cfg, tier, rank, master), incarnation)
+            )
+            self.actors[(tier, rank)] = actor
+            self.stack.callback(ray.kill, actor)
+
+    # ----- watching -----
+    def pending(self) -> list[Any]:
+        return list(self.refs)
+
+    def learning(self) -> bool:
+        """Whether a learner rank is still running."""
+        return any(tier == "learner" for tier, _ in self.refs.values())
+
+    def collect(self, ref: Any) -> None:
+        """A worker's ``run()`` ended: forget it, or restart the learner tier if a rank's process died;
+        any other failure raises (the driver then stops the run)."""
+        import ray
+
+        tier, rank = self.refs.pop(ref)
+        try:
+            ray.get(ref)
+        except Exception as e:
+            if tier != "learner":
+                raise
+            died = self._learner_death(rank, e)
+            if died is None:
+                raise
+            self.restart_learners(died)
+
+    def _learner_death(self, rank: int, error: Exception) -> str | None:
+        """Which learner rank's process died and how, or None if rank ``rank`` failed on its own."""
+        import ray
+        from ray.exceptions import ActorDiedError
+
+        if isinstance(error, ActorDiedError):
+            return f"learner{rank}: {_first_line(error)}"
+        peers = {r: peer for r, (tier, peer) in self.refs.items() if tier == "learner"}
+        done, _ = ray.wait(list(peers), num_returns=len(peers), timeout=PEER_DEATH_WAIT_S) if peers else ([], [])
+        for ref in done:
+            try:
+                ray.get(ref)
+            except ActorDiedError as e:
+                return f"learner{peers[ref]}: {_first_line(e)}"
+            except Exception:  # noqa: BLE001, S112 - this peer failed too; another may have died
+                continue
+        return None
+
+    def restart_learners(self, cause: str) -> None:
+        """Kill every learner rank, wait the back-off, start them all again from the newest checkpoint."""
+        import ray
+
+        limit = self.cfg.cluster.max_restarts
+        if self.learner_restarts >= limit:
+            raise RuntimeError(
+                f"a learner rank's process died ({cause}) and the learner tier has used its {limit} restart(s) "
+                "(cluster.max_restarts); resume the run with run.resume=auto"
+            )
+        self.learner_restarts += 1
+        wait = min(2.0 ** (self.learner_restarts - 1), MAX_BACKOFF_S)
+        log.warning(
+            "a learner rank's process died (%s); restarting all %d learner rank(s) "
+            "from the newest checkpoint in %.0f s (%d/%d)",
+            cause,
+            self.cfg.cluster.learner_ranks,
+            wait,
+            self.learner_restarts,
+            limit,
+        )
+        for ref in [r for r, (tier, _) in self.refs.items() if tier == "learner"]:
+            del self.refs[ref]
+        for (tier, _), actor in self.actors.items():
+            if tier == "learner":
+                ray.kill(actor, no_restart=True)
+        time.sleep(wait)
+        self._create(tiers={"learner"}, incarnation=self.learner_restarts)
+        for (tier, rank), actor in self.actors.items():
+            if tier == "learner":
+                self.refs[actor.run.remote()] = (tier, rank)
+        self.control.publish_metrics("driver", "driver", {"learner_restarts": float(self.learner_restarts)})
+
+
+def learner_master(pg: Any, bundle_index: int) -> tuple[str, int]:
+    """A fresh rendezvous (address, port) for the learner ranks' torch.distributed group: the node
+    holding learner rank 0's bundle, a port free on this one."""
+    import ray
+    from ray.util.placement_group import placement_group_table
+
+    from rredcot.launch.services import free_port
+
+    node_id = placement_group_table(pg)["bundles_to_node_id"][bundle_index]
+    nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
+    if len(nodes) == 1:
+        return "127.0.0.1", free_port()
+    return nodes[node_id], free_port()
+
+
+def _first_line(error: Exception) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__

@@ -1,0 +1,24 @@
+"""Which workers Ray restarts in place, and the environment each tier's actor gets."""
+
+from __future__ import annotations
+
+import pytest
+
+from rredcot.common.config import load_config
+from rredcot.launch.stages import restart_options, stage_env
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_ray_restarts_generators_and_redistributors_never_a_learner_rank(ranks):
+    """A learner rank cannot rejoin its torch.distributed group alone: the driver restarts the tier."""
+    cfg = load_config("tests", ["cluster.max_restarts=5", f"cluster.learner_ranks={ranks}"])
+    for tier in ("generator", "redistributor"):
+        assert restart_options(cfg, tier) == {"max_restarts": 5, "max_task_retries": 5}
+    assert restart_options(cfg, "learner") == {"max_restarts": 0, "max_task_retries": 0}
+
+
+def test_each_learner_rank_gets_its_rank_and_the_rendezvous():
+    cfg = load_config("tests", ["cluster.learner_ranks=2"])
+    env = stage_env(cfg, "learner", 1, ("127.0.0.1", 29555))
+    assert (env["RANK"], env["WORLD_SIZE"], env["MASTER_ADDR"], env["MASTER_PORT"]) == ("1", "2", "127.0.0.1", "29555")
+    assert "RANK" not in stage_env(cfg, "generator", 0, ("127.0.0.1", 29555))
