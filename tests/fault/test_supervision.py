@@ -135,7 +135,9 @@ def test_a_learner_lost_past_its_restarts_stops_the_run_and_says_how_to_resume(
     killer = threading.Thread(target=kill_when_working, args=(redis_client, run_id, "learner0", killed), daemon=True)
     killer.start()
     overrides = ("run.steps=4", "learner.checkpoint_every=1", "cluster.max_restarts=0")
-    with pytest.raises(RuntimeError, match=r"learner tier has used its 0 restart.* resume the run with run.resume=auto"):
+    with pytest.raises(
+        RuntimeError, match=r"learner tier has used its 0 restart.* resume the run with run.resume=auto"
+    ):
         _run(tmp_path, redis_server, run_id, *overrides)
     killer.join(timeout=5)
     summary = json.loads((tmp_path / run_id / "report" / "summary.json").read_text())

@@ -60,6 +60,24 @@ def _overrides(run_id: str, tmp_path, url: str) -> list[str]:
     ]
 
 
+def _queued(redis_client, run_id: str, n: int, seed: int) -> list[WeightedGroup]:
+    """``n`` random groups (version 0) written to the ``batches`` stream."""
+    rng = np.random.default_rng(seed)
+    groups = [weighted_group(rng, version=0) for _ in range(n)]
+    producer = Producer(redis_client, key(run_id, BATCHES), maxlen=64)
+    for g in groups:
+        producer.put(encode(g))
+    return groups
+
+
+def _two_steps(overrides: list[str]) -> Trainer:
+    """A learner that has taken two steps; the second one checkpointed."""
+    trainer = Trainer(load_config("tests", overrides))
+    for _ in range(2):
+        trainer.train_on(*trainer.next_batch())
+    return trainer
+
+
 def test_trainer_loop_end_to_end(tmp_path, redis_server, redis_client, run_id):
     overrides = [
         *_overrides(run_id, tmp_path, redis_server.url),
@@ -110,15 +128,8 @@ def test_a_resume_trains_again_what_was_trained_after_the_checkpoint(tmp_path, r
     (from its replay log: they were acknowledged and deleted from ``batches``), then goes on with new
     ones. Every group is trained into the final weights once; none is lost."""
     overrides = _overrides(run_id, tmp_path, redis_server.url)
-    rng = np.random.default_rng(1)
-    groups = [weighted_group(rng, version=0) for _ in range(10)]
-    producer = Producer(redis_client, key(run_id, BATCHES), maxlen=64)
-    for g in groups:
-        producer.put(encode(g))
-
-    dead = Trainer(load_config("tests", overrides))
-    for _ in range(2):
-        dead.train_on(*dead.next_batch())  # the second step checkpoints
+    groups = _queued(redis_client, run_id, 10, seed=1)
+    dead = _two_steps(overrides)
     after_step_2 = {n: t.clone() for n, t in full_state(dead.engine.module).items()}
     dead.train_on(*dead.next_batch())  # a third step, then the process "dies": no final checkpoint
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-00000002"]
@@ -144,14 +155,8 @@ def test_a_crash_between_recording_and_acknowledging_trains_the_step_once(tmp_pa
     and acknowledged them: the resumed one retrains them from the log, and their entries, still
     pending in ``batches``, are acknowledged, not trained a second time."""
     overrides = _overrides(run_id, tmp_path, redis_server.url)
-    rng = np.random.default_rng(2)
-    groups = [weighted_group(rng, version=0) for _ in range(10)]
-    producer = Producer(redis_client, key(run_id, BATCHES), maxlen=64)
-    for g in groups:
-        producer.put(encode(g))
-    dead = Trainer(load_config("tests", overrides))
-    for _ in range(2):
-        dead.train_on(*dead.next_batch())  # the second step checkpoints
+    groups = _queued(redis_client, run_id, 10, seed=2)
+    dead = _two_steps(overrides)
     entries, samples, _ = dead.next_batch()
     dead.engine.train_step(samples)
     dead.replay.record(3, [e.payload for e in entries])  # ... and the process dies here
@@ -169,14 +174,8 @@ def test_a_restarted_learner_first_trains_what_its_predecessor_held(tmp_path, re
     """The learner read step 3's entries and died before training them: the restarted one (same
     consumer name; no idle reclaim here, ``claim_idle_ms=0``) takes them first, before new entries."""
     overrides = _overrides(run_id, tmp_path, redis_server.url)
-    rng = np.random.default_rng(3)
-    groups = [weighted_group(rng, version=0) for _ in range(8)]
-    producer = Producer(redis_client, key(run_id, BATCHES), maxlen=64)
-    for g in groups:
-        producer.put(encode(g))
-    dead = Trainer(load_config("tests", overrides))
-    for _ in range(2):
-        dead.train_on(*dead.next_batch())  # the second step checkpoints
+    groups = _queued(redis_client, run_id, 8, seed=3)
+    dead = _two_steps(overrides)
     held = [decode(e.payload, WeightedGroup).group_id for e in dead.next_batch()[0]]  # ... and dies
     assert held == [g.group_id for g in groups[4:6]]
 
