@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rredcot.common.config import Config, available_configs, load_config, to_yaml
 from rredcot.common.errors import UserError
+from rredcot.launch.logs import headline
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -143,9 +144,8 @@ def one_line(e: BaseException) -> str:
     shown = shown_error(e)
     if isinstance(shown, UserError):
         return f"{shown.label}: {shown}"
-    first = next((line for line in str(shown).splitlines() if line.strip()), "")
     where = "a run's logs are in <run.dir>/logs; rerun with --debug for the traceback"
-    return f"failed: {type(shown).__name__}: {first} ({where})"
+    return f"failed: {type(shown).__name__}: {headline(shown)} ({where})"
 
 
 def _call_inspect(args: argparse.Namespace) -> int:

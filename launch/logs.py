@@ -86,3 +86,8 @@ def tail(log_file: Path, lines: int = 20) -> str:
         return "\n".join(log_file.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
+
+
+def headline(error: BaseException) -> str:
+    """The first non-empty line of an error's message ("" when it has none)."""
+    return next((line.strip() for line in str(error).splitlines() if line.strip()), "")

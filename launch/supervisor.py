@@ -22,6 +22,7 @@ from typing import Any
 
 from rredcot.common.config import Config, to_dict
 from rredcot.common.control import RunControl
+from rredcot.launch.logs import headline
 from rredcot.launch.stages import StageWorker, restart_options, stage_env
 
 log = logging.getLogger(__name__)
@@ -114,14 +115,14 @@ class StageActors:
         from ray.exceptions import ActorDiedError
 
         if isinstance(error, ActorDiedError):
-            return f"learner{rank}: {_first_line(error)}"
+            return f"learner{rank}: {headline(error)}"
         peers = {r: peer for r, (tier, peer) in self.refs.items() if tier == "learner"}
         done, _ = ray.wait(list(peers), num_returns=len(peers), timeout=PEER_DEATH_WAIT_S) if peers else ([], [])
         for ref in done:
             try:
                 ray.get(ref)
             except ActorDiedError as e:
-                return f"learner{peers[ref]}: {_first_line(e)}"
+                return f"learner{peers[ref]}: {headline(e)}"
             except Exception:  # noqa: BLE001, S112 - this peer failed too; another may have died
                 continue
         return None
@@ -173,8 +174,3 @@ def learner_master(pg: Any, bundle_index: int) -> tuple[str, int]:
     if len(nodes) == 1:
         return "127.0.0.1", free_port()
     return nodes[node_id], free_port()
-
-
-def _first_line(error: Exception) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[0] if lines else type(error).__name__
