@@ -7,9 +7,10 @@ completions of 1 to ``max_tokens`` tokens), once per mode, each in a fresh proce
 ``plain``, and ``trim``, which hands the C heap's free pages back to the OS after every step
 (glibc ``malloc_trim(0)``). A thread samples RSS every 20 ms: per step its peak, and the RSS after
 it. Same seed in every mode, so a difference between modes is the allocator's, not the data's.
+``--batch fixed`` trains the first step's batch at every step: then a rising peak cannot be the data.
 Prints a table; the last line is one JSON object.
 
-Usage: python -P bench/learner_memory.py [--config demo_cpu --steps 20 --modes plain trim]
+Usage: python -P bench/learner_memory.py [--config demo_cpu --steps 20 --modes plain trim --batch random]
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--config", default="demo_cpu")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--modes", nargs="+", default=["plain", "trim"], choices=["plain", "trim"])
+    p.add_argument("--batch", default="random", choices=["random", "fixed"], help="new batch per step, or one")
     p.add_argument("--child", choices=["plain", "trim"], help=argparse.SUPPRESS)
     return p.parse_args()
 
@@ -60,7 +62,7 @@ class RssPeak:
         return peak / MIB, now / MIB
 
 
-def child(config: str, steps: int, mode: str) -> None:
+def child(config: str, steps: int, mode: str, batch: str) -> None:
     """One mode in this process: a JSON line per step."""
     from rredcot.common.config import load_config
     from rredcot.common.models import resolve_model_path
@@ -75,8 +77,9 @@ def child(config: str, steps: int, mode: str) -> None:
     rng = np.random.default_rng(0)
     rss = RssPeak()
     for step in range(steps):
-        lengths = [int(x) for x in rng.integers(1, g.max_tokens + 1, g.prompts_per_step * g.group_size)]
-        samples = random_samples(len(lengths), seed=step, lengths=lengths, prompt=120)
+        if batch == "random" or step == 0:
+            lengths = [int(x) for x in rng.integers(1, g.max_tokens + 1, g.prompts_per_step * g.group_size)]
+            samples = random_samples(len(lengths), seed=step, lengths=lengths, prompt=120)
         t0 = time.perf_counter()
         engine.train_step(samples)
         if trim is not None:
@@ -94,14 +97,17 @@ def slope(ys: list[float]) -> float:
 def main() -> None:
     args = parse()
     if args.child:
-        child(args.config, args.steps, args.child)
+        child(args.config, args.steps, args.child, args.batch)
         return
     from rredcot.common.precision import cpu_info
 
-    print(f"# {args.config}, {args.steps} steps per mode; CPU: {cpu_info().describe()}", flush=True)
+    print(
+        f"# {args.config}, {args.steps} steps per mode, {args.batch} batches; CPU: {cpu_info().describe()}", flush=True
+    )
     results = {}
     for mode in args.modes:
-        cmd = [sys.executable, "-P", __file__, "--config", args.config, "--steps", str(args.steps), "--child", mode]
+        cmd = [sys.executable, "-P", __file__, "--config", args.config, "--steps", str(args.steps)]
+        cmd += ["--batch", args.batch, "--child", mode]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
         rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         half = len(rows) // 2

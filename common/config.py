@@ -91,7 +91,7 @@ class DataConfig:
 class GenerationConfig:
     group_size: int = bounded(4, 2)
     prompts_per_step: int = bounded(4, 1)
-    temperature: float = bounded(1.0, 0.0)
+    temperature: float = bounded(1.0, 0.0, 2.0)  # vLLM refuses > 2
     top_p: float = bounded(1.0, 0.0, 1.0)
     max_tokens: int = bounded(64, 1)
     stop: list[str] = field(default_factory=list)

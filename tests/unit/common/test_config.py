@@ -29,6 +29,7 @@ def test_overrides_apply_and_interpolate():
         ("credit.value_space=linear", ["credit.value_space", "'log'", "'prob'", "'mean_token_prob'"]),
         ("learner.zero_stage=5", ["learner.zero_stage", "5", "[0, 3]"]),
         ("generation.top_p=1.5", ["generation.top_p", "1.5", "[0.0, 1.0]"]),
+        ("generation.temperature=2.5", ["generation.temperature", "2.5", "[0.0, 2.0]"]),
         ("generation.group_size=1", ["generation.group_size", ">= 2"]),
         ("redis.url=http://x", ["redis.url", "redis://"]),
         ("generation.max_tokens=5000", ["generation.max_tokens", "model.max_model_len"]),

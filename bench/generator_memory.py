@@ -1,0 +1,136 @@
+"""Generator RSS over many rounds: does it grow, and is it generation, weight updates or the allocator?
+
+The soak (``bench/soak.py``) saw the demo generator's own process (vLLM engine in-process) creep by
+about 80 MiB per 10 minutes. This runs the generator's engine of a config alone (no Redis, no
+verifier) in rounds shaped like the config's steps: ``prompts_per_step`` groups of ``group_size``
+completions on the task's prompts, then, in modes ``update`` and ``update+trim``, one weight update
+the way the file transport applies one (the safetensors file read into bytes, then
+``Engine.load_weights_bytes``); ``update+trim`` also hands the C heap's free pages back to the OS
+(glibc ``malloc_trim(0)``) after each round. Each mode runs in a fresh process, same prompts and
+seed. After every round: RSS, and the number of Python objects the garbage collector tracks (a
+growth there is a Python-level leak; RSS growth without it is native memory or the allocator).
+Prints a table; the last line is one JSON object.
+
+Usage: python -P bench/generator_memory.py [--config demo_cpu --rounds 150 --modes generate update update+trim]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: bench.trend
+
+from bench.trend import MIB, slope  # noqa: E402
+
+MODES = ["generate", "update", "update+trim"]
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="demo_cpu")
+    p.add_argument("--rounds", type=int, default=150)
+    p.add_argument("--modes", nargs="+", default=MODES, choices=MODES)
+    p.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
+    return p.parse_args()
+
+
+def weights_file(model_path: str, dtype: str, root: Path) -> Path:
+    """The model's parameters as the learner publishes them: one safetensors file (HF names)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=getattr(torch, dtype))
+    path = root / "weights.safetensors"
+    save_file({k: v.detach().contiguous() for k, v in model.named_parameters()}, str(path))
+    return path
+
+
+def child(config: str, rounds: int, mode: str) -> None:
+    """One mode in this process: a JSON line per round."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from rredcot.actors.engine import Engine, EngineSpec, Sampling
+    from rredcot.common.config import load_config
+    from rredcot.common.data import ProblemOrder, train_and_held_out
+    from rredcot.common.prompts import prompt_ids
+    from rredcot.common.task import build_task
+
+    cfg = load_config(config, [])
+    spec = EngineSpec.from_config(cfg)
+    engine = Engine(spec)
+    task = build_task(cfg.task)
+    order = ProblemOrder(train_and_held_out(task, cfg.data, cfg.run.seed)[0], cfg.data.shuffle_seed)
+    g = cfg.generation
+    sampling = Sampling(
+        n=g.group_size, temperature=g.temperature, top_p=g.top_p, max_tokens=g.max_tokens, stop=tuple(g.stop)
+    )
+    trim = ctypes.CDLL("libc.so.6").malloc_trim if mode == "update+trim" else None
+    proc = psutil.Process()
+    with tempfile.TemporaryDirectory() as tmp:
+        weights = weights_file(spec.model, spec.dtype, Path(tmp)) if mode != "generate" else None
+        for r in range(rounds):
+            t0 = time.perf_counter()
+            prompts = [
+                prompt_ids(order.at(r * g.prompts_per_step + i), task, cfg.data, engine.tokenizer)
+                for i in range(g.prompts_per_step)
+            ]
+            engine.generate(prompts, sampling, prefix=f"r{r}")
+            if weights is not None:
+                engine.load_weights_bytes(weights.read_bytes(), version=r + 1)
+            if trim is not None:
+                trim(0)
+            row = {"round": r, "rss": proc.memory_info().rss / MIB, "objects": len(gc.get_objects())}
+            print(json.dumps(row | {"s": time.perf_counter() - t0}), flush=True)
+    engine.close()
+
+
+def summary(rows: list[dict[str, float]]) -> dict[str, float]:
+    """First/last RSS and objects, and their trends over the second half (per 100 rounds)."""
+    half = rows[len(rows) // 2 :]
+    return {
+        "rss_first": rows[0]["rss"],
+        "rss_last": rows[-1]["rss"],
+        "rss_slope_2nd_half_per_100_rounds": 100 * slope([r["rss"] for r in half]),
+        "objects_first": rows[0]["objects"],
+        "objects_last": rows[-1]["objects"],
+        "objects_slope_2nd_half_per_100_rounds": 100 * slope([r["objects"] for r in half]),
+        "s_per_round": float(np.median([r["s"] for r in rows[1:]])),
+    }
+
+
+def main() -> None:
+    args = parse()
+    if args.child:
+        child(args.config, args.rounds, args.child)
+        return
+    from rredcot.common.precision import cpu_info
+
+    print(f"# {args.config}, {args.rounds} rounds per mode; CPU: {cpu_info().describe()}", flush=True)
+    results = {}
+    for mode in args.modes:
+        cmd = [sys.executable, "-P", __file__, "--config", args.config, "--rounds", str(args.rounds), "--child", mode]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        results[mode] = summary([json.loads(line) for line in out.splitlines() if line.startswith("{")])
+        print(f"# {mode} done", flush=True)
+    cols = list(next(iter(results.values())))
+    print("| mode | " + " | ".join(cols) + " |")
+    print("|---|" + "---:|" * len(cols))
+    for mode, r in results.items():
+        print(f"| {mode} | " + " | ".join(f"{r[c]:.1f}" if c != "s_per_round" else f"{r[c]:.2f}" for c in cols) + " |")
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
