@@ -24,6 +24,7 @@ from rredcot.common.codec import encode
 from rredcot.common.config import Config, ConfigError
 from rredcot.common.control import RunControl
 from rredcot.common.data import Problem, ProblemOrder, train_and_held_out
+from rredcot.common.heap import trim_heap
 from rredcot.common.ledger import Ledger, group_id, inflight_key
 from rredcot.common.lineage import VersionLineage
 from rredcot.common.prompts import prompt_ids
@@ -117,6 +118,7 @@ class Generator:
                 self.control.publish_metrics(self.name, "generator", self.metrics.snapshot())
             return False
         version, seconds = applied
+        trim_heap()  # the update's file bytes and tensors are freed: their pages would stay with glibc
         self._write_finished(self.engine.step())  # groups drained by the "finish" policy
         self.metrics.weight_updates += 1
         self.metrics.weight_update_s += seconds

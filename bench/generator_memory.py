@@ -17,7 +17,6 @@ Usage: python -P bench/generator_memory.py [--config demo_cpu --rounds 150 --mod
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import json
 import os
@@ -64,6 +63,7 @@ def child(config: str, rounds: int, mode: str) -> None:
     from rredcot.actors.engine import Engine, EngineSpec, Sampling
     from rredcot.common.config import load_config
     from rredcot.common.data import ProblemOrder, train_and_held_out
+    from rredcot.common.heap import trim_heap
     from rredcot.common.prompts import prompt_ids
     from rredcot.common.task import build_task
 
@@ -76,7 +76,6 @@ def child(config: str, rounds: int, mode: str) -> None:
     sampling = Sampling(
         n=g.group_size, temperature=g.temperature, top_p=g.top_p, max_tokens=g.max_tokens, stop=tuple(g.stop)
     )
-    trim = ctypes.CDLL("libc.so.6").malloc_trim if mode == "update+trim" else None
     proc = psutil.Process()
     with tempfile.TemporaryDirectory() as tmp:
         weights = weights_file(spec.model, spec.dtype, Path(tmp)) if mode != "generate" else None
@@ -89,8 +88,8 @@ def child(config: str, rounds: int, mode: str) -> None:
             engine.generate(prompts, sampling, prefix=f"r{r}")
             if weights is not None:
                 engine.load_weights_bytes(weights.read_bytes(), version=r + 1)
-            if trim is not None:
-                trim(0)
+            if mode == "update+trim":
+                trim_heap()
             row = {"round": r, "rss": proc.memory_info().rss / MIB, "objects": len(gc.get_objects())}
             print(json.dumps(row | {"s": time.perf_counter() - t0}), flush=True)
     engine.close()

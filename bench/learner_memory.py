@@ -16,21 +16,18 @@ Usage: python -P bench/learner_memory.py [--config demo_cpu --steps 20 --modes p
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
-import psutil
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.learner_samples
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: bench.trend, tests.learner_samples
 
-MIB = 2**20
+from bench.trend import RssPeak, slope  # noqa: E402
 
 
 def parse() -> argparse.Namespace:
@@ -43,28 +40,10 @@ def parse() -> argparse.Namespace:
     return p.parse_args()
 
 
-class RssPeak:
-    """The process's RSS peak since the last ``take()``, sampled every 20 ms by a thread."""
-
-    def __init__(self) -> None:
-        self.proc, self.peak = psutil.Process(), 0
-        threading.Thread(target=self._sample, daemon=True).start()
-
-    def _sample(self) -> None:
-        while True:
-            self.peak = max(self.peak, self.proc.memory_info().rss)
-            time.sleep(0.02)
-
-    def take(self) -> tuple[float, float]:
-        """(peak since the last call, RSS now), in MiB."""
-        now = self.proc.memory_info().rss
-        peak, self.peak = max(self.peak, now), now
-        return peak / MIB, now / MIB
-
-
 def child(config: str, steps: int, mode: str, batch: str) -> None:
     """One mode in this process: a JSON line per step."""
     from rredcot.common.config import load_config
+    from rredcot.common.heap import trim_heap
     from rredcot.common.models import resolve_model_path
     from rredcot.learner.engine import LearnerEngine, load_policy
     from tests.learner_samples import random_samples
@@ -72,7 +51,6 @@ def child(config: str, steps: int, mode: str, batch: str) -> None:
     cfg = load_config(config, [])
     torch.set_num_threads(max(1, int(cfg.cluster.cpus_per_learner)))
     engine = LearnerEngine(load_policy(resolve_model_path(cfg.model.path, seed=cfg.run.seed), cfg.learner), cfg.learner)
-    trim = ctypes.CDLL("libc.so.6").malloc_trim if mode == "trim" else None
     g = cfg.generation
     rng = np.random.default_rng(0)
     rss = RssPeak()
@@ -82,16 +60,11 @@ def child(config: str, steps: int, mode: str, batch: str) -> None:
             samples = random_samples(len(lengths), seed=step, lengths=lengths, prompt=120)
         t0 = time.perf_counter()
         engine.train_step(samples)
-        if trim is not None:
-            trim(0)
+        if mode == "trim":
+            trim_heap()
         peak, after = rss.take()
         row = {"step": step, "peak": peak, "after": after, "s": time.perf_counter() - t0, "tokens": sum(lengths)}
         print(json.dumps(row), flush=True)
-
-
-def slope(ys: list[float]) -> float:
-    """Least-squares slope per step."""
-    return float(np.polyfit(np.arange(len(ys)), ys, 1)[0]) if len(ys) > 1 else float("nan")
 
 
 def main() -> None:

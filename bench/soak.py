@@ -5,8 +5,9 @@ the resident memory (RSS) of each worker (the pid in its metrics, with its child
 and alone, ``<worker>.self``) and of the driver process, and the ``rollouts``/``batches`` stream
 lengths; after ``--minutes`` it sends SIGTERM (the run checkpoints and writes its report). Prints
 per worker the RSS slope (MiB per 10 minutes, least squares over the second half, after the
-warm-up), the first/last RSS and the peak of each half (a worker whose RSS saws up and down with its
-batches, like the learner, shows a trend in its peaks, not in a slope), and the stream peaks against
+warm-up), the same slope of its per-minute minima (the floor, which transient peaks do not move), the
+first/last RSS and the peak of each half (a worker whose RSS saws up and down with its batches, like
+the learner, shows a trend in its peaks and floor, not in a slope), and the stream peaks against
 ``redis.maxlen`` (+ one entry per producer); goal: flat within noise, streams bounded. The last line
 is one JSON object; the samples go to ``<run.dir>/soak.csv``.
 
@@ -50,6 +51,17 @@ def slope_mib_per_10min(t: list[float], rss: list[float]) -> float:
     if len(t) - half < 3:
         return float("nan")
     return float(np.polyfit(np.asarray(t[half:]), np.asarray(rss[half:]), 1)[0] * 600)
+
+
+def floor_slope_mib_per_10min(t: list[float], rss: list[float]) -> float:
+    """Slope of the per-minute minima (second half), in MiB per 10 minutes: the memory a worker keeps
+    between its transient peaks (a learner's batch, a generator's weight update), which the
+    sampled slope mixes with whichever peaks the samples happened to catch."""
+    lows: dict[int, float] = {}
+    for ti, r in zip(t, rss):
+        lows[int(ti // 60)] = min(r, lows.get(int(ti // 60), r))
+    minutes = sorted(lows)
+    return slope_mib_per_10min([60.0 * m for m in minutes], [lows[m] for m in minutes])
 
 
 def main() -> None:
@@ -97,18 +109,20 @@ def main() -> None:
         writer.writeheader()
         writer.writerows(samples)
     result: dict[str, object] = {"minutes": args.minutes, "samples": len(samples), "rc": driver.returncode}
-    header = ("first", "last", "peak 1st half", "peak 2nd half", "slope/10min")
-    print(f"{'MiB':<12} {header[0]:>7} {header[1]:>7} {header[2]:>14} {header[3]:>14} {header[4]:>12}")
+    header = ("first", "last", "peak 1st half", "peak 2nd half", "slope/10min", "floor slope/10min")
+    print(f"{'MiB':<12} {header[0]:>7} {header[1]:>7} {header[2]:>14} {header[3]:>14} {header[4]:>12} {header[5]:>18}")
     for name in [n for n in names if not n.startswith("queue_") and n != "step"]:
         t = [r["t"] for r in samples if name in r]
         rss = [r[name] for r in samples if name in r]
         half = len(rss) // 2
         row = {"first": rss[0], "last": rss[-1], "peak_1st_half": max(rss[:half], default=rss[0])}
         row |= {"peak_2nd_half": max(rss[half:]), "slope_mib_per_10min": slope_mib_per_10min(t, rss)}
+        row["floor_slope_mib_per_10min"] = floor_slope_mib_per_10min(t, rss)
         result[f"rss_{name}"] = row
         print(
             f"{name:<12} {row['first']:>7.0f} {row['last']:>7.0f} {row['peak_1st_half']:>14.0f} "
-            f"{row['peak_2nd_half']:>14.0f} {row['slope_mib_per_10min']:>12.1f}"
+            f"{row['peak_2nd_half']:>14.0f} {row['slope_mib_per_10min']:>12.1f} "
+            f"{row['floor_slope_mib_per_10min']:>18.1f}"
         )
     producers = {ROLLOUTS: cfg.cluster.generators, BATCHES: cfg.cluster.redistributors}
     for s, n in producers.items():
