@@ -9,9 +9,10 @@ warm-up), the same slope of its per-minute minima (the floor, which transient pe
 first/last RSS and the peak of each half (a worker whose RSS saws up and down with its batches, like
 the learner, shows a trend in its peaks and floor, not in a slope), and the stream peaks against
 ``redis.maxlen`` (+ one entry per producer); goal: flat within noise, streams bounded. The last line
-is one JSON object; the samples go to ``<run.dir>/soak.csv``.
+is one JSON object; the samples go to ``<run.dir>/soak.csv``. ``--heap-trace S`` has every worker
+write the growth of its Python heap every S seconds to ``<run.dir>/logs/<worker>.heap.txt``.
 
-    python -P bench/soak.py [--config demo_cpu --minutes 30 --every 10]
+    python -P bench/soak.py [--config demo_cpu --minutes 30 --every 10 --heap-trace 0]
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from omegaconf import OmegaConf
 from rredcot.common.control import RunControl
 from rredcot.common.precision import cpu_info
 from rredcot.common.streams import BATCHES, ROLLOUTS, connect, key
+from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
 
 
 def rss_mib(pid: int, children: bool = True) -> float | None:
@@ -70,11 +72,16 @@ def main() -> None:
     p.add_argument("--minutes", type=float, default=30.0)
     p.add_argument("--every", type=float, default=10.0, help="seconds between samples")
     p.add_argument("--run-dir", default="runs/soak")
+    p.add_argument(
+        "--heap-trace", type=float, default=0.0, help="seconds between each worker's Python-heap snapshots (0: off)"
+    )
     args, overrides = p.parse_known_args()
     run_dir = Path(args.run_dir).resolve()
     cmd = [sys.executable, "-m", "rredcot.launch.cli", "train", args.config, f"run.dir={run_dir}"]
     cmd += ["run.name=soak", "run.steps=100000", "data.eval_size=0", *overrides]
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
+    if args.heap_trace:  # each worker writes logs/<worker>.heap.txt (launch/heap_trace.py)
+        env[HEAP_TRACE_ENV] = str(args.heap_trace)
     run_dir.mkdir(parents=True, exist_ok=True)
     console = (run_dir.parent / "soak-console.log").open("w")
     driver = subprocess.Popen(cmd, stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)

@@ -17,6 +17,8 @@ from typing import Any
 
 from rredcot.common.config import Config
 from rredcot.common.registry import CREDIT_METHODS
+from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
+from rredcot.launch.heap_trace import HeapTrace, heap_trace_period
 from rredcot.launch.logs import redirect_output
 
 log = logging.getLogger(__name__)
@@ -69,7 +71,10 @@ class StageWorker:
         it restarted); a worker that Ray restarted in place knows it from its runtime context."""
         os.environ.update(env)
         name = f"{WORKER_PREFIX[tier]}{rank}"
-        redirect_output(Path(cfg["run"]["dir"]).resolve() / "logs" / f"{name}.log")
+        logs = Path(cfg["run"]["dir"]).resolve() / "logs"
+        redirect_output(logs / f"{name}.log")
+        if (every_s := heap_trace_period()) is not None:
+            self.heap_trace = HeapTrace(logs / f"{name}.heap.txt", every_s).start()
         import torch
 
         torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
@@ -109,6 +114,8 @@ def stage_env(cfg: Config, tier: str, rank: int, master: tuple[str, int]) -> dic
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_CACHE_ROOT": str(Path(cfg.run.dir).resolve() / "vllm_cache"),
     }
+    if heap_trace_period() is not None:
+        env[HEAP_TRACE_ENV] = os.environ[HEAP_TRACE_ENV]  # the driver's diagnostic setting, on every node
     if tier == "learner":
         env.update(
             RANK=str(rank),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rredcot.common.config import load_config
+from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
 from rredcot.launch.stages import restart_options, stage_env
 
 
@@ -22,3 +23,12 @@ def test_each_learner_rank_gets_its_rank_and_the_rendezvous():
     env = stage_env(cfg, "learner", 1, ("127.0.0.1", 29555))
     assert (env["RANK"], env["WORLD_SIZE"], env["MASTER_ADDR"], env["MASTER_PORT"]) == ("1", "2", "127.0.0.1", "29555")
     assert "RANK" not in stage_env(cfg, "generator", 0, ("127.0.0.1", 29555))
+
+
+def test_the_heap_trace_setting_reaches_every_tier_only_when_set(monkeypatch):
+    cfg = load_config("tests", [])
+    monkeypatch.delenv(HEAP_TRACE_ENV, raising=False)
+    assert HEAP_TRACE_ENV not in stage_env(cfg, "generator", 0, ("127.0.0.1", 29555))
+    monkeypatch.setenv(HEAP_TRACE_ENV, "120")
+    for tier in ("generator", "redistributor", "learner"):
+        assert stage_env(cfg, tier, 0, ("127.0.0.1", 29555))[HEAP_TRACE_ENV] == "120"

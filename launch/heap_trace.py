@@ -1,0 +1,82 @@
+"""Python-heap growth of a worker, to find a slow leak: ``tracemalloc`` snapshots on a timer.
+
+Set ``RREDCOT_HEAP_TRACE_S=<seconds>`` in the environment of ``rredcot train`` and every stage
+worker traces its Python allocations; each period it writes to ``<run.dir>/logs/<worker>.heap.txt``
+the allocation sites that grew most since its first snapshot (taken one period after the worker
+started, past its warm-up). Only Python's allocator is traced (not torch's, vLLM's or Ray's native
+memory), and tracing slows Python code: a diagnostic, off by default.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import threading
+import time
+import tracemalloc
+from pathlib import Path
+
+ENV = "RREDCOT_HEAP_TRACE_S"
+FRAMES = 8  # frames kept per allocation: enough to reach the caller in our code
+TOP = 25
+MIB = 2**20
+
+
+def heap_trace_period() -> float | None:
+    """Seconds between snapshots from ``RREDCOT_HEAP_TRACE_S``; None when it is not set."""
+    value = os.environ.get(ENV, "").strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if seconds <= 0:
+        raise ValueError(f"{ENV}={value!r}: expected seconds between heap snapshots, a number > 0")
+    return seconds
+
+
+def growth_report(base: tracemalloc.Snapshot, now: tracemalloc.Snapshot, elapsed_s: float) -> str:
+    """The sites whose traced memory grew most from ``base`` to ``now``, largest first."""
+    stats = [s for s in now.compare_to(base, "traceback") if s.size_diff > 0][:TOP]
+    current = sum(s.size for s in now.statistics("filename")) / MIB
+    grown = sum(s.size_diff for s in now.compare_to(base, "filename")) / MIB
+    lines = [f"{elapsed_s:.0f} s after start: {current:.1f} MiB traced, {grown:+.1f} MiB since the first snapshot"]
+    for s in stats:
+        lines.append(f"\n{s.size_diff / MIB:+.2f} MiB in {s.count_diff:+d} blocks (now {s.size / MIB:.2f} MiB)")
+        lines += [f"    {line}" for line in s.traceback.format(most_recent_first=True)]
+    return "\n".join(lines) + "\n"
+
+
+class HeapTrace:
+    """Traces this process's Python allocations and rewrites ``path`` with the growth every ``every_s``."""
+
+    def __init__(self, path: Path, every_s: float) -> None:
+        self.path, self.every_s = path, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="heap-trace")
+
+    def start(self) -> HeapTrace:
+        tracemalloc.start(FRAMES)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        tracemalloc.stop()
+
+    def _snapshot(self) -> tracemalloc.Snapshot:
+        own = [tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, linecache.__file__)]
+        return tracemalloc.take_snapshot().filter_traces(own)  # not the report's own allocations
+
+    def _loop(self) -> None:
+        start = time.monotonic()
+        if self._stop.wait(self.every_s):
+            return
+        base = self._snapshot()
+        while not self._stop.wait(self.every_s):
+            report = growth_report(base, self._snapshot(), time.monotonic() - start)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(report)
+            tmp.replace(self.path)
