@@ -27,6 +27,7 @@ from typing import Any
 
 from rredcot.common.config import Config, ConfigError, redacted, to_dict, to_yaml
 from rredcot.common.control import RunControl
+from rredcot.common.files import write_text_atomic
 from rredcot.common.ledger import balance_now
 from rredcot.common.precision import cpu_info, resolve_dtype
 from rredcot.common.streams import BATCHES, ROLLOUTS, connect, key, registered_keys
@@ -275,7 +276,7 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
         server = stack.enter_context(embedded_redis(cfg, run_dir, len(nodes)))
         cfg = _with_redis_url(cfg, server.url)
     outcome.cfg = cfg
-    (run_dir / "config.yaml").write_text(to_yaml(redacted(cfg)))
+    write_text_atomic(run_dir / "config.yaml", to_yaml(redacted(cfg)))  # polled for by tools and tests
     client = connect(cfg.redis.url)
     if cfg.run.resume == "never":
         _clear_run_keys(client, cfg.run.name)

@@ -16,6 +16,8 @@ import time
 import tracemalloc
 from pathlib import Path
 
+from rredcot.common.files import write_text_atomic
+
 ENV = "RREDCOT_HEAP_TRACE_S"
 FRAMES = 8  # frames kept per allocation: enough to reach the caller in our code
 TOP = 25
@@ -76,7 +78,4 @@ class HeapTrace:
             return
         base = self._snapshot()
         while not self._stop.wait(self.every_s):
-            report = growth_report(base, self._snapshot(), time.monotonic() - start)
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(report)
-            tmp.replace(self.path)
+            write_text_atomic(self.path, growth_report(base, self._snapshot(), time.monotonic() - start))
