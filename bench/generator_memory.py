@@ -20,7 +20,6 @@ import argparse
 import gc
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +30,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: bench.trend
 
-from bench.trend import MIB, slope  # noqa: E402
+from bench.trend import MIB, child_rows, print_results, slope  # noqa: E402
 
 MODES = ["generate", "update", "update+trim"]
 
@@ -120,15 +119,9 @@ def main() -> None:
     results = {}
     for mode in args.modes:
         cmd = [sys.executable, "-P", __file__, "--config", args.config, "--rounds", str(args.rounds), "--child", mode]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-        results[mode] = summary([json.loads(line) for line in out.splitlines() if line.startswith("{")])
+        results[mode] = summary(child_rows(cmd))
         print(f"# {mode} done", flush=True)
-    cols = list(next(iter(results.values())))
-    print("| mode | " + " | ".join(cols) + " |")
-    print("|---|" + "---:|" * len(cols))
-    for mode, r in results.items():
-        print(f"| {mode} | " + " | ".join(f"{r[c]:.1f}" if c != "s_per_round" else f"{r[c]:.2f}" for c in cols) + " |")
-    print(json.dumps(results))
+    print_results(results)
 
 
 if __name__ == "__main__":

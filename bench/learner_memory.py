@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: bench.trend, tests.learner_samples
 
-from bench.trend import RssPeak, slope  # noqa: E402
+from bench.trend import RssPeak, child_rows, print_results, slope  # noqa: E402
 
 
 def parse() -> argparse.Namespace:
@@ -81,8 +80,7 @@ def main() -> None:
     for mode in args.modes:
         cmd = [sys.executable, "-P", __file__, "--config", args.config, "--steps", str(args.steps)]
         cmd += ["--batch", args.batch, "--child", mode]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-        rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        rows = child_rows(cmd)
         half = len(rows) // 2
         results[mode] = {
             "after_first": rows[0]["after"],
@@ -92,15 +90,9 @@ def main() -> None:
             "after_slope_2nd_half_per_10_steps": 10 * slope([r["after"] for r in rows[half:]]),
             "peak_slope_2nd_half_per_10_steps": 10 * slope([r["peak"] for r in rows[half:]]),
             "s_per_step": float(np.median([r["s"] for r in rows[1:]])),
-            "rows": rows,
         }
         print(f"# {mode} done", flush=True)
-    cols = [k for k in next(iter(results.values())) if k != "rows"]
-    print("| mode | " + " | ".join(cols) + " |")
-    print("|---|" + "---:|" * len(cols))
-    for mode, r in results.items():
-        print(f"| {mode} | " + " | ".join(f"{r[c]:.1f}" if c != "s_per_step" else f"{r[c]:.2f}" for c in cols) + " |")
-    print(json.dumps({m: {k: v for k, v in r.items() if k != "rows"} for m, r in results.items()}))
+    print_results(results)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
-"""Shared by the memory benchmarks: an RSS peak sampler and a least-squares trend."""
+"""Shared by the memory benchmarks: an RSS peak sampler, a least-squares trend, a mode per child."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import threading
 import time
 
@@ -33,3 +35,21 @@ class RssPeak:
 def slope(ys: list[float]) -> float:
     """Least-squares slope per index."""
     return float(np.polyfit(np.arange(len(ys)), ys, 1)[0]) if len(ys) > 1 else float("nan")
+
+
+def child_rows(cmd: list[str]) -> list[dict[str, float]]:
+    """Run one mode's child process; the JSON rows it printed (one per step or round)."""
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def print_results(results: dict[str, dict[str, float]]) -> None:
+    """A markdown table, one row per mode (seconds to 2 decimals, the rest to 1), then one JSON line."""
+    cols = list(next(iter(results.values())))
+    print("| mode | " + " | ".join(cols) + " |")
+    print("|---|" + "---:|" * len(cols))
+    for mode, r in results.items():
+        print(
+            f"| {mode} | " + " | ".join(f"{r[c]:.2f}" if c.startswith("s_per") else f"{r[c]:.1f}" for c in cols) + " |"
+        )
+    print(json.dumps(results))

@@ -2,9 +2,10 @@
 
 Set ``RREDCOT_HEAP_TRACE_S=<seconds>`` in the environment of ``rredcot train`` and every stage
 worker traces its Python allocations; each period it writes to ``<run.dir>/logs/<worker>.heap.txt``
-the allocation sites that grew most since its first snapshot (taken one period after the worker
-started, past its warm-up). Only Python's allocator is traced (not torch's, vLLM's or Ray's native
-memory), and tracing slows Python code: a diagnostic, off by default.
+the allocation sites that grew most since its first snapshot, taken one period after the worker
+started: choose a period longer than its start-up under tracing, or the start-up reads as growth.
+Only Python's allocator is traced (not torch's, vLLM's or Ray's native memory), and tracing slows
+Python code: a diagnostic, off by default.
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ def heap_trace_period() -> float | None:
 
 def growth_report(base: tracemalloc.Snapshot, now: tracemalloc.Snapshot, elapsed_s: float) -> str:
     """The sites whose traced memory grew most from ``base`` to ``now``, largest first."""
-    stats = [s for s in now.compare_to(base, "traceback") if s.size_diff > 0][:TOP]
-    current = sum(s.size for s in now.statistics("filename")) / MIB
-    grown = sum(s.size_diff for s in now.compare_to(base, "filename")) / MIB
+    diffs = now.compare_to(base, "traceback")  # every site, largest change first
+    current, grown = sum(s.size for s in diffs) / MIB, sum(s.size_diff for s in diffs) / MIB
+    stats = [s for s in diffs if s.size_diff > 0][:TOP]
     lines = [f"{elapsed_s:.0f} s after start: {current:.1f} MiB traced, {grown:+.1f} MiB since the first snapshot"]
     for s in stats:
         lines.append(f"\n{s.size_diff / MIB:+.2f} MiB in {s.count_diff:+d} blocks (now {s.size / MIB:.2f} MiB)")
