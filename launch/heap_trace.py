@@ -4,8 +4,9 @@ Set ``RREDCOT_HEAP_TRACE_S=<seconds>`` in the environment of ``rredcot train`` a
 worker traces its Python allocations; each period it writes to ``<run.dir>/logs/<worker>.heap.txt``
 the allocation sites that grew most since its first snapshot, taken one period after the worker
 started: choose a period longer than its start-up under tracing, or the start-up reads as growth.
-Only Python's allocator is traced (not torch's, vLLM's or Ray's native memory), and tracing slows
-Python code: a diagnostic, off by default.
+Only Python's allocator is traced (not torch's, vLLM's or Ray's native memory), so each report
+opens with the process's RSS beside the traced total at every snapshot so far: RSS that grows while
+the traced heap stays flat is native memory. Tracing slows Python code: a diagnostic, off by default.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import threading
 import time
 import tracemalloc
+from dataclasses import dataclass
 from pathlib import Path
 
 from rredcot.common.files import write_text_atomic
@@ -39,12 +41,34 @@ def heap_trace_period() -> float | None:
     return seconds
 
 
-def growth_report(base: tracemalloc.Snapshot, now: tracemalloc.Snapshot, elapsed_s: float) -> str:
-    """The sites whose traced memory grew most from ``base`` to ``now``, largest first."""
+def rss_mib() -> float:
+    """This process's resident memory in MiB (Linux ``/proc``; NaN elsewhere)."""
+    try:
+        resident_pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except OSError:
+        return float("nan")
+    return resident_pages * os.sysconf("SC_PAGE_SIZE") / MIB
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One snapshot's totals: seconds since the worker started, its RSS and its traced heap (MiB)."""
+
+    elapsed_s: float
+    rss: float
+    traced: float
+
+
+def growth_report(base: tracemalloc.Snapshot, now: tracemalloc.Snapshot, history: list[Sample]) -> str:
+    """The RSS and traced totals of every snapshot in ``history`` (the first is ``base``'s, the last
+    ``now``'s), then the sites whose traced memory grew most from ``base`` to ``now``, largest first."""
     diffs = now.compare_to(base, "traceback")  # every site, largest change first
-    current, grown = sum(s.size for s in diffs) / MIB, sum(s.size_diff for s in diffs) / MIB
+    grown = sum(s.size_diff for s in diffs) / MIB
     stats = [s for s in diffs if s.size_diff > 0][:TOP]
-    lines = [f"{elapsed_s:.0f} s after start: {current:.1f} MiB traced, {grown:+.1f} MiB since the first snapshot"]
+    lines = [f"{'s after start':>14} {'RSS MiB':>9} {'traced MiB':>11}"]
+    lines += [f"{h.elapsed_s:>14.0f} {h.rss:>9.1f} {h.traced:>11.1f}" for h in history]
+    first, last = history[0], history[-1]
+    lines.append(f"since the first snapshot: RSS {last.rss - first.rss:+.1f} MiB, traced {grown:+.1f} MiB")
     for s in stats:
         lines.append(f"\n{s.size_diff / MIB:+.2f} MiB in {s.count_diff:+d} blocks (now {s.size / MIB:.2f} MiB)")
         lines += [f"    {line}" for line in s.traceback.format(most_recent_first=True)]
@@ -73,10 +97,17 @@ class HeapTrace:
         own = [tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, linecache.__file__)]
         return tracemalloc.take_snapshot().filter_traces(own)  # not the report's own allocations
 
+    def _sample(self, start: float, snapshot: tracemalloc.Snapshot) -> Sample:
+        traced = sum(t.size for t in snapshot.traces) / MIB
+        return Sample(time.monotonic() - start, rss_mib(), traced)
+
     def _loop(self) -> None:
         start = time.monotonic()
         if self._stop.wait(self.every_s):
             return
         base = self._snapshot()
+        history = [self._sample(start, base)]
         while not self._stop.wait(self.every_s):
-            write_text_atomic(self.path, growth_report(base, self._snapshot(), time.monotonic() - start))
+            now = self._snapshot()
+            history.append(self._sample(start, now))
+            write_text_atomic(self.path, growth_report(base, now, history))

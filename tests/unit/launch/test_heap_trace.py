@@ -20,9 +20,12 @@ def test_the_report_names_the_line_that_keeps_allocating(tmp_path):
     finally:
         trace.stop()
     report = path.read_text()
-    first_site = report.split("\n\n")[1]  # the site that grew most
+    totals, first_site = report.split("\n\n")[:2]  # the totals per snapshot, then the site that grew most
     assert "test_heap_trace.py" in first_site and "MiB in +" in first_site, report
-    assert "since the first snapshot" in report.splitlines()[0]
+    rows = [line.split() for line in totals.splitlines()[1:-1]]
+    assert len(rows) >= 2 and all(float(rss) > float(traced) > 0 for _, rss, traced in rows), report
+    assert float(rows[-1][2]) > float(rows[0][2]), report  # the store's growth shows in the traced total
+    assert totals.splitlines()[-1].startswith("since the first snapshot: RSS +"), report
 
 
 def test_the_period_comes_from_the_environment_and_must_be_positive(monkeypatch):
