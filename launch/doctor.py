@@ -21,6 +21,8 @@ from rredcot.common.data import DatasetError
 from rredcot.common.errors import UserError
 from rredcot.common.models import TINY_MODELS
 from rredcot.common.precision import cpu_info, cpu_native_bf16, resolve_dtype
+from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
+from rredcot.launch.heap_trace import heap_trace_period
 from rredcot.launch.plan import PlanError, demand, local_cores, local_ray_cpus
 
 GIB = 2**30
@@ -208,6 +210,25 @@ def _check_local_ray() -> Check:
     return Check("ok", "ray", "a local Ray starts with the run (loopback only)")
 
 
+def check_environment(cfg: Config) -> list[Check]:
+    """The diagnostic settings read from the environment (none when unset)."""
+    try:
+        period = heap_trace_period()
+    except ValueError as e:
+        return [Check("error", "env", str(e), f"set {HEAP_TRACE_ENV} to seconds, e.g. 900, or unset it")]
+    if period is None:
+        return []
+    return [
+        Check(
+            "warning",
+            "env",
+            f"{HEAP_TRACE_ENV}={period:g}: every worker traces its Python heap (logs/<worker>.heap.txt); "
+            "tracing slows the pipeline several times",
+            f"unset {HEAP_TRACE_ENV} for a run whose speed matters",
+        )
+    ]
+
+
 def check_paths(cfg: Config) -> list[Check]:
     out = []
     path = cfg.model.path
@@ -299,10 +320,23 @@ def check_data(cfg: Config) -> list[Check]:
     return [Check("ok", "data", f"{path}: the first {len(problems)} rows are valid")]
 
 
-CHECKS: list[Callable[[Config], list[Check]]] = [check_cpu, check_resources, check_services, check_paths, check_data]
+CHECKS: list[Callable[[Config], list[Check]]] = [
+    check_cpu,
+    check_resources,
+    check_services,
+    check_environment,
+    check_paths,
+    check_data,
+]
 
 # what ``rredcot train`` checks before it starts any service (the CPU's dtype lines are in its first line)
-PREFLIGHT: list[Callable[[Config], list[Check]]] = [check_resources, check_services, check_paths, check_data]
+PREFLIGHT: list[Callable[[Config], list[Check]]] = [
+    check_resources,
+    check_services,
+    check_environment,
+    check_paths,
+    check_data,
+]
 
 
 class PreflightError(UserError):

@@ -9,7 +9,17 @@ import pytest
 from rredcot.common.config import load_config
 from rredcot.common.precision import DtypeChoice
 from rredcot.launch import doctor as doc
-from rredcot.launch.doctor import Check, PreflightError, check_data, check_paths, check_services, doctor, preflight
+from rredcot.launch.doctor import (
+    Check,
+    PreflightError,
+    check_data,
+    check_environment,
+    check_paths,
+    check_services,
+    doctor,
+    preflight,
+)
+from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
 
 
 def levels(checks: list[Check], topic: str) -> list[str]:
@@ -91,6 +101,17 @@ def test_ray_address_in_the_environment_without_cluster_address_is_an_error(monk
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     (ray,) = [c for c in check_services(load_config("tests")) if c.topic == "ray"]
     assert ray.level == "error" and "cluster.address=10.0.0.1:6379" in ray.fix
+
+
+def test_a_bad_heap_trace_period_stops_the_run_before_it_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = load_config("tests")
+    monkeypatch.delenv(HEAP_TRACE_ENV, raising=False)
+    assert check_environment(cfg) == []
+    monkeypatch.setenv(HEAP_TRACE_ENV, "900")
+    assert [c.level for c in check_environment(cfg)] == ["warning"]
+    monkeypatch.setenv(HEAP_TRACE_ENV, "soon")
+    with pytest.raises(PreflightError, match=f"env: {HEAP_TRACE_ENV}='soon'.*-> set {HEAP_TRACE_ENV} to seconds"):
+        preflight(cfg)
 
 
 def test_preflight_raises_every_error_with_its_fix_and_returns_the_warnings(tmp_path: Path) -> None:
