@@ -1,8 +1,9 @@
 import time
+import tracemalloc
 
 import pytest
 
-from rredcot.launch.heap_trace import ENV, HeapTrace, heap_trace_period
+from rredcot.launch.heap_trace import ENV, FRAMES, OWN_FILES, HeapTrace, heap_sites, heap_trace_period, traced_mib
 
 
 def _grow(store: list[bytes]) -> None:
@@ -23,7 +24,7 @@ def test_the_report_names_the_line_that_keeps_allocating(tmp_path):
     totals, first_site = report.split("\n\n")[:2]  # the totals per snapshot, then the site that grew most
     assert "test_heap_trace.py" in first_site and "MiB in +" in first_site, report
     rows = [line.split() for line in totals.splitlines()[1:-1]]
-    assert len(rows) >= 2 and all(float(rss) > float(traced) > 0 for _, rss, traced in rows), report
+    assert len(rows) >= 2 and all(float(rss) > float(traced) > 0 for _, rss, traced, _ in rows), report
     assert float(rows[-1][2]) > float(rows[0][2]), report  # the store's growth shows in the traced total
     assert totals.splitlines()[-1].startswith("since the first snapshot: RSS +"), report
 
@@ -37,3 +38,16 @@ def test_the_period_comes_from_the_environment_and_must_be_positive(monkeypatch)
         monkeypatch.setenv(ENV, bad)
         with pytest.raises(ValueError, match=f"{ENV}=.*a number > 0"):
             heap_trace_period()
+
+
+def test_the_tracers_own_snapshots_are_not_counted_as_the_workers_heap():
+    tracemalloc.start(FRAMES)
+    try:
+        store = [str(i) for i in range(20_000)]  # the worker's heap: one site
+        base = heap_sites()  # held from here on, like the tracer's first snapshot
+        now = heap_sites()
+    finally:
+        tracemalloc.stop()
+    assert traced_mib(base) > 0.5 and len(store) == 20_000
+    assert abs(traced_mib(now) - traced_mib(base)) < 0.05  # the held base and its report are not growth
+    assert not [tb for tb in [*base, *now] if any(f.filename in OWN_FILES for f in tb)]
