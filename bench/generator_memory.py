@@ -7,9 +7,14 @@ completions on the task's prompts, then, in modes ``update`` and ``update+trim``
 the way the file transport applies one (the safetensors file read into bytes, then
 ``Engine.load_weights_bytes``); ``update+trim`` also hands the C heap's free pages back to the OS
 (glibc ``malloc_trim(0)``) after each round. Each mode runs in a fresh process, same prompts and
-seed. After every round: RSS, and the number of Python objects the garbage collector tracks (a
-growth there is a Python-level leak; RSS growth without it is native memory or the allocator).
-Prints a table; the last line is one JSON object.
+seed. ``continuous`` runs the engine as the generator's loop does: ``(staleness.eta + 1) ×
+prompts_per_step`` groups in flight (at most ``max_in_flight_groups``), a new group submitted as
+each finishes, so prefills and decodes of every length share the engine's batches; a round is
+``prompts_per_step`` finished groups, then a weight update and a trim (a learner step's cadence).
+``continuous+arena2`` is the same with glibc limited to two malloc arenas (``MALLOC_ARENA_MAX=2``).
+After every round: RSS, and the number of Python objects the garbage collector tracks (a growth
+there is a Python-level leak; RSS growth without it is native memory or the allocator). Prints a
+table; the last line is one JSON object.
 
 Usage: python -P bench/generator_memory.py [--config demo_cpu --rounds 150 --modes generate update update+trim]
 """
@@ -32,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: 
 
 from bench.trend import MIB, child_rows, print_results, slope  # noqa: E402
 
-MODES = ["generate", "update", "update+trim"]
+MODES = ["generate", "update", "update+trim", "continuous", "continuous+arena2"]
+CHILD_ENV = {"continuous+arena2": {"MALLOC_ARENA_MAX": "2"}}  # read by glibc when the child starts
 
 
 def parse() -> argparse.Namespace:
@@ -76,18 +82,33 @@ def child(config: str, rounds: int, mode: str) -> None:
         n=g.group_size, temperature=g.temperature, top_p=g.top_p, max_tokens=g.max_tokens, stop=tuple(g.stop)
     )
     proc = psutil.Process()
+    submitted = 0
+
+    def prompt(i: int) -> list[int]:
+        return prompt_ids(order.at(i), task, cfg.data, engine.tokenizer)
+
+    def submit() -> None:
+        nonlocal submitted
+        engine.submit(f"q{submitted}", prompt(submitted), sampling)
+        submitted += 1
+
     with tempfile.TemporaryDirectory() as tmp:
         weights = weights_file(spec.model, spec.dtype, Path(tmp)) if mode != "generate" else None
         for r in range(rounds):
             t0 = time.perf_counter()
-            prompts = [
-                prompt_ids(order.at(r * g.prompts_per_step + i), task, cfg.data, engine.tokenizer)
-                for i in range(g.prompts_per_step)
-            ]
-            engine.generate(prompts, sampling, prefix=f"r{r}")
+            if mode.startswith("continuous"):  # the generator loop's shape: refill as groups finish
+                in_flight = min((cfg.staleness.eta + 1) * g.prompts_per_step, g.max_in_flight_groups)
+                finished = 0
+                while finished < g.prompts_per_step:
+                    while engine.num_unfinished < in_flight:
+                        submit()
+                    finished += len(engine.step())
+            else:
+                prompts = [prompt(r * g.prompts_per_step + i) for i in range(g.prompts_per_step)]
+                engine.generate(prompts, sampling, prefix=f"r{r}")
             if weights is not None:
                 engine.load_weights_bytes(weights.read_bytes(), version=r + 1)
-            if mode == "update+trim":
+            if mode in ("update+trim", "continuous", "continuous+arena2"):
                 trim_heap()
             row = {"round": r, "rss": proc.memory_info().rss / MIB, "objects": len(gc.get_objects())}
             print(json.dumps(row | {"s": time.perf_counter() - t0}), flush=True)
@@ -119,7 +140,7 @@ def main() -> None:
     results = {}
     for mode in args.modes:
         cmd = [sys.executable, "-P", __file__, "--config", args.config, "--rounds", str(args.rounds), "--child", mode]
-        results[mode] = summary(child_rows(cmd))
+        results[mode] = summary(child_rows(cmd, os.environ | CHILD_ENV.get(mode, {})))
         print(f"# {mode} done", flush=True)
     print_results(results)
 

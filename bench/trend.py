@@ -37,9 +37,10 @@ def slope(ys: list[float]) -> float:
     return float(np.polyfit(np.arange(len(ys)), ys, 1)[0]) if len(ys) > 1 else float("nan")
 
 
-def child_rows(cmd: list[str]) -> list[dict[str, float]]:
-    """Run one mode's child process; the JSON rows it printed (one per step or round)."""
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+def child_rows(cmd: list[str], env: dict[str, str] | None = None) -> list[dict[str, float]]:
+    """Run one mode's child process (in ``env``; default: this one's); the JSON rows it printed, one per
+    step or round."""
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
