@@ -223,7 +223,7 @@ def check_environment(cfg: Config) -> list[Check]:
             "warning",
             "env",
             f"{HEAP_TRACE_ENV}={period:g}: every worker traces its Python heap (logs/<worker>.heap.txt); "
-            "tracing slows the pipeline several times",
+            "tracing slows the pipeline about 2x",
             f"unset {HEAP_TRACE_ENV} for a run whose speed matters",
         )
     ]
