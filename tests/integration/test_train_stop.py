@@ -61,7 +61,13 @@ def signal_when(
         time.sleep(then_s)
         signalled = time.monotonic()
         proc.send_signal(sig)
-        proc.wait(timeout=60)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            driver_log = tmp_path / "run" / "logs" / "driver.log"
+            logs = [p.read_text()[-3000:] for p in (tmp_path / "console.log", driver_log) if p.exists()]
+            why = f"the run did not exit within 60 s of {signal.Signals(sig).name}"
+            raise AssertionError("\n----\n".join([why, *logs])) from None
         return time.monotonic() - signalled
     finally:
         if proc.poll() is None:

@@ -1,3 +1,4 @@
+import re
 import time
 import tracemalloc
 
@@ -26,7 +27,8 @@ def test_the_report_names_the_line_that_keeps_allocating(tmp_path):
     rows = [line.split() for line in totals.splitlines()[1:-1]]
     assert len(rows) >= 2 and all(float(rss) > float(traced) > 0 for _, rss, traced, _ in rows), report
     assert float(rows[-1][2]) > float(rows[0][2]), report  # the store's growth shows in the traced total
-    assert totals.splitlines()[-1].startswith("since the first snapshot: RSS +"), report
+    # RSS moves with everything else in the process (and may fall): only its presence is checked
+    assert re.fullmatch(r"since the first snapshot: RSS [+-]\d+\.\d MiB, traced \+\d+\.\d MiB", totals.splitlines()[-1])
 
 
 def test_the_period_comes_from_the_environment_and_must_be_positive(monkeypatch):
