@@ -263,7 +263,11 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
 
     from rredcot.launch.evaluate import Evaluator
 
+    # Ctrl-C while ray.init starts the local Ray can be swallowed inside it (seen under load: the
+    # run went on to the end); ours records the signal, so that the run stops as soon as it returns
+    stack.callback(signal.signal, signal.SIGINT, signal.signal(signal.SIGINT, _raise_interrupt))
     _init_ray(cfg, stack)
+    raise_if_interrupted()
     # after ray.init, which installs its own SIGTERM handler: ours tears the run down cleanly
     stack.callback(signal.signal, signal.SIGTERM, signal.signal(signal.SIGTERM, _raise_interrupt))
     nodes = [n for n in ray.nodes() if n.get("Alive")]
@@ -334,6 +338,7 @@ class Watch:
         self.redis_restarts = 0
 
     def tick(self, evals_left: int) -> None:
+        raise_if_interrupted()
         self._keep_redis()
         self.monitor.poll()
         depths = {s: self.client.xlen(key(self.cfg.run.name, s)) for s in (ROLLOUTS, BATCHES)}
@@ -421,3 +426,9 @@ _received: list[str] = []  # signals that stopped the run (Ray may re-raise a Ke
 def _raise_interrupt(signum: int, frame: Any) -> None:
     _received.append(signal.Signals(signum).name)
     raise KeyboardInterrupt(_received[-1])
+
+
+def raise_if_interrupted() -> None:
+    """Raise the ``KeyboardInterrupt`` of a stop signal that library code caught and dropped."""
+    if _received:
+        raise KeyboardInterrupt(_received[-1])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from rredcot.common.config import load_config
 from rredcot.common.control import RunControl
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Producer, run_key
+from rredcot.launch import driver
 from rredcot.launch.driver import (
     RUN_MARKER,
     RunDirError,
@@ -19,6 +21,7 @@ from rredcot.launch.driver import (
     _clear_run_keys,
     _init_ray,
     claim_run_dir,
+    raise_if_interrupted,
     train,
 )
 from rredcot.launch.plan import PlanError, local_cores
@@ -123,3 +126,15 @@ def test_a_local_plan_beyond_the_cores_fails_before_ray_starts():
     assert not ray.is_initialized()
     assert f"needs {generators + 2} CPUs (generators {generators} x 1" in str(e.value)
     assert f"has {local_cores()} cores" in str(e.value) and "cluster.generators" in str(e.value)
+
+
+def test_a_stop_signal_that_library_code_swallowed_still_stops_the_run() -> None:
+    """Ray's start-up can catch the KeyboardInterrupt of a Ctrl-C and carry on; the driver's handler
+    records the signal, and the next check raises it again."""
+    driver._received.clear()
+    raise_if_interrupted()  # no signal: nothing
+    with contextlib.suppress(KeyboardInterrupt):  # what the library did
+        driver._raise_interrupt(signal.SIGINT, None)
+    with pytest.raises(KeyboardInterrupt, match="SIGINT"):
+        raise_if_interrupted()
+    driver._received.clear()
