@@ -28,7 +28,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: bench.trend
 
-from bench.trend import MIB, slope  # noqa: E402
+from bench.trend import MIB, print_results, slope  # noqa: E402
 
 
 def main() -> None:
@@ -93,9 +93,7 @@ def main() -> None:
         "objects_last": rows[-1]["objects"],
         "ms_per_group": 1000 * rows[-1]["s"] / args.groups,
     }
-    print("| " + " | ".join(result) + " |\n|" + "---:|" * len(result))
-    print("| " + " | ".join(f"{v:.1f}" for v in result.values()) + " |")
-    print(json.dumps(result))
+    print_results({"rollout io": result})
 
 
 if __name__ == "__main__":
