@@ -108,7 +108,7 @@ def child(config: str, rounds: int, mode: str) -> None:
                 engine.generate(prompts, sampling, prefix=f"r{r}")
             if weights is not None:
                 engine.load_weights_bytes(weights.read_bytes(), version=r + 1)
-            if mode in ("update+trim", "continuous", "continuous+arena2"):
+            if mode == "update+trim" or mode.startswith("continuous"):
                 trim_heap()
             row = {"round": r, "rss": proc.memory_info().rss / MIB, "objects": len(gc.get_objects())}
             print(json.dumps(row | {"s": time.perf_counter() - t0}), flush=True)

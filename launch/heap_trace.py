@@ -23,6 +23,8 @@ import tracemalloc
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from rredcot.common.files import write_text_atomic
 from rredcot.common.heap import trim_heap
 
@@ -48,12 +50,8 @@ def heap_trace_period() -> float | None:
 
 
 def rss_mib() -> float:
-    """This process's resident memory in MiB (Linux ``/proc``; NaN elsewhere)."""
-    try:
-        resident_pages = int(Path("/proc/self/statm").read_text().split()[1])
-    except OSError:
-        return float("nan")
-    return resident_pages * os.sysconf("SC_PAGE_SIZE") / MIB
+    """This process's resident memory in MiB."""
+    return psutil.Process().memory_info().rss / MIB
 
 
 Sites = dict[tracemalloc.Traceback, tracemalloc.Statistic]
