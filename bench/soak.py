@@ -11,8 +11,11 @@ the learner, shows a trend in its peaks and floor, not in a slope), and the stre
 ``redis.maxlen`` (+ one entry per producer); goal: flat within noise, streams bounded. The last line
 is one JSON object; the samples go to ``<run.dir>/soak.csv``. ``--heap-trace S`` has every worker
 write the growth of its Python heap every S seconds to ``<run.dir>/logs/<worker>.heap.txt``.
+``--no-ray`` runs the same workers without Ray: each stage as a plain process (``rredcot generate``,
+``redistribute``, ``learn``) on an embedded Redis, with the environment its Ray actor would get; a
+worker's trend with and without Ray tells whether its Ray actor's process adds to it.
 
-    python -P bench/soak.py [--config demo_cpu --minutes 30 --every 10 --heap-trace 0]
+    python -P bench/soak.py [--config demo_cpu --minutes 30 --every 10 --heap-trace 0 --no-ray]
 """
 
 from __future__ import annotations
@@ -26,15 +29,19 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 import psutil
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
+from rredcot.common.config import load_config, to_dict
 from rredcot.common.control import RunControl
 from rredcot.common.precision import cpu_info
 from rredcot.common.streams import BATCHES, ROLLOUTS, connect, key
 from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
+from rredcot.launch.services import EmbeddedRedis, free_port
+from rredcot.launch.stages import stage_env
 
 
 def rss_mib(pid: int, children: bool = True) -> float | None:
@@ -66,6 +73,38 @@ def floor_slope_mib_per_10min(t: list[float], rss: list[float]) -> float:
     return slope_mib_per_10min([60.0 * m for m in minutes], [lows[m] for m in minutes])
 
 
+def start_train(
+    config: str, overrides: list[str], run_dir: Path, env: dict[str, str], console: TextIO
+) -> tuple[dict[str, subprocess.Popen[bytes]], DictConfig]:
+    """``rredcot train``: the driver, its local Ray and its Ray actors; returns once its config is written."""
+    cmd = [sys.executable, "-m", "rredcot.launch.cli", "train", config, *overrides]
+    driver = subprocess.Popen(cmd, stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    while not (run_dir / "config.yaml").exists():
+        if driver.poll() is not None:
+            sys.exit(f"the run ended before it started: see {console.name}")
+        time.sleep(1)
+    return {"driver": driver}, OmegaConf.load(run_dir / "config.yaml")
+
+
+def start_processes(
+    config: str, overrides: list[str], run_dir: Path, env: dict[str, str], console: TextIO
+) -> tuple[dict[str, subprocess.Popen[bytes]], DictConfig]:
+    """Each stage as a plain process (``rredcot generate|redistribute|learn``) on an embedded Redis,
+    with the environment a Ray actor of its tier gets (``stage_env``): the same workers without Ray."""
+    server = EmbeddedRedis(run_dir / "redis").start()
+    overrides = [*overrides, f"redis.url={server.url}"]
+    cfg = load_config(config, overrides)
+    master = ("127.0.0.1", free_port())
+    procs = {}
+    for command, tier in (("learn", "learner"), ("redistribute", "redistributor"), ("generate", "generator")):
+        cmd = [sys.executable, "-m", "rredcot.launch.cli", command, config, *overrides]
+        stage = env | stage_env(cfg, tier, 0, master)
+        procs[tier] = subprocess.Popen(
+            cmd, stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=stage
+        )
+    return procs, OmegaConf.create(to_dict(cfg))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="demo_cpu")
@@ -75,28 +114,30 @@ def main() -> None:
     p.add_argument(
         "--heap-trace", type=float, default=0.0, help="seconds between each worker's Python-heap snapshots (0: off)"
     )
+    p.add_argument(
+        "--no-ray",
+        action="store_true",
+        help="each stage as a plain process (rredcot generate/redistribute/learn) on an embedded Redis, not Ray actors",
+    )
     args, overrides = p.parse_known_args()
     run_dir = Path(args.run_dir).resolve()
-    cmd = [sys.executable, "-m", "rredcot.launch.cli", "train", args.config, f"run.dir={run_dir}"]
-    cmd += ["run.name=soak", "run.steps=100000", "data.eval_size=0", *overrides]
+    overrides = [f"run.dir={run_dir}", "run.name=soak", "run.steps=100000", "data.eval_size=0", *overrides]
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
     if args.heap_trace:  # each worker writes logs/<worker>.heap.txt (launch/heap_trace.py)
         env[HEAP_TRACE_ENV] = str(args.heap_trace)
     run_dir.mkdir(parents=True, exist_ok=True)
     console = (run_dir.parent / "soak-console.log").open("w")
-    driver = subprocess.Popen(cmd, stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-    while not (run_dir / "config.yaml").exists():
-        if driver.poll() is not None:
-            sys.exit(f"the run ended before it started: see {console.name}")
-        time.sleep(1)
-    cfg = OmegaConf.load(run_dir / "config.yaml")
+    start = start_processes if args.no_ray else start_train
+    procs, cfg = start(args.config, overrides, run_dir, env, console)
     client = connect(cfg.redis.url)
     control = RunControl(client, cfg.run.name)
     t0 = time.monotonic()
     samples: list[dict[str, float]] = []
-    while time.monotonic() - t0 < args.minutes * 60 and driver.poll() is None:
+    while time.monotonic() - t0 < args.minutes * 60 and all(p.poll() is None for p in procs.values()):
         # the driver alone: the local Ray's daemons and workers are its descendants
-        row = {"t": time.monotonic() - t0, "driver": rss_mib(driver.pid, children=False) or 0.0}
+        row = {"t": time.monotonic() - t0} | {
+            name: rss_mib(p.pid, children=False) or 0.0 for name, p in procs.items() if name == "driver"
+        }
         for worker, snap in control.all_metrics().items():
             if "pid" not in snap or snap.get("tier") == "driver":
                 continue
@@ -107,15 +148,23 @@ def main() -> None:
         row["step"] = float(control.all_metrics().get("learner0", {}).get("step", 0.0))
         samples.append(row)
         time.sleep(args.every)
-    if driver.poll() is None:
-        driver.send_signal(signal.SIGTERM)
-        driver.wait(timeout=120)
+    ended = {name: p.returncode for name, p in procs.items() if p.poll() is not None}
+    control.request_stop("soak over")
+    for p in procs.values():
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs.values():
+        try:
+            p.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.kill()
     names = sorted({k for row in samples for k in row} - {"t"})
     with (run_dir / "soak.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["t", *names])
         writer.writeheader()
         writer.writerows(samples)
-    result: dict[str, object] = {"minutes": args.minutes, "samples": len(samples), "rc": driver.returncode}
+    result: dict[str, object] = {"minutes": args.minutes, "samples": len(samples), "ray": not args.no_ray}
+    result["ended_early"] = ended  # a process that exited before the soak's end, with its exit code
     header = ("first", "last", "peak 1st half", "peak 2nd half", "slope/10min", "floor slope/10min")
     print(f"{'MiB':<12} {header[0]:>7} {header[1]:>7} {header[2]:>14} {header[3]:>14} {header[4]:>12} {header[5]:>18}")
     for name in [n for n in names if not n.startswith("queue_") and n != "step"]:
