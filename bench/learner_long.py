@@ -15,6 +15,7 @@ Usage: python -P bench/learner_long.py [--preset qwen2.5-1.5b --tokens 8000 2500
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import resource
 import statistics
@@ -50,6 +51,9 @@ def parse() -> argparse.Namespace:
     p.add_argument(
         "--logprob-chunk", type=int, nargs="+", default=[1024, 2048, 4096], help="learner.logprob_chunk values"
     )
+    p.add_argument(
+        "--fp32-matmul", nargs="+", default=["tf32"], choices=["tf32", "ieee"], help="learner.fp32_matmul values"
+    )
     p.add_argument("--steps", type=int, default=2, help="timed steps (after 1 warm-up)")
     return p.parse_args()
 
@@ -61,18 +65,20 @@ def peak_memory_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
-def timed_steps(engine: LearnerEngine, tokens: int, prompt: int, steps: int) -> float:
-    """Median seconds of ``steps`` training steps on one sample (after one warm-up step)."""
-    batch = random_samples(1, seed=0, lengths=[tokens], prompt=prompt)
+def timed_steps(engine: LearnerEngine, tokens: int, prompt: int, steps: int, vocab: int) -> tuple[float, float]:
+    """Median seconds of ``steps`` training steps on one sample (after one warm-up step), and the last
+    step's gradient norm (zero would mean a step that trained nothing)."""
+    batch = random_samples(1, seed=0, lengths=[tokens], prompt=prompt, vocab=vocab)
     assert engine.train_step(batch).applied  # warm-up
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
-        assert engine.train_step(batch).applied
+        result = engine.train_step(batch)
+        assert result.applied
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(times), result.metrics["grad_norm"]
 
 
 def main() -> None:
@@ -91,6 +97,7 @@ def main() -> None:
         dtype=dtype,
         grad_checkpointing=not args.no_grad_checkpointing,
         logprob_chunk=args.logprob_chunk[0],
+        fp32_matmul=args.fp32_matmul[0],
     )
     engine = LearnerEngine(model, cfg)
     device = torch.cuda.get_device_name() if gpu else "cpu"
@@ -98,20 +105,27 @@ def main() -> None:
         f"learner long step: {args.preset} ({params / 1e6:,.1f}M parameters), ZeRO-{args.zero}, {dtype}, "
         f"gradient checkpointing {'off' if args.no_grad_checkpointing else 'on'}, on {device}"
     )
-    print(f"{'tokens':>7} {'chunk':>6} {'step s':>8} {'tokens/s':>9} {'peak GiB':>9}")
+    print(f"{'tokens':>7} {'chunk':>6} {'fp32':>5} {'step s':>8} {'tokens/s':>9} {'peak GiB':>9} {'grad norm':>10}")
     rows = []
-    for tokens in args.tokens:
-        for chunk in args.logprob_chunk:
-            engine.engine.module.chunk = chunk  # the LM-head chunk of TokenLogProbs
-            if gpu:
-                torch.cuda.reset_peak_memory_stats()
-            step = timed_steps(engine, tokens, args.prompt, args.steps)
-            row = {"tokens": args.prompt + tokens, "chunk": chunk, "step_s": step}
-            row |= {"tokens_per_s": row["tokens"] / step, "peak_memory_gib": peak_memory_gib()}
-            rows.append(row)
-            print(
-                f"{row['tokens']:>7} {chunk:>6} {step:>8.2f} {row['tokens_per_s']:>9.0f} {row['peak_memory_gib']:>9.2f}"
-            )
+    for tokens, chunk, fp32 in itertools.product(args.tokens, args.logprob_chunk, args.fp32_matmul):
+        engine.engine.module.chunk = chunk  # the LM-head chunk of TokenLogProbs
+        torch.backends.cuda.matmul.fp32_precision = fp32  # what LearnerEngine sets from learner.fp32_matmul
+        if gpu:
+            torch.cuda.reset_peak_memory_stats()
+        step, grad_norm = timed_steps(engine, tokens, args.prompt, args.steps, config.vocab_size)
+        row = {
+            "tokens": args.prompt + tokens,
+            "chunk": chunk,
+            "fp32_matmul": fp32,
+            "step_s": step,
+            "grad_norm": grad_norm,
+        }
+        row |= {"tokens_per_s": row["tokens"] / step, "peak_memory_gib": peak_memory_gib()}
+        rows.append(row)
+        print(
+            f"{row['tokens']:>7} {chunk:>6} {fp32:>5} {step:>8.2f} {row['tokens_per_s']:>9.0f} "
+            f"{row['peak_memory_gib']:>9.2f} {grad_norm:>10.3g}"
+        )
     print(
         json.dumps(
             {

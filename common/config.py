@@ -178,6 +178,8 @@ class LearnerConfig:
     micro_token_budget: int = bounded(4096, 16)  # tensor cells per micro-batch (packed: one row of samples)
     packing: str = choice("packed", "packed", "padded", "shared")  # shared: one prompt copy per group (4D mask)
     logprob_chunk: int = bounded(4096, 0)  # LM-head chunk (tokens) for log-probs; 0 = all at once
+    # float32 matrix products on CUDA (the LM head; all of them under dtype float32): TF32 tensor cores or IEEE
+    fp32_matmul: str = choice("tf32", "tf32", "ieee")
     zero3_persistence_threshold: int = bounded(100000, 0)  # ZeRO-3: params below this stay whole
     max_grad_norm: float = bounded(1.0, 0.0)
     broadcast_every: int = bounded(1, 1)

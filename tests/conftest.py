@@ -6,8 +6,10 @@ import os
 import uuid
 
 import pytest
+import torch
 
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
+if not torch.cuda.is_available():  # on a GPU machine DeepSpeed finds CUDA by itself
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray on loopback only (one-machine tests)

@@ -40,9 +40,17 @@ def tiny_lm(seed: int = 0, **config_kwargs) -> torch.nn.Module:
 
 
 def random_samples(
-    n: int, seed: int = 0, lengths: list[int] | None = None, prompt: int = 5, sigma: str = "random", version: int = 0
+    n: int,
+    seed: int = 0,
+    lengths: list[int] | None = None,
+    prompt: int = 5,
+    sigma: str = "random",
+    version: int = 0,
+    vocab: int = VOCAB,
 ) -> list[TrainSample]:
-    """``n`` samples with random tokens, behaviour log-probs near -7, non-zero advantages."""
+    """``n`` samples with random tokens, non-zero advantages and behaviour log-probs near -log(``vocab``): a
+    random-initialised model of that vocabulary gives about those, so the ratios start near 1 (far below
+    1 - ε every token of a negative-advantage sample is clipped and carries no gradient)."""
     rng = np.random.default_rng(seed)
     lengths = lengths or [int(x) for x in rng.integers(3, 40, n)]
     out = []
@@ -57,7 +65,7 @@ def random_samples(
                 id=f"s{seed}-{i}",
                 prompt_ids=rng.integers(1, VOCAB, prompt).astype(np.int32),
                 completion_ids=rng.integers(1, VOCAB, L).astype(np.int32),
-                behaviour_logprobs=(-np.log(VOCAB) + rng.normal(0, 0.3, L)).astype(np.float32),
+                behaviour_logprobs=(-np.log(vocab) + rng.normal(0, 0.3, L)).astype(np.float32),
                 sigma=s.astype(np.float32),
                 versions=np.full(L, version, np.int32),
                 advantage=float(rng.choice([-1.0, 1.0]) * rng.uniform(0.5, 1.5)),

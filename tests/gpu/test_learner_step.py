@@ -28,10 +28,11 @@ def _changed(before: dict[str, torch.Tensor], module: torch.nn.Module) -> bool:
 
 def test_25k_token_step_of_a_1_5b_model_zero2_bf16():
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(Qwen2Config(**SHAPES["qwen2.5-1.5b"]), dtype=torch.bfloat16)
+    config = Qwen2Config(**SHAPES["qwen2.5-1.5b"])
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     engine = _engine(model, zero_stage=2, grad_checkpointing=True, micro_token_budget=26_000, logprob_chunk=4096)
     before = {n: p.detach().clone() for n, p in list(engine.module.named_parameters())[-4:]}
-    result = engine.train_step(random_samples(1, lengths=[25_000], prompt=256))
+    result = engine.train_step(random_samples(1, lengths=[25_000], prompt=256, vocab=config.vocab_size))
     assert result.applied, result.metrics
     assert math.isfinite(result.metrics["loss"]) and result.metrics["grad_norm"] > 0
     assert _changed(before, engine.module)

@@ -50,6 +50,18 @@ def test_deepspeed_gradient_equals_autograd_of_sigma_weighted_loss(make_model, m
     assert engine.apply(pending).applied and engine.version == 1
 
 
+@pytest.mark.parametrize("precision", ["ieee", "tf32"])
+def test_the_engine_sets_the_float32_matmul_precision_of_its_process(make_model, precision):
+    """learner.fp32_matmul reaches torch's CUDA matmul setting (the float32 LM head's precision on a GPU)."""
+    previous = torch.backends.cuda.matmul.fp32_precision
+    try:
+        torch.backends.cuda.matmul.fp32_precision = "tf32" if precision == "ieee" else "ieee"
+        LearnerEngine(make_model(), config(zero_stage=0, fp32_matmul=precision))
+        assert torch.backends.cuda.matmul.fp32_precision == precision
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = previous
+
+
 def test_bf16_step_trains(make_model, make_samples):
     engine = LearnerEngine(make_model(), config(zero_stage=2, dtype="bfloat16", grad_checkpointing=True))
     before = full_state(engine.module)
