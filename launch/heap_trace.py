@@ -8,6 +8,11 @@ Only Python's allocator is traced (not torch's, vLLM's or Ray's native memory), 
 opens with the process's RSS beside the traced total at every snapshot so far: RSS that grows while
 the traced heap stays flat is native memory. Tracing slows Python code: a diagnostic, off by default.
 
+Tensor storage is native memory too: each report also counts the live torch tensors that the
+garbage collector sees, per (device, dtype, shape), and lists the kinds whose count or bytes grew
+since the first snapshot, so tensors that something keeps adding to show by their shape even though
+their Python wrappers are too small to stand out in the traced heap.
+
 A snapshot of a vLLM worker holds millions of traces: each is reduced at once to its totals per
 allocation site (one pass, ~3 s per million traces) and dropped, so the tracer neither holds a raw
 snapshot (hundreds of MiB, which would read as growth) nor filters traces one by one (minutes).
@@ -15,8 +20,10 @@ snapshot (hundreds of MiB, which would read as growth) nor filters traces one by
 
 from __future__ import annotations
 
+import gc
 import linecache
 import os
+import sys
 import threading
 import time
 import tracemalloc
@@ -55,6 +62,54 @@ def rss_mib() -> float:
 
 
 Sites = dict[tracemalloc.Traceback, tracemalloc.Statistic]
+TensorKind = tuple[str, str, tuple[int, ...]]  # device, dtype, shape
+Census = dict[TensorKind, tuple[int, int]]  # kind -> (tensors, bytes of the storages they reach)
+
+
+def tensor_census() -> Census:
+    """The live torch tensors the garbage collector tracks, per kind: their number and the bytes of
+    the distinct storages they reach (a storage shared by views counts once, under its first kind).
+    Empty where torch is not imported."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {}
+    census: dict[TensorKind, list[int]] = {}
+    seen: set[tuple[str, int]] = set()
+    for obj in gc.get_objects():
+        if not issubclass(type(obj), torch.Tensor) or obj.is_meta:  # type(): no proxy objects touched
+            continue
+        entry = census.setdefault((str(obj.device), str(obj.dtype).removeprefix("torch."), tuple(obj.shape)), [0, 0])
+        entry[0] += 1
+        try:
+            storage = obj.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # tensors without a storage (sparse, some subclasses)
+            continue
+        key = (str(obj.device), storage.data_ptr())
+        if key not in seen:
+            seen.add(key)
+            entry[1] += storage.nbytes()
+    return {kind: (n, size) for kind, (n, size) in census.items()}
+
+
+def census_growth(base: Census, now: Census) -> list[str]:
+    """Lines for the tensor kinds whose count or bytes grew from ``base`` to ``now``, most bytes first."""
+    totals = [sum(c[i] for c in census.values()) for census in (base, now) for i in (0, 1)]
+    lines = [
+        f"live tensors: {totals[0]} ({totals[1] / MIB:.1f} MiB) at the first snapshot, "
+        f"{totals[2]} ({totals[3] / MIB:.1f} MiB) now"
+    ]
+    grown = []
+    for kind, (n, size) in now.items():
+        n0, size0 = base.get(kind, (0, 0))
+        if n > n0 or size > size0:
+            grown.append((size - size0, n - n0, kind, n, size))
+    grown.sort(key=lambda g: (g[0], g[1]), reverse=True)
+    for size_diff, n_diff, (device, dtype, shape), n, size in grown[:TOP]:
+        lines.append(
+            f"  {size_diff / MIB:+.2f} MiB in {n_diff:+d} tensors {dtype}{list(shape)} on {device} "
+            f"(now {n}, {size / MIB:.2f} MiB)"
+        )
+    return lines
 
 
 def heap_sites() -> Sites:
@@ -81,9 +136,10 @@ class Sample:
     tracer: float
 
 
-def growth_report(base: Sites, now: Sites, history: list[Sample]) -> str:
+def growth_report(base: Sites, now: Sites, history: list[Sample], tensors: tuple[Census, Census] = ({}, {})) -> str:
     """The RSS and traced totals of every snapshot in ``history`` (the first is ``base``'s, the last
-    ``now``'s), then the sites whose traced memory grew most from ``base`` to ``now``, largest first."""
+    ``now``'s), the tensor kinds that grew (``tensors``: the first census and the last), then the
+    sites whose traced memory grew most from ``base`` to ``now``, largest first."""
     grown = []
     for tb, s in now.items():
         before = base.get(tb)
@@ -97,6 +153,7 @@ def growth_report(base: Sites, now: Sites, history: list[Sample]) -> str:
     lines.append(
         f"since the first snapshot: RSS {last.rss - first.rss:+.1f} MiB, traced {last.traced - first.traced:+.1f} MiB"
     )
+    lines += ["", *census_growth(*tensors)]
     for size_diff, count_diff, s in grown[:TOP]:
         lines.append(f"\n{size_diff / MIB:+.2f} MiB in {count_diff:+d} blocks (now {s.size / MIB:.2f} MiB)")
         lines += [f"    {line}" for line in s.traceback.format(most_recent_first=True)]
@@ -121,18 +178,18 @@ class HeapTrace:
         self._thread.join()
         tracemalloc.stop()
 
-    def _sample(self, start: float) -> tuple[Sample, Sites]:
+    def _sample(self, start: float) -> tuple[Sample, Sites, Census]:
         rss, tracer = rss_mib(), tracemalloc.get_tracemalloc_memory() / MIB
         sites = heap_sites()
-        return Sample(time.monotonic() - start, rss, traced_mib(sites), tracer), sites
+        return Sample(time.monotonic() - start, rss, traced_mib(sites), tracer), sites, tensor_census()
 
     def _loop(self) -> None:
         start = time.monotonic()
         if self._stop.wait(self.every_s):
             return
-        first, base = self._sample(start)
+        first, base, base_tensors = self._sample(start)
         history = [first]
         while not self._stop.wait(self.every_s):
-            sample, now = self._sample(start)
+            sample, now, tensors = self._sample(start)
             history.append(sample)
-            write_text_atomic(self.path, growth_report(base, now, history))
+            write_text_atomic(self.path, growth_report(base, now, history, (base_tensors, tensors)))
