@@ -1,5 +1,8 @@
 """The learner on a GPU (needs only torch, transformers and DeepSpeed, e.g. a carried wheel): one
-25k-token step of a Qwen2.5-1.5B-shaped model, and the device placement of every learner tensor."""
+25k-token step of a Qwen2.5-1.5B-shaped model, and the device placement of every learner tensor.
+
+On a GPU machine without DeepSpeed or network: ``launch/gpu_wheels.sh`` here builds ``.whl/``, and
+``launch/gpu_check.sh`` there installs it and runs ``tests/gpu`` and ``bench/learner_long.py``."""
 
 from __future__ import annotations
 
