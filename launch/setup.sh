@@ -41,13 +41,14 @@ out = subprocess.run([find_server_binary(), "--version"], capture_output=True, t
 print("rredcot: embedded server:", out.stdout.strip().split(" sha=")[0])
 PY
 
-# DeepSpeed JIT-builds a shared-memory op on the first init_distributed (~20 s); build it now.
+# DeepSpeed JIT-builds a shared-memory op on the first init_distributed (~20 s); build it now, where
+# the learner looks for it (rredcot.learner.extensions.extensions_dir).
 if $VENV/bin/python -c "import deepspeed" 2>/dev/null; then
-  DS_ACCELERATOR=${DS_ACCELERATOR:-cpu} RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 \
-  MASTER_PORT=$((20000 + RANDOM % 20000)) $VENV/bin/python - <<'PY' 2>&1 | grep -E "^rredcot" || true
-import deepspeed, time
+  $VENV/bin/python - <<'PY' 2>&1 | grep -E "^rredcot" || true
+import time
 t = time.time()
-deepspeed.init_distributed(dist_backend="gloo")
+from rredcot.learner.engine import init_distributed
+init_distributed()
 print(f"rredcot: DeepSpeed distributed init warm ({time.time() - t:.1f}s)")
 PY
 fi

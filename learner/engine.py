@@ -19,7 +19,6 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -27,6 +26,7 @@ import torch.distributed as dist
 from rredcot.common.config import LearnerConfig
 from rredcot.common.models import load_causal_lm
 from rredcot.common.precision import resolve_dtype
+from rredcot.learner.extensions import await_build_locks, extensions_dir
 from rredcot.learner.logprobs import TokenLogProbs, model_inputs
 from rredcot.learner.loss import LossSettings, Stats, policy_loss, sample_coefficients
 from rredcot.learner.packing import BudgetError, MicroBatch, TrainSample, micro_batches
@@ -47,7 +47,7 @@ def init_distributed() -> tuple[int, int]:
 
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions"))
+    await_build_locks(extensions_dir())
     for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
         os.environ.setdefault(k, v)
     os.environ.setdefault("MASTER_PORT", str(free_port()))

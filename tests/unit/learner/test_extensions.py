@@ -1,0 +1,50 @@
+"""JIT-build locks: a build in progress is waited for, a lock a killed build left is removed."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+from rredcot.learner.extensions import await_build_locks, extensions_dir
+
+
+def _lock(root: Path, op: str, age_s: float) -> Path:
+    lock = root / op / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    then = time.time() - age_s
+    os.utime(lock, (then, then))
+    return lock
+
+
+def test_a_lock_a_killed_build_left_is_removed_with_a_warning(tmp_path, caplog):
+    lock = _lock(tmp_path, "deepspeed_shm_comm", age_s=200)
+    with caplog.at_level(logging.WARNING, logger="rredcot.learner.extensions"):
+        assert await_build_locks(tmp_path, stale_s=180) == [lock]
+    assert not lock.exists()
+    assert "deepspeed_shm_comm/lock" in caplog.text and "killed while building" in caplog.text
+
+
+def test_a_build_in_progress_is_waited_for_not_broken(tmp_path):
+    lock = _lock(tmp_path, "op", age_s=0)
+    threading.Timer(0.5, lock.unlink).start()  # the builder finishes
+    t0 = time.monotonic()
+    assert await_build_locks(tmp_path, stale_s=180, poll_s=0.05) == []
+    assert time.monotonic() - t0 >= 0.4
+
+
+def test_a_young_lock_whose_builder_died_is_removed_once_it_is_stale(tmp_path):
+    lock = _lock(tmp_path, "op", age_s=0.8)
+    t0 = time.monotonic()
+    assert await_build_locks(tmp_path, stale_s=1.0, poll_s=0.05) == [lock]
+    assert 0.1 <= time.monotonic() - t0 < 5 and not lock.exists()
+
+
+def test_the_extensions_dir_defaults_to_one_shared_cache(monkeypatch):
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    assert extensions_dir() == Path.home() / ".cache" / "torch_extensions"
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "/somewhere/else")
+    assert extensions_dir() == Path("/somewhere/else")
