@@ -69,16 +69,21 @@ Census = dict[TensorKind, tuple[int, int]]  # kind -> (tensors, bytes of the sto
 def tensor_census() -> Census:
     """The live torch tensors the garbage collector tracks, per kind: their number and the bytes of
     the distinct storages they reach (a storage shared by views counts once, under its first kind).
-    Empty where torch is not imported."""
+    Meta tensors and a compiler's fake tensors (symbolic shapes, no memory) are left out. Empty
+    where torch is not imported."""
     torch = sys.modules.get("torch")
     if torch is None:
         return {}
+    fake = sys.modules.get("torch._subclasses.fake_tensor")
     census: dict[TensorKind, list[int]] = {}
     seen: set[tuple[str, int]] = set()
     for obj in gc.get_objects():
         if not issubclass(type(obj), torch.Tensor) or obj.is_meta:  # type(): no proxy objects touched
             continue
-        entry = census.setdefault((str(obj.device), str(obj.dtype).removeprefix("torch."), tuple(obj.shape)), [0, 0])
+        shape = tuple(obj.shape)
+        if (fake is not None and isinstance(obj, fake.FakeTensor)) or not all(type(d) is int for d in shape):
+            continue
+        entry = census.setdefault((str(obj.device), str(obj.dtype).removeprefix("torch."), shape), [0, 0])
         entry[0] += 1
         try:
             storage = obj.untyped_storage()

@@ -85,3 +85,17 @@ def test_the_census_counts_tensors_by_kind_and_a_shared_storage_once():
     int16 = [("cpu", "int16", (1031,)), ("cpu", "int16", (7,))]
     assert sum(now[k][1] - base.get(k, (0, 0))[1] for k in int16) == 1031 * 2  # one storage, three tensors
     assert len(keep) == 3 and len(views) == 2
+
+
+def test_the_census_leaves_out_a_compilers_fake_tensors_with_symbolic_shapes():
+    """vLLM's torch.compile leaves fake tensors alive in a generator; their SymInt shapes are unhashable."""
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    fakes = [mode.from_tensor(torch.zeros(4, 5), static_shapes=False, source=ConstantSource("x")), torch.ones(11)]
+    census = tensor_census()
+    assert ("cpu", "float32", (11,)) in census
+    assert not [kind for kind in census if kind[2] == (4, 5) or not all(type(d) is int for d in kind[2])]
+    assert len(fakes) == 2
