@@ -2,8 +2,7 @@
 # Build .whl/: what a bare GPU machine that has only torch and transformers (Python 3.12, no
 # network) needs to run tests/gpu and bench/learner_long.py: rredcot itself, DeepSpeed (built here
 # from its sdist, pure Python, no ops) and the pure or manylinux wheels they import.
-# On the GPU machine:
-#   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+# On the GPU machine, launch/gpu_check.sh installs and uses them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}

@@ -98,11 +98,8 @@ def tensor_census() -> Census:
 
 def census_growth(base: Census, now: Census) -> list[str]:
     """Lines for the tensor kinds whose count or bytes grew from ``base`` to ``now``, most bytes first."""
-    totals = [sum(c[i] for c in census.values()) for census in (base, now) for i in (0, 1)]
-    lines = [
-        f"live tensors: {totals[0]} ({totals[1] / MIB:.1f} MiB) at the first snapshot, "
-        f"{totals[2]} ({totals[3] / MIB:.1f} MiB) now"
-    ]
+    (n0, bytes0), (n1, bytes1) = ((sum(n for n, _ in c.values()), sum(b for _, b in c.values())) for c in (base, now))
+    lines = [f"live tensors: {n0} ({bytes0 / MIB:.1f} MiB) at the first snapshot, {n1} ({bytes1 / MIB:.1f} MiB) now"]
     grown = []
     for kind, (n, size) in now.items():
         n0, size0 = base.get(kind, (0, 0))
