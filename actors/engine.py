@@ -46,6 +46,11 @@ _FINISH = {"stop": "stop", "length": "length"}
 # so nothing is prefix-cached and each of a group's n samples prefills the prompt again (2.8–3.2× slower
 # evaluation of the CPU demo, docs/benchmarks.md)
 CPU_BLOCK_SIZE = 32
+# vLLM-CPU's matmuls JIT-compile a oneDNN primitive per (weight shape, batch rows), about 0.7 MiB each with
+# AMX, and oneDNN keeps the last 1,024: as a generator meets new batch sizes its RSS crept for hours
+# (docs/benchmarks.md, "Soak"). 128 holds the loop's working set at the same speed; a user's own
+# ONEDNN_PRIMITIVE_CACHE_CAPACITY wins.
+PRIMITIVE_CACHE_ENV, PRIMITIVE_CACHE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY", 128
 
 
 class PromptTooLong(ValueError):
@@ -132,6 +137,7 @@ class Engine:
 
     def __init__(self, spec: EngineSpec) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault(PRIMITIVE_CACHE_ENV, str(PRIMITIVE_CACHE))  # read at oneDNN's first primitive
         gc.collect()  # an unreferenced engine's teardown resets vLLM's process-wide state: let it run before ours
         from vllm import LLM
 

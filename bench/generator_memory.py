@@ -11,7 +11,9 @@ seed. ``continuous`` runs the engine as the generator's loop does: ``(staleness.
 prompts_per_step`` groups in flight (at most ``max_in_flight_groups``), a new group submitted as
 each finishes, so prefills and decodes of every length share the engine's batches; a round is
 ``prompts_per_step`` finished groups, then a weight update and a trim (a learner step's cadence).
-``continuous+arena2`` is the same with glibc limited to two malloc arenas (``MALLOC_ARENA_MAX=2``).
+``continuous+arena2`` is the same with glibc limited to two malloc arenas (``MALLOC_ARENA_MAX=2``);
+``continuous+cache0`` and ``continuous+cache1024`` with oneDNN's primitive cache at 0 and at oneDNN's
+default of 1,024 primitives, instead of the engine's 128 (``actors.engine.PRIMITIVE_CACHE``).
 After every round: RSS, and the number of Python objects the garbage collector tracks (a growth
 there is a Python-level leak; RSS growth without it is native memory or the allocator). Prints a
 table; the last line is one JSON object.
@@ -37,8 +39,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: 
 
 from bench.trend import MIB, child_rows, print_results, slope  # noqa: E402
 
-MODES = ["generate", "update", "update+trim", "continuous", "continuous+arena2"]
-CHILD_ENV = {"continuous+arena2": {"MALLOC_ARENA_MAX": "2"}}  # read by glibc when the child starts
+CACHE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+CHILD_ENV = {  # read by glibc / oneDNN when the child starts
+    "continuous+arena2": {"MALLOC_ARENA_MAX": "2"},
+    "continuous+cache0": {CACHE: "0"},  # no oneDNN primitive kept beyond vLLM's own 32 per weight shape
+    "continuous+cache1024": {CACHE: "1024"},  # oneDNN's default, which the engine lowers to 128
+}
+MODES = ["generate", "update", "update+trim", "continuous", *CHILD_ENV]
 
 
 def parse() -> argparse.Namespace:

@@ -14,8 +14,11 @@ write the growth of its Python heap every S seconds to ``<run.dir>/logs/<worker>
 ``--no-ray`` runs the same workers without Ray: each stage as a plain process (``rredcot generate``,
 ``redistribute``, ``learn``) on an embedded Redis, with the environment its Ray actor would get; a
 worker's trend with and without Ray tells whether its Ray actor's process adds to it.
+``--memray FILE`` (with ``--no-ray``) runs the generator under memray's tracker with native stacks
+(``pip install memray``), to attribute native memory that ``--heap-trace`` cannot see
+(``bench/memray_growth.py FILE`` reads it).
 
-    python -P bench/soak.py [--config demo_cpu --minutes 30 --every 10 --heap-trace 0 --no-ray]
+    python -P bench/soak.py [--config demo_cpu --minutes 30 --every 10 --heap-trace 0 --no-ray --memray FILE]
 """
 
 from __future__ import annotations
@@ -87,10 +90,16 @@ def start_train(
 
 
 def start_processes(
-    config: str, overrides: list[str], run_dir: Path, env: dict[str, str], console: TextIO
+    config: str,
+    overrides: list[str],
+    run_dir: Path,
+    env: dict[str, str],
+    console: TextIO,
+    memray: Path | None = None,
 ) -> tuple[dict[str, subprocess.Popen[bytes]], DictConfig]:
     """Each stage as a plain process (``rredcot generate|redistribute|learn``) on an embedded Redis,
-    with the environment a Ray actor of its tier gets (``stage_env``): the same workers without Ray."""
+    with the environment a Ray actor of its tier gets (``stage_env``): the same workers without Ray;
+    with ``memray``, the generator runs under memray's native tracker, writing to that file."""
     server = EmbeddedRedis(run_dir / "redis").start()
     overrides = [*overrides, f"redis.url={server.url}"]
     cfg = load_config(config, overrides)
@@ -98,6 +107,8 @@ def start_processes(
     procs = {}
     for command, tier in (("learn", "learner"), ("redistribute", "redistributor"), ("generate", "generator")):
         cmd = [sys.executable, "-m", "rredcot.launch.cli", command, config, *overrides]
+        if memray is not None and tier == "generator":
+            cmd[1:1] = ["-m", "memray", "run", "--native", "--force", "-o", str(memray)]
         stage = env | stage_env(cfg, tier, 0, master)
         procs[tier] = subprocess.Popen(
             cmd, stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=stage
@@ -119,6 +130,7 @@ def main() -> None:
         action="store_true",
         help="each stage as a plain process (rredcot generate/redistribute/learn) on an embedded Redis, not Ray actors",
     )
+    p.add_argument("--memray", type=Path, help="with --no-ray: trace the generator's allocations into this file")
     args, overrides = p.parse_known_args()
     run_dir = Path(args.run_dir).resolve()
     overrides = [f"run.dir={run_dir}", "run.name=soak", "run.steps=100000", "data.eval_size=0", *overrides]
@@ -127,8 +139,12 @@ def main() -> None:
         env[HEAP_TRACE_ENV] = str(args.heap_trace)
     run_dir.mkdir(parents=True, exist_ok=True)
     console = (run_dir.parent / "soak-console.log").open("w")
-    start = start_processes if args.no_ray else start_train
-    procs, cfg = start(args.config, overrides, run_dir, env, console)
+    if args.memray and not args.no_ray:
+        p.error("--memray traces a plain generator process: add --no-ray")
+    if args.no_ray:
+        procs, cfg = start_processes(args.config, overrides, run_dir, env, console, args.memray)
+    else:
+        procs, cfg = start_train(args.config, overrides, run_dir, env, console)
     client = connect(cfg.redis.url)
     control = RunControl(client, cfg.run.name)
     t0 = time.monotonic()

@@ -2,13 +2,33 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save
 
-from rredcot.actors.engine import PromptTooLong, Sampling
+from rredcot.actors.engine import PRIMITIVE_CACHE, PRIMITIVE_CACHE_ENV, PromptTooLong, Sampling
+
+# one vLLM-CPU oneDNN matmul (SmolLM2's MLP down-projection shape) called with 400 batch sizes; prints the
+# MiB it still holds once glibc has handed its free pages back (a generator trims after every update)
+ONEDNN_BATCH_SIZES = """
+import ctypes, psutil, torch
+from vllm import _custom_ops as ops
+torch.set_num_threads(1)
+handler = ops.create_onednn_mm(torch.randn(1536, 576).t(), 32)
+x = torch.randn(410, 576)
+for m in range(1, 9):
+    ops.onednn_mm(handler, x[:m], None)
+before = psutil.Process().memory_info().rss
+for m in range(9, 410):
+    ops.onednn_mm(handler, x[:m], None)
+ctypes.CDLL("libc.so.6").malloc_trim(0)
+print((psutil.Process().memory_info().rss - before) / 2**20)
+"""
 
 
 def test_behaviour_logprobs_match_transformers_after_temperature(tied, helpers):
@@ -39,6 +59,22 @@ def test_cpu_engine_uses_small_kv_blocks_so_groups_share_their_prompt(tied):
         pytest.skip("GPU engines keep vLLM's default block size")
     assert engine._core.vllm_config.cache_config.block_size == 32
     assert engine._core.vllm_config.cache_config.enable_prefix_caching
+
+
+def test_engine_bounds_onednns_primitive_cache(tied):
+    """vLLM-CPU JIT-compiles a oneDNN matmul per batch size, and oneDNN keeps 1,024 of them by default:
+    a generator's RSS crept for hours as new batch sizes came (docs/benchmarks.md, "Soak"). The engine
+    caps that cache before vLLM loads, and the cap bounds what the primitives hold."""
+    assert os.environ[PRIMITIVE_CACHE_ENV] == str(PRIMITIVE_CACHE)  # set by the tied engine's construction
+
+    def held_mib(capacity: int) -> float:
+        env = os.environ | {PRIMITIVE_CACHE_ENV: str(capacity), "OMP_NUM_THREADS": "1"}
+        out = subprocess.run([sys.executable, "-c", ONEDNN_BATCH_SIZES], capture_output=True, text=True, env=env)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return float(out.stdout.split()[-1])
+
+    default, capped = held_mib(1024), held_mib(PRIMITIVE_CACHE)
+    assert capped < 0.5 * default + 16, (capped, default)  # 39 vs 134 MiB on an Intel Xeon with AMX (float32)
 
 
 def test_generate_batch_mixes_samplings_and_reports_progress(tied, helpers):
