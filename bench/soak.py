@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
 import json
 import os
 import signal
@@ -141,6 +142,8 @@ def main() -> None:
     console = (run_dir.parent / "soak-console.log").open("w")
     if args.memray and not args.no_ray:
         p.error("--memray traces a plain generator process: add --no-ray")
+    if args.memray and importlib.util.find_spec("memray") is None:
+        p.error("--memray needs memray in this environment: pip install memray")
     if args.no_ray:
         procs, cfg = start_processes(args.config, overrides, run_dir, env, console, args.memray)
     else:
