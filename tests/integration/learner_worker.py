@@ -11,6 +11,7 @@ the rank), redis_url + run_id + weights_dir (publish after each step).
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import redis
@@ -59,3 +60,8 @@ def main(spec: dict) -> None:
 
 if __name__ == "__main__":
     main(json.loads(sys.argv[1]))
+    # Everything this rank computed is on disk. Skip the interpreter's teardown: a native thread still
+    # joinable when the C++ libraries' static objects are destroyed aborted a rank once more even after the
+    # barrier and destroy_process_group above (2-rank ZeRO-3, a fresh-clone CI); the test judges the results
+    sys.stdout.flush()
+    os._exit(0)
