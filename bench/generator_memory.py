@@ -38,8 +38,8 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: bench.trend
 
 from bench.trend import MIB, child_rows, print_results, slope  # noqa: E402
+from rredcot.actors.engine import PRIMITIVE_CACHE_ENV as CACHE  # noqa: E402
 
-CACHE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 CHILD_ENV = {  # read by glibc / oneDNN when the child starts
     "continuous+arena2": {"MALLOC_ARENA_MAX": "2"},
     "continuous+cache0": {CACHE: "0"},  # no oneDNN primitive kept beyond vLLM's own 32 per weight shape

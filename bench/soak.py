@@ -133,6 +133,10 @@ def main() -> None:
     )
     p.add_argument("--memray", type=Path, help="with --no-ray: trace the generator's allocations into this file")
     args, overrides = p.parse_known_args()
+    if args.memray and not args.no_ray:
+        p.error("--memray traces a plain generator process: add --no-ray")
+    if args.memray and importlib.util.find_spec("memray") is None:
+        p.error("--memray needs memray in this environment: pip install memray")
     run_dir = Path(args.run_dir).resolve()
     overrides = [f"run.dir={run_dir}", "run.name=soak", "run.steps=100000", "data.eval_size=0", *overrides]
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
@@ -140,10 +144,6 @@ def main() -> None:
         env[HEAP_TRACE_ENV] = str(args.heap_trace)
     run_dir.mkdir(parents=True, exist_ok=True)
     console = (run_dir.parent / "soak-console.log").open("w")
-    if args.memray and not args.no_ray:
-        p.error("--memray traces a plain generator process: add --no-ray")
-    if args.memray and importlib.util.find_spec("memray") is None:
-        p.error("--memray needs memray in this environment: pip install memray")
     if args.no_ray:
         procs, cfg = start_processes(args.config, overrides, run_dir, env, console, args.memray)
     else:
