@@ -32,6 +32,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import TextIO
 
@@ -44,7 +45,7 @@ from rredcot.common.control import RunControl
 from rredcot.common.precision import cpu_info
 from rredcot.common.streams import BATCHES, ROLLOUTS, connect, key
 from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
-from rredcot.launch.services import EmbeddedRedis, free_port
+from rredcot.launch.services import EmbeddedRedis
 from rredcot.launch.stages import stage_env
 
 
@@ -104,13 +105,13 @@ def start_processes(
     server = EmbeddedRedis(run_dir / "redis").start()
     overrides = [*overrides, f"redis.url={server.url}"]
     cfg = load_config(config, overrides)
-    master = ("127.0.0.1", free_port())
+    rendezvous = ("127.0.0.1", uuid.uuid4().hex)
     procs = {}
     for command, tier in (("learn", "learner"), ("redistribute", "redistributor"), ("generate", "generator")):
         cmd = [sys.executable, "-m", "rredcot.launch.cli", command, config, *overrides]
         if memray is not None and tier == "generator":
             cmd[1:1] = ["-m", "memray", "run", "--native", "--force", "-o", str(memray)]
-        stage = env | stage_env(cfg, tier, 0, master)
+        stage = env | stage_env(cfg, tier, 0, rendezvous)
         procs[tier] = subprocess.Popen(
             cmd, stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=stage
         )

@@ -102,7 +102,9 @@ def _threads(cpus: float) -> str:
     return str(max(1, int(cpus)))
 
 
-def stage_env(cfg: Config, tier: str, rank: int, master: tuple[str, int]) -> dict[str, str]:
+def stage_env(cfg: Config, tier: str, rank: int, rendezvous: tuple[str, str]) -> dict[str, str]:
+    """The environment of a worker's process; a learner rank's names its group's rendezvous: rank 0's
+    node address and the id of this start of the learner tier (``learner.rendezvous``)."""
     cpus = {
         "generator": cfg.cluster.cpus_per_generator,
         "redistributor": cfg.cluster.cpus_per_redistributor,
@@ -121,8 +123,8 @@ def stage_env(cfg: Config, tier: str, rank: int, master: tuple[str, int]) -> dic
             RANK=str(rank),
             LOCAL_RANK="0",
             WORLD_SIZE=str(cfg.cluster.learner_ranks),
-            MASTER_ADDR=master[0],
-            MASTER_PORT=str(master[1]),
+            MASTER_ADDR=rendezvous[0],
+            RREDCOT_RENDEZVOUS=rendezvous[1],
         )
     import torch
 

@@ -4,7 +4,7 @@ One ``StageWorker`` actor per worker of the plan, each in its own placement-grou
 restarts a dead generator or redistributor in place (``stages.restart_options``). A learner rank
 cannot rejoin its torch.distributed group alone, so when a learner rank's process dies the driver
 restarts the whole learner tier: it kills the surviving ranks, waits a back-off (1, 2, 4 … s, at
-most 30), and starts every rank again with a fresh rendezvous port. The new ranks restore the newest
+most 30), and starts every rank again with a fresh rendezvous (``learner.rendezvous``). The new ranks restore the newest
 checkpoint and first retrain what was trained after it (``learner.replay``), so nothing trained is
 lost. At most ``cluster.max_restarts`` times; then the run stops and says how to resume it.
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import uuid
 from typing import Any
 
 from rredcot.common.config import Config, to_dict
@@ -66,7 +67,7 @@ class StageActors:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        master = learner_master(self.pg, [t for t, _, _ in self.plan].index("learner"))
+        rendezvous = learner_address(self.pg, [t for t, _, _ in self.plan].index("learner")), uuid.uuid4().hex
         for index, (tier, rank, bundle) in enumerate(self.plan):
             if tier not in tiers:
                 continue
@@ -80,7 +81,7 @@ class StageActors:
                     name=name,
                     **restart_options(self.cfg, tier),
                 )
-                .remote(tier, self.cfg_dict, rank, stage_env(self.cfg, tier, rank, master), incarnation)
+                .remote(tier, self.cfg_dict, rank, stage_env(self.cfg, tier, rank, rendezvous), incarnation)
             )
             self.actors[(tier, rank)] = actor
             self.stack.callback(ray.kill, actor)
@@ -161,16 +162,11 @@ class StageActors:
         self.control.publish_metrics("driver", "driver", {"learner_restarts": float(self.learner_restarts)})
 
 
-def learner_master(pg: Any, bundle_index: int) -> tuple[str, int]:
-    """A fresh rendezvous (address, port) for the learner ranks' torch.distributed group: the node
-    holding learner rank 0's bundle, a port free on this one."""
+def learner_address(pg: Any, bundle_index: int) -> str:
+    """The address of the node holding learner rank 0's bundle (its group's store is hosted there)."""
     import ray
     from ray.util.placement_group import placement_group_table
 
-    from rredcot.launch.services import free_port
-
     node_id = placement_group_table(pg)["bundles_to_node_id"][bundle_index]
     nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
-    if len(nodes) == 1:
-        return "127.0.0.1", free_port()
-    return nodes[node_id], free_port()
+    return "127.0.0.1" if len(nodes) == 1 else nodes[node_id]

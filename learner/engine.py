@@ -38,10 +38,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_distributed() -> tuple[int, int]:
-    """Initialise torch.distributed through DeepSpeed (gloo on CPU, nccl on GPU); returns (rank, world).
+def init_distributed(store: dist.Store | None = None) -> tuple[int, int]:
+    """Initialise torch.distributed (gloo on CPU, nccl on GPU); returns (rank, world).
 
-    Without a launcher, defaults to a single rank on a free local port.
+    With ``store`` (``learner.rendezvous``) the group forms on it; otherwise DeepSpeed forms it from
+    ``env://``, by default a single rank on a free local port.
     """
     import deepspeed
 
@@ -58,8 +59,12 @@ def init_distributed() -> tuple[int, int]:
         # Another library in this process (vLLM tears down its world group on shutdown, and makes a
         # new one for its next engine) may have replaced the group DeepSpeed cached: drop it.
         groups._release_process_group_references()
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if not dist.is_initialized() and store is not None:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world)
     if not dist.is_initialized():
-        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+        deepspeed.init_distributed(dist_backend=backend)
     return dist.get_rank(), dist.get_world_size()
 
 

@@ -33,8 +33,9 @@ from rredcot.common.weight_sync import version_key
 from rredcot.learner.batches import BatchReader, group_length
 from rredcot.learner.broadcast import FilePublisher
 from rredcot.learner.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
-from rredcot.learner.engine import LearnerEngine, load_policy
+from rredcot.learner.engine import LearnerEngine, init_distributed, load_policy
 from rredcot.learner.packing import TrainSample, samples_from_group
+from rredcot.learner.rendezvous import join_from_env
 from rredcot.learner.replay import ReplayLog, steps_to_replay
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class Trainer:
         self.lineage = VersionLineage(self.client, self.run_id)
         path = resolve_model_path(cfg.model.path, seed=cfg.run.seed)
         self.tokenizer = load_tokenizer(cfg.model.tokenizer or path)
+        init_distributed(join_from_env(self.client, self.run_id))
         self.engine = LearnerEngine(
             load_policy(path, cfg.learner),
             cfg.learner,

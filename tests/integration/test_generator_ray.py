@@ -63,7 +63,7 @@ def test_killed_generator_resumes_with_latest_weights_and_no_lost_prompts(
         publish_weights(redis_client, run_id, version, model.named_parameters(), weights_dir)
         admission.publish_version(version)
         if version == 1:
-            env = stage_env(cfg, "generator", 0, ("127.0.0.1", 0))
+            env = stage_env(cfg, "generator", 0, ("127.0.0.1", "r0"))
             options = {"num_cpus": 1, "max_restarts": 1, "max_task_retries": 1}
             actor = ray.remote(StageWorker).options(**options).remote("generator", to_dict(cfg), 0, env)
             done = actor.run.remote()

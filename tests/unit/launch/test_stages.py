@@ -7,6 +7,7 @@ import pytest
 from rredcot.common.config import load_config
 from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
 from rredcot.launch.stages import restart_options, stage_env
+from rredcot.learner.rendezvous import ENV as RENDEZVOUS_ENV
 
 
 @pytest.mark.parametrize("ranks", [1, 2])
@@ -20,15 +21,16 @@ def test_ray_restarts_generators_and_redistributors_never_a_learner_rank(ranks):
 
 def test_each_learner_rank_gets_its_rank_and_the_rendezvous():
     cfg = load_config("tests", ["cluster.learner_ranks=2"])
-    env = stage_env(cfg, "learner", 1, ("127.0.0.1", 29555))
-    assert (env["RANK"], env["WORLD_SIZE"], env["MASTER_ADDR"], env["MASTER_PORT"]) == ("1", "2", "127.0.0.1", "29555")
-    assert "RANK" not in stage_env(cfg, "generator", 0, ("127.0.0.1", 29555))
+    env = stage_env(cfg, "learner", 1, ("10.0.0.7", "ab12"))
+    assert (env["RANK"], env["WORLD_SIZE"], env["MASTER_ADDR"], env[RENDEZVOUS_ENV]) == ("1", "2", "10.0.0.7", "ab12")
+    assert "MASTER_PORT" not in env  # rank 0 binds its own port (learner.rendezvous): none is picked in advance
+    assert "RANK" not in stage_env(cfg, "generator", 0, ("127.0.0.1", "ab12"))
 
 
 def test_the_heap_trace_setting_reaches_every_tier_only_when_set(monkeypatch):
     cfg = load_config("tests", [])
     monkeypatch.delenv(HEAP_TRACE_ENV, raising=False)
-    assert HEAP_TRACE_ENV not in stage_env(cfg, "generator", 0, ("127.0.0.1", 29555))
+    assert HEAP_TRACE_ENV not in stage_env(cfg, "generator", 0, ("127.0.0.1", "ab12"))
     monkeypatch.setenv(HEAP_TRACE_ENV, "120")
     for tier in ("generator", "redistributor", "learner"):
-        assert stage_env(cfg, tier, 0, ("127.0.0.1", 29555))[HEAP_TRACE_ENV] == "120"
+        assert stage_env(cfg, tier, 0, ("127.0.0.1", "ab12"))[HEAP_TRACE_ENV] == "120"
