@@ -34,6 +34,7 @@ import torch
 
 from rredcot.common.config import Config
 from rredcot.common.models import load_tokenizer, resolve_model_path
+from rredcot.common.onednn import bound_primitive_cache
 from rredcot.common.precision import resolve_dtype
 from rredcot.common.sampling import seed_of
 from rredcot.common.weight_group import GroupInfo
@@ -46,11 +47,6 @@ _FINISH = {"stop": "stop", "length": "length"}
 # so nothing is prefix-cached and each of a group's n samples prefills the prompt again (2.8–3.2× slower
 # evaluation of the CPU demo, docs/benchmarks.md)
 CPU_BLOCK_SIZE = 32
-# vLLM-CPU's matmuls JIT-compile a oneDNN primitive per (weight shape, batch rows), about 0.7 MiB each with
-# AMX, and oneDNN keeps the last 1,024: as a generator meets new batch sizes its RSS crept for hours
-# (docs/benchmarks.md, "Soak"). 128 holds the loop's working set at the same speed; a user's own
-# ONEDNN_PRIMITIVE_CACHE_CAPACITY wins.
-PRIMITIVE_CACHE_ENV, PRIMITIVE_CACHE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY", 128
 
 
 class PromptTooLong(ValueError):
@@ -137,7 +133,7 @@ class Engine:
 
     def __init__(self, spec: EngineSpec) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        os.environ.setdefault(PRIMITIVE_CACHE_ENV, str(PRIMITIVE_CACHE))  # read at oneDNN's first primitive
+        bound_primitive_cache()  # vLLM-CPU's matmuls are oneDNN primitives, one per batch size
         gc.collect()  # an unreferenced engine's teardown resets vLLM's process-wide state: let it run before ours
         from vllm import LLM
 

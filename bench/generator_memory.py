@@ -13,7 +13,7 @@ each finishes, so prefills and decodes of every length share the engine's batche
 ``prompts_per_step`` finished groups, then a weight update and a trim (a learner step's cadence).
 ``continuous+arena2`` is the same with glibc limited to two malloc arenas (``MALLOC_ARENA_MAX=2``);
 ``continuous+cache0`` and ``continuous+cache1024`` with oneDNN's primitive cache at 0 and at oneDNN's
-default of 1,024 primitives, instead of the engine's 128 (``actors.engine.PRIMITIVE_CACHE``).
+default of 1,024 primitives, instead of the engine's 128 (``common.onednn.PRIMITIVE_CACHE``).
 After every round: RSS, and the number of Python objects the garbage collector tracks (a growth
 there is a Python-level leak; RSS growth without it is native memory or the allocator). Prints a
 table; the last line is one JSON object.
@@ -38,7 +38,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: bench.trend
 
 from bench.trend import MIB, child_rows, print_results, slope  # noqa: E402
-from rredcot.actors.engine import PRIMITIVE_CACHE_ENV as CACHE  # noqa: E402
+from rredcot.common.onednn import PRIMITIVE_CACHE_ENV as CACHE  # noqa: E402
 
 CHILD_ENV = {  # read by glibc / oneDNN when the child starts
     "continuous+arena2": {"MALLOC_ARENA_MAX": "2"},

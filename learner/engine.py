@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from rredcot.common.config import LearnerConfig
 from rredcot.common.models import load_causal_lm
+from rredcot.common.onednn import bound_primitive_cache
 from rredcot.common.precision import resolve_dtype
 from rredcot.learner.extensions import await_build_locks, extensions_dir
 from rredcot.learner.logprobs import TokenLogProbs, model_inputs
@@ -152,6 +153,7 @@ class LearnerEngine:
         ``total_steps``: the run's steps (the end of a cosine learning-rate schedule)."""
         import deepspeed
 
+        bound_primitive_cache()  # a CPU's bf16 matmuls are oneDNN primitives, one per sequence length
         self.cfg = cfg
         self.settings = LossSettings.from_config(cfg)
         self.rank, self.world = init_distributed()

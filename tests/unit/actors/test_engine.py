@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save
 
-from rredcot.actors.engine import PRIMITIVE_CACHE, PRIMITIVE_CACHE_ENV, PromptTooLong, Sampling
+from rredcot.actors.engine import PromptTooLong, Sampling
+from rredcot.common.onednn import PRIMITIVE_CACHE, PRIMITIVE_CACHE_ENV
+from tests.unit.common.test_onednn import held_mib
 
 # one vLLM-CPU oneDNN matmul (SmolLM2's MLP down-projection shape) called with 400 batch sizes; prints the
 # MiB it still holds once glibc has handed its free pages back (a generator trims after every update)
@@ -67,13 +67,7 @@ def test_engine_bounds_onednns_primitive_cache(tied):
     caps that cache before vLLM loads, and the cap bounds what the primitives hold."""
     assert os.environ[PRIMITIVE_CACHE_ENV] == str(PRIMITIVE_CACHE)  # set by the tied engine's construction
 
-    def held_mib(capacity: int) -> float:
-        env = os.environ | {PRIMITIVE_CACHE_ENV: str(capacity), "OMP_NUM_THREADS": "1"}
-        out = subprocess.run([sys.executable, "-c", ONEDNN_BATCH_SIZES], capture_output=True, text=True, env=env)
-        assert out.returncode == 0, out.stderr[-2000:]
-        return float(out.stdout.split()[-1])
-
-    default, capped = held_mib(1024), held_mib(PRIMITIVE_CACHE)
+    default, capped = held_mib(ONEDNN_BATCH_SIZES, 1024), held_mib(ONEDNN_BATCH_SIZES, PRIMITIVE_CACHE)
     assert capped < 0.5 * default + 16, (capped, default)  # 39 vs 134 MiB on an Intel Xeon with AMX (float32)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import torch
 from deepspeed.utils import safe_get_full_grad
 
 from rredcot.common.config import LearnerConfig
+from rredcot.common.onednn import PRIMITIVE_CACHE, PRIMITIVE_CACHE_ENV
 from rredcot.learner.broadcast import full_state
 from rredcot.learner.engine import (
     LearnerEngine,
@@ -60,6 +62,13 @@ def test_the_engine_sets_the_float32_matmul_precision_of_its_process(make_model,
         assert torch.backends.cuda.matmul.fp32_precision == precision
     finally:
         torch.backends.cuda.matmul.fp32_precision = previous
+
+
+def test_the_engine_bounds_onednns_primitive_cache_before_its_first_matmul(make_model, monkeypatch):
+    """The cap (tests/unit/common/test_onednn.py) must be in the environment before the first step."""
+    monkeypatch.delenv(PRIMITIVE_CACHE_ENV, raising=False)
+    LearnerEngine(make_model(), config(zero_stage=0))
+    assert os.environ[PRIMITIVE_CACHE_ENV] == str(PRIMITIVE_CACHE)
 
 
 def test_bf16_step_trains(make_model, make_samples):
