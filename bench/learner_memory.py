@@ -7,16 +7,19 @@ completions of 1 to ``max_tokens`` tokens), once per mode, each in a fresh proce
 ``plain``, and ``trim``, which hands the C heap's free pages back to the OS after every step
 (glibc ``malloc_trim(0)``). A thread samples RSS every 20 ms: per step its peak, and the RSS after
 it. Same seed in every mode, so a difference between modes is the allocator's, not the data's.
+``trim+cache1024`` is ``trim`` with oneDNN's primitive cache at its default of 1,024 primitives
+instead of the engine's 128 (``common.onednn``): a CPU's bf16 matmuls keep one per sequence length.
 ``--batch fixed`` trains the first step's batch at every step: then a rising peak cannot be the data.
 Prints a table; the last line is one JSON object.
 
-Usage: python -P bench/learner_memory.py [--config demo_cpu --steps 20 --modes plain trim --batch random]
+Usage: python -P bench/learner_memory.py [--config demo_cpu --steps 20 --modes plain trim trim+cache1024 --batch random]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -27,15 +30,19 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: bench.trend, tests.learner_samples
 
 from bench.trend import RssPeak, child_rows, print_results, slope  # noqa: E402
+from rredcot.common.onednn import PRIMITIVE_CACHE_ENV  # noqa: E402
+
+CHILD_ENV = {"trim+cache1024": {PRIMITIVE_CACHE_ENV: "1024"}}  # read by oneDNN at its first primitive
+MODES = ["plain", "trim", *CHILD_ENV]
 
 
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="demo_cpu")
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--modes", nargs="+", default=["plain", "trim"], choices=["plain", "trim"])
+    p.add_argument("--modes", nargs="+", default=MODES, choices=MODES)
     p.add_argument("--batch", default="random", choices=["random", "fixed"], help="new batch per step, or one")
-    p.add_argument("--child", choices=["plain", "trim"], help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     return p.parse_args()
 
 
@@ -59,7 +66,7 @@ def child(config: str, steps: int, mode: str, batch: str) -> None:
             samples = random_samples(len(lengths), seed=step, lengths=lengths, prompt=120)
         t0 = time.perf_counter()
         engine.train_step(samples)
-        if mode == "trim":
+        if mode.startswith("trim"):
             trim_heap()
         peak, after = rss.take()
         row = {"step": step, "peak": peak, "after": after, "s": time.perf_counter() - t0, "tokens": sum(lengths)}
@@ -80,7 +87,7 @@ def main() -> None:
     for mode in args.modes:
         cmd = [sys.executable, "-P", __file__, "--config", args.config, "--steps", str(args.steps)]
         cmd += ["--batch", args.batch, "--child", mode]
-        rows = child_rows(cmd)
+        rows = child_rows(cmd, os.environ | CHILD_ENV.get(mode, {}))
         half = len(rows) // 2
         results[mode] = {
             "after_first": rows[0]["after"],
