@@ -24,6 +24,7 @@ from rredcot.common.config import Config, ConfigError
 from rredcot.common.control import RunControl
 from rredcot.common.ledger import Ledger, length_bucket, mean_length
 from rredcot.common.models import load_causal_lm, load_tokenizer, resolve_model_path
+from rredcot.common.onednn import bound_primitive_cache
 from rredcot.common.records import RecordError, RolloutGroup, WeightedGroup, WeightedSample
 from rredcot.common.sampling import ContinuationSampler, RewardFn
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Entry, Producer, connect, run_key
@@ -101,6 +102,7 @@ class WorkerMetrics:
 
 def build_scorer(cfg: Config) -> Scorer:
     """The scorer from ``model.path`` (its initial weights are the reference model)."""
+    bound_primitive_cache()  # a CPU's bf16 forwards are oneDNN primitives, one per rollout length
     path = resolve_model_path(cfg.model.path, seed=cfg.run.seed)
     tok = load_tokenizer(cfg.model.tokenizer or path)
     model = load_causal_lm(path, cfg.model.dtype)

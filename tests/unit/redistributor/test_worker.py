@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
 
 from rredcot.common.config import ConfigError, TaskConfig, load_config
+from rredcot.common.onednn import PRIMITIVE_CACHE, PRIMITIVE_CACHE_ENV
 from rredcot.common.records import WeightedSample
 from rredcot.common.verifier import Verifier
 from rredcot.redistributor.worker import WorkerMetrics, build_scorer, verifier_reward
@@ -87,3 +90,10 @@ def test_flex_branch_attention_is_refused_without_a_gpu() -> None:
     with pytest.raises(ConfigError, match="credit.branch_attention = 'flex'.*'auto' or 'dense'"):
         build_scorer(load_config("tests", ["credit.branch_attention=flex"]))
     assert build_scorer(load_config("tests", ["credit.branch_attention=dense"])).model.device.type == "cpu"
+
+
+def test_the_scorer_bounds_onednns_primitive_cache_before_its_first_forward(monkeypatch) -> None:
+    """The cap (tests/unit/common/test_onednn.py) must be in the environment before the first rollout."""
+    monkeypatch.delenv(PRIMITIVE_CACHE_ENV, raising=False)
+    build_scorer(load_config("tests", []))
+    assert os.environ[PRIMITIVE_CACHE_ENV] == str(PRIMITIVE_CACHE)
