@@ -103,8 +103,8 @@ def _threads(cpus: float) -> str:
 
 
 def stage_env(cfg: Config, tier: str, rank: int, rendezvous: tuple[str, str]) -> dict[str, str]:
-    """The environment of a worker's process; a learner rank's names its group's rendezvous: rank 0's
-    node address and the id of this start of the learner tier (``learner.rendezvous``)."""
+    """The environment of a worker's process. A learner rank's also names its group's rendezvous:
+    ``(rank 0's node address, the id of this start of the learner tier)`` (``learner.rendezvous``)."""
     cpus = {
         "generator": cfg.cluster.cpus_per_generator,
         "redistributor": cfg.cluster.cpus_per_redistributor,

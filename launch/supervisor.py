@@ -4,9 +4,10 @@ One ``StageWorker`` actor per worker of the plan, each in its own placement-grou
 restarts a dead generator or redistributor in place (``stages.restart_options``). A learner rank
 cannot rejoin its torch.distributed group alone, so when a learner rank's process dies the driver
 restarts the whole learner tier: it kills the surviving ranks, waits a back-off (1, 2, 4 … s, at
-most 30), and starts every rank again with a fresh rendezvous (``learner.rendezvous``). The new ranks restore the newest
-checkpoint and first retrain what was trained after it (``learner.replay``), so nothing trained is
-lost. At most ``cluster.max_restarts`` times; then the run stops and says how to resume it.
+most 30), and starts every rank again with a fresh rendezvous id (``learner.rendezvous``). The new
+ranks restore the newest checkpoint and first retrain what was trained after it
+(``learner.replay``), so nothing trained is lost. At most ``cluster.max_restarts`` times; then the
+run stops and says how to resume it.
 
 A learner rank that *raises* is a failure of the run, unless a peer's process died with it (a
 rank's collective fails when its peer dies): the driver gives the peers ``PEER_DEATH_WAIT_S`` to
