@@ -21,15 +21,17 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository: the worker runs as
 
 
 def run_ranks(spec: dict, world: int = 1, timeout: float = 240) -> None:
-    port = str(free_port())
+    """Run the worker as ``world`` ranks. One rank picks its own port as it starts its group; several
+    share one picked here (a port picked ahead can be taken meanwhile: keep that to the one test)."""
+    shared = {"MASTER_PORT": str(free_port())} if world > 1 else {}
     procs = []
     for rank in range(world):
-        env = os.environ | {
+        env = {k: v for k, v in os.environ.items() if k != "MASTER_PORT"} | shared
+        env |= {
             "RANK": str(rank),
             "LOCAL_RANK": str(rank),
             "WORLD_SIZE": str(world),
             "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port,
             "OMP_NUM_THREADS": "1",
         }
         procs.append(
