@@ -119,13 +119,15 @@ def stage_env(cfg: Config, tier: str, rank: int, rendezvous: tuple[str, str]) ->
     if heap_trace_period() is not None:
         env[HEAP_TRACE_ENV] = os.environ[HEAP_TRACE_ENV]  # the driver's diagnostic setting, on every node
     if tier == "learner":
-        env.update(
-            RANK=str(rank),
-            LOCAL_RANK="0",
-            WORLD_SIZE=str(cfg.cluster.learner_ranks),
-            MASTER_ADDR=rendezvous[0],
-            RREDCOT_RENDEZVOUS=rendezvous[1],
-        )
+        from rredcot.learner.rendezvous import ENV as RENDEZVOUS_ENV
+
+        env |= {
+            "RANK": str(rank),
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": str(cfg.cluster.learner_ranks),
+            "MASTER_ADDR": rendezvous[0],
+            RENDEZVOUS_ENV: rendezvous[1],
+        }
     import torch
 
     if not torch.cuda.is_available():
