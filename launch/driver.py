@@ -265,7 +265,7 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
 
     # Ctrl-C while ray.init starts the local Ray can be swallowed inside it (seen under load: the
     # run went on to the end); ours records the signal, so that the run stops as soon as it returns
-    stack.callback(signal.signal, signal.SIGINT, signal.signal(signal.SIGINT, _raise_interrupt))
+    catch_interrupts(stack)
     _init_ray(cfg, stack)
     raise_if_interrupted()
     # after ray.init, which installs its own SIGTERM handler: ours tears the run down cleanly
@@ -278,6 +278,7 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     server = None
     if not cfg.redis.url:
         server = stack.enter_context(embedded_redis(cfg, run_dir, len(nodes)))
+        raise_if_interrupted()  # a signal while redis-server was forked
         cfg = _with_redis_url(cfg, server.url)
     outcome.cfg = cfg
     write_text_atomic(run_dir / "config.yaml", to_yaml(redacted(cfg)))  # polled for by tools and tests
@@ -426,6 +427,23 @@ _received: list[str] = []  # signals that stopped the run (Ray may re-raise a Ke
 def _raise_interrupt(signum: int, frame: Any) -> None:
     _received.append(signal.Signals(signum).name)
     raise KeyboardInterrupt(_received[-1])
+
+
+def catch_interrupts(stack: contextlib.ExitStack) -> None:
+    """Until ``stack`` closes: SIGINT raises a recorded ``KeyboardInterrupt``, and one that lands
+    where Python can only print it (an at-fork hook as a subprocess starts, a ``__del__``) prints
+    no traceback: it goes to driver.log, and ``raise_if_interrupted`` raises it again."""
+    stack.callback(signal.signal, signal.SIGINT, signal.signal(signal.SIGINT, _raise_interrupt))
+    previous = sys.unraisablehook
+
+    def quiet_dropped_interrupt(unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt) and _received:
+            log.debug("a %s landed in %r, which drops exceptions; raised again later", _received[-1], unraisable.object)
+            return
+        previous(unraisable)
+
+    sys.unraisablehook = quiet_dropped_interrupt
+    stack.callback(setattr, sys, "unraisablehook", previous)
 
 
 def raise_if_interrupted() -> None:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -137,4 +140,35 @@ def test_a_stop_signal_that_library_code_swallowed_still_stops_the_run() -> None
         driver._raise_interrupt(signal.SIGINT, None)
     with pytest.raises(KeyboardInterrupt, match="SIGINT"):
         raise_if_interrupted()
+    driver._received.clear()
+
+
+class _DropsInterrupt:
+    """Raises a stop signal inside ``__del__``, where Python can only print the exception, as it
+    does in the at-fork hooks that run while a subprocess starts."""
+
+    def __init__(self, raise_: Any) -> None:
+        self.raise_ = raise_
+
+    def __del__(self) -> None:
+        self.raise_()
+
+
+def test_an_interrupt_python_can_only_print_prints_no_traceback_and_still_stops_the_run(monkeypatch) -> None:
+    """CI saw ``Exception ignored in: <function _releaseLock ...> Traceback ... KeyboardInterrupt`` on
+    the console of a Ctrl-C'd run: the signal landed in logging's at-fork hook."""
+    printed: list[BaseException] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: printed.append(u.exc_value))
+    driver._received.clear()
+    with contextlib.ExitStack() as stack:
+        driver.catch_interrupts(stack)
+        _DropsInterrupt(lambda: signal.raise_signal(signal.SIGINT))
+        assert printed == []  # not shown ...
+        with pytest.raises(KeyboardInterrupt, match="SIGINT"):
+            raise_if_interrupted()  # ... but not lost
+        _DropsInterrupt(lambda: 1 / 0)
+        assert [type(e) for e in printed] == [ZeroDivisionError]  # anything else is printed as before
+    assert signal.getsignal(signal.SIGINT) is not driver._raise_interrupt
+    sys.unraisablehook(SimpleNamespace(exc_value=KeyboardInterrupt()))  # the hook before is back
+    assert isinstance(printed[-1], KeyboardInterrupt)
     driver._received.clear()
