@@ -9,10 +9,13 @@ completions of 1 to ``max_tokens`` tokens), once per mode, each in a fresh proce
 it. Same seed in every mode, so a difference between modes is the allocator's, not the data's.
 ``trim+cache1024`` is ``trim`` with oneDNN's primitive cache at its default of 1,024 primitives
 instead of the engine's 128 (``common.onednn``): a CPU's bf16 matmuls keep one per sequence length.
+``mmap1m`` trims nothing but fixes glibc's mmap threshold at 1 MiB (by default it rises to 32 MiB
+as large blocks are freed, and such blocks then stay in the heap): every tensor of 1 MiB or more is
+its own mapping, returned to the OS when freed, at the price of fresh zeroed pages on each allocation.
 ``--batch fixed`` trains the first step's batch at every step: then a rising peak cannot be the data.
 Prints a table; the last line is one JSON object.
 
-Usage: python -P bench/learner_memory.py [--config demo_cpu --steps 20 --modes plain trim trim+cache1024 --batch random]
+Usage: python -P bench/learner_memory.py [--config demo_cpu --steps 20 --modes plain trim mmap1m --batch random]
 """
 
 from __future__ import annotations
@@ -32,7 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: 
 from bench.trend import RssPeak, child_rows, print_results, slope  # noqa: E402
 from rredcot.common.onednn import PRIMITIVE_CACHE_ENV  # noqa: E402
 
-CHILD_ENV = {"trim+cache1024": {PRIMITIVE_CACHE_ENV: "1024"}}  # read by oneDNN at its first primitive
+CHILD_ENV = {
+    "trim+cache1024": {PRIMITIVE_CACHE_ENV: "1024"},  # read by oneDNN at its first primitive
+    "mmap1m": {"MALLOC_MMAP_THRESHOLD_": str(2**20)},  # glibc: blocks of 1 MiB or more mmap'd, unmapped when freed
+}
 MODES = ["plain", "trim", *CHILD_ENV]
 
 
