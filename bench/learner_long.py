@@ -5,11 +5,13 @@ A random-initialised model of a preset shape (``qwen2.5-1.5b``: the Qwen2.5-1.5B
 real DeepSpeed (one rank: NCCL on GPU, gloo on CPU), gradient checkpointing and the chunked LM
 head. For every completion length (default 8k, 16k, 25k, 32k) and LM-head chunk (1024, 2048,
 4096) on the same engine: the step time, tokens/s and the peak memory (GPU: ``max_memory_allocated``
-since the row began; CPU: the process's peak RSS so far, which cannot be reset). Prints a table;
-the last line is one JSON object.
+since the row began; CPU: the process's peak RSS so far, which cannot be reset). ``--profile N``
+then profiles one more step of the last row (``torch.profiler``): its time by kind of work (matmul,
+attention, communication, optimizer, the rest) and its N costliest ops, by self time on the GPU
+(CPU: on the CPU, summed over threads). Prints tables; the last line is one JSON object.
 
 Usage: python -P bench/learner_long.py [--preset qwen2.5-1.5b --tokens 8000 25000 --logprob-chunk 2048
---zero 2 --dtype bfloat16]; on a CPU: --preset smoke --tokens 2000 --logprob-chunk 512
+--zero 2 --dtype bfloat16 --profile 15]; on a CPU: --preset smoke --tokens 2000 --logprob-chunk 512
 """
 
 from __future__ import annotations
@@ -55,7 +57,56 @@ def parse() -> argparse.Namespace:
         "--fp32-matmul", nargs="+", default=["tf32"], choices=["tf32", "ieee"], help="learner.fp32_matmul values"
     )
     p.add_argument("--steps", type=int, default=2, help="timed steps (after 1 warm-up)")
+    p.add_argument("--profile", type=int, default=0, metavar="N", help="profile a step of the last row: N top ops")
     return p.parse_args()
+
+
+# A profiled op's kind: the first whose patterns its lower-cased name contains (cuBLAS kernels are
+# named gemm, xmma or nvjet; flash and memory-efficient attention kernels fmha, flash or attention).
+KINDS = {
+    "communication": ("nccl", "all_reduce", "allreduce", "reduce_scatter", "all_gather", "allgather", "broadcast"),
+    "attention": ("flash", "attention", "fmha", "sdpa"),
+    "matmul": ("gemm", "xmma", "nvjet", "cutlass", "aten::mm", "aten::addmm", "aten::bmm", "aten::matmul"),
+    "optimizer": ("adam", "multi_tensor", "_foreach"),
+}
+
+
+def kind_of(name: str) -> str:
+    lower = name.lower()
+    return next((kind for kind, patterns in KINDS.items() if any(p in lower for p in patterns)), "other")
+
+
+def profile_step(engine: LearnerEngine, batch: list, top: int) -> dict:
+    """One training step under ``torch.profiler``: self time (ms) by kind and of the ``top`` costliest
+    ops, on the GPU where there is one (each kernel counted once), else on the CPU."""
+    from torch.profiler import ProfilerActivity, profile
+
+    gpu = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    with profile(activities=activities) as prof:
+        assert engine.train_step(batch).applied
+        if gpu:
+            torch.cuda.synchronize()
+    attr = "self_device_time_total" if gpu else "self_cpu_time_total"
+    ops = [(e.key, e.count, getattr(e, attr) / 1e3) for e in prof.key_averages() if getattr(e, attr) > 0]
+    total = sum(ms for _, _, ms in ops)
+    kinds = {k: 0.0 for k in [*KINDS, "other"]}
+    for name, _, ms in ops:
+        kinds[kind_of(name)] += ms
+    ops.sort(key=lambda op: -op[2])
+    print(f"\nprofiled step: {total:,.0f} ms of {'GPU' if gpu else 'CPU'} self time")
+    print(f"{'kind':<14} {'ms':>9} {'share':>6}")
+    for kind, ms in kinds.items():
+        print(f"{kind:<14} {ms:>9.1f} {ms / total:>6.1%}")
+    print(f"\n{'op':<64} {'calls':>6} {'ms':>9} {'share':>6}")
+    for name, calls, ms in ops[:top]:
+        print(f"{name[:64]:<64} {calls:>6} {ms:>9.1f} {ms / total:>6.1%}")
+    return {
+        "on": "gpu" if gpu else "cpu",
+        "total_ms": total,
+        "kinds_ms": kinds,
+        "top": [{"op": n, "calls": c, "ms": ms} for n, c, ms in ops[:top]],
+    }
 
 
 def peak_memory_gib() -> float:
@@ -65,10 +116,9 @@ def peak_memory_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
-def timed_steps(engine: LearnerEngine, tokens: int, prompt: int, steps: int, vocab: int) -> tuple[float, float]:
-    """Median seconds of ``steps`` training steps on one sample (after one warm-up step), and the last
+def timed_steps(engine: LearnerEngine, batch: list, steps: int) -> tuple[float, float]:
+    """Median seconds of ``steps`` training steps on ``batch`` (after one warm-up step), and the last
     step's gradient norm (zero would mean a step that trained nothing)."""
-    batch = random_samples(1, seed=0, lengths=[tokens], prompt=prompt, vocab=vocab)
     assert engine.train_step(batch).applied  # warm-up
     times = []
     for _ in range(steps):
@@ -112,7 +162,8 @@ def main() -> None:
         torch.backends.cuda.matmul.fp32_precision = fp32  # what LearnerEngine sets from learner.fp32_matmul
         if gpu:
             torch.cuda.reset_peak_memory_stats()
-        step, grad_norm = timed_steps(engine, tokens, args.prompt, args.steps, config.vocab_size)
+        batch = random_samples(1, seed=0, lengths=[tokens], prompt=args.prompt, vocab=config.vocab_size)
+        step, grad_norm = timed_steps(engine, batch, args.steps)
         row = {
             "tokens": args.prompt + tokens,
             "chunk": chunk,
@@ -126,18 +177,11 @@ def main() -> None:
             f"{row['tokens']:>7} {chunk:>6} {fp32:>5} {step:>8.2f} {row['tokens_per_s']:>9.0f} "
             f"{row['peak_memory_gib']:>9.2f} {grad_norm:>10.3g}"
         )
-    print(
-        json.dumps(
-            {
-                "device": device,
-                "preset": args.preset,
-                "params": params,
-                "zero_stage": args.zero,
-                "dtype": dtype,
-                "rows": rows,
-            }
-        )
-    )
+    summary = {"device": device, "preset": args.preset, "params": params, "zero_stage": args.zero, "dtype": dtype}
+    summary["rows"] = rows
+    if args.profile:
+        summary["profile"] = profile_step(engine, batch, args.profile) | {"row": rows[-1]["tokens"]}
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On a GPU machine that has torch and transformers but no network (see launch/gpu_wheels.sh, run
 # beforehand where pip works, for the carried .whl/): install .whl/ into a private folder, run the
-# GPU tests, then the long-sequence learner benchmark. Logs go to $LOGS (default: $OUT, else gpu_check/).
+# GPU tests, then the LM-head benchmark and a profiled 25k-token learner step (LONG_ARGS replaces
+# the latter's arguments; SKIP_BENCH=1 skips both). Logs go to $LOGS (default: $OUT, else gpu_check/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGS=${LOGS:-${OUT:-gpu_check}}
@@ -13,6 +14,8 @@ python3 -c "import torch, transformers, deepspeed; print('torch', torch.__versio
 python3 -m pytest -v -p no:xdist tests/gpu "$@" 2>&1 | tee "$LOGS/gpu_tests.log"
 rc=${PIPESTATUS[0]}
 if [ -z "${SKIP_BENCH:-}" ]; then
-    python3 -P bench/learner_long.py 2>&1 | tee "$LOGS/learner_long.log"
+    python3 -P bench/lm_head.py 2>&1 | tee "$LOGS/lm_head.log"
+    python3 -P bench/learner_long.py ${LONG_ARGS:---tokens 25000 --logprob-chunk 4096 --profile 25} 2>&1 \
+        | tee "$LOGS/learner_long.log"
 fi
 exit "$rc"
