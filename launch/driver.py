@@ -422,10 +422,19 @@ def _stop(outcome: RunOutcome) -> None:
 
 
 _received: list[str] = []  # signals that stopped the run (Ray may re-raise a KeyboardInterrupt of its own)
+# logging's module-lock functions, which run as at-fork hooks too: an exception raised in them leaves
+# the lock held (every other thread's getLogger would then wait forever)
+_LOGGING_LOCK_FUNCTIONS = {"_acquireLock", "_releaseLock", "_prepareFork", "_afterFork"}
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
     _received.append(signal.Signals(signum).name)
+    if (
+        frame is not None
+        and frame.f_globals.get("__name__") == "logging"
+        and frame.f_code.co_name in _LOGGING_LOCK_FUNCTIONS
+    ):
+        return  # let it release the lock: the next raise_if_interrupted raises the signal
     raise KeyboardInterrupt(_received[-1])
 
 

@@ -172,3 +172,34 @@ def test_an_interrupt_python_can_only_print_prints_no_traceback_and_still_stops_
     sys.unraisablehook(SimpleNamespace(exc_value=KeyboardInterrupt()))  # the hook before is back
     assert isinstance(printed[-1], KeyboardInterrupt)
     driver._received.clear()
+
+
+def test_a_signal_inside_loggings_lock_functions_waits_until_they_release_the_lock() -> None:
+    """Raised inside ``logging._releaseLock`` (an at-fork hook as well), the interrupt would leave
+    logging's module lock held; the handler records it there, and the next check raises it."""
+    frames = {}
+
+    def keep(frame, event, arg):
+        if event == "call" and frame.f_globals.get("__name__") in ("logging", __name__):
+            frames.setdefault(frame.f_code.co_name, frame)
+
+    def elsewhere() -> None:
+        pass
+
+    sys.setprofile(keep)
+    try:
+        logging.getLogger("rredcot.test.driver")  # takes and releases the module lock
+        elsewhere()
+    finally:
+        sys.setprofile(None)
+    in_logging = [f for name, f in frames.items() if name in driver._LOGGING_LOCK_FUNCTIONS]
+    assert in_logging, sorted(frames)
+    driver._received.clear()
+    for frame in in_logging:
+        driver._raise_interrupt(signal.SIGINT, frame)  # recorded, not raised
+    assert driver._received == ["SIGINT"] * len(in_logging)
+    with pytest.raises(KeyboardInterrupt, match="SIGINT"):
+        raise_if_interrupted()
+    with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+        driver._raise_interrupt(signal.SIGTERM, frames["elsewhere"])  # anywhere else: raised at once
+    driver._received.clear()
