@@ -10,8 +10,10 @@ so a crashed rank's entries are reclaimed from it, not from the reader.
 Never twice in one step: an entry read again (XAUTOCLAIM also reclaims the reader's own idle
 entries while it waits longer than ``redis.claim_idle_ms``; held entries are renewed meanwhile),
 the same group in two entries (a redistributor that re-sent it after a crash), or a sample already
-trained in an earlier step (a Redis set of rollout ids, written after the step). A restarted rank
-first takes the entries still pending under its name (what its dead predecessor held).
+trained in an earlier step (a Redis set of rollout ids, written after the step). A rank reads on
+past such copies until it holds its count of new groups, so that every step trains its full count
+(copies that two ranks read, one each, still make that step short). A restarted rank first takes
+the entries still pending under its name (what its dead predecessor held).
 """
 
 from __future__ import annotations
@@ -88,19 +90,26 @@ class BatchReader:
         return self.consumer.read(count=count, block_ms=block_ms)
 
     def read(self, stop_requested: Callable[[], bool]) -> list[tuple[Entry, WeightedGroup]] | None:
-        """This rank's ``need`` entries, each once (None once a stop is requested). Malformed entries
-        go to the dead-letter stream."""
+        """Entries until they hold this rank's ``need`` groups that are new (None once a stop is
+        requested), each entry once. A second copy of a group, or a group trained in an earlier step,
+        is kept (it is acknowledged after the step) but does not count: else the step would train
+        fewer groups and the run would end with admitted groups untrained. Malformed entries go to
+        the dead-letter stream."""
         got: dict[bytes, tuple[Entry, WeightedGroup]] = {}
+        new: set[str] = set()  # group ids that count toward ``need``
         renew_s = self.consumer.claim_idle_ms / 4000  # held entries are renewed 4x within the idle time
         block_ms = max(1, min(200, int(renew_s * 1000)))
         last_hold = time.perf_counter()
-        while len(got) < self.need:
+        while len(new) < self.need:
             if stop_requested():
                 return None
-            for entry in self._next_entries(self.need - len(got), block_ms):
+            for entry in self._next_entries(self.need - len(new), block_ms):
                 group = self._decode(entry)
-                if group is not None:
-                    got.setdefault(entry.id, (entry, group))  # an own entry reclaimed back: once
+                if group is None or entry.id in got:  # an own entry reclaimed back: once
+                    continue
+                got[entry.id] = (entry, group)
+                if group.group_id not in new and not self._trained_before(group):
+                    new.add(group.group_id)
             if got and time.perf_counter() - last_hold > renew_s:
                 self.consumer.hold(list(got))
                 last_hold = time.perf_counter()
@@ -141,6 +150,11 @@ class BatchReader:
             batch.samples += new
             seen.update(s.id for s in new)
         return self._fresh(batch)
+
+    def _trained_before(self, group: WeightedGroup) -> bool:
+        """Every sample of ``group`` was trained in an earlier step."""
+        ids = [s.rollout.id for s in group.samples]
+        return bool(ids) and all(self.client.smismember(self.trained_key, ids))
 
     def _decode(self, entry: Entry) -> WeightedGroup | None:
         try:

@@ -86,7 +86,7 @@ def test_trainer_loop_end_to_end(tmp_path, redis_server, redis_client, run_id):
     ]
     cfg = load_config("tests", overrides)
     rng = np.random.default_rng(0)
-    groups = [weighted_group(rng, version=0) for _ in range(8)]
+    groups = [weighted_group(rng, version=0) for _ in range(9)]
     groups.insert(7, weighted_group(rng, version=9))  # sampled by a policy newer than the resumed learner
     producer = Producer(redis_client, key(run_id, BATCHES), maxlen=64)
     for payload in [encode(groups[0]), encode(groups[1]), encode(groups[0]), b"not msgpack", *map(encode, groups[2:])]:
@@ -97,7 +97,8 @@ def test_trainer_loop_end_to_end(tmp_path, redis_server, redis_client, run_id):
     assert trainer.step == 3 and trainer.engine.version == 3
     assert trainer.totals["duplicates"] == 2  # the re-sent group's two samples were not trained again
     assert redis_client.xlen(key(run_id, DEAD)) == 1
-    assert redis_client.xlen(key(run_id, BATCHES)) == 4  # 6 entries consumed and deleted, 4 left
+    # 7 consumed (g0's copy does not count toward its step's 2 groups), 1 dead-lettered, 4 left
+    assert redis_client.xlen(key(run_id, BATCHES)) == 4
     assert Admission(redis_client, run_id, 2, 1).learner_version() == 3
     manifest = latest_manifest(redis_client, run_id)
     assert manifest.version == 3

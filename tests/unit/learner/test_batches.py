@@ -73,18 +73,24 @@ def test_waiting_longer_than_the_reclaim_idle_time_reads_no_entry_twice(redis_cl
     assert len(batch.samples) == 8 and len({s.id for s in batch.samples}) == 8 and batch.duplicates == 0
 
 
-def test_a_group_sent_twice_or_already_trained_is_trained_once(redis_client, run_id):
-    group = weighted_group(seed=3)
+def test_a_group_sent_twice_or_already_trained_is_trained_once_and_the_step_still_takes_its_count(redis_client, run_id):
+    """A redistributor killed after sending a group sends it again when it restarts: the copy is
+    acknowledged, not trained, and not counted, so the step still trains ``per_step`` new groups
+    (a fault test once ended with 7 of 8 groups trained and one left in flight)."""
+    group, done, other, third = (weighted_group(seed=s) for s in (3, 4, 5, 6))
     reader = _reader(redis_client, run_id, per_step=3)
-    other = weighted_group(seed=4)
-    for g in (group, group, other):
+    for g in (group, group, done, other, third):
         _put(redis_client, run_id, g)
-    redis_client.sadd(key(run_id, "trained_ids"), group.samples[0].rollout.id)  # trained in an earlier step
-    batch = reader.balance(reader.read(_never), None)
-    assert len(batch.entries) == 3  # all three are acknowledged after the step
-    assert batch.groups.keys() == {group.group_id, other.group_id}
-    assert len(batch.samples) == 3 + 4 and len({s.id for s in batch.samples}) == 7
-    assert batch.duplicates == 4 + 1
+    trained = key(run_id, "trained_ids")
+    redis_client.sadd(trained, group.samples[0].rollout.id)  # one sample trained in an earlier step
+    redis_client.sadd(trained, *[s.rollout.id for s in done.samples])  # the whole group trained
+    own = reader.read(_never)
+    assert len(own) == 5  # read on past the copy and the trained group
+    batch = reader.balance(own, None)
+    assert len(batch.entries) == 5  # all are acknowledged after the step
+    assert batch.groups.keys() == {group.group_id, done.group_id, other.group_id, third.group_id}
+    assert len(batch.samples) == 3 + 4 + 4 and len({s.id for s in batch.samples}) == 11
+    assert batch.duplicates == 4 + 1 + 4
 
 
 def _all_gather(world: int):
