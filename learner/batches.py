@@ -103,12 +103,12 @@ class BatchReader:
         while len(new) < self.need:
             if stop_requested():
                 return None
-            for entry in self._next_entries(self.need - len(new), block_ms):
-                group = self._decode(entry)
-                if group is None or entry.id in got:  # an own entry reclaimed back: once
-                    continue
+            entries = self._next_entries(self.need - len(new), block_ms)
+            # an own entry reclaimed back is taken once
+            read = [(e, g) for e in entries if e.id not in got and (g := self._decode(e)) is not None]
+            for (entry, group), trained in zip(read, self._trained_before([g for _, g in read]), strict=True):
                 got[entry.id] = (entry, group)
-                if group.group_id not in new and not self._trained_before(group):
+                if not trained:
                     new.add(group.group_id)
             if got and time.perf_counter() - last_hold > renew_s:
                 self.consumer.hold(list(got))
@@ -151,10 +151,15 @@ class BatchReader:
             seen.update(s.id for s in new)
         return self._fresh(batch)
 
-    def _trained_before(self, group: WeightedGroup) -> bool:
-        """Every sample of ``group`` was trained in an earlier step."""
-        ids = [s.rollout.id for s in group.samples]
-        return bool(ids) and all(self.client.smismember(self.trained_key, ids))
+    def _trained_before(self, groups: list[WeightedGroup]) -> list[bool]:
+        """For each group, whether every one of its samples was trained in an earlier step (one
+        round trip for all of them)."""
+        ids = [[s.rollout.id for s in g.samples] for g in groups]
+        pipe = self.client.pipeline(transaction=False)
+        for group_ids in filter(None, ids):
+            pipe.smismember(self.trained_key, group_ids)
+        answers = iter(pipe.execute())
+        return [bool(group_ids) and all(next(answers)) for group_ids in ids]
 
     def _decode(self, entry: Entry) -> WeightedGroup | None:
         try:
