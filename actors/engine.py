@@ -288,6 +288,24 @@ class Engine:
         )
         return version, self._update(lambda: self._rpc("rredcot_apply_received"), version, in_flight)
 
+    def load_weights_shared(
+        self, manifest: WeightManifest, still_held: Callable[[], bool], in_flight: str = "finish"
+    ) -> float | None:
+        """Copy the version in the learner's shared slot (``manifest.shared``) at once, then apply it
+        under the in-flight policy if ``still_held()`` says the slot was not overwritten meanwhile;
+        returns the seconds of the update, or None (dropped: a newer version is there to take)."""
+        self._rpc(
+            "rredcot_copy_slot",
+            handle=manifest.shared,
+            names=manifest.names,
+            shapes=manifest.shapes,
+            dtypes=manifest.dtypes,
+        )
+        if not still_held():
+            self._rpc("rredcot_drop_received")
+            return None
+        return self._update(lambda: self._rpc("rredcot_apply_received"), manifest.version, in_flight)
+
     def _update(self, apply: Callable[[], Any], version: int, in_flight: str) -> float:
         if in_flight not in IN_FLIGHT:
             raise ValueError(f"in_flight = {in_flight!r}; expected one of {IN_FLIGHT}")

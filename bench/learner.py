@@ -1,7 +1,7 @@
 """Learner benchmark: packed vs padded throughput (padded in the order samples came, and padded after
 sorting by length), weight broadcast vs step time, ZeRO-2 vs ZeRO-3,
 shared-prompt vs packed on GRPO-shaped groups (G samples behind one long prompt), and the two
-weight transports (file vs collective: time the training thread is blocked, time until a
+weight transports (file, collective and ipc: time the training thread is blocked, time until a
 receiver holds the weights).
 
 One process, real DeepSpeed (gloo on CPU), a random Qwen3-shaped model whose decoder-to-LM-head
@@ -27,10 +27,12 @@ import numpy as np
 import torch
 
 from rredcot.common.config import LearnerConfig
-from rredcot.common.weight_group import open_group, read_group, receive_tensors
+from rredcot.common.weight_group import open_group, read_group, receive_tensors, unflatten
+from rredcot.common.weight_slots import copy_slot, holds
 from rredcot.common.weight_sync import latest_manifest, load_tensors
 from rredcot.learner.broadcast import CollectivePublisher, FilePublisher
 from rredcot.learner.engine import LearnerEngine
+from rredcot.learner.ipc import IpcPublisher
 from rredcot.learner.packing import micro_batches
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.learner_samples
@@ -74,16 +76,16 @@ def timed_steps(engine: LearnerEngine, batch: list, steps: int) -> float:
 
 def delivery_times(module, client, out: str, transport: str, versions: int) -> tuple[float, float]:
     """Median (seconds the training thread is blocked, seconds until one receiver holds the tensors)
-    per version, over the ``file`` or ``collective`` weight transport (one receiver thread)."""
+    per version, over the ``file``, ``collective`` or ``ipc`` weight transport (collective: one
+    receiver thread; the others receive after each publication)."""
     run_id = f"bench-{transport}"
     group = transport == "collective"
-    publisher = (
-        CollectivePublisher(
+    if group:
+        publisher = CollectivePublisher(
             client, run_id, out, 0, group_address="127.0.0.1", receivers=1, file_too=False, timeout_s=120
         )
-        if group
-        else FilePublisher(client, run_id, out, 0)
-    )
+    else:
+        publisher = (IpcPublisher if transport == "ipc" else FilePublisher)(client, run_id, out, 0)
     received: queue.Queue = queue.Queue()
 
     def receive() -> None:
@@ -101,7 +103,12 @@ def delivery_times(module, client, out: str, transport: str, versions: int) -> t
     for v in range(1, versions + 1):
         t0 = time.perf_counter()
         blocking.append(publisher.publish(module, v)[1])
-        if receiver is None:
+        if transport == "ipc":  # the receiver's copy of the slot, kept if the slot still holds it
+            m = latest_manifest(client, run_id)
+            unflatten(copy_slot(m.shared, torch.device("cpu")), m.shapes, m.dtypes)
+            assert holds(client, run_id, m.shared["index"], m.version)
+            delivery.append(time.perf_counter() - t0)
+        elif receiver is None:
             load_tensors(latest_manifest(client, run_id))
             delivery.append(time.perf_counter() - t0)
         else:
@@ -143,7 +150,7 @@ def main() -> None:
         from rredcot.common.streams import connect
 
         client = connect(server.url)
-        for transport in ("file", "collective"):
+        for transport in ("file", "collective", "ipc"):
             blocking, delivery = delivery_times(packed.module, client, f"{tmp}/{transport}", transport, args.steps)
             rows[f"{transport}: learner-blocking s"] = blocking
             rows[f"{transport}: delivery s"] = delivery
@@ -169,6 +176,9 @@ def main() -> None:
         "broadcast_vs_step": rows["file: learner-blocking s"] / rows["packed (ZeRO-2) step s"],
         "collective_vs_file_delivery": rows["file: delivery s"] / rows["collective: delivery s"],
         "collective_vs_file_blocking": rows["file: learner-blocking s"] / rows["collective: learner-blocking s"],
+        "ipc_vs_file_delivery": rows["file: delivery s"] / rows["ipc: delivery s"],
+        "ipc_vs_collective_delivery": rows["collective: delivery s"] / rows["ipc: delivery s"],
+        "ipc_vs_file_blocking": rows["file: learner-blocking s"] / rows["ipc: learner-blocking s"],
         "zero3_vs_zero2_step": rows["packed (ZeRO-3) step s"] / rows["packed (ZeRO-2) step s"],
         "zero2_step_s": rows["packed (ZeRO-2) step s"],
         "zero3_step_s": rows["packed (ZeRO-3) step s"],
@@ -194,6 +204,9 @@ def main() -> None:
         "shared_vs_packed",
         "collective_vs_file_delivery",
         "collective_vs_file_blocking",
+        "ipc_vs_file_delivery",
+        "ipc_vs_collective_delivery",
+        "ipc_vs_file_blocking",
     ):
         print(f"  {name:<26} {result[name]:8.3f}")
     print(json.dumps(result))

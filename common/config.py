@@ -103,7 +103,7 @@ class GenerationConfig:
     verifier_timeout_s: float = bounded(5.0, 0.01)
     max_in_flight_groups: int = bounded(16, 1)  # groups one generator keeps in its engine at once
     idle_poll_s: float = bounded(0.05, 0.001)  # wait between admission retries while staleness blocks
-    weight_transport: str = "file"  # a registered transport (file, collective: gloo CPU / NCCL GPU) or a module path
+    weight_transport: str = "file"  # a registered transport (file, collective, ipc: common.transports) or a module path
     transport_settings: dict[str, Any] = field(default_factory=dict)  # the transport's own settings, if it declares any
     weight_group_timeout_s: float = bounded(600.0, 1.0)  # joining the weight group, and each broadcast
 
@@ -494,6 +494,8 @@ def _validate_extensions(cfg: Config) -> None:
         typed = typed_settings(getattr(entry, "settings", None), dict(settings), settings_key, owner)
         if typed is not None:
             _validate_fields(typed, settings_key + ".")
+            if hasattr(typed, "check"):  # settings that depend on the rest of the config
+                typed.check(cfg)
 
 
 def _validate_fields(node: Any, prefix: str) -> None:

@@ -119,5 +119,5 @@ CREDIT_METHODS: Registry[Any] = Registry(
 WEIGHT_TRANSPORTS: Registry[Any] = Registry(
     "weight transport",
     "generation.weight_transport",
-    {"file": "rredcot.common.transports", "collective": "rredcot.common.transports"},
+    {name: "rredcot.common.transports" for name in ("file", "collective", "ipc")},
 )

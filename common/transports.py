@@ -8,7 +8,9 @@ is described in docs/extending.md; the built-ins:
 - ``file``: one safetensors file + manifest per version (``learner.broadcast.FilePublisher``,
   ``actors.receivers.FileReceiver``); any receiver on the learner's filesystem;
 - ``collective``: a broadcast group, gloo on CPU and NCCL on GPU, falling back to files
-  (``learner.broadcast.CollectivePublisher``, ``actors.receivers.CollectiveReceiver``).
+  (``learner.broadcast.CollectivePublisher``, ``actors.receivers.CollectiveReceiver``);
+- ``ipc``: shared slots on the learner's node, ``/dev/shm`` or CUDA IPC (``learner.ipc.IpcPublisher``,
+  ``actors.receivers.IpcReceiver``); receivers elsewhere ask for files.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from rredcot.common.config import Config
+from rredcot.common.config import Config, ConfigError, choice
 from rredcot.common.registry import WEIGHT_TRANSPORTS, typed_settings
 
 
@@ -54,4 +56,23 @@ WEIGHT_TRANSPORTS.register("file")(
 )
 WEIGHT_TRANSPORTS.register("collective")(
     WeightTransport("rredcot.learner.broadcast:CollectivePublisher", "rredcot.actors.receivers:CollectiveReceiver")
+)
+
+
+@dataclass
+class IpcSettings:
+    """``generation.transport_settings`` of ``ipc``."""
+
+    memory: str = choice("auto", "auto", "host", "device")  # the slots' memory; auto: the learner's device
+
+    def check(self, cfg: Config) -> None:
+        if self.memory == "device" and cfg.cluster.gpus_per_learner == 0:
+            raise ConfigError(
+                "generation.transport_settings.memory = 'device' needs a GPU learner (cluster.gpus_per_learner "
+                "is 0); expected 'auto' or 'host'"
+            )
+
+
+WEIGHT_TRANSPORTS.register("ipc")(
+    WeightTransport("rredcot.learner.ipc:IpcPublisher", "rredcot.actors.receivers:IpcReceiver", IpcSettings)
 )

@@ -11,8 +11,8 @@ pin() { for name in "$@"; do echo "$name==$("$PY" -c "import importlib.metadata 
 rm -rf "$OUT" && mkdir -p "$OUT"
 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$OUT" .
 DS_BUILD_OPS=0 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$OUT" "$(pin deepspeed)"
-# DeepSpeed's and omegaconf's imports that the GPU image lacks, for CPython 3.12 on x86-64
+# DeepSpeed's, omegaconf's and the weight slots' imports that the GPU image lacks, for CPython 3.12 on x86-64
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d "$OUT" $(pin hjson pydantic pydantic-core annotated-types typing-inspection typing-extensions omegaconf)
+    -d "$OUT" $(pin hjson pydantic pydantic-core annotated-types typing-inspection typing-extensions omegaconf msgpack redis)
 ls -la "$OUT"

@@ -102,11 +102,11 @@ class FilePublisher:
         """Publish ``version``; returns (the manifest when published on this thread, seconds here)."""
         t0 = time.perf_counter()
         if self.rank != 0 or self.client is None:  # only rank 0 delivers
-            _take_part(module)
+            take_part(module)
             return None, time.perf_counter() - t0
         buckets = gathered_buckets(module)
         try:
-            with WeightWriter(version, *_columns([_layout(module)]), self.out_dir) as writer:
+            with WeightWriter(version, *columns(module), self.out_dir) as writer:
                 for bucket in buckets:
                     for name, tensor in bucket:
                         writer.write(name, tensor)
@@ -182,7 +182,7 @@ class CollectivePublisher(FilePublisher):
             return super().publish(module, version) if self.file_too else (None, 0.0)
         t0 = time.perf_counter()
         if self.rank != 0:
-            _take_part(module, self.bucket_bytes)
+            take_part(module, self.bucket_bytes)
             return None, time.perf_counter() - t0
         self.wait()  # the send in flight is done with the host buffers
         manifest = None
@@ -261,10 +261,15 @@ class CollectivePublisher(FilePublisher):
         return write_weights(version, zip(names, tensors, strict=True), self.out_dir, self.keep)
 
 
-def _take_part(module: torch.nn.Module, bucket_bytes: int = BUCKET_BYTES) -> None:
+def take_part(module: torch.nn.Module, bucket_bytes: int = BUCKET_BYTES) -> None:
     """A rank that delivers nothing: take part in the gathers (collectives under ZeRO-3), copy nothing."""
     for _ in gathered_buckets(module, bucket_bytes):
         pass
+
+
+def columns(module: torch.nn.Module) -> tuple[list[str], list[list[int]], list[str]]:
+    """(names, full shapes, dtypes) of every parameter, without gathering."""
+    return _columns([_layout(module)])
 
 
 def _layout(module: torch.nn.Module) -> list[Layout]:

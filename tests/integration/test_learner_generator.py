@@ -2,8 +2,9 @@
 
 The learner's log-probs match the generator's behaviour log-probs (at T ≠ 1) at the first step of a
 fresh run, and after the learner publishes version 1 the generator's samples match the learner's
-new weights exactly — while the old behaviour log-probs no longer do (the check can fail). Both
-weight transports: the file, and the collective group (gloo here) joined by the engine's worker.
+new weights exactly — while the old behaviour log-probs no longer do (the check can fail). The
+built-in weight transports: the file, the collective group (gloo here) joined by the engine's
+worker, and the learner's shared slot (host memory here) copied by the engine's worker.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ import numpy as np
 import pytest
 
 from rredcot.actors.engine import Engine, EngineSpec, Sampling
-from rredcot.actors.receivers import CollectiveReceiver, FileReceiver
+from rredcot.actors.receivers import CollectiveReceiver, FileReceiver, IpcReceiver
 from rredcot.common.config import LearnerConfig
 from rredcot.common.models import build_tiny_model, load_causal_lm, load_tokenizer, qwen_tokenizer_dir, save_model_dir
 from rredcot.common.weight_sync import latest_manifest
 from rredcot.learner.broadcast import CollectivePublisher, FilePublisher
 from rredcot.learner.engine import LearnerEngine
+from rredcot.learner.ipc import IpcPublisher
 from rredcot.learner.packing import TrainSample
 
 TEMPERATURE = 0.7
@@ -68,9 +70,12 @@ def engine_of():
 
 def _deliver(transport: str, learner: LearnerEngine, generator: Engine, client, run_id: str, out) -> None:
     """Publish the learner's weights and apply them in the generator's engine, over ``transport``'s
-    publisher and receiver (the collective one joins the group as rank 1, as generator 0 does)."""
+    publisher and receiver (the collective one joins the group as rank 1, as generator 0 does; the
+    ipc one copies the learner's slot)."""
     if transport == "file":
         publisher, receiver = FilePublisher(client, run_id, out, rank=0), FileReceiver(client, run_id, generator)
+    elif transport == "ipc":
+        publisher, receiver = IpcPublisher(client, run_id, out, rank=0), IpcReceiver(client, run_id, generator)
     else:
         publisher = CollectivePublisher(
             client, run_id, out, rank=0, group_address="127.0.0.1", receivers=1, file_too=False, timeout_s=60
@@ -87,7 +92,7 @@ def _deliver(transport: str, learner: LearnerEngine, generator: Engine, client, 
     assert version == learner.version == generator.version and seconds > 0 and publisher.fallbacks == 0
 
 
-@pytest.mark.parametrize("transport", ["file", "collective"])
+@pytest.mark.parametrize("transport", ["file", "collective", "ipc"])
 def test_first_step_gap_is_zero_and_broadcast_reaches_the_generator(
     transport, model_dir, engine_of, tmp_path, redis_client, run_id
 ):

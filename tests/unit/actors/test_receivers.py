@@ -1,6 +1,7 @@
 """Weight transports end to end on a real vLLM engine: a publisher publishes a model, the
-transport's receiver applies it; the built-in ``file`` and docs/extending.md's example transport.
-And a file receiver on a node that does not see the learner's files."""
+transport's receiver applies it; the built-in ``file`` and ``ipc`` and docs/extending.md's example
+transport. And a file receiver on a node that does not see the learner's files, an ipc receiver on
+a node that does not see the learner's slots, and one whose slot was overwritten during its copy."""
 
 from __future__ import annotations
 
@@ -10,13 +11,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from rredcot.actors.receivers import FileReceiver
+from rredcot.actors.receivers import FileReceiver, IpcReceiver
 from rredcot.common.config import ConfigError, load_config
 from rredcot.common.registry import WEIGHT_TRANSPORTS
+from rredcot.common.weight_slots import copy_slot
 from rredcot.common.weight_sync import publish_weights
+from rredcot.learner.ipc import IpcPublisher
+
+TRANSPORTS = [("file", "{}"), ("ipc", "{memory: host}"), ("tests.extensions.redis_weights", "{keep: 1}")]
 
 
-@pytest.mark.parametrize(("transport", "settings"), [("file", "{}"), ("tests.extensions.redis_weights", "{keep: 1}")])
+@pytest.mark.parametrize(("transport", "settings"), TRANSPORTS)
 def test_published_versions_reach_the_engine(tied, helpers, redis_client, run_id, tmp_path, transport, settings):
     engine, m0, m1, _ = tied
     overrides = [f"generation.weight_transport={transport}", f"generation.transport_settings={settings}"]
@@ -34,7 +39,7 @@ def test_published_versions_reach_the_engine(tied, helpers, redis_client, run_id
         assert receiver.poll() is None  # applied once
     publisher.close()
     receiver.close()
-    if transport != "file":  # its setting took effect: only the newest version is kept in Redis
+    if transport == "tests.extensions.redis_weights":  # its setting took effect: only the newest version kept
         assert [redis_client.exists(f"rredcot:{run_id}:weights:blob:{v}") for v in (start + 1, start + 2)] == [0, 1]
 
 
@@ -46,6 +51,12 @@ def test_transport_settings_are_checked():
         )
     with pytest.raises(ConfigError, match=r"expected \{\}: weight transport 'file' takes no settings"):
         load_config("tests", ["generation.transport_settings={keep: 1}"])
+    ipc = ["generation.weight_transport=ipc"]
+    with pytest.raises(ConfigError, match=r"memory = 'shm' is not allowed; expected one of 'auto', 'host', 'device'"):
+        load_config("tests", [*ipc, "generation.transport_settings={memory: shm}"])
+    with pytest.raises(ConfigError, match=r"memory = 'device' needs a GPU learner .*expected 'auto' or 'host'"):
+        load_config("tests", [*ipc, "generation.transport_settings={memory: device}", "cluster.gpus_per_learner=0"])
+    assert load_config("tests", [*ipc, "generation.transport_settings={memory: device}", "cluster.gpus_per_learner=1"])
 
 
 class _Loads:
@@ -79,3 +90,61 @@ def test_a_pruned_file_is_silently_skipped_for_the_newer_version(redis_client, r
         assert receiver._apply_file(old, "finish") is None  # read between the two publications
     assert receiver.missing_files == 0 and not caplog.records
     assert receiver.poll() == (2, 0.5)
+
+
+class _Copies(_Loads):
+    """Stands in for the engine on the ipc path: copies the slot for real; ``between`` runs between
+    its copy and the check."""
+
+    def __init__(self, between=lambda: None) -> None:
+        self.between, self.copied = between, []
+
+    def load_weights_shared(self, manifest, still_held, in_flight: str) -> float | None:
+        copy_slot(manifest.shared, torch.device("cpu"))
+        self.copied.append(manifest.version)
+        self.between()
+        if not still_held():
+            return None
+        self.version = manifest.version
+        return 0.25
+
+
+def _ipc(redis_client, run_id, tmp_path) -> tuple[IpcPublisher, torch.nn.Module]:
+    (tmp_path / "shm").mkdir()
+    model = torch.nn.Linear(4, 2)
+    return IpcPublisher(redis_client, run_id, tmp_path / "weights", 0, shm_dir=tmp_path / "shm"), model
+
+
+def test_an_ipc_copy_whose_slot_was_overwritten_meanwhile_is_dropped(redis_client, run_id, tmp_path):
+    publisher, model = _ipc(redis_client, run_id, tmp_path)
+    publisher.publish(model, 1)
+    engine = _Copies(between=lambda: [publisher.publish(model, v) for v in (2, 3)])  # 3 reuses 1's slot
+    receiver = IpcReceiver(redis_client, run_id, engine, "gen0")
+    assert receiver.poll() is None and engine.version == 0  # the copy of 1 was dropped
+    engine.between = lambda: None
+    assert receiver.poll() == (3, 0.25) and engine.copied == [1, 3]
+    publisher.close()
+
+
+def test_an_ipc_receiver_that_cannot_map_the_slots_asks_for_files_and_follows_them(
+    redis_client, run_id, tmp_path, monkeypatch, caplog
+):
+    publisher, model = _ipc(redis_client, run_id, tmp_path)
+    publisher.publish(model, 1)
+    monkeypatch.setattr("rredcot.common.weight_slots.node_id", lambda: "another-node/1")  # the receiver's node
+    engine = _Copies()
+    receiver = IpcReceiver(redis_client, run_id, engine, "gen3")
+    assert receiver.poll() is None and receiver.poll() is None  # version 1 has no file
+    assert "gen3: the slots are in the memory of another node" in caplog.text and caplog.text.count("asking") == 1
+    publisher.publish(model, 2)  # written as a file too, for gen3
+    assert receiver.poll() == (2, 0.5) and engine.copied == []
+    publisher.close()
+
+
+def test_after_the_learner_ends_its_last_version_is_read_from_its_file(redis_client, run_id, tmp_path):
+    publisher, model = _ipc(redis_client, run_id, tmp_path)
+    publisher.publish(model, 1)
+    publisher.close()  # the slots are gone: a receiver that had not taken version 1 yet reads its file
+    engine = _Copies()
+    assert IpcReceiver(redis_client, run_id, engine, "eval").poll() == (1, 0.5) and engine.version == 1
+    assert engine.copied == []  # the copy failed: the slot is gone

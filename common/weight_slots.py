@@ -1,0 +1,175 @@
+"""The ``ipc`` weight transport's memory: two slots on the learner's node that receivers map.
+
+Learner rank 0 owns ``SLOTS`` buffers, each one version's tensors laid out as
+``common.weight_group.flatten`` packs them (16-byte aligned, in manifest order). Version ``v`` is
+written into slot ``v % SLOTS``, so the newest version is never overwritten while the next one is
+written. A slot is either
+
+- ``host``: a file in ``/dev/shm`` (its pages reserved with ``posix_fallocate``, so a full tmpfs is
+  an error at allocation, not a SIGBUS later), mapped by any process of the node; or
+- ``cuda``: a buffer on the learner's GPU, shared by CUDA IPC, opened by a process that sees the
+  same GPU (found by its UUID, whatever ``CUDA_VISIBLE_DEVICES`` numbers it).
+
+A slot's handle is a plain dict (strings, ints, bytes) that travels in the weight manifest (msgpack,
+never pickle). Each slot's version is stamped in Redis (``slots_key``): -1 while the learner writes
+it, then the version. A receiver copies the slot into its own memory and keeps the copy only if the
+stamp still names the version afterwards: a slot overwritten while it was copied (a receiver more
+than a learner step behind) is dropped, and the receiver takes the newest version on its next poll.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import socket
+from pathlib import Path
+from typing import Any
+
+import redis
+import torch
+
+from rredcot.common.streams import registry_key
+
+SLOTS = 2
+SHM_DIR = Path("/dev/shm")
+
+
+def slots_key(run_id: str) -> str:
+    """Redis hash: slot index → the version it holds (-1 while written)."""
+    return f"rredcot:{run_id}:weights:slots"
+
+
+def files_key(run_id: str) -> str:
+    """Redis set: the receivers that cannot map the slots and follow weight files instead."""
+    return f"rredcot:{run_id}:weights:want_files"
+
+
+def node_id() -> str:
+    """This machine, as receivers compare it with the learner's: host name and boot id."""
+    boot = Path("/proc/sys/kernel/random/boot_id")
+    return f"{socket.gethostname()}/{boot.read_text().strip() if boot.exists() else ''}"
+
+
+def slot_path(run_id: str, index: int, shm_dir: Path = SHM_DIR) -> Path:
+    """Slot ``index``'s file of run ``run_id`` (one name per run: a restarted learner replaces it)."""
+    return shm_dir / f"rredcot-{re.sub(r'[^A-Za-z0-9_.-]', '_', run_id)}-slot{index}"
+
+
+def _map(path: Path, nbytes: int) -> torch.Tensor:
+    """The file's first ``nbytes`` as a shared ``uint8`` tensor (the tensor keeps the mapping)."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        if os.fstat(fd).st_size < nbytes:
+            raise OSError(f"{path} holds {os.fstat(fd).st_size} bytes, the manifest says {nbytes}")
+        return torch.frombuffer(mmap.mmap(fd, nbytes), dtype=torch.uint8)
+    finally:
+        os.close(fd)
+
+
+def _gpu_uuid(device: torch.device) -> str:
+    return str(torch.cuda.get_device_properties(device).uuid)
+
+
+class SlotRing:
+    """Learner rank 0's slots: allocated once, each shared by one handle for the whole run."""
+
+    def __init__(self, run_id: str, nbytes: int, device: torch.device, shm_dir: Path = SHM_DIR) -> None:
+        """``device``: a CUDA device for ``cuda`` slots, the CPU for ``host`` ones. Raises ``OSError``
+        (host memory) or ``torch.OutOfMemoryError`` (GPU) when the slots do not fit."""
+        self.nbytes, self.kind = nbytes, "cuda" if device.type == "cuda" else "host"
+        self.buffers: list[torch.Tensor] = []
+        self.handles: list[dict[str, Any]] = []
+        self._paths: list[Path] = []
+        try:
+            self._allocate(run_id, device, shm_dir)
+        except BaseException:
+            self.close()
+            raise
+
+    def _allocate(self, run_id: str, device: torch.device, shm_dir: Path) -> None:
+        nbytes, node = self.nbytes, node_id()
+        for i in range(SLOTS):
+            base = {"node": node, "nbytes": nbytes, "index": i}
+            if self.kind == "host":
+                path = slot_path(run_id, i, shm_dir)
+                path.unlink(missing_ok=True)  # a killed learner's slot: receivers still mapping it keep their pages
+                self._paths.append(path)
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+                try:
+                    os.posix_fallocate(fd, 0, nbytes)
+                finally:
+                    os.close(fd)
+                self.buffers.append(_map(path, nbytes))
+                self.handles.append({"kind": "host", "path": str(path), **base})
+            else:
+                buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
+                ipc = list(buffer.untyped_storage()._share_cuda_())
+                ipc[0] = _gpu_uuid(device)  # the device by UUID, not by this process's ordinal
+                self.buffers.append(buffer)
+                self.handles.append({"kind": "cuda", "ipc": ipc, **base})
+
+    def close(self) -> None:
+        """Drop the slots (a receiver still holding a mapping keeps its pages until it lets go)."""
+        self.buffers.clear()
+        for path in self._paths:
+            path.unlink(missing_ok=True)
+
+
+def stamp(client: redis.Redis, run_id: str, index: int, version: int) -> None:
+    """Record which version slot ``index`` holds (-1: being written)."""
+    pipe = client.pipeline(transaction=True)
+    pipe.sadd(registry_key(run_id), slots_key(run_id))
+    pipe.hset(slots_key(run_id), str(index), version)
+    pipe.execute()
+
+
+def holds(client: redis.Redis, run_id: str, index: int, version: int) -> bool:
+    """Whether slot ``index`` still holds ``version`` (checked after a copy)."""
+    return int(client.hget(slots_key(run_id), str(index)) or -1) == version
+
+
+def want_files(client: redis.Redis, run_id: str, receiver: str) -> None:
+    """Ask the learner to write weight files too, for ``receiver``, which cannot map the slots."""
+    pipe = client.pipeline(transaction=True)
+    pipe.sadd(registry_key(run_id), files_key(run_id))
+    pipe.sadd(files_key(run_id), receiver)
+    pipe.execute()
+
+
+def files_wanted(client: redis.Redis, run_id: str) -> bool:
+    return bool(client.scard(files_key(run_id)))
+
+
+def reachable(handle: dict[str, Any]) -> str:
+    """Why this process cannot open ``handle`` ("" when it can)."""
+    if handle.get("node") != node_id():
+        return f"the slots are in the memory of another node ({handle.get('node')})"
+    if handle["kind"] == "cuda":
+        uuid = handle["ipc"][0]
+        visible = [str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())]
+        if uuid not in visible:
+            return f"the slots are on GPU {uuid}, which this process does not see (it sees {visible or 'none'})"
+    return ""
+
+
+def open_slot(handle: dict[str, Any]) -> torch.Tensor:
+    """The slot ``handle`` names, as a ``uint8`` tensor (host: a mapping; cuda: the learner's buffer)."""
+    if handle["kind"] == "host":
+        return _map(Path(handle["path"]), handle["nbytes"])
+    uuid, *rest = handle["ipc"]
+    ordinal = next(i for i in range(torch.cuda.device_count()) if str(torch.cuda.get_device_properties(i).uuid) == uuid)
+    torch.cuda._lazy_init()
+    with torch.cuda.device(ordinal):
+        storage = torch.UntypedStorage._new_shared_cuda(ordinal, *rest)
+    return torch.empty(0, dtype=torch.uint8, device=torch.device("cuda", ordinal)).set_(storage)[: handle["nbytes"]]
+
+
+def copy_slot(handle: dict[str, Any], device: torch.device) -> torch.Tensor:
+    """A private copy of the slot on ``device``, complete when this returns."""
+    slot = open_slot(handle)
+    own = torch.empty(handle["nbytes"], dtype=torch.uint8, device=device)
+    own.copy_(slot)
+    if slot.is_cuda or own.is_cuda:
+        torch.cuda.synchronize(slot.device if slot.is_cuda else own.device)
+    return own

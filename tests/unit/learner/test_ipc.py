@@ -1,0 +1,98 @@
+"""The ``ipc`` publisher: versions alternate between two stamped slots, files appear only when a
+receiver asks or the learner ends, and slots that do not fit turn the run to files."""
+
+from __future__ import annotations
+
+import torch
+
+from rredcot.common.config import LearnerConfig
+from rredcot.common.weight_group import unflatten
+from rredcot.common.weight_slots import copy_slot, holds, want_files
+from rredcot.common.weight_sync import latest_manifest, load_tensors
+from rredcot.learner.engine import LearnerEngine
+from rredcot.learner.ipc import IpcPublisher
+
+CPU = torch.device("cpu")
+
+
+def _in_slot(manifest) -> dict[str, torch.Tensor]:
+    own = copy_slot(manifest.shared, CPU)
+    return dict(zip(manifest.names, unflatten(own, manifest.shapes, manifest.dtypes), strict=True))
+
+
+def _params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _bump(model: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+
+
+def test_versions_alternate_between_stamped_slots_and_the_last_becomes_a_file_at_close(
+    make_model, tmp_path, redis_client, run_id
+):
+    model, shm = make_model(), tmp_path / "shm"
+    shm.mkdir()
+    publisher = IpcPublisher(redis_client, run_id, tmp_path / "weights", rank=0, shm_dir=shm)
+    assert publisher.publish(model, 0) == (None, 0.0) and latest_manifest(redis_client, run_id) is None
+    published, manifests = {}, {}
+    for version in (1, 2, 3):
+        manifest, seconds = publisher.publish(model, version)
+        assert manifest == latest_manifest(redis_client, run_id) and seconds > 0
+        assert manifest.transport == "ipc" and manifest.path == "" and manifest.shared["index"] == version % 2
+        published[version], manifests[version] = _params(model), manifest
+        slot = _in_slot(manifest)
+        assert all(torch.equal(slot[n], t) for n, t in published[version].items())
+        assert holds(redis_client, run_id, version % 2, version)
+        if version == 2:  # version 1 is untouched in the other slot while version 2 is read
+            assert holds(redis_client, run_id, 1, 1)
+            assert all(torch.equal(_in_slot(manifests[1])[n], t) for n, t in published[1].items())
+        _bump(model)
+    assert not holds(redis_client, run_id, 1, 1)  # version 3 took its slot: a late copy of 1 is dropped
+    assert not (tmp_path / "weights").exists()  # no file until the learner ends
+    publisher.close()
+    last = latest_manifest(redis_client, run_id)
+    assert last.version == 3 and last.transport == "ipc" and last.path
+    assert all(torch.equal(load_tensors(last)[n], t) for n, t in published[3].items())
+    assert not any(shm.iterdir())  # the slots end with the learner
+
+
+def test_files_are_written_beside_the_slots_once_a_receiver_asks(make_model, tmp_path, redis_client, run_id):
+    model, shm = make_model(), tmp_path / "shm"
+    shm.mkdir()
+    publisher = IpcPublisher(redis_client, run_id, tmp_path / "weights", rank=0, shm_dir=shm)
+    assert publisher.publish(model, 1)[0].path == ""
+    want_files(redis_client, run_id, "gen1")
+    manifest, _ = publisher.publish(model, 2)
+    assert manifest.transport == "ipc" and manifest.path and manifest.shared["index"] == 0
+    assert all(torch.equal(load_tensors(manifest)[n], t) for n, t in _params(model).items())
+    publisher.close()
+
+
+def test_slots_that_cannot_be_allocated_turn_the_run_to_files(make_model, tmp_path, redis_client, run_id, caplog):
+    model = make_model()
+    publisher = IpcPublisher(redis_client, run_id, tmp_path / "weights", rank=0, shm_dir=tmp_path / "no-such-dir")
+    for version in (1, 2):
+        manifest, _ = publisher.publish(model, version)
+        assert manifest.transport == "file" and manifest.path and manifest.version == version
+    assert publisher.fallbacks == 1 and "shared slots do not fit" in caplog.text
+    publisher.close()
+
+
+def test_zero3_rank_0_gathers_into_the_slot_and_another_rank_only_takes_part(
+    make_model, tmp_path, redis_client, run_id
+):
+    model = make_model()
+    original = _params(model)
+    engine = LearnerEngine(model, LearnerConfig(dtype="float32", zero_stage=3, zero3_persistence_threshold=0))
+    assert any(p.numel() == 0 for p in engine.module.parameters())  # really partitioned
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    other = IpcPublisher(redis_client, run_id, tmp_path / "weights", rank=1, shm_dir=shm)
+    assert other.publish(engine.module, 1)[0] is None and not any(shm.iterdir())
+    publisher = IpcPublisher(redis_client, run_id, tmp_path / "weights", rank=0, shm_dir=shm)
+    manifest, _ = publisher.publish(engine.module, 1)
+    assert manifest.names == list(original) and all(torch.equal(_in_slot(manifest)[n], t) for n, t in original.items())
+    publisher.close()
