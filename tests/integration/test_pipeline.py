@@ -78,7 +78,7 @@ def assert_every_sample_trained_once(redis_client, run_id: str, cfg, eta: int) -
 # trains on docs/extending.md's example task, a module outside rredcot named in the config
 @pytest.mark.parametrize(
     ("method", "eta", "transport", "task"),
-    [("rredcot", 2, "file", "arith"), ("grpo", 0, "collective", "tests.extensions.double")],
+    [("rredcot", 2, "ipc", "arith"), ("grpo", 0, "collective", "tests.extensions.double")],
 )
 def test_pipeline_trains_every_sample_once_within_the_staleness_bound(
     local_ray, redis_server, redis_client, run_id, tmp_path, method, eta, transport, task
@@ -96,6 +96,11 @@ def test_pipeline_trains_every_sample_once_within_the_staleness_bound(
     )
     learner = assert_every_sample_trained_once(redis_client, run_id, cfg, eta)
     gens, _, _ = _workers(redis_client, run_id)
+    if transport == "ipc":  # every version went through the shared slots: the only file is the last version's
+        assert learner["broadcast_fallbacks"] == 0 and all(g["weight_updates"] >= 1 for g in gens)
+        files = sorted(p.name for p in (tmp_path / run_id / "weights").iterdir())
+        assert files == [f"weights-v{int(learner['version']):08d}.safetensors"], files
+        assert not list(Path("/dev/shm").glob(f"rredcot-{run_id}-slot*"))  # freed when the learner ended
     if transport == "collective":  # every version went over the group, the last one included
         assert learner["broadcast_fallbacks"] == 0 and learner["broadcast_send_s_total"] > 0
         assert [g["version"] for g in gens] == [learner["version"]] * len(gens)
