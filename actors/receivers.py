@@ -20,7 +20,7 @@ from typing import Any
 from rredcot.actors.engine import Engine
 from rredcot.common.config import Config
 from rredcot.common.weight_group import read_group
-from rredcot.common.weight_slots import holds, reachable, want_files
+from rredcot.common.weight_slots import SlotReader
 from rredcot.common.weight_sync import WeightManifest, latest_manifest, published_version, read_weights
 
 log = logging.getLogger(__name__)
@@ -139,26 +139,15 @@ class IpcReceiver(FileReceiver):
 
     def __init__(self, client: Any, run_id: str, engine: Engine, name: str = "") -> None:
         super().__init__(client, run_id, engine, name)
-        self.unreachable: str | None = None  # why this receiver cannot map the slots (None: not checked yet)
+        self.slots = SlotReader(client, run_id, name)
 
     def poll(self, in_flight: str = "finish") -> tuple[int, float] | None:
         manifest = latest_manifest(self.client, self.run_id, newer_than=self.engine.version)
-        if manifest is None or manifest.transport != "ipc" or not self._can_map(manifest.shared):
+        if manifest is None or manifest.transport != "ipc" or not self.slots.usable(manifest.shared):
             return self._apply_file(manifest, in_flight)
-        index = manifest.shared["index"]
         try:
-            seconds = self.engine.load_weights_shared(
-                manifest, lambda: holds(self.client, self.run_id, index, manifest.version), in_flight
-            )
+            seconds = self.engine.load_weights_shared(manifest, lambda: self.slots.still_held(manifest), in_flight)
         except Exception as e:  # noqa: BLE001 - the slots went with their learner: its file, if any
             log.info("%s: cannot open weights v%d's slot (%s: %s)", self.name, manifest.version, type(e).__name__, e)
             return self._apply_file(manifest, in_flight)
         return None if seconds is None else (manifest.version, seconds)
-
-    def _can_map(self, handle: dict[str, Any]) -> bool:
-        if self.unreachable is None:
-            self.unreachable = reachable(handle)
-            if self.unreachable:
-                log.warning("%s: %s; asking the learner for weight files", self.name, self.unreachable)
-                want_files(self.client, self.run_id, self.name)
-        return not self.unreachable

@@ -19,6 +19,7 @@ than a learner step behind) is dropped, and the receiver takes the newest versio
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import re
@@ -30,6 +31,10 @@ import redis
 import torch
 
 from rredcot.common.streams import registry_key
+from rredcot.common.weight_group import unflatten
+from rredcot.common.weight_sync import WeightManifest
+
+log = logging.getLogger(__name__)
 
 SLOTS = 2
 SHM_DIR = Path("/dev/shm")
@@ -173,3 +178,36 @@ def copy_slot(handle: dict[str, Any], device: torch.device) -> torch.Tensor:
     if slot.is_cuda or own.is_cuda:
         torch.cuda.synchronize(slot.device if slot.is_cuda else own.device)
     return own
+
+
+class SlotReader:
+    """A receiver's side of the slots: whether it can map them (checked on the first handle; if not,
+    it says why once and asks the learner for files), and reading a version out of its slot."""
+
+    def __init__(self, client: redis.Redis, run_id: str, name: str) -> None:
+        self.client, self.run_id, self.name = client, run_id, name
+        self.unreachable: str | None = None  # why this receiver cannot map the slots (None: not checked yet)
+
+    def usable(self, handle: dict[str, Any]) -> bool:
+        if self.unreachable is None:
+            self.unreachable = reachable(handle)
+            if self.unreachable:
+                log.warning("%s: %s; asking the learner for weight files", self.name, self.unreachable)
+                want_files(self.client, self.run_id, self.name)
+        return not self.unreachable
+
+    def still_held(self, manifest: WeightManifest) -> bool:
+        """Whether the slot of ``manifest`` still holds its version (call after copying it)."""
+        return holds(self.client, self.run_id, manifest.shared["index"], manifest.version)
+
+    def read(self, manifest: WeightManifest, device: torch.device) -> dict[str, torch.Tensor] | None:
+        """The tensors of ``manifest``'s version copied out of its slot onto ``device``; None when the
+        slot was overwritten meanwhile or is gone with its learner (take the newer version, or the file)."""
+        try:
+            own = copy_slot(manifest.shared, device)
+        except (OSError, RuntimeError) as e:
+            log.info("%s: cannot open weights v%d's slot (%s: %s)", self.name, manifest.version, type(e).__name__, e)
+            return None
+        if not self.still_held(manifest):
+            return None
+        return dict(zip(manifest.names, unflatten(own, manifest.shapes, manifest.dtypes), strict=True))

@@ -29,6 +29,7 @@ from rredcot.common.records import RecordError, RolloutGroup, WeightedGroup, Wei
 from rredcot.common.sampling import ContinuationSampler, RewardFn
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Entry, Producer, connect, run_key
 from rredcot.common.verifier import Verifier
+from rredcot.common.weight_slots import SlotReader
 from rredcot.common.weight_sync import latest_manifest, load_tensors
 from rredcot.redistributor.credit import redistribute_group
 from rredcot.redistributor.mc import HFContinuationSampler
@@ -167,6 +168,7 @@ class Redistributor:
         self.producer = Producer(self.client, batches, cfg.redis.maxlen, cfg.redis.block_timeout_s)
         self.control = RunControl(self.client, self.run_id)
         self.scorer = scorer if scorer is not None or not self.method.needs_scorer else build_scorer(cfg)
+        self.slots = SlotReader(self.client, self.run_id, name)  # the ipc transport's, for credit.scorer=policy
         self.extra: dict[str, Any] = {"settings": self.method.typed_settings(cfg)}
         self.verifier: Verifier | None = None
         self.sampler: ContinuationSampler | None = None
@@ -186,10 +188,16 @@ class Redistributor:
         manifest = latest_manifest(self.client, self.run_id, newer_than=self.scorer.version)
         if manifest is None:
             return False
-        try:
-            tensors = load_tensors(manifest)
-        except FileNotFoundError:  # pruned by a newer publication: take that one next time
-            return False
+        tensors = None
+        if manifest.transport == "ipc" and self.slots.usable(manifest.shared):
+            tensors = self.slots.read(manifest, torch.device("cpu"))  # None: overwritten or gone, see the file
+        if tensors is None:
+            if not manifest.path:  # announced before its file is written (collective), or in a slot only
+                return False
+            try:
+                tensors = load_tensors(manifest)
+            except FileNotFoundError:  # pruned by a newer publication: take that one next time
+                return False
         self.scorer.load_weights(tensors, manifest.version)
         self.metrics.scorer_version = manifest.version
         return True

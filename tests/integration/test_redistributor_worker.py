@@ -3,6 +3,7 @@ out as exactly one weighted sample or one dead letter, and a worker killed mid-b
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import subprocess
 import sys
@@ -18,7 +19,8 @@ from rredcot.common.config import load_config
 from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir
 from rredcot.common.records import RolloutGroup, WeightedGroup
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Producer, dead_letters, key
-from rredcot.common.weight_sync import publish_weights
+from rredcot.common.weight_sync import latest_manifest, publish_manifest, publish_weights
+from rredcot.learner.ipc import IpcPublisher
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.worker import GROUP, Redistributor
 from tests.factories import rollout_group
@@ -129,3 +131,24 @@ def test_policy_scorer_follows_published_weights(redis_client, redis_server, run
     assert _batches(redis_client, run_id)[0].scorer_version == 3
     with pytest.raises(ValueError, match="do not fit"):
         scorer.load_weights({"model.embed_tokens.weight": policy.model.embed_tokens.weight}, 4)
+
+
+def test_policy_scorer_reads_ipc_slots_and_waits_for_a_file_still_being_written(
+    redis_client, redis_server, run_id, tmp_path
+) -> None:
+    """With the ipc transport the scorer copies each version out of the learner's slot (no file); a
+    manifest announced before its file exists (collective) is skipped, not an error."""
+    cfg = _cfg(redis_server.url, run_id, "credit.scorer=policy")
+    scorer = Scorer(build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit.exit_string)
+    worker = Redistributor(cfg, "red0", scorer=scorer)
+    policy = build_tiny_model("qwen3", seed=5)
+    (tmp_path / "shm").mkdir()
+    publisher = IpcPublisher(redis_client, run_id, tmp_path / "weights", 0, shm_dir=tmp_path / "shm")
+    publisher.publish(policy, 2)
+    assert worker.sync_scorer() and scorer.version == 2 and not (tmp_path / "weights").exists()
+    for (name, a), b in zip(scorer.model.state_dict().items(), policy.state_dict().values()):
+        assert torch.equal(a, b), name
+    publisher.close()
+    announced = dataclasses.replace(latest_manifest(redis_client, run_id), version=3, transport="collective", path="")
+    publish_manifest(redis_client, run_id, announced)
+    assert not worker.sync_scorer() and scorer.version == 2
