@@ -1,8 +1,8 @@
 """Learner benchmark: packed vs padded throughput (padded in the order samples came, and padded after
 sorting by length), weight broadcast vs step time, ZeRO-2 vs ZeRO-3,
-shared-prompt vs packed on GRPO-shaped groups (G samples behind one long prompt), and the two
-weight transports (file, collective and ipc: time the training thread is blocked, time until a
-receiver holds the weights).
+shared-prompt vs packed on GRPO-shaped groups (G samples behind one long prompt), and the weight
+transports on this small model (file, collective and ipc: time the training thread is blocked,
+time until a receiver holds the weights; at the demo model's size: bench/weight_transports.py).
 
 One process, real DeepSpeed (gloo on CPU), a random Qwen3-shaped model whose decoder-to-LM-head
 cost ratio is a real LLM's, and a mixed-length batch (completion lengths log-uniform in
@@ -15,27 +15,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import queue
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from rredcot.common.config import LearnerConfig
-from rredcot.common.weight_group import open_group, read_group, receive_tensors, unflatten
-from rredcot.common.weight_slots import copy_slot, holds
-from rredcot.common.weight_sync import latest_manifest, load_tensors
-from rredcot.learner.broadcast import CollectivePublisher, FilePublisher
 from rredcot.learner.engine import LearnerEngine
-from rredcot.learner.ipc import IpcPublisher
 from rredcot.learner.packing import micro_batches
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.learner_samples
+from bench.weight_transports import TRANSPORTS, delivery_times  # noqa: E402
 from tests.learner_samples import random_samples, tiny_lm  # noqa: E402
 
 
@@ -74,49 +67,6 @@ def timed_steps(engine: LearnerEngine, batch: list, steps: int) -> float:
     return statistics.median(times)
 
 
-def delivery_times(module, client, out: str, transport: str, versions: int) -> tuple[float, float]:
-    """Median (seconds the training thread is blocked, seconds until one receiver holds the tensors)
-    per version, over the ``file``, ``collective`` or ``ipc`` weight transport (collective: one
-    receiver thread; the others receive after each publication)."""
-    run_id = f"bench-{transport}"
-    group = transport == "collective"
-    if group:
-        publisher = CollectivePublisher(
-            client, run_id, out, 0, group_address="127.0.0.1", receivers=1, file_too=False, timeout_s=120
-        )
-    else:
-        publisher = (IpcPublisher if transport == "ipc" else FilePublisher)(client, run_id, out, 0)
-    received: queue.Queue = queue.Queue()
-
-    def receive() -> None:
-        member = open_group(read_group(client, run_id), 1, 120)
-        for _ in range(versions):
-            while (m := latest_manifest(client, run_id)) is None or m.version <= received.qsize():
-                time.sleep(0.001)
-            receive_tensors(member, m.names, m.shapes, m.dtypes, m.buckets, torch.device("cpu"))
-            received.put(time.perf_counter())
-
-    receiver = threading.Thread(target=receive, daemon=True) if group else None
-    if receiver is not None:
-        receiver.start()
-    blocking, delivery = [], []
-    for v in range(1, versions + 1):
-        t0 = time.perf_counter()
-        blocking.append(publisher.publish(module, v)[1])
-        if transport == "ipc":  # the receiver's copy of the slot, kept if the slot still holds it
-            m = latest_manifest(client, run_id)
-            unflatten(copy_slot(m.shared, torch.device("cpu")), m.shapes, m.dtypes)
-            assert holds(client, run_id, m.shared["index"], m.version)
-            delivery.append(time.perf_counter() - t0)
-        elif receiver is None:
-            load_tensors(latest_manifest(client, run_id))
-            delivery.append(time.perf_counter() - t0)
-        else:
-            delivery.append(received.get(timeout=120) - t0)
-    publisher.close()
-    return statistics.median(blocking), statistics.median(delivery)
-
-
 def main() -> None:
     args = parse()
     rng = np.random.default_rng(0)
@@ -150,7 +100,7 @@ def main() -> None:
         from rredcot.common.streams import connect
 
         client = connect(server.url)
-        for transport in ("file", "collective", "ipc"):
+        for transport in TRANSPORTS:
             blocking, delivery = delivery_times(packed.module, client, f"{tmp}/{transport}", transport, args.steps)
             rows[f"{transport}: learner-blocking s"] = blocking
             rows[f"{transport}: delivery s"] = delivery
