@@ -5,9 +5,10 @@ the seconds until the receiver holds the version's tensors (file: the verified s
 read back; collective: the buckets received and checked by a receiver thread in the group, gloo on
 CPU; ipc: the slot copied out and its stamp checked). The model is random and Qwen3-shaped, by
 default near the CPU demo's SmolLM2-135M (hidden 576, 30 layers, 9 heads, vocab 49,152; its MLP is
-narrower: 114M parameters), in float32 (the demo's dtype on CPUs without native bf16). The receiver's own apply (vLLM's ``reload_weights``)
-is the same for every transport and left out. Real Redis (embedded), real files in a temporary
-directory, real /dev/shm. Prints a table; the last line is one JSON object.
+narrower: 114M parameters), in float32 (the demo's dtype on CPUs without native bf16). The
+receiver's own apply (vLLM's ``reload_weights``) is the same for every transport and left out.
+Real Redis (embedded), real files in a temporary directory, real /dev/shm. Prints a table; the
+last line is one JSON object.
 Usage: python -P bench/weight_transports.py [--versions 5 --hidden 576 --layers 30 ...]
 """
 

@@ -11,9 +11,11 @@ Never twice in one step: an entry read again (XAUTOCLAIM also reclaims the reade
 entries while it waits longer than ``redis.claim_idle_ms``; held entries are renewed meanwhile),
 the same group in two entries (a redistributor that re-sent it after a crash), or a sample already
 trained in an earlier step (a Redis set of rollout ids, written after the step). A rank reads on
-past such copies until it holds its count of new groups, so that every step trains its full count
-(copies that two ranks read, one each, still make that step short). A restarted rank first takes
-the entries still pending under its name (what its dead predecessor held).
+past such copies until it holds its count of new groups, and the ranks then swap the ids of the
+new groups they hold (``top_up``): copies of one group that two ranks read, one each, count once,
+and the ranks read the groups still missing, so that every step trains its full count. A
+restarted rank first takes the entries still pending under its name (what its dead predecessor
+held).
 """
 
 from __future__ import annotations
@@ -77,9 +79,11 @@ class BatchReader:
         per_step: int,
     ) -> None:
         self.client, self.consumer, self.ledger, self.trained_key = client, consumer, ledger, trained_key
-        self.rank, self.world = rank, world
+        self.rank, self.world, self.per_step = rank, world, per_step
         self.need = per_step // world + (rank < per_step % world)
         self._backlog: deque[Entry] | None = None  # entries pending under this rank's name at its start
+        self._got: dict[bytes, tuple[Entry, WeightedGroup]] = {}  # this step's entries so far
+        self._new: set[str] = set()  # this step's group ids that count toward its groups
 
     def _next_entries(self, count: int, block_ms: int) -> list[Entry]:
         """What a restarted rank held when it died first (pending under its name), then the stream's."""
@@ -90,20 +94,44 @@ class BatchReader:
         return self.consumer.read(count=count, block_ms=block_ms)
 
     def read(self, stop_requested: Callable[[], bool]) -> list[tuple[Entry, WeightedGroup]] | None:
-        """Entries until they hold this rank's ``need`` groups that are new (None once a stop is
-        requested), each entry once. A second copy of a group, or a group trained in an earlier step,
-        is kept (it is acknowledged after the step) but does not count: else the step would train
-        fewer groups and the run would end with admitted groups untrained. Malformed entries go to
-        the dead-letter stream."""
-        got: dict[bytes, tuple[Entry, WeightedGroup]] = {}
-        new: set[str] = set()  # group ids that count toward ``need``
+        """A step's entries until they hold this rank's ``need`` groups that are new (None once a stop
+        is requested), each entry once. A second copy of a group, or a group trained in an earlier
+        step, is kept (it is acknowledged after the step) but does not count: else the step would
+        train fewer groups and the run would end with admitted groups untrained. Malformed entries go
+        to the dead-letter stream."""
+        self._got, self._new = {}, set()
+        return self._read_until(stop_requested, self.need)
+
+    def top_up(
+        self, own: list[tuple[Entry, WeightedGroup]], gather: Gather, stop_requested: Callable[[], bool]
+    ) -> list[tuple[Entry, WeightedGroup]] | None:
+        """``own`` and what this rank reads more until the ranks together hold ``per_step`` distinct
+        new groups: a group that two ranks read, one copy each, counts once. Every rank calls it
+        after ``read`` (one all-gather of group ids per round, usually one round); None on every
+        rank once any rank saw a stop request while reading more."""
+        while self.world > 1:
+            stopped = own is None
+            rounds = [msgpack.unpackb(b) for b in gather(msgpack.packb([stopped, sorted(self._new)]))]
+            if any(stop for stop, _ in rounds):
+                return None
+            short = self.per_step - len({gid for _, gids in rounds for gid in gids})
+            if short <= 0:
+                break
+            mine = short // self.world + (self.rank < short % self.world)  # the same split on every rank
+            if mine:
+                own = self._read_until(stop_requested, len(self._new) + mine)
+        return own
+
+    def _read_until(self, stop_requested: Callable[[], bool], target: int) -> list[tuple[Entry, WeightedGroup]] | None:
+        """Read on until this step holds ``target`` new groups (``read``'s rules)."""
+        got, new = self._got, self._new
         renew_s = self.consumer.claim_idle_ms / 4000  # held entries are renewed 4x within the idle time
         block_ms = max(1, min(200, int(renew_s * 1000)))
         last_hold = time.perf_counter()
-        while len(new) < self.need:
+        while len(new) < target:
             if stop_requested():
                 return None
-            entries = self._next_entries(self.need - len(new), block_ms)
+            entries = self._next_entries(target - len(new), block_ms)
             # an own entry reclaimed back is taken once
             read = [(e, g) for e in entries if e.id not in got and (g := self._decode(e)) is not None]
             for (entry, group), trained in zip(read, self._trained_before([g for _, g in read]), strict=True):

@@ -211,8 +211,12 @@ class Trainer:
             return self._replayed()
         t0 = time.perf_counter()
         own = self.reader.read(self.control.stop_requested)
-        self.totals["wait_s"] += time.perf_counter() - t0
         if self.engine.all_reduce([float(own is None)], ["max"])[0] > 0:  # all ranks stop together
+            own = None
+        else:  # the groups two ranks both read, counted once; None: a stop while reading what was missing
+            own = self.reader.top_up(own, self.engine.all_gather, self.control.stop_requested)
+        self.totals["wait_s"] += time.perf_counter() - t0
+        if own is None:
             return None
         batch = self.reader.balance(own, self.engine.all_gather)
         self.totals.update(groups=len(batch.entries), samples=len(batch.samples), duplicates=batch.duplicates)

@@ -145,3 +145,64 @@ def test_two_ranks_share_a_batch_by_tokens_and_take_over_their_entries(redis_cli
     for rank, b in enumerate(batches):
         pending = redis_client.xpending_range(_stream(run_id), GROUP, "-", "+", 100, consumername=f"learner{rank}")
         assert {p["message_id"] for p in pending} == {e.id for e in b.entries}
+
+
+def _on_ranks(world: int, body):
+    """``body(rank)`` on ``world`` threads (the ranks); their results, exceptions re-raised here."""
+    out: list = [None] * world
+
+    def run(rank: int) -> None:
+        try:
+            out[rank] = body(rank)
+        except BaseException as e:  # noqa: BLE001 - re-raised below, on the test's thread
+            out[rank] = e
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in out:
+        if isinstance(r, BaseException):
+            raise r
+    return out
+
+
+def test_a_group_two_ranks_read_one_copy_each_counts_once_and_the_step_still_takes_its_count(redis_client, run_id):
+    """Rank 0 reads g1, g2 and rank 1 reads g1's re-sent copy and g3: three distinct groups for a step
+    of four. The ranks find that out together and rank 0 reads g4, so the step trains four groups,
+    each once; rank 1 acknowledges the copy it read."""
+    g1, g2, g3, g4 = (weighted_group(g=2, seed=s) for s in (21, 22, 23, 24))
+    readers = [_reader(redis_client, run_id, rank, 2, per_step=4) for rank in range(2)]
+    for g in (g1, g2):
+        _put(redis_client, run_id, g)
+    own0 = readers[0].read(_never)
+    for g in (g1, g3, g4):
+        _put(redis_client, run_id, g)
+    own1 = readers[1].read(_never)
+    assert [g.group_id for _, g in own1] == [g1.group_id, g3.group_id]
+    gather_for, owns = _all_gather(2), [own0, own1]
+
+    def step(rank: int):
+        own = readers[rank].top_up(owns[rank], gather_for(rank), _never)
+        return readers[rank].balance(own, gather_for(rank))
+
+    batches = _on_ranks(2, step)
+    trained = [s.id for b in batches for s in b.samples]
+    assert sorted(trained) == sorted(s.rollout.id for g in (g1, g2, g3, g4) for s in g.samples)  # 8, each once
+    assert sum(len(b.entries) for b in batches) == 5  # every entry read is acknowledged, the copy too
+
+
+def test_a_stop_while_one_rank_reads_what_is_missing_stops_every_rank(redis_client, run_id):
+    """Rank 1's only group is a copy of rank 0's, so rank 0 reads on for the missing one; nothing
+    comes, a stop is requested, and both ranks leave the step together (neither waits in a gather)."""
+    g1 = weighted_group(g=2, seed=31)
+    readers = [_reader(redis_client, run_id, rank, 2, per_step=2) for rank in range(2)]
+    _put(redis_client, run_id, g1)
+    own0 = readers[0].read(_never)
+    _put(redis_client, run_id, g1)  # the copy: rank 1 holds nothing new, and nothing else comes
+    own1 = readers[1].read(_never)
+    stop_after = time.monotonic() + 0.5
+    gather_for, owns = _all_gather(2), [own0, own1]
+    stopped = lambda: time.monotonic() > stop_after  # noqa: E731
+    assert _on_ranks(2, lambda rank: readers[rank].top_up(owns[rank], gather_for(rank), stopped)) == [None, None]
