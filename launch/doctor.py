@@ -21,6 +21,7 @@ from rredcot.common.data import DatasetError
 from rredcot.common.errors import UserError
 from rredcot.common.models import TINY_MODELS
 from rredcot.common.precision import cpu_info, cpu_native_bf16, resolve_dtype
+from rredcot.common.weight_slots import SHM_DIR
 from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
 from rredcot.launch.heap_trace import heap_trace_period
 from rredcot.launch.plan import PlanError, demand, local_cores, local_ray_cpus
@@ -284,6 +285,28 @@ def check_paths(cfg: Config) -> list[Check]:
     return out
 
 
+def check_shared_memory(cfg: Config) -> list[Check]:
+    """``generation.weight_transport=ipc`` with host slots: room in /dev/shm for two versions."""
+    g = cfg.generation
+    memory = dict(g.transport_settings).get("memory", "auto")
+    if g.weight_transport != "ipc" or memory == "device" or (memory == "auto" and cfg.cluster.gpus_per_learner > 0):
+        return []
+    free = shutil.disk_usage(SHM_DIR).free if SHM_DIR.is_dir() else 0
+    if free >= GIB:
+        return [
+            Check("ok", "shm", f"{free / GIB:.1f} GiB free in {SHM_DIR} for the ipc transport's two weight versions")
+        ]
+    return [
+        Check(
+            "warning",
+            "shm",
+            f"{free / 2**20:.0f} MiB free in {SHM_DIR}: the ipc transport keeps two versions of the weights there "
+            "and publishes files when they do not fit",
+            f"give {SHM_DIR} more room (docker run --shm-size=2g) or set generation.weight_transport=file",
+        )
+    ]
+
+
 FIRST_ROWS = 100  # dataset rows read (and checked as the run checks them) before anything starts
 
 
@@ -326,6 +349,7 @@ CHECKS: list[Callable[[Config], list[Check]]] = [
     check_services,
     check_environment,
     check_paths,
+    check_shared_memory,
     check_data,
 ]
 
@@ -335,6 +359,7 @@ PREFLIGHT: list[Callable[[Config], list[Check]]] = [
     check_services,
     check_environment,
     check_paths,
+    check_shared_memory,
     check_data,
 ]
 

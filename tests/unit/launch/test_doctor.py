@@ -16,6 +16,7 @@ from rredcot.launch.doctor import (
     check_environment,
     check_paths,
     check_services,
+    check_shared_memory,
     doctor,
     preflight,
 )
@@ -148,3 +149,16 @@ def test_tiers_sharing_the_cores_as_the_demo_does_is_ok_and_a_plan_beyond_them_a
     assert cores.level == "ok" and "share the cores" in cores.found  # the demo's 4 CPUs on 2 cores
     (cores,) = [c for c in doc.check_resources(load_config("demo_cpu", ["cluster.generators=4"])) if c.topic == "cores"]
     assert cores.level == "error" and "cluster.generators" in cores.found
+
+
+def test_the_ipc_transport_checks_room_in_dev_shm_for_host_slots(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    ipc = load_config("tests", ["generation.weight_transport=ipc"])
+    assert levels(check_shared_memory(ipc), "shm") == ["ok"]  # /dev/shm here has GiBs free
+    assert check_shared_memory(load_config("tests")) == []  # file transport: not needed
+    gpu = load_config("tests", ["generation.weight_transport=ipc", "cluster.gpus_per_learner=1"])
+    assert check_shared_memory(gpu) == []  # slots on the learner's GPU
+    monkeypatch.setattr(doc, "SHM_DIR", tmp_path / "no-shm")  # a container without /dev/shm
+    (warning,) = check_shared_memory(ipc)
+    assert warning.level == "warning" and "0 MiB free" in warning.found and "--shm-size" in warning.fix
