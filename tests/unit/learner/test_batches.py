@@ -111,42 +111,6 @@ def _all_gather(world: int):
     return gather_for
 
 
-def test_two_ranks_share_a_batch_by_tokens_and_take_over_their_entries(redis_client, run_id):
-    """Rank 0 reads the three long groups, rank 1 the three short ones (740 vs 60 tokens per sample);
-    after the balance each trains half the tokens, every group exactly once, and owns (in Redis)
-    the entries it trains."""
-    lengths = [400, 300, 40, 30, 20, 10]
-    groups = [weighted_group(g=2, length=n, seed=10 + i) for i, n in enumerate(lengths)]
-    readers = [_reader(redis_client, run_id, rank, 2, per_step=6) for rank in range(2)]
-    for g in groups:
-        _put(redis_client, run_id, g)
-    own0, own1 = readers[0].read(_never), readers[1].read(_never)
-    assert [g.group_id for _, g in own0] == [g.group_id for g in groups[:3]]
-    gather_for, batches = _all_gather(2), [None, None]
-
-    def run(rank: int, own) -> None:
-        try:
-            batches[rank] = readers[rank].balance(own, gather_for(rank))
-        except BaseException as e:  # noqa: BLE001 - re-raised below, on the test's thread
-            batches[rank] = e
-
-    threads = [threading.Thread(target=run, args=(r, o)) for r, o in enumerate((own0, own1))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for b in batches:
-        if isinstance(b, BaseException):
-            raise b
-    tokens = [sum(len(s.completion_ids) for s in b.samples) for b in batches]
-    assert tokens == [2 * 400, 2 * (300 + 40 + 30 + 20 + 10)]  # groups of 2 samples; unbalanced: 1400 vs 200
-    ids = [s.id for b in batches for s in b.samples]
-    assert len(ids) == len(set(ids)) == 12
-    for rank, b in enumerate(batches):
-        pending = redis_client.xpending_range(_stream(run_id), GROUP, "-", "+", 100, consumername=f"learner{rank}")
-        assert {p["message_id"] for p in pending} == {e.id for e in b.entries}
-
-
 def _on_ranks(world: int, body):
     """``body(rank)`` on ``world`` threads (the ranks); their results, exceptions re-raised here."""
     out: list = [None] * world
@@ -166,6 +130,28 @@ def _on_ranks(world: int, body):
         if isinstance(r, BaseException):
             raise r
     return out
+
+
+def test_two_ranks_share_a_batch_by_tokens_and_take_over_their_entries(redis_client, run_id):
+    """Rank 0 reads the three long groups, rank 1 the three short ones (740 vs 60 tokens per sample);
+    after the balance each trains half the tokens, every group exactly once, and owns (in Redis)
+    the entries it trains."""
+    lengths = [400, 300, 40, 30, 20, 10]
+    groups = [weighted_group(g=2, length=n, seed=10 + i) for i, n in enumerate(lengths)]
+    readers = [_reader(redis_client, run_id, rank, 2, per_step=6) for rank in range(2)]
+    for g in groups:
+        _put(redis_client, run_id, g)
+    own0, own1 = readers[0].read(_never), readers[1].read(_never)
+    assert [g.group_id for _, g in own0] == [g.group_id for g in groups[:3]]
+    gather_for, owns = _all_gather(2), (own0, own1)
+    batches = _on_ranks(2, lambda rank: readers[rank].balance(owns[rank], gather_for(rank)))
+    tokens = [sum(len(s.completion_ids) for s in b.samples) for b in batches]
+    assert tokens == [2 * 400, 2 * (300 + 40 + 30 + 20 + 10)]  # groups of 2 samples; unbalanced: 1400 vs 200
+    ids = [s.id for b in batches for s in b.samples]
+    assert len(ids) == len(set(ids)) == 12
+    for rank, b in enumerate(batches):
+        pending = redis_client.xpending_range(_stream(run_id), GROUP, "-", "+", 100, consumername=f"learner{rank}")
+        assert {p["message_id"] for p in pending} == {e.id for e in b.entries}
 
 
 def test_a_group_two_ranks_read_one_copy_each_counts_once_and_the_step_still_takes_its_count(redis_client, run_id):
