@@ -38,9 +38,9 @@ def kill_when_working(client, run_id: str, worker: str, killed: list[int], timeo
 
 
 @pytest.mark.parametrize(
-    ("worker", "ranks"),
-    [("gen0", 1), ("red0", 1), ("learner0", 1), ("learner1", 2)],
-    ids=["gen0", "red0", "learner0", "learner1-of-2"],
+    ("worker", "ranks", "transport"),
+    [("gen0", 1, "file"), ("red0", 1, "file"), ("learner0", 1, "ipc"), ("learner1", 2, "file")],
+    ids=["gen0", "red0", "learner0-ipc", "learner1-of-2"],
 )
 def test_killed_worker_is_restarted_and_the_run_loses_nothing(
     local_ray,  # noqa: F811
@@ -50,14 +50,17 @@ def test_killed_worker_is_restarted_and_the_run_loses_nothing(
     tmp_path,
     worker,
     ranks,
+    transport,
 ):
-    """A dead learner rank restarts every rank (a torch.distributed group cannot take one back)."""
+    """A dead learner rank restarts every rank (a torch.distributed group cannot take one back). The
+    killed single learner sends weights over ipc: its successor replaces its shared slots."""
     killed: list[int] = []
     killer = threading.Thread(target=kill_when_working, args=(redis_client, run_id, worker, killed), daemon=True)
     killer.start()
     # a checkpoint every 2 steps: the learner may die before, on or after one (it resumes from the newest)
     overrides = ("run.steps=4", "learner.skip_zero_advantage=false", "learner.checkpoint_every=2")
-    cfg, report = _run(tmp_path, redis_server, run_id, *overrides, f"cluster.learner_ranks={ranks}")
+    transport_override = f"generation.weight_transport={transport}"
+    cfg, report = _run(tmp_path, redis_server, run_id, *overrides, f"cluster.learner_ranks={ranks}", transport_override)
     killer.join(timeout=5)
     assert killed, f"{worker} was never seen working"
     snaps = RunControl(redis_client, run_id).all_metrics()
@@ -80,6 +83,9 @@ def test_killed_worker_is_restarted_and_the_run_loses_nothing(
     assert redis_client.xlen(key(run_id, DEAD)) == 0
     assert redis_client.xlen(key(run_id, ROLLOUTS)) == redis_client.xlen(key(run_id, BATCHES)) == 0
     assert_ledger_balanced(report, prompts)
+    if transport == "ipc":  # the successor's slots carried every version, and went with it
+        assert all(v["broadcast_fallbacks"] == 0 for v in learners)
+        assert not list(Path("/dev/shm").glob(f"rredcot-{run_id}-slot*"))
 
 
 def assert_ledger_balanced(report: Path, prompts: int) -> None:
