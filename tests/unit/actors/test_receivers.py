@@ -148,3 +148,18 @@ def test_after_the_learner_ends_its_last_version_is_read_from_its_file(redis_cli
     engine = _Copies()
     assert IpcReceiver(redis_client, run_id, engine, "eval").poll() == (1, 0.5) and engine.version == 1
     assert engine.copied == []  # the copy failed: the slot is gone
+
+
+def test_a_copy_the_engine_drops_is_never_applied(tied, helpers, redis_client, run_id, tmp_path):
+    """The real engine's side of a dropped copy: after ``still_held`` says no, the engine keeps its
+    version and still generates exactly with the weights it had."""
+    engine, m0, m1, _ = tied
+    (tmp_path / "shm").mkdir()
+    publisher = IpcPublisher(redis_client, run_id, tmp_path / "weights", 0, shm_dir=tmp_path / "shm")
+    v = engine.version
+    assert engine.load_weights_shared(publisher.publish(m0, v + 1)[0], lambda: True) > 0
+    helpers.check_greedy(engine, m0, v + 1)
+    assert engine.load_weights_shared(publisher.publish(m1, v + 2)[0], lambda: False) is None
+    assert engine.version == v + 1
+    helpers.check_greedy(engine, m0, v + 1)  # m1's copy was dropped, not applied
+    publisher.close()
