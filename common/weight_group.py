@@ -14,12 +14,19 @@ buffers), and the receiver still applies each version under its own number. A re
 buffers from the manifest (the layout is the same for every version), checks every bucket's
 checksum, and only then hands the tensors on. Never one call per tensor.
 
-The checksum is computed in torch on the bucket's own device (no device→host copy of a bucket just
-to check it): the bytes as int16 words, weighted by their position in rows of 2^16 words, each row
-sum taken modulo the prime 2^31 − 1 and weighted by its row number. Integers stay below 2^63, so
-nothing overflows; a change within one word (a flipped byte) always changes it, as does moving a
-word within its row. It guards against transport corruption and layout mix-ups, not tampering.
-Temporary device memory: under 100 MiB (8 MiB of the bucket at a time, as int64), whatever its size.
+The checksum is computed where the bucket is, by the kind of device the group runs on (both ends
+hold their buckets there, so they compute the same function):
+
+- a CPU bucket (gloo): CRC-32 (zlib; any burst of up to 32 flipped bits changes it), 9× faster here
+  than the sum below on CPU (0.20 against 1.84 s for 437 MiB, ``bench/weight_transports.py``'s model);
+- a GPU bucket (NCCL): a position-weighted sum computed in torch on the device, so no bucket is copied
+  to the host to be checked: the bytes as int16 words, weighted by their position in rows of 2^16
+  words, each row sum taken modulo the prime 2^31 − 1 and weighted by its row number. Integers stay
+  below 2^63, so nothing overflows; a change within one word (a flipped byte) always changes it, as
+  does moving a word within its row. Temporary device memory: under 100 MiB (8 MiB of the bucket at
+  a time, as int64), whatever its size.
+
+Either guards against transport corruption and layout mix-ups, not tampering.
 
 A sender whose buckets live off the group's device (the learner keeps each version in host memory)
 stages them one at a time through one device buffer of the largest bucket's size.
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import math
 import uuid
+import zlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import timedelta
@@ -186,8 +194,16 @@ def unflatten_buckets(
 
 
 def checksum(buffer: torch.Tensor) -> torch.Tensor:
-    """The int64 checksum (0-d, on the buffer's device) of a ``uint8`` bucket of even length (module
-    docstring)."""
+    """The int64 checksum (0-d, on the buffer's device) of a ``uint8`` bucket of even length: CRC-32 on
+    the CPU, the position-weighted sum elsewhere (module docstring)."""
+    if buffer.device.type == "cpu":
+        return torch.tensor(zlib.crc32(memoryview(buffer.contiguous().numpy())), dtype=torch.int64)
+    return weighted_sum(buffer)
+
+
+def weighted_sum(buffer: torch.Tensor) -> torch.Tensor:
+    """The position-weighted sum of a ``uint8`` bucket of even length, computed in torch on its device
+    (module docstring)."""
     words = buffer.view(torch.int16)
     weights = torch.arange(1, _ROW + 1, dtype=torch.int64, device=buffer.device)
     total = torch.zeros((), dtype=torch.int64, device=buffer.device)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -22,6 +23,7 @@ from rredcot.common.weight_group import (
     receive_buckets,
     send_buckets,
     unflatten,
+    weighted_sum,
 )
 from rredcot.common.weight_sync import WeightSyncError
 
@@ -60,11 +62,13 @@ def test_flatten_and_unflatten_round_trip_mixed_dtypes_and_shapes():
     assert all(torch.equal(a, b) for a, b in zip(unflatten(reused, shapes, dtypes), tensors, strict=True))
 
 
-def test_the_checksum_sees_any_flipped_byte_and_moved_words():
+@pytest.mark.parametrize("digest", [checksum, weighted_sum], ids=["cpu-crc32", "weighted-sum"])
+def test_the_checksum_sees_any_flipped_byte_and_moved_words(digest):
+    """Both functions, on the CPU: a CPU bucket's CRC-32, and the sum a GPU bucket gets."""
     g = torch.Generator().manual_seed(0)
     buffer = torch.randint(0, 256, (3 * 2**23 + 48,), dtype=torch.uint8, generator=g)  # 3 blocks and a bit
-    base = checksum(buffer)
-    assert base.dtype == torch.int64 and base.dim() == 0 and torch.equal(checksum(buffer.clone()), base)
+    base = digest(buffer)
+    assert base.dtype == torch.int64 and base.dim() == 0 and torch.equal(digest(buffer.clone()), base)
     positions = [0, 1, 2**17 - 1, 2**17, 2**23 + 5, buffer.numel() - 1] + torch.randint(
         0, buffer.numel(), (40,), generator=g
     ).tolist()
@@ -72,11 +76,19 @@ def test_the_checksum_sees_any_flipped_byte_and_moved_words():
         for flip in (0x01, 0x80, 0xFF):
             corrupt = buffer.clone()
             corrupt[i] ^= flip
-            assert not torch.equal(checksum(corrupt), base), (i, flip)
+            assert not torch.equal(digest(corrupt), base), (i, flip)
     swapped = buffer.clone().view(torch.int16)
     swapped[[10, 11]] = swapped[[11, 10]]
-    assert swapped[10] == swapped[11] or not torch.equal(checksum(swapped.view(torch.uint8)), base)
-    assert checksum(torch.zeros(32, dtype=torch.uint8)).item() == 0 and checksum(torch.empty(0, dtype=torch.uint8)) == 0
+    assert swapped[10] == swapped[11] or not torch.equal(digest(swapped.view(torch.uint8)), base)
+    assert digest(torch.empty(0, dtype=torch.uint8)) == 0
+
+
+def test_a_cpu_bucket_gets_its_crc32_and_a_gpu_bucket_the_weighted_sum():
+    data = bytes(range(256)) * 3
+    buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    assert checksum(buffer).item() == zlib.crc32(data) and checksum(buffer[1:-1]).item() == zlib.crc32(data[1:-1])
+    assert weighted_sum(torch.zeros(32, dtype=torch.uint8)).item() == 0
+    assert weighted_sum(buffer).item() != checksum(buffer).item()
 
 
 def _group(receivers: int) -> tuple[GroupInfo, list]:
@@ -143,5 +155,5 @@ def test_host_buckets_are_staged_on_the_device_and_checked_there():
         pending = pool.submit(receive_buckets, groups[1], [b.numel() for b in host], cuda)
         sums = send_buckets(groups[0], 4, host, cuda)
         version, received = pending.result(30)
-    assert version == 4 and sums == [checksum(b).item() for b in host]  # the same on either device
+    assert version == 4 and sums == [checksum(b.to(cuda)).item() for b in host]  # computed on the group's device
     assert all(r.device == cuda and torch.equal(r.cpu(), h) for r, h in zip(received, host, strict=True))
