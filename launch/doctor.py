@@ -285,9 +285,29 @@ def check_paths(cfg: Config) -> list[Check]:
     return out
 
 
-def check_shared_memory(cfg: Config) -> list[Check]:
-    """``generation.weight_transport=ipc`` with host slots: room in /dev/shm for two versions."""
+def learner_shares_a_gpu(cfg: Config, local_gpus: int) -> bool:
+    """Whether a local run puts a generator on the learner's GPU: both tiers use GPUs and this
+    machine has one (NCCL takes one rank per GPU, so the collective transport cannot connect them)."""
+    c = cfg.cluster
+    return not c.address and local_gpus == 1 and c.gpus_per_learner > 0 and c.gpus_per_generator > 0
+
+
+def check_weight_transport(cfg: Config) -> list[Check]:
+    """``collective`` between tiers that share one GPU; ``ipc`` host slots without room in /dev/shm."""
+    import torch
+
     g = cfg.generation
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if g.weight_transport == "collective" and learner_shares_a_gpu(cfg, gpus):
+        return [
+            Check(
+                "warning",
+                "weights",
+                "the generators share the learner's only GPU: NCCL takes one rank per GPU, so the collective "
+                "transport will fall back to files",
+                "set generation.weight_transport=ipc (the weights go through the GPU's own memory)",
+            )
+        ]
     memory = dict(g.transport_settings).get("memory", "auto")
     if g.weight_transport != "ipc" or memory == "device" or (memory == "auto" and cfg.cluster.gpus_per_learner > 0):
         return []
@@ -349,7 +369,7 @@ CHECKS: list[Callable[[Config], list[Check]]] = [
     check_services,
     check_environment,
     check_paths,
-    check_shared_memory,
+    check_weight_transport,
     check_data,
 ]
 
@@ -359,7 +379,7 @@ PREFLIGHT: list[Callable[[Config], list[Check]]] = [
     check_services,
     check_environment,
     check_paths,
-    check_shared_memory,
+    check_weight_transport,
     check_data,
 ]
 

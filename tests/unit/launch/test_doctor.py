@@ -16,8 +16,9 @@ from rredcot.launch.doctor import (
     check_environment,
     check_paths,
     check_services,
-    check_shared_memory,
+    check_weight_transport,
     doctor,
+    learner_shares_a_gpu,
     preflight,
 )
 from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
@@ -155,10 +156,21 @@ def test_the_ipc_transport_checks_room_in_dev_shm_for_host_slots(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     ipc = load_config("tests", ["generation.weight_transport=ipc"])
-    assert levels(check_shared_memory(ipc), "shm") == ["ok"]  # /dev/shm here has GiBs free
-    assert check_shared_memory(load_config("tests")) == []  # file transport: not needed
+    assert levels(check_weight_transport(ipc), "shm") == ["ok"]  # /dev/shm here has GiBs free
+    assert check_weight_transport(load_config("tests")) == []  # file transport: not needed
     gpu = load_config("tests", ["generation.weight_transport=ipc", "cluster.gpus_per_learner=1"])
-    assert check_shared_memory(gpu) == []  # slots on the learner's GPU
+    assert check_weight_transport(gpu) == []  # slots on the learner's GPU
     monkeypatch.setattr(doc, "SHM_DIR", tmp_path / "no-shm")  # a container without /dev/shm
-    (warning,) = check_shared_memory(ipc)
+    (warning,) = check_weight_transport(ipc)
     assert warning.level == "warning" and "0 MiB free" in warning.found and "--shm-size" in warning.fix
+
+
+def test_generators_on_the_learners_only_gpu_are_told_to_use_ipc() -> None:
+    shared = load_config("tests", ["cluster.gpus_per_learner=0.5", "cluster.gpus_per_generator=0.5"])
+    assert learner_shares_a_gpu(shared, local_gpus=1)
+    assert not learner_shares_a_gpu(shared, local_gpus=2)  # Ray may still pack them on one: not certain
+    assert not learner_shares_a_gpu(load_config("tests", ["cluster.gpus_per_learner=1"]), local_gpus=1)
+    remote = load_config(
+        "tests", ["cluster.gpus_per_learner=1", "cluster.gpus_per_generator=1", "cluster.address=auto"]
+    )
+    assert not learner_shares_a_gpu(remote, local_gpus=1)  # the cluster's GPUs are not this machine's
