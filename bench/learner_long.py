@@ -177,8 +177,14 @@ def main() -> None:
             f"{row['tokens']:>7} {chunk:>6} {fp32:>5} {step:>8.2f} {row['tokens_per_s']:>9.0f} "
             f"{row['peak_memory_gib']:>9.2f} {grad_norm:>10.3g}"
         )
-    summary = {"device": device, "preset": args.preset, "params": params, "zero_stage": args.zero, "dtype": dtype}
-    summary["rows"] = rows
+    summary = {
+        "device": device,
+        "preset": args.preset,
+        "params": params,
+        "zero_stage": args.zero,
+        "dtype": dtype,
+        "rows": rows,
+    }
     if args.profile:
         summary["profile"] = profile_step(engine, batch, args.profile) | {"row": rows[-1]["tokens"]}
     print(json.dumps(summary))

@@ -72,8 +72,13 @@ def _map(path: Path, nbytes: int) -> torch.Tensor:
         os.close(fd)
 
 
-def _gpu_uuid(device: torch.device) -> str:
+def _gpu_uuid(device: torch.device | int) -> str:
     return str(torch.cuda.get_device_properties(device).uuid)
+
+
+def _visible_gpus() -> list[str]:
+    """The UUIDs of the GPUs this process sees, by ordinal."""
+    return [_gpu_uuid(i) for i in range(torch.cuda.device_count())]
 
 
 class SlotRing:
@@ -152,7 +157,7 @@ def reachable(handle: dict[str, Any]) -> str:
         return f"the slots are in the memory of another node ({handle.get('node')})"
     if handle["kind"] == "cuda":
         uuid = handle["ipc"][0]
-        visible = [str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())]
+        visible = _visible_gpus()
         if uuid not in visible:
             return f"the slots are on GPU {uuid}, which this process does not see (it sees {visible or 'none'})"
     return ""
@@ -163,7 +168,7 @@ def open_slot(handle: dict[str, Any]) -> torch.Tensor:
     if handle["kind"] == "host":
         return _map(Path(handle["path"]), handle["nbytes"])
     uuid, *rest = handle["ipc"]
-    ordinal = next(i for i in range(torch.cuda.device_count()) if str(torch.cuda.get_device_properties(i).uuid) == uuid)
+    ordinal = _visible_gpus().index(uuid)
     torch.cuda._lazy_init()
     with torch.cuda.device(ordinal):
         storage = torch.UntypedStorage._new_shared_cuda(ordinal, *rest)
