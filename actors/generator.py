@@ -7,9 +7,15 @@ the stream is full). Ids are derived from (run, admission index, sample), so a g
 generated twice after a crash carries the same ids and the learner's de-duplication drops it.
 
 Crash safety: each generator keeps the admission indices it holds in a Redis set
-(``rredcot:<run>:inflight:<name>``), removed after the group's XADD. A restarted generator of the
-same name re-generates those first, with the latest weights. (A crash between the admission and
-the SADD, a few microseconds, loses that one index; the counters show it.)
+(``rredcot:<run>:inflight:<name>``): the admission script adds the index, the group's XADD is
+followed by its removal. A restarted generator of the same name re-generates those first, with the
+latest weights; generator 0 also takes over the sets of generators a resumed run no longer has. An
+index in the set that this generator does not hold (a reply lost to a dropped connection, whose
+retry admitted a second index) is adopted and generated too.
+
+A generator whose share of the run's budget is admitted stays until the learner has consumed the
+whole budget: a group that a redistributor or the learner dead-letters frees its admission slot
+(``common.staleness``), and some generator must fill it.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from rredcot.common.prompts import prompt_ids
 from rredcot.common.records import RecordError, RolloutGroup
 from rredcot.common.registry import WEIGHT_TRANSPORTS
 from rredcot.common.staleness import Admission
-from rredcot.common.streams import ROLLOUTS, Producer, connect, run_key
+from rredcot.common.streams import ROLLOUTS, Producer, connect, key, registered_keys, run_key
 from rredcot.common.verifier import Verifier
 
 log = logging.getLogger(__name__)
@@ -74,7 +80,7 @@ class Generator:
         """``rank``: this generator's index in its tier (its weight receiver's rank)."""
         if not cfg.redis.url:
             raise ConfigError("redis.url is not set: a generator needs the run's Redis server (redis.url=redis://...)")
-        self.cfg, self.name, self.run_id = cfg, name, cfg.run.name
+        self.cfg, self.name, self.rank, self.run_id = cfg, name, rank, cfg.run.name
         self.client = connect(cfg.redis.url)
         self.admission = Admission(
             self.client,
@@ -128,23 +134,42 @@ class Generator:
 
     # ----- admission -----
     def resume(self) -> int:
-        """Re-submit the prompts this generator had admitted but not written before a restart."""
-        held = sorted(int(i) for i in self.client.smembers(self.inflight_key))
-        for index in held:
+        """Re-submit the prompts this generator had admitted but not written before a restart
+        (generator 0 first takes over those of generators the run no longer has)."""
+        if self.rank == 0:
+            self._adopt_orphaned_sets()
+        return self._submit_unheld()
+
+    def _adopt_orphaned_sets(self) -> None:
+        """Move the in-flight indices of generators beyond ``cluster.generators`` (a run resumed
+        with fewer) into this generator's set."""
+        prefix = key(self.run_id, "inflight:gen")
+        for k in registered_keys(self.client, self.run_id):
+            rank = k.removeprefix(prefix)
+            if k.startswith(prefix) and rank.isdigit() and int(rank) >= self.cfg.cluster.generators:
+                for index in self.client.smembers(k):
+                    self.client.smove(k, self.inflight_key, index)
+
+    def _submit_unheld(self) -> int:
+        """Submit the indices of this generator's in-flight set that it does not hold yet."""
+        held = {index for index, _ in self._problems.values()}
+        unheld = sorted({int(i) for i in self.client.smembers(self.inflight_key)} - held)
+        for index in unheld:
             self._submit(index)
-        return len(held)
+        return len(unheld)
 
     def fill(self) -> int:
         """Admit and submit prompts while staleness and the local in-flight cap allow."""
         added = 0
         while not self.admission.exhausted and self.engine.num_unfinished < self.cfg.generation.max_in_flight_groups:
-            index = self.admission.try_admit()
+            index = self.admission.try_admit(self.inflight_key)
             if index is None:  # staleness forbids one now, or the run's budget is admitted
                 break
             self.sync_weights()  # the learner may have published between the loop's sync and this admission
-            self.client.sadd(self.inflight_key, index)
             self.metrics.admitted += 1
             added += self._submit(index)
+        if added and self.client.scard(self.inflight_key) != len(self._problems):
+            added += self._submit_unheld()
         return added
 
     def _submit(self, index: int) -> int:
@@ -162,8 +187,8 @@ class Generator:
 
     def _reject(self, index: int, problem: Problem, why: Exception, reason: str) -> None:
         """An admitted prompt that yields no group: free its slot, so the learner still gets a full step."""
-        self.ledger.record("rejected", {group_id(self.run_id, index): 0}, reason)
-        self.admission.reject()
+        self.ledger.record("rejected", {group_id(self.run_id, index): 0}, reason)  # frees its admission slot
+        self.admission.reopen()
         log.warning("generator %s: rejected problem %s: %s", self.name, problem.id, why)
         self.client.srem(self.inflight_key, index)
 
@@ -200,10 +225,9 @@ class Generator:
         """One loop iteration; returns the number of groups written (0 while blocked)."""
         self.sync_weights()
         self.fill()
-        if not self.engine.num_unfinished:
-            if not self.admission.exhausted:
-                time.sleep(self.cfg.generation.idle_poll_s)
-                self.metrics.blocked_staleness_s += self.cfg.generation.idle_poll_s
+        if not self.engine.num_unfinished:  # staleness blocks admission, or the budget is admitted
+            time.sleep(self.cfg.generation.idle_poll_s)
+            self.metrics.blocked_staleness_s += 0.0 if self.admission.exhausted else self.cfg.generation.idle_poll_s
             return 0
         start = time.perf_counter()
         groups = self.engine.step()
@@ -216,17 +240,26 @@ class Generator:
     def done(self) -> bool:
         return self.admission.exhausted and not self.engine.num_unfinished
 
-    def run(self, max_groups: int | None = None, timeout_s: float | None = None) -> dict[str, float]:
+    def run(
+        self, max_groups: int | None = None, timeout_s: float | None = None, linger: bool = True
+    ) -> dict[str, float]:
         """Load the latest weights, resume held prompts, then loop until the run's prompt budget is
-        generated, the run's stop flag is raised, or ``max_groups`` / the timeout is reached."""
+        generated, the run's stop flag is raised, or ``max_groups`` / the timeout is reached.
+        ``linger``: once its budget is admitted and generated, stay (and fill any slot a dead letter
+        frees) until the learner has consumed the whole budget; off where no learner runs."""
         self.sync_weights()
         self.resume()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while not self.done and (max_groups is None or self.metrics.finished_groups < max_groups):
+        while max_groups is None or self.metrics.finished_groups < max_groups:
             if deadline is not None and time.monotonic() > deadline:
                 break
             if self.control.stop_requested():
                 break
+            if self.done:
+                if not linger or self.admission.all_consumed():
+                    break
+                self._submit_unheld()
+                self.admission.reopen()
             self.step()
         while self.done and self.receiver.holds_group and not self.control.stop_requested():
             if not self.sync_weights():  # stay until the learner has sent its last version

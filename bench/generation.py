@@ -51,7 +51,7 @@ def actor_tokens_per_s(engine: Engine, cfg: Config) -> float:
     gen = Generator(cfg, "bench", engine=engine)
     gen.verifier.score("Answer: 1", "1")  # start the verifier process before timing
     tokens, start = engine.generated_tokens, time.perf_counter()
-    metrics = gen.run(timeout_s=900)
+    metrics = gen.run(timeout_s=900, linger=False)  # no learner here
     seconds = time.perf_counter() - start
     gen.close()
     assert metrics["finished_groups"] == cfg.generation.prompts_per_step, metrics

@@ -14,7 +14,7 @@ from rredcot.actors.engine import Engine, EngineSpec
 from rredcot.actors.generator import Generator
 from rredcot.common.codec import decode
 from rredcot.common.config import load_config
-from rredcot.common.ledger import group_id
+from rredcot.common.ledger import Ledger, group_id, inflight_key
 from rredcot.common.lineage import VersionLineage
 from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir, save_model_dir
 from rredcot.common.records import RolloutGroup
@@ -84,13 +84,13 @@ def test_records_on_redis_decode_validate_and_long_prompt_is_rejected(
         "staleness.eta=0",
     )
     gen = Generator(cfg, "g0", engine=engines[0])
-    metrics = gen.run(timeout_s=60)
+    metrics = gen.run(timeout_s=60, linger=False)
     gen.close()
     assert gen.done
     # the rejected prompt frees its slot: the run still gets its 5 usable groups for the learner's step
     rejected = metrics["rejected_too_long"]
     assert rejected >= 1 and metrics["finished_groups"] == 5 and metrics["admitted"] == 5 + rejected
-    assert int(redis_client.get(key(run_id, "rejected_prompts"))) == rejected
+    assert redis_client.scard(key(run_id, "ledger:rejected")) == rejected
     assert redis_client.scard(key(run_id, "inflight:g0")) == 0
     entries = redis_client.xrange(key(run_id, ROLLOUTS))
     groups = [decode(fields[b"d"], expect=RolloutGroup) for _, fields in entries]
@@ -130,15 +130,63 @@ def test_a_group_with_a_nan_log_prob_is_rejected_and_its_slot_freed(setup, redis
         gen = Generator(
             _cfg(path, redis_server.url, run_id, "run.steps=1", "generation.prompts_per_step=3"), "g0", engine=engine
         )
-        metrics = gen.run(timeout_s=60)
+        metrics = gen.run(timeout_s=60, linger=False)
         gen.close()
     finally:
         del engine.step
     assert metrics["rejected_invalid"] == 1 and metrics["finished_groups"] == 3 and metrics["admitted"] == 4
-    assert int(redis_client.get(key(run_id, "rejected_prompts"))) == 1
+    assert redis_client.smembers(key(run_id, "ledger:rejected")) == {corrupted[0].encode()}
     groups = [decode(f[b"d"], expect=RolloutGroup) for _, f in redis_client.xrange(key(run_id, ROLLOUTS))]
     assert len(groups) == 3 and corrupted[0] not in {g.group_id for g in groups}
     assert redis_client.scard(key(run_id, "inflight:g0")) == 0
+
+
+def test_a_slot_freed_by_a_dead_letter_is_filled_before_the_generator_leaves(setup, redis_server, redis_client, run_id):
+    """η = 0, one step of two prompts: both groups are written, then one is dead-lettered downstream
+    (a redistributor's ledger record). The learner would wait forever for it, so the generator,
+    which has generated its budget, stays, admits a replacement, and leaves once the learner has
+    consumed the step."""
+    path, engines, _, _ = setup
+    _reset(engines)
+    cfg = _cfg(path, redis_server.url, run_id, "run.steps=1", "generation.prompts_per_step=2", "staleness.eta=0")
+    gen = Generator(cfg, "g0", engine=engines[0])
+    result: dict[str, dict[str, float]] = {}
+    runner = threading.Thread(target=lambda: result.setdefault("metrics", gen.run(timeout_s=120)), daemon=True)
+    runner.start()
+    stream = key(run_id, ROLLOUTS)
+    deadline = time.monotonic() + 60
+    while redis_client.xlen(stream) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    assert redis_client.xlen(stream) == 2 and runner.is_alive()  # its budget is generated; it stays
+    Ledger(redis_client, run_id).record("dead", {group_id(run_id, 0): 8}, "RuntimeError")
+    while redis_client.xlen(stream) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    groups = [decode(f[b"d"], expect=RolloutGroup) for _, f in redis_client.xrange(stream)]
+    assert [g.group_id for g in groups] == [group_id(run_id, i) for i in range(3)]
+    Admission(redis_client, run_id, 2, 0).publish_version(1)  # the learner consumed its one step
+    runner.join(timeout=30)
+    gen.close()
+    assert not runner.is_alive() and result["metrics"]["admitted"] == 3 and result["metrics"]["finished_groups"] == 3
+
+
+def test_generator_0_takes_over_the_prompts_of_a_generator_the_resumed_run_no_longer_has(
+    setup, redis_server, redis_client, run_id
+):
+    """A two-generator run resumed with one: gen1's in-flight set holds prompt 1, which nobody
+    else would generate; gen0 moves it to its own set and generates it."""
+    path, engines, _, _ = setup
+    _reset(engines)
+    cfg = _cfg(path, redis_server.url, run_id, "run.steps=1", "generation.prompts_per_step=2", "cluster.generators=1")
+    Admission(redis_client, run_id, 2, 0).try_admit(inflight_key(redis_client, run_id, "gen0"))
+    Admission(redis_client, run_id, 2, 0).try_admit(inflight_key(redis_client, run_id, "gen1"))
+    gen = Generator(cfg, "gen0", engine=engines[0])
+    metrics = gen.run(timeout_s=60, linger=False)
+    gen.close()
+    groups = [decode(f[b"d"], expect=RolloutGroup) for _, f in redis_client.xrange(key(run_id, ROLLOUTS))]
+    assert sorted(g.group_id for g in groups) == sorted(group_id(run_id, i) for i in range(2))
+    assert metrics["admitted"] == 0 and metrics["finished_groups"] == 2
+    assert not redis_client.exists(key(run_id, "inflight:gen1"), key(run_id, "inflight:gen0"))
 
 
 def tok_text(gen: Generator, ids) -> str:
@@ -214,7 +262,7 @@ def test_backpressure_blocks_the_generator_until_the_stream_drains(setup, redis_
 
     consumer = threading.Thread(target=consume_slowly, daemon=True)
     consumer.start()
-    metrics = gen.run(timeout_s=60)
+    metrics = gen.run(timeout_s=60, linger=False)
     consumer.join(timeout=30)
     gen.close()
     assert metrics["finished_groups"] == 4 and len(drained) == 4

@@ -1,9 +1,16 @@
+from rredcot.common.ledger import Ledger, group_id
 from rredcot.common.staleness import Admission
+from rredcot.common.streams import key
+
+
+def _holder(adm: Admission) -> str:
+    """The in-flight set the tests' admissions go to (one per run)."""
+    return adm.admitted_key + ":held"
 
 
 def _drain(adm: Admission) -> list[int]:
     got = []
-    while (i := adm.try_admit()) is not None:
+    while (i := adm.try_admit(_holder(adm))) is not None:
         got.append(i)
     return got
 
@@ -16,10 +23,19 @@ def test_eta_bounds_admission_per_learner_step(redis_client, run_id):
     assert not adm.exhausted
 
 
+def test_an_admitted_index_is_in_the_holders_set_in_the_same_step(redis_client, run_id):
+    """No crash between admission and the in-flight record can lose a prompt: the script does both."""
+    adm = Admission(redis_client, run_id, prompts_per_step=2, eta=0)
+    assert _drain(adm) == [0, 1] and redis_client.smembers(_holder(adm)) == {b"0", b"1"}
+    other = key(run_id, "other")
+    assert adm.try_admit(other) is None and not redis_client.exists(other)  # refused: nothing recorded
+
+
 def test_eta_zero_is_one_step_at_a_time_shared_by_generators(redis_client, run_id):
     a = Admission(redis_client, run_id, 2, 0)
     b = Admission(redis_client, run_id, 2, 0)
-    assert [a.try_admit(), b.try_admit(), a.try_admit(), b.try_admit()] == [0, 1, None, None]
+    order = [a.try_admit(_holder(a)), b.try_admit(_holder(b)), a.try_admit(_holder(a)), b.try_admit(_holder(b))]
+    assert order == [0, 1, None, None]
     a.publish_version(1)
     assert _drain(b) == [2, 3]
 
@@ -27,16 +43,33 @@ def test_eta_zero_is_one_step_at_a_time_shared_by_generators(redis_client, run_i
 def test_rejected_prompt_frees_its_slot_but_keeps_its_position(redis_client, run_id):
     adm = Admission(redis_client, run_id, 2, 0, budget=4)
     assert _drain(adm) == [0, 1]
-    adm.reject()  # prompt 1 was unusable
+    Ledger(redis_client, run_id).record("rejected", {group_id(run_id, 1): 0}, "too_long")  # prompt 1 was unusable
     assert _drain(adm) == [2]  # a replacement, at the next dataset position
     adm.publish_version(1)
     assert _drain(adm) == [3, 4]
-    assert adm.exhausted and adm.admitted() == 5 and adm.rejected() == 1  # 4 usable prompts
+    assert adm.exhausted and adm.admitted() == 5 and adm.freed() == 1  # 4 usable prompts
+
+
+def test_a_dead_lettered_group_frees_its_slot_once_even_on_a_synchronous_run(redis_client, run_id):
+    """η = 0: the learner's first step waits for both groups; one is dead-lettered downstream. Its
+    slot must reopen (else the learner waits forever and admission never moves), and a second
+    dead letter of the same group (a re-sent copy) must not free a second one."""
+    adm = Admission(redis_client, run_id, 2, 0, budget=2)
+    assert _drain(adm) == [0, 1] and adm.exhausted
+    ledger = Ledger(redis_client, run_id)
+    for _ in range(2):
+        ledger.record("dead", {group_id(run_id, 0): 7}, "RecordError")
+    adm.reopen()
+    assert _drain(adm) == [2] and adm.exhausted and adm.freed() == 1
+    assert not adm.all_consumed()
+    adm.publish_version(1)
+    assert adm.all_consumed()
 
 
 def test_budget_ends_admission(redis_client, run_id):
     adm = Admission(redis_client, run_id, 4, 10, budget=3)
     assert _drain(adm) == [0, 1, 2] and adm.exhausted
+    assert redis_client.get(key(run_id, "admitted")) == b"3"
 
 
 def test_rebase_restores_counters(redis_client, run_id):

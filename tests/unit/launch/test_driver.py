@@ -14,6 +14,7 @@ import pytest
 
 from rredcot.common.config import load_config
 from rredcot.common.control import RunControl
+from rredcot.common.ledger import inflight_key
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Producer, run_key
 from rredcot.launch import driver
@@ -43,7 +44,7 @@ def _run_keys(client, run: str) -> set[str]:
     control = RunControl(client, run)
     control.request_stop("done")
     control.publish_metrics("gen0", "generator", {"tokens": 1})
-    Admission(client, run, prompts_per_step=2, eta=1).try_admit()
+    Admission(client, run, prompts_per_step=2, eta=1).try_admit(inflight_key(client, run, "gen0"))
     Producer(client, run_key(client, run, ROLLOUTS), maxlen=8).put(b"x")
     Consumer(client, run_key(client, run, BATCHES), "learner", "learner0", run_key(client, run, DEAD))
     return {k.decode() for k in client.keys(f"rredcot:{run}:*")}
@@ -97,7 +98,7 @@ def test_clearing_a_run_deletes_only_the_keys_it_registered(redis_client, run_id
     """Run ``exp`` next to ``exp2`` (its name is a prefix), a foreign key, and a key under exp's
     namespace that no exp worker wrote: clearing exp deletes exp's keys and nothing else."""
     mine = _run_keys(redis_client, run_id)
-    names = {"stop", "metrics:gen0", "admitted", "rollouts", "batches", "keys"}
+    names = {"stop", "metrics:gen0", "admitted", "inflight:gen0", "rollouts", "batches", "keys"}
     assert mine == {f"rredcot:{run_id}:{n}" for n in names}
     theirs = _run_keys(redis_client, run_id + "2")
     foreign = [f"rredcot:{run_id}-other:x", f"rredcot:{run_id}:notes"]
