@@ -57,7 +57,7 @@ def decode(data: bytes | memoryview, expect: type[T] | None = None) -> T:
         raise RecordError("message is not a record envelope (needs keys v, kind, body)")
     if msg["v"] != SCHEMA_VERSION:
         raise RecordError(f"schema version {msg['v']!r} is not supported (this build reads {SCHEMA_VERSION})")
-    cls = KINDS.get(msg["kind"])
+    cls = KINDS.get(msg["kind"]) if isinstance(msg["kind"], str) else None
     if cls is None:
         raise RecordError(f"unknown record kind {msg['kind']!r}; known: {sorted(KINDS)}")
     if expect is not None and cls is not expect:

@@ -401,6 +401,14 @@ def validate(cfg: Config) -> None:
         "a non-empty string (the text that ends the thinking span early; it must tokenise to >= 1 token)",
     )
     _check(cfg.learner.eps_low < 1.0, "learner.eps_low", cfg.learner.eps_low, "a value in [0, 1)")
+    c = cfg.cluster
+    for tier in ("generator", "redistributor", "learner"):
+        _check(
+            getattr(c, f"cpus_per_{tier}") > 0 or getattr(c, f"gpus_per_{tier}") > 0,
+            f"cluster.cpus_per_{tier}",
+            getattr(c, f"cpus_per_{tier}"),
+            f"a number > 0 while cluster.gpus_per_{tier} is 0 (Ray cannot place a worker that asks for nothing)",
+        )
     _check(
         cfg.learner.kl_coef == 0 or cfg.learner.zero_stage < 3,
         "learner.kl_coef",

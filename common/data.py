@@ -49,10 +49,11 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
-def problems_from_rows(rows: Iterable[Mapping[str, Any]], source: str, cfg: DataConfig) -> list[Problem]:
-    """Validate rows (1-based numbering in errors) and map columns to ``Problem``s."""
+def problems_from_rows(rows: Iterable[tuple[int, Mapping[str, Any]]], source: str, cfg: DataConfig) -> list[Problem]:
+    """Validate ``(row number, row)`` pairs (the number is what errors name: a JSON-lines file's
+    line, else the 1-based row) and map columns to ``Problem``s."""
     out = []
-    for row_no, row in enumerate(rows, start=1):
+    for row_no, row in rows:
         where = f"{source}: row {row_no}"
         if not isinstance(row, Mapping):
             raise DatasetError(f"{where}: expected an object with columns, got {type(row).__name__}")
@@ -86,8 +87,9 @@ def _text(row: Mapping[str, Any], column: str, where: str) -> str:
     return value
 
 
-def read_jsonl(path: str | Path) -> Iterator[Mapping[str, Any]]:
-    """Rows of a JSON-lines file; a line that is not UTF-8 or not JSON raises ``DatasetError`` with its row."""
+def read_jsonl(path: str | Path) -> Iterator[tuple[int, Mapping[str, Any]]]:
+    """``(line number, row)`` of a JSON-lines file, blank lines skipped; a line that is not UTF-8 or
+    not JSON raises ``DatasetError`` with its number."""
     with _open_data(path) as f:
         for row_no, raw in enumerate(f, start=1):
             try:
@@ -100,7 +102,7 @@ def read_jsonl(path: str | Path) -> Iterator[Mapping[str, Any]]:
             if not line.strip():
                 continue
             try:
-                yield json.loads(line)
+                yield row_no, json.loads(line)
             except json.JSONDecodeError as e:
                 raise DatasetError(f"{path}: row {row_no}: invalid JSON ({e.msg})") from None
 
@@ -134,13 +136,13 @@ def load_rows(cfg: DataConfig, limit: int | None = None) -> list[Problem]:
     if cfg.source == "jsonl":
         return problems_from_rows(islice(read_jsonl(path), limit), path, cfg)
     if cfg.source == "parquet":
-        return problems_from_rows(_parquet_rows(path, limit), path, cfg)
+        return problems_from_rows(enumerate(_parquet_rows(path, limit), start=1), path, cfg)
     import datasets
 
     ds = datasets.load_from_disk(path) if Path(path).exists() else datasets.load_dataset(path, split=cfg.split)
     if isinstance(ds, datasets.DatasetDict):
         ds = ds[cfg.split]
-    return problems_from_rows(islice(ds, limit), f"{path}[{cfg.split}]", cfg)
+    return problems_from_rows(enumerate(islice(ds, limit), start=1), f"{path}[{cfg.split}]", cfg)
 
 
 def split_eval(problems: list[Problem], eval_size: int, seed: int) -> tuple[list[Problem], list[Problem]]:

@@ -61,7 +61,7 @@ class RolloutRecord:
     def validate(self) -> None:
         _require_id(self.id, "id")
         _require_id(self.group_id, "group_id")
-        n = _array(self.completion_ids, np.int32, 1, "completion_ids")
+        n = _token_ids(self.completion_ids, "completion_ids")
         _array(self.behaviour_logprobs, np.float32, 1, "behaviour_logprobs", length=n)
         if not np.all(np.isfinite(self.behaviour_logprobs)):
             bad = int(np.flatnonzero(~np.isfinite(self.behaviour_logprobs))[0])
@@ -97,14 +97,14 @@ class RolloutGroup:
 
     def validate(self) -> None:
         _require_id(self.group_id, "group_id")
-        _array(self.prompt_ids, np.int32, 1, "prompt_ids")
+        _token_ids(self.prompt_ids, "prompt_ids")
         if len(self.ref_solution_ids) != len(self.ref_answer_ids):
             raise RecordError(
                 f"{len(self.ref_solution_ids)} reference solutions but {len(self.ref_answer_ids)} answers"
             )
         for i, (u, y) in enumerate(zip(self.ref_solution_ids, self.ref_answer_ids)):
-            _array(u, np.int32, 1, f"ref_solution_ids[{i}]")
-            _array(y, np.int32, 1, f"ref_answer_ids[{i}]")
+            _token_ids(u, f"ref_solution_ids[{i}]")
+            _token_ids(y, f"ref_answer_ids[{i}]")
         if not self.samples:
             raise RecordError("a group needs at least one sample")
         for s in self.samples:
@@ -156,7 +156,7 @@ class WeightedGroup:
 
     def validate(self) -> None:
         _require_id(self.group_id, "group_id")
-        _array(self.prompt_ids, np.int32, 1, "prompt_ids")
+        _token_ids(self.prompt_ids, "prompt_ids")
         if not self.samples:
             raise RecordError("a weighted group needs at least one sample")
         for s in self.samples:
@@ -166,6 +166,14 @@ class WeightedGroup:
 def _require_id(value: object, name: str) -> None:
     if not isinstance(value, str) or not value:
         raise RecordError(f"{name} must be a non-empty string, got {value!r}")
+
+
+def _token_ids(a: object, name: str) -> int:
+    """Validate a 1-D int32 array of token ids (>= 0; the vocabulary's size is the consumer's to check)."""
+    n = _array(a, np.int32, 1, name)
+    if n and isinstance(a, np.ndarray) and (low := int(a.min())) < 0:
+        raise RecordError(f"{name} must hold token ids >= 0, got {low} at position {int(a.argmin())}")
+    return n
 
 
 def _array(a: object, dtype: type, ndim: int, name: str, length: int | None = None) -> int:

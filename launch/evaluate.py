@@ -6,6 +6,7 @@ per-problem accuracies ± 1.96 standard errors across problems (clipped to [0, 1
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -21,6 +22,8 @@ from rredcot.common.prompts import prompt_ids
 from rredcot.common.registry import WEIGHT_TRANSPORTS
 from rredcot.common.streams import connect
 from rredcot.common.verifier import Verifier
+
+log = logging.getLogger(__name__)
 
 
 def mean_ci(
@@ -56,6 +59,7 @@ class EvalResult:
     greedy_high: float
     seconds: float
     sampled_per_problem: list[float]  # for paired comparisons between evaluations of the same problems
+    too_long: int = 0  # held-out problems left out: their prompt fills model.max_model_len
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,10 +73,20 @@ def evaluate(
     progress: Callable[[int, int], None] | None = None,
 ) -> EvalResult:
     """Sampled (``generation.group_size`` per problem) and greedy accuracy, generated as one batch;
-    ``progress(samples done, samples in all)`` as generation goes."""
+    ``progress(samples done, samples in all)`` as generation goes. A problem whose prompt fills the
+    model's context is left out (counted in ``too_long``, the same ones every time)."""
     start = time.perf_counter()
     g = cfg.generation
-    prompts = [prompt_ids(p, verifier.task, cfg.data, engine.tokenizer) for p in problems]
+    every = [(p, prompt_ids(p, verifier.task, cfg.data, engine.tokenizer)) for p in problems]
+    fitting = [(p, ids) for p, ids in every if len(ids) < engine.max_model_len]
+    if len(fitting) < len(every):
+        log.warning(
+            "evaluation: %d held-out problem(s) left out, their prompt fills model.max_model_len (%d): %s",
+            len(every) - len(fitting),
+            engine.max_model_len,
+            ", ".join(p.id for p, ids in every if len(ids) >= engine.max_model_len)[:500],
+        )
+    problems, prompts = [p for p, _ in fitting], [ids for _, ids in fitting]
     sampled = Sampling(
         n=g.group_size, temperature=g.temperature, top_p=g.top_p, max_tokens=g.max_tokens, stop=tuple(g.stop)
     )
@@ -91,7 +105,10 @@ def evaluate(
     per_problem = [accuracy(grp, p) for grp, p in zip(groups[: len(prompts)], problems)]
     s = mean_ci(per_problem)
     gr = mean_ci([accuracy(grp, p) for grp, p in zip(groups[len(prompts) :], problems)])
-    return EvalResult(engine.version, len(problems), g.group_size, *s, *gr, time.perf_counter() - start, per_problem)
+    seconds = time.perf_counter() - start
+    return EvalResult(
+        engine.version, len(problems), g.group_size, *s, *gr, seconds, per_problem, too_long=len(every) - len(fitting)
+    )
 
 
 def paired_change(before: list[float], after: list[float]) -> tuple[float, float, float]:

@@ -92,6 +92,12 @@ def test_25k_record_size_is_about_raw_size():
         (lambda g: setattr(g.samples[0], "group_id", "other"), "belongs to group"),
         (lambda g: setattr(g, "samples", []), "at least one sample"),
         (lambda g: g.ref_answer_ids.append(np.zeros(1, np.int32)), "reference solutions"),
+        (
+            lambda g: g.samples[0].completion_ids.__setitem__(3, -7),
+            "completion_ids must hold token ids >= 0, got -7 at",
+        ),
+        (lambda g: setattr(g, "prompt_ids", np.array([5, -1], np.int32)), "prompt_ids must hold token ids >= 0"),
+        (lambda g: g.ref_solution_ids.__setitem__(0, np.array([-2], np.int32)), r"ref_solution_ids\[0\] must hold"),
     ],
 )
 def test_invalid_records_are_rejected_with_reason(mutate, reason):
@@ -112,6 +118,8 @@ def _envelope(body, kind="rollout_group", v=1):
         (msgpack.packb([1, 2]), "envelope"),
         (_envelope({}, v=99), "schema version 99"),
         (_envelope({}, kind="pizza"), "unknown record kind"),
+        (_envelope({}, kind=[1]), "unknown record kind"),  # unhashable: a RecordError, not a TypeError
+        (_envelope({}, kind={"a": 1}), "unknown record kind"),
         (_envelope({"group_id": "g"}), "missing required field"),
         (
             msgpack.packb(

@@ -115,6 +115,7 @@ def test_malformed_override():
         ("redis.url=unix://", ["redis.url", "has no socket path"]),
         ("redis.url=localhost:6379", ["redis.url", "unix:///path/to/socket"]),
         ("credit.exit_string=''", ["credit.exit_string = ''", "non-empty", ">= 1 token"]),
+        ("cluster.cpus_per_redistributor=0", ["cluster.cpus_per_redistributor = 0.0", "gpus_per_redistributor is 0"]),
     ],
 )
 def test_names_urls_and_exit_string_are_checked_at_load(override, fragments):
@@ -123,6 +124,11 @@ def test_names_urls_and_exit_string_are_checked_at_load(override, fragments):
     assert "\n" not in str(e.value)
     for frag in fragments:
         assert frag in str(e.value), (frag, str(e.value))
+
+
+def test_a_worker_on_a_gpu_may_ask_for_no_cpu():
+    cfg = load_config("tests", ["cluster.cpus_per_learner=0", "cluster.gpus_per_learner=1"])
+    assert cfg.cluster.cpus_per_learner == 0
 
 
 def test_a_bad_redis_url_error_does_not_show_its_password():

