@@ -225,9 +225,10 @@ class Generator:
         """One loop iteration; returns the number of groups written (0 while blocked)."""
         self.sync_weights()
         self.fill()
-        if not self.engine.num_unfinished:  # staleness blocks admission, or the budget is admitted
-            time.sleep(self.cfg.generation.idle_poll_s)
-            self.metrics.blocked_staleness_s += 0.0 if self.admission.exhausted else self.cfg.generation.idle_poll_s
+        if not self.engine.num_unfinished:
+            if not self.admission.exhausted:
+                time.sleep(self.cfg.generation.idle_poll_s)
+                self.metrics.blocked_staleness_s += self.cfg.generation.idle_poll_s
             return 0
         start = time.perf_counter()
         groups = self.engine.step()
@@ -255,16 +256,27 @@ class Generator:
                 break
             if self.control.stop_requested():
                 break
-            if self.done:
-                if not linger or self.admission.all_consumed():
-                    break
-                self._submit_unheld()
-                self.admission.reopen()
-            self.step()
+            if not self.done:
+                self.step()
+            elif linger and not self.admission.all_consumed():
+                self._linger()
+            else:
+                break
         while self.done and self.receiver.holds_group and not self.control.stop_requested():
             if not self.sync_weights():  # stay until the learner has sent its last version
                 time.sleep(self.cfg.generation.idle_poll_s)
         return self.metrics.snapshot()
+
+    def _linger(self) -> None:
+        """Idle with the budget generated: admit into a slot that a dead letter freed, if any. The
+        weights are applied only then (``fill``), or on every version while a weight group needs
+        this generator in its collectives."""
+        if self.receiver.holds_group:
+            self.sync_weights()
+        self._submit_unheld()
+        self.admission.reopen()
+        if not self.fill():
+            time.sleep(self.cfg.generation.idle_poll_s)
 
     def close(self) -> None:
         self.receiver.close()
