@@ -59,7 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = sub.add_parser("inspect", help="render a credit heatmap (HTML + PNG) of a weighted sample")
     inspect.add_argument("source", help="a saved .msgpack record, or a redis:// URL to read the batches stream")
     inspect.add_argument("--run", default=None, help="run id (stream namespace) when reading from Redis")
-    inspect.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the model's)")
+    inspect.add_argument(
+        "--tokenizer", default=None, help="the model's tokenizer directory (default: the builtin Qwen3 tokenizer)"
+    )
     inspect.add_argument("--out", default="credit_heatmap", help="output path prefix")
     inspect.add_argument("--index", type=int, default=0, help="which sample of the group")
     study = sub.add_parser("study", help="measure credit methods (docs/study.md)")
