@@ -19,7 +19,17 @@ from rredcot.common.config import Config, ConfigError, DataConfig, TaskConfig
 from rredcot.common.data import Problem
 from rredcot.common.registry import TASKS, typed_settings
 
-_ANSWER_LINE = re.compile(r"answer\s*(?:is)?\s*[:=]\s*(.+)", re.IGNORECASE)
+# one way to match each whitespace run (``answer\s*(?:is)?\s*`` split a run between two ``\s*``:
+# quadratic backtracking on a long run without a colon)
+_ANSWER_LINE = re.compile(r"answer\s*(?:is\s*)?[:=]\s*(.+)", re.IGNORECASE)
+
+
+def answer_text(completion: str, think_start: str, think_end: str) -> str | None:
+    """The part of a completion that may state its answer: the text after its last ``think_end``, the
+    whole completion without thinking tags, None when a thought was opened and never closed (a
+    truncated trace gives no answer; what its thinking tried is no answer)."""
+    _, _, after = completion.rpartition(think_end)
+    return None if think_start in after else after
 
 
 def answer_line(completion: str) -> str | None:

@@ -1,14 +1,15 @@
 """Answer verification for every task, isolated in a worker process with a hard timeout.
 
-The task (``common.task``) says how an answer is read (``extract_answer``, in the caller) and
-whether it is right (``answers_match``, in the child). Checkers can hang: math-verify's own
-timeouts are signal-based and work only in a process's main thread, and sympy can hang on
-pathological input. So each check runs in the main thread of a dedicated child process; if the
-child does not answer within ``timeout_s`` it is killed and replaced, the sample gets reward 0
-with verdict ``timeout``, and ``Verifier.timeouts`` counts it; a checker that raises, or kills its
-process, gives reward 0 with verdict ``error`` (``Verifier.errors``). The generator, the evaluator and
-Monte-Carlo credit all use this one class. Everything crossing the pipe is msgpack (no pickle):
-first the task (name and settings), then [pred, gold] pairs.
+The task (``common.task``) says how an answer is read (``extract_answer``, in the caller, from the
+text after the thinking: ``answer_text``) and whether it is right (``answers_match``, in the child).
+Checkers can hang: math-verify's own timeouts are signal-based and work only in a process's main
+thread, and sympy can hang on pathological input. So each check runs in the main thread of a
+dedicated child process; if the child does not answer within ``timeout_s`` it is killed and
+replaced, the sample gets reward 0 with verdict ``timeout``, and ``Verifier.timeouts`` counts it; a
+checker that raises, or kills its process, gives reward 0 with verdict ``error``
+(``Verifier.errors``). The generator, the evaluator and Monte-Carlo credit all use this one class.
+Everything crossing the pipe is msgpack (no pickle): first the task (name and settings), then [pred,
+gold] pairs.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from multiprocessing.connection import Connection
 
 import msgpack
 
-from rredcot.common.config import TaskConfig
-from rredcot.common.task import build_task
+from rredcot.common.config import ModelConfig, TaskConfig
+from rredcot.common.task import answer_text, build_task
 
 
 @dataclass(frozen=True)
@@ -44,10 +45,19 @@ def _serve(conn: Connection) -> None:
 
 
 class Verifier:
-    """Scores completions of one task against gold answers; one child process, restarted after a hang."""
+    """Scores completions of one task against gold answers; one child process, restarted after a hang.
 
-    def __init__(self, task: TaskConfig, timeout_s: float = 5.0, start_timeout_s: float = 120.0) -> None:
-        self.spec, self.task = task, build_task(task)
+    ``think``: the model's thinking tags (``model.think_start``, ``model.think_end``); the answer is
+    read only after the thinking, and a completion whose thought never closed has none."""
+
+    def __init__(
+        self,
+        task: TaskConfig,
+        timeout_s: float = 5.0,
+        start_timeout_s: float = 120.0,
+        think: tuple[str, str] = (ModelConfig.think_start, ModelConfig.think_end),
+    ) -> None:
+        self.spec, self.task, self.think = task, build_task(task), think
         self.timeout_s, self.start_timeout_s = timeout_s, start_timeout_s
         self.timeouts = 0
         self.errors = 0
@@ -71,7 +81,8 @@ class Verifier:
         return self._conn
 
     def score(self, completion: str, gold: str) -> Verdict:
-        predicted = self.task.extract_answer(completion)
+        text = answer_text(completion, *self.think)
+        predicted = None if text is None else self.task.extract_answer(text)
         if predicted is None:
             return Verdict(0.0, "no_answer")
         conn = self._ensure_started()

@@ -14,11 +14,11 @@ import numpy as np
 
 from rredcot.common.config import Config, CreditConfig, bounded
 from rredcot.common.records import RolloutGroup, RolloutRecord, WeightedGroup, WeightedSample
-from rredcot.redistributor.entropy import TraceScores, score_traces
+from rredcot.redistributor.entropy import TraceScores, halve_on_oom, score_traces
 from rredcot.redistributor.mc import mc_values
 from rredcot.redistributor.registry import CreditContext, CreditMethod, SampleCredit, get_method, register
 from rredcot.redistributor.scorer import Scorer
-from rredcot.redistributor.segmentation import Segmentation, segment, thinking_span, token_texts
+from rredcot.redistributor.segmentation import segment, thinking_span, token_texts
 from rredcot.redistributor.sigma import prob_rewards, segment_masses, segment_rewards, token_sigma, uniform_reason
 from rredcot.redistributor.values import branch_logprobs_fast, exit_values
 
@@ -76,24 +76,32 @@ def budget_batches(lengths: Sequence[int], budget: int) -> list[list[int]]:
 
 
 def _scored(ctx: CreditContext, keep_cache: bool) -> Iterator[tuple[int, RolloutRecord, TraceScores, float]]:
-    """(index, sample, trace, scorer seconds per sample), one ``credit.token_budget`` batch at a time
-    (a batch's KV cache is released when the next batch starts)."""
+    """(index, sample, trace, scorer seconds per sample), one ``credit.token_budget`` batch at a time.
+
+    A batch's KV cache is released before the next batch's forward (one batch's cache is held at a
+    time). A failed allocation redoes the batch with half the budget, which then holds for the rest
+    of the group (``halve_on_oom``, as the branches do; counted in ``scorer.tokens.oom_retries``)."""
     scorer, group = _scorer(ctx), ctx.group
     c, prompt = ctx.cfg.credit, group.prompt_ids.tolist()
     comps = [s.completion_ids.tolist() for s in group.samples]
-    for batch in budget_batches([len(prompt) + len(x) for x in comps], c.token_budget):
+    lengths = [len(prompt) + len(x) for x in comps]
+    left, budget = list(range(len(comps))), c.token_budget
+
+    def next_batch(budget: int) -> tuple[list[int], list[TraceScores]]:
+        batch = [left[j] for j in budget_batches([lengths[i] for i in left], budget)[0]]
+        seqs = [(prompt, comps[i]) for i in batch]
+        return batch, score_traces(scorer.model, seqs, c.entropy_chunk, keep_cache=keep_cache, forward_chunk=budget)
+
+    while left:
         t0 = time.perf_counter()
-        traces = score_traces(
-            scorer.model,
-            [(prompt, comps[i]) for i in batch],
-            c.entropy_chunk,
-            keep_cache=keep_cache,
-            forward_chunk=c.token_budget,
-        )
+        (batch, traces), budget = halve_on_oom(next_batch, budget, 1, scorer.tokens)
         seconds = (time.perf_counter() - t0) / len(batch)
         scorer.tokens.trace += sum(t.counter.trace for t in traces)
         for i, trace in zip(batch, traces):
             yield i, group.samples[i], trace, seconds
+        for trace in traces:  # the caller still holds the last one
+            trace.cache = None
+        left = [i for i in left if i not in batch]
 
 
 def entropy_weights(trace: TraceScores) -> np.ndarray:
@@ -145,15 +153,27 @@ def top_entropy(ctx: CreditContext) -> list[SampleCredit]:
     return out
 
 
-def _segments(ctx: CreditContext, s: RolloutRecord, trace: TraceScores) -> Segmentation:
-    """Segments of the thinking span. A completion that ends with a special token (EOS) ends there:
-    no exit point lies past it, where the policy never continues."""
+def _exits(ctx: CreditContext, s: RolloutRecord, trace: TraceScores) -> np.ndarray:
+    """The exit points of the thinking span's segments. A completion that ends with special tokens
+    (EOS) ends before them: no exit point lies past them, where the policy never continues. With
+    ``answer_part=terminal``, less a last one that only end tokens follow (``scored_exits``)."""
     scorer = _scorer(ctx)
     ids = s.completion_ids.tolist()
-    body = len(ids) - 1 if ids and ids[-1] in scorer.end_ids else len(ids)
+    body = scorer.content_end(ids)
     texts = token_texts(scorer.tokenizer, ids[:body])
     entropy = trace.entropy[:body].double().cpu().numpy()
-    return segment(texts, entropy, ctx.cfg.credit, scorer.think_start, scorer.think_end)
+    exits = segment(texts, entropy, ctx.cfg.credit, scorer.think_start, scorer.think_end).exit_points
+    return scored_exits(exits, len(ids), body) if ctx.cfg.credit.answer_part == "terminal" else exits
+
+
+def scored_exits(exits: np.ndarray, n_tokens: int, content_end: int) -> np.ndarray:
+    """``answer_part=terminal``: the exit points scored before the end L takes the outcome R
+    (``_terminal``). An answer part [e_K, L) of end tokens only (no thinking tags, or an unclosed
+    thought, and a final EOS) is no segment of its own, or the EOS would take R − v̂(s_K), nearly all of
+    σ: e_K is left out and the last segment runs to L. ``content_end``: L less the trailing end tokens."""
+    if len(exits) > 1 and content_end <= exits[-1] < n_tokens:
+        return exits[:-1]
+    return exits
 
 
 def _log(x: float) -> float:
@@ -169,11 +189,12 @@ def _terminal(exits: np.ndarray, values: np.ndarray, n_tokens: int, reward: floa
     return np.append(exits, n_tokens).astype(np.int32), np.append(values, reward)
 
 
-def answer_start(texts: Sequence[str], think_start: str, think_end: str) -> int | None:
+def answer_start(texts: Sequence[str], think_start: str, think_end: str, opened: bool = False) -> int | None:
     """Where a completion's answer part starts (after the closing thinking tag and whitespace; 0
-    without tags); None when the thinking was opened and never closed (no answer part)."""
+    without tags); None when there is none: the thinking was opened (in the completion, or in the
+    prompt: ``opened``) and never closed, or nothing but whitespace follows it."""
     joined = "".join(texts)
-    if think_start in joined and think_end not in joined:
+    if (opened or think_start in joined) and think_end not in joined:
         return None
     _, hi, has_think = thinking_span(texts, think_start, think_end)
     start = hi + 1 if has_think and hi < len(texts) else 0
@@ -184,21 +205,26 @@ def answer_start(texts: Sequence[str], think_start: str, think_end: str) -> int 
 
 def reference_pairs(group: RolloutGroup, scorer: Scorer, c: CreditConfig) -> list[list[Pair]]:
     """Each sample's reference pairs: the dataset's (u_i, y_i); with ``credit.group_refs`` also the
-    answer parts of the group's *other* correct samples as (u, empty y) — never a sample's own, and
-    only from samples that stopped normally with their thinking closed (a truncated trace's answer
-    read from inside its thinking is no reference); at most ``credit.max_refs`` each. With
-    ``credit.reference=answer`` the dataset pairs keep only their answer y (empty u)."""
+    answer parts of the group's *other* correct samples as (u, empty y), less their trailing end
+    tokens — never a sample's own, and only from samples that stopped normally with their thinking
+    closed (also when the prompt opened it, DeepSeek-R1-Distill style: a trace's answer read from
+    inside its thinking is no reference) and an answer part of more than whitespace and end tokens;
+    at most ``credit.max_refs`` each. With ``credit.reference=answer`` the dataset pairs keep only
+    their answer y (empty u)."""
     dataset: list[Pair] = [
         ([] if c.reference == "answer" else u.tolist(), y.tolist())
         for u, y in zip(group.ref_solution_ids, group.ref_answer_ids)
     ]
     answers: list[list[int] | None] = [None] * len(group.samples)
     if c.group_refs:
+        opened = scorer.opens_thought(group.prompt_ids.tolist())
         for i, s in enumerate(group.samples):
             if s.verdict == "correct" and s.finish_reason == "stop":
-                texts = token_texts(scorer.tokenizer, s.completion_ids.tolist())
-                start = answer_start(texts, scorer.think_start, scorer.think_end)
-                answers[i] = None if start is None else s.completion_ids[start:].tolist()
+                ids = s.completion_ids.tolist()
+                end = scorer.content_end(ids)
+                texts = token_texts(scorer.tokenizer, ids[:end])
+                start = answer_start(texts, scorer.think_start, scorer.think_end, opened)
+                answers[i] = None if start is None else ids[start:end]
     return [
         (dataset + [(a, []) for j, a in enumerate(answers) if a is not None and j != i])[: c.max_refs]
         for i in range(len(group.samples))
@@ -236,7 +262,7 @@ def rredcot(ctx: CreditContext) -> list[SampleCredit]:
     for i, s, trace, t_entropy in _scored(ctx, keep_cache=any(refs)):
         n = len(s.completion_ids)
         t1 = time.perf_counter()
-        exits = _segments(ctx, s, trace).exit_points
+        exits = _exits(ctx, s, trace)
         t2 = time.perf_counter()
         values, log_values = np.zeros(0), None
         if refs[i]:
@@ -301,7 +327,7 @@ def mc(ctx: CreditContext) -> list[SampleCredit]:
     out: list[SampleCredit] = [SampleCredit(_uniform(0))] * len(ctx.group.samples)
     for i, s, trace, t_entropy in _scored(ctx, keep_cache=False):
         t1 = time.perf_counter()
-        exits = _segments(ctx, s, trace).exit_points
+        exits = _exits(ctx, s, trace)
         t2 = time.perf_counter()
         exits, values, stderr = mc_exit_values(ctx, s, exits, ctx.cfg.credit.mc_samples, s.id)
         out[i] = _sigma(exits, values, len(s.completion_ids), float(ctx.advantages[i]), ctx)
@@ -318,7 +344,10 @@ def redistribute_group(
     **extra: Any,
 ) -> WeightedGroup:
     """Advantages + the credit method for one group (``method``: resolved once by the caller, else
-    ``credit.method``; ``extra``: sampler, reward_fn, settings)."""
+    ``credit.method``; ``extra``: sampler, reward_fn, settings). Raises ``RecordError`` for token ids
+    outside the scorer's vocabulary before any forward (``Scorer.check_ids``)."""
+    if scorer is not None:
+        scorer.check_ids(group)
     method = method or get_method(cfg.credit.method)
     adv = group_advantages([s.reward for s in group.samples], cfg.credit.advantage_std_norm)
     if method.needs_scorer and not adv.any():

@@ -8,9 +8,9 @@ recomputing any prefix.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from transformers import DynamicCache
@@ -22,7 +22,7 @@ class TokenCounter:
 
     trace: int = 0
     branch: int = 0
-    oom_retries: int = 0  # branch computations redone with half the memory budget
+    oom_retries: int = 0  # computations redone with half the budget after running out of memory
 
     @property
     def total(self) -> int:
@@ -39,6 +39,29 @@ class TraceScores:
     cache: DynamicCache | None  # KV of the whole trace (None when not kept), batch row ``row``
     counter: TokenCounter = field(default_factory=TokenCounter)  # trace: padded width forwarded
     row: int = 0
+
+
+T = TypeVar("T")
+
+
+def is_oom(e: BaseException) -> bool:
+    """Whether ``e`` is a failed allocation (CUDA or CPU)."""
+    text = str(e)
+    return isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in text or "out of memory" in text
+
+
+def halve_on_oom(run: Callable[[int], T], budget: int, floor: int, counter: TokenCounter) -> tuple[T, int]:
+    """``run(budget)``, redone with half the budget after each failed allocation while the budget is
+    above ``floor`` (``counter.oom_retries`` counts the retries); returns the result and the budget
+    that gave it. Every other error, and a failed allocation at ``floor``, propagates."""
+    while True:
+        try:
+            return run(budget), budget
+        except RuntimeError as e:
+            if not is_oom(e) or budget <= floor:
+                raise
+        budget //= 2
+        counter.oom_retries += 1
 
 
 def head_stats(

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rredcot.common.config import bounded
-from rredcot.redistributor.credit import _scored, _segments, _uniform, entropy_weights, mc_exit_values
+from rredcot.redistributor.credit import _exits, _scored, _uniform, entropy_weights, mc_exit_values
 from rredcot.redistributor.registry import CreditContext, SampleCredit, register
 from rredcot.redistributor.sigma import segment_rewards
 
@@ -55,7 +55,7 @@ def progress(ctx: CreditContext) -> list[SampleCredit]:
     out: list[SampleCredit] = [SampleCredit(_uniform(0))] * len(ctx.group.samples)
     for i, s, trace, t_entropy in _scored(ctx, keep_cache=False):
         t1 = time.perf_counter()
-        exits = _segments(ctx, s, trace).exit_points
+        exits = _exits(ctx, s, trace)
         t2 = time.perf_counter()
         # seeds apart from the ``mc`` method's: the study compares the two on one engine
         exits, values, stderr = mc_exit_values(ctx, s, exits, settings.samples, f"prover:{s.id}")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rredcot.common.records import RecordError, RolloutGroup
 from rredcot.redistributor.entropy import TokenCounter
 
 
@@ -25,6 +27,32 @@ class Scorer:
     def __post_init__(self) -> None:
         self.exit_ids = list(self.tokenizer(self.exit_string, add_special_tokens=False)["input_ids"])
         self.end_ids = frozenset(self.tokenizer.all_special_ids)
+
+    def check_ids(self, group: RolloutGroup) -> None:
+        """Raise ``RecordError`` when a token id of ``group`` (prompt, completions, references) lies
+        outside the scorer's vocabulary, before any forward: on CUDA an out-of-range embedding index
+        is a device-side assert that breaks every later kernel of the process."""
+        vocab = self.model.get_input_embeddings().weight.shape[0]
+        arrays = {"prompt_ids": group.prompt_ids}
+        arrays |= {f"samples[{i}].completion_ids": s.completion_ids for i, s in enumerate(group.samples)}
+        arrays |= {f"ref_solution_ids[{i}]": u for i, u in enumerate(group.ref_solution_ids)}
+        arrays |= {f"ref_answer_ids[{i}]": y for i, y in enumerate(group.ref_answer_ids)}
+        for name, ids in arrays.items():
+            if ids.size and not 0 <= ids.min() <= ids.max() < vocab:
+                bad = ids[(ids < 0) | (ids >= vocab)]
+                raise RecordError(f"{name} holds token id {int(bad[0])}, outside the scorer's vocabulary [0, {vocab})")
+
+    def opens_thought(self, prompt_ids: Sequence[int]) -> bool:
+        """Whether the prompt opens the thought (its chat template ends it with ``think_start``,
+        DeepSeek-R1-Distill style): its completions then hold only the closing tag."""
+        return self.tokenizer.decode(prompt_ids, skip_special_tokens=False).rstrip().endswith(self.think_start)
+
+    def content_end(self, ids: Sequence[int]) -> int:
+        """The length of ``ids`` without its trailing end tokens (EOS, end of turn)."""
+        n = len(ids)
+        while n and ids[n - 1] in self.end_ids:
+            n -= 1
+        return n
 
     def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
         """Accept a weight update (e.g. the policy at ``version`` when ``credit.scorer=policy``).

@@ -4,7 +4,7 @@ r_k = v(s_k) − v(s_{k−1}); m_k from the sign policy and the sign of the adva
 Tokens outside every segment (a thinking tag, the answer part with ``answer_part=uniform``) keep
 their uniform weight 1/|o|; the S tokens inside the segments share the rest, S/|o|:
 σ_j = λ/|o| + (1 − λ) · (S/|o|) · m_{k(j)} / (|seg_k| · Σ m) for tokens in segment k.
-σ is uniform when Σ m = 0 (or A = 0, or no segment).
+σ is uniform when Σ m = 0 (A = 0, every reward 0, or no segment).
 """
 
 from __future__ import annotations
@@ -49,13 +49,14 @@ def uniform_reason(n_segments: int, values: np.ndarray, rewards: np.ndarray, mas
 def segment_masses(rewards: np.ndarray, advantage: float, sign: str, temperature: float = 1.0) -> np.ndarray:
     """m_k ≥ 0: ``relu`` max(sgn(A)·r_k, 0); ``abs`` |r_k|; ``softmax`` softmax(sgn(A)·r / T).
 
-    A = 0 gives all-zero masses (hence uniform σ) for every policy.
+    A = 0 or all-zero rewards (no reference pair, prob values that underflowed) give all-zero masses,
+    hence uniform σ, for every policy: softmax would give each segment 1/K, σ ∝ 1/|seg_k|.
     """
     if sign not in SIGN_POLICIES:
         raise ValueError(f"sign policy {sign!r} not in {SIGN_POLICIES}")
     r = np.asarray(rewards, dtype=np.float64)
     s = float(np.sign(advantage))
-    if s == 0 or r.size == 0:
+    if s == 0 or not r.any():
         return np.zeros_like(r)
     if sign == "relu":
         return np.maximum(s * r, 0.0)

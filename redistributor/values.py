@@ -30,7 +30,7 @@ from transformers.cache_utils import DynamicLayer
 
 from rredcot.redistributor.branch_attention import BranchRows, dense_mask, flex_attention_on, flex_mask, resolve
 from rredcot.redistributor.branch_plan import Branch, ModelShape, Piece, plan_pieces
-from rredcot.redistributor.entropy import TokenCounter, TraceScores, head_stats, score_trace
+from rredcot.redistributor.entropy import TokenCounter, TraceScores, halve_on_oom, head_stats, is_oom, score_trace
 
 VALUE_SPACES = ("log", "prob", "mean_token_prob")
 
@@ -104,11 +104,6 @@ def _prefix_cache(trace: TraceScores, n: int, config: Any) -> DynamicCache:
     return cache
 
 
-def _is_oom(e: Exception) -> bool:
-    text = str(e)
-    return isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in text or "out of memory" in text
-
-
 @torch.no_grad()
 def branch_logprobs_fast(
     model: Any,
@@ -132,19 +127,16 @@ def branch_logprobs_fast(
         raise ValueError("branch_logprobs_fast needs the trace KV cache (score_trace(keep_cache=True))")
     branches = exit_branches(trace.prompt_len, exit_points, refs, exit_ids)
     flex = resolve(attention, model) == "flex"
-    shape, budget = ModelShape.of(model, sparse=flex), memory_bytes
+    shape = ModelShape.of(model, sparse=flex)
     if overhead_cells is None:  # flex computes no waste: only memory splits its forwards
         overhead_cells = 0 if flex else forward_overhead_cells(model)
-    while True:
-        try:
-            pieces = plan_pieces(branches, budget, shape, overhead_cells)
-            out = _run_pieces(model, trace, branches, pieces, chunk, flex)
-            return _collect(branches, out, len(exit_points), len(refs))
-        except RuntimeError as e:
-            if not _is_oom(e) or budget <= shape.forward_bytes(1, trace.cache.get_seq_length()):
-                raise
-            budget //= 2
-            trace.counter.oom_retries += 1
+
+    def run(budget: int) -> BranchLogprobs:
+        pieces = plan_pieces(branches, budget, shape, overhead_cells)
+        return _collect(branches, _run_pieces(model, trace, branches, pieces, chunk, flex), len(exit_points), len(refs))
+
+    floor = shape.forward_bytes(1, trace.cache.get_seq_length())
+    return halve_on_oom(run, memory_bytes, floor, trace.counter)[0]
 
 
 def _rows(piece: Piece, branches: list[Branch], device: torch.device) -> tuple[list[int], list[int], BranchRows]:
@@ -241,7 +233,7 @@ def forward_overhead_cells(model: Any, repeat: int = 3) -> int:
         fixed = seconds(trace, 1, 2)
         per_cell = max(seconds(trace, n, q) - seconds(trace, 1, q), 1e-12) / (q * (n - 1))
     except RuntimeError as e:
-        if not _is_oom(e):
+        if not is_oom(e):
             raise
         return DEFAULT_OVERHEAD_CELLS
     _OVERHEAD[model] = int(min(max(fixed / per_cell, 1024), 1 << 26))

@@ -3,9 +3,13 @@
 Each rollouts entry is one whole group (the generator writes a group's G samples together), so a
 group is never split across workers. An entry is acknowledged only after its ``WeightedGroup`` is
 in the batches stream (at-least-once; the learner de-duplicates by rollout id); entries a crashed
-worker held are reclaimed by the others (XAUTOCLAIM in ``Consumer.read``). An entry that does not
-decode, fails validation or makes the credit computation raise goes to the dead-letter stream
-with the reason, so every rollout comes out as one weighted sample or one dead letter.
+worker held are reclaimed by the others (XAUTOCLAIM in ``Consumer.read``). An entry that is at
+fault goes to the dead-letter stream with the reason: it does not decode, fails validation, holds
+token ids outside the scorer's vocabulary, or makes the credit computation raise ``ValueError``. So
+every rollout comes out as one weighted sample or one dead letter. Any other error is the worker's,
+not the entry's (a CUDA error that poisons the process, an allocation that fails even at the
+smallest budget, a compile failure): it propagates, the worker dies with the entry unacked, and
+its restart (Ray) or another worker takes the entry up again.
 """
 
 from __future__ import annotations
@@ -175,7 +179,9 @@ class Redistributor:
         if self.method.needs_sampler and self.scorer is not None:
             prover = getattr(self.extra["settings"], "prover", "policy")
             self.sampler = sampler or scorer_sampler(self.scorer, cfg, name, prover)
-            self.verifier = Verifier(cfg.task, cfg.generation.verifier_timeout_s)
+            self.verifier = Verifier(
+                cfg.task, cfg.generation.verifier_timeout_s, think=(cfg.model.think_start, cfg.model.think_end)
+            )
             self.extra |= {"sampler": self.sampler, "reward_fn": verifier_reward(self.verifier, self.scorer.tokenizer)}
         self.metrics = WorkerMetrics()
         self.saved = 0
@@ -227,7 +233,7 @@ class Redistributor:
             with torch.inference_mode():
                 out = redistribute_group(group, self.cfg, self.scorer, self.method, **self.extra)
             payload = encode(out)
-        except (RecordError, ValueError, RuntimeError) as e:
+        except (RecordError, ValueError) as e:  # the entry's fault; anything else is the worker's
             self._dead(entry, f"{type(e).__name__}: {e}", type(e).__name__, group)
             return
         self.producer.put(payload)

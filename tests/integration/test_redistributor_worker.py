@@ -78,6 +78,69 @@ def test_every_rollout_becomes_one_weighted_sample_or_dead_letter(redis_client, 
     assert stored[b"tier"] == b"redistributor" and float(stored[b"rollouts"]) == 12
 
 
+@pytest.mark.parametrize(
+    "error",
+    [
+        torch.AcceleratorError("CUDA error: an illegal memory access was encountered"),
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+    ],
+    ids=["sticky_cuda_error", "oom_at_every_budget"],
+)
+def test_a_failure_of_the_worker_leaves_the_entry_to_its_restart(redis_client, redis_server, run_id, error) -> None:
+    """A sticky CUDA error, an allocation that fails at every budget or a compile failure (all
+    ``RuntimeError``s) is the worker's fault, not the entry's: it was dead-lettered and acked, so a
+    broken GPU dead-lettered the whole stream. It propagates now (the worker dies, Ray restarts it),
+    the entry stays pending, and the restarted worker takes it up first."""
+    groups = _put_groups(redis_client, run_id, 1)
+    cfg = _cfg(redis_server.url, run_id)
+    scorer = Scorer(build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit.exit_string)
+
+    def fail(module, args, kwargs) -> None:
+        raise error
+
+    hook = scorer.model.get_decoder().register_forward_pre_hook(fail, with_kwargs=True)
+    try:
+        with pytest.raises(type(error), match=str(error)):
+            Redistributor(cfg, "red0", scorer=scorer).step(block_ms=100)
+    finally:
+        hook.remove()
+    assert redis_client.xpending(key(run_id, ROLLOUTS), GROUP)["pending"] == 1
+    assert redis_client.xlen(key(run_id, DEAD)) == 0 and not _batches(redis_client, run_id)
+    Redistributor(cfg, "red0", scorer=scorer).step(block_ms=100)  # restarted: its own unacked entries first
+    assert [g.group_id for g in _batches(redis_client, run_id)] == list(groups)
+    assert redis_client.xpending(key(run_id, ROLLOUTS), GROUP)["pending"] == 0
+
+
+def test_token_ids_outside_the_scorers_vocabulary_are_dead_lettered(redis_client, redis_server, run_id) -> None:
+    """An id ≥ the scorer's vocabulary is refused before any forward (on CUDA the embedding lookup
+    is a device-side assert that breaks the process; on CPU an ``IndexError`` crashed the worker)."""
+    cfg = _cfg(redis_server.url, run_id)
+    scorer = Scorer(build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit.exit_string)
+    vocab = scorer.model.config.vocab_size
+    bad = rollout_group(seed=3)
+    bad.samples[1].completion_ids[5] = vocab
+    Producer(redis_client, key(run_id, ROLLOUTS), maxlen=64).put(encode(bad))
+    metrics = Redistributor(cfg, "red0", scorer=scorer).run(idle_exit_s=1.0)
+    reasons = [f[b"reason"].decode() for f in dead_letters(redis_client, key(run_id, DEAD))]
+    assert reasons == [
+        f"RecordError: samples[1].completion_ids holds token id {vocab}, outside the scorer's vocabulary [0, {vocab})"
+    ]
+    assert metrics["dead_letters.RecordError"] == 1 and not _batches(redis_client, run_id)
+    assert redis_client.xlen(key(run_id, ROLLOUTS)) == 0
+
+
+def test_mc_rewards_read_the_answer_after_the_models_thinking_tags(redis_server, run_id) -> None:
+    """The worker's verifier (``credit.method=mc``) reads an answer only after ``model.think_end``:
+    a guess inside the thinking is no answer."""
+    cfg = _cfg(redis_server.url, run_id, "credit.method=mc", "model.think_start=<r>", "model.think_end=</r>")
+    scorer = Scorer(build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit.exit_string)
+    worker = Redistributor(cfg, "red0", scorer=scorer)
+    try:
+        assert worker.verifier.score("<r>Answer: 84</r>I am not sure", "84").verdict == "no_answer"
+    finally:
+        worker.verifier.close()
+
+
 WORKER = """
 import sys
 from rredcot.common.config import load_config

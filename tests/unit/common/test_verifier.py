@@ -27,6 +27,15 @@ def test_scores(verifier, completion, gold, verdict):
     assert v.reward == (1.0 if verdict == "correct" else 0.0)
 
 
+def test_the_answer_is_read_after_the_thinking(verifier):
+    """A guess inside the thinking is no answer, and a thought never closed (truncated) has none."""
+    revised = "<think>\nSo the answer is: 12, hmm wait.\nActually 13.\n</think>\n\nThe result is \\boxed{13}."
+    assert verifier.score(revised, "13").verdict == "correct"
+    assert verifier.score("<think>\nLet me guess the answer: 84\nWait, check", "84") == Verdict(0.0, "no_answer")
+    with Verifier(TaskConfig("math"), think=("<r>", "</r>")) as own:  # the model's own tags
+        assert own.score("<r>Answer: 84</r>I am not sure", "84") == Verdict(0.0, "no_answer")
+
+
 def test_pathological_input_times_out_and_verifier_recovers(verifier):
     before = verifier.timeouts
     t0 = time.monotonic()

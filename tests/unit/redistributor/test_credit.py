@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 from fractions import Fraction
 
 import numpy as np
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from rredcot.common.config import Config, ConfigError, CreditConfig, load_config
 from rredcot.common.models import build_tiny_model
+from rredcot.common.records import RecordError
 from rredcot.learner.loss import sample_coefficients
 from rredcot.learner.packing import collate, samples_from_group
 from rredcot.redistributor.credit import (
@@ -20,6 +22,7 @@ from rredcot.redistributor.credit import (
     group_advantages,
     redistribute_group,
     reference_pairs,
+    scored_exits,
     top_entropy_sigma,
 )
 from rredcot.redistributor.entropy import score_trace
@@ -27,7 +30,7 @@ from rredcot.redistributor.mc import HFContinuationSampler
 from rredcot.redistributor.registry import CREDIT_METHODS
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.sigma import prob_rewards, segment_masses, token_sigma
-from rredcot.redistributor.values import branch_logprobs_reference, exit_values
+from rredcot.redistributor.values import branch_logprobs_reference, exit_values, forward_overhead_cells
 from tests.factories import rollout, rollout_group
 from tests.unit.redistributor.cases import TRACES, make_group
 
@@ -211,6 +214,107 @@ def test_no_exit_point_after_the_end_of_sequence(qwen_tok, qwen_model) -> None:
     assert no_tags.exit_points[-1] == n - 1 and no_tags.sigma[-1] == pytest.approx(1 / n, rel=1e-5)
 
 
+def test_an_answer_part_of_end_tokens_only_is_no_segment_by_hand() -> None:
+    """``answer_part=terminal`` without thinking tags: the span ends before the EOS (token 29 of 30),
+    so the answer part [29, 30) held the EOS alone and got R − v̂(s_K): with log v̂ = [−20, −19, −18,
+    −17.5] and R = 1 (prob space), σ[EOS] = 1.0. Its exit goes: the last segment [20, 30) ends at R."""
+    assert scored_exits(np.array([0, 10, 20, 29]), 30, 29).tolist() == [0, 10, 20]
+    assert scored_exits(np.array([0, 10, 20, 29]), 31, 29).tolist() == [0, 10, 20]  # two end tokens
+    assert scored_exits(np.array([0, 10, 20]), 30, 29).tolist() == [0, 10, 20]  # an answer part of content
+    assert scored_exits(np.array([0, 10, 30]), 30, 30).tolist() == [0, 10, 30]  # truncated: no answer part
+    assert scored_exits(np.array([29]), 30, 29).tolist() == [29]  # no segment to fold into
+    # the values then: log v̂(s_0..s_2) and log R = 0 at L = 30
+    r = prob_rewards(np.array([-20.0, -19.0, -18.0, 0.0]))
+    sigma = token_sigma(30, np.array([0, 10, 20, 30]), segment_masses(r, 1.0, "relu"), 0.0)
+    total = 1 - np.exp(-20)  # Σ r_k telescopes to R − v̂(s_0)
+    np.testing.assert_allclose(sigma[20:], (1 - np.exp(-18)) / total / 10, rtol=1e-6)  # ≈ 0.1, EOS too
+    np.testing.assert_allclose(sigma[:10], (np.exp(-19) - np.exp(-20)) / total / 10, rtol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["rredcot", "mc"])
+def test_terminal_gives_a_final_eos_no_segment_of_its_own(qwen_tok, qwen_model, method) -> None:
+    """``answer_part=terminal``, a completion without thinking tags ending in EOS ("12*7 is 84" is
+    one keyword-free segment [0, 8)): the EOS was a segment [8, 9) of its own with reward
+    R − v̂(s_1) ≈ 1 and took nearly all of σ. It is the single segment [0, 9) ending at R now: σ
+    uniform, and no value scored (nor continuation sampled) before the EOS."""
+    cfg = Config()
+    cfg.generation.max_tokens = 64
+    cfg.credit = CreditConfig(method=method, answer_part="terminal", value_space="prob", mc_samples=1)
+    group = make_group(qwen_tok, [TRACES[3] + "<|im_end|>", TRACES[2] + "<|im_end|>"], rewards=(1.0, 0.0))
+    sampler = RecordingSampler(qwen_model, temperature=0)
+    scorer = Scorer(qwen_model, qwen_tok, cfg.credit.exit_string)
+    out = redistribute_group(group, cfg, scorer, sampler=sampler, reward_fn=lambda ids, gold: 0.0)
+    w = out.samples[0]
+    assert w.exit_points.tolist() == [0, 9] and w.exit_values[-1] == 1.0
+    assert w.segment_rewards[0] == pytest.approx(1.0 - w.exit_values[0], rel=1e-5)
+    np.testing.assert_allclose(w.sigma, 1 / 9, rtol=1e-6)
+    if method == "mc":
+        prompt, comp = group.prompt_ids.tolist(), group.samples[0].completion_ids.tolist()
+        assert [len(p) - len(prompt) for p in sampler.prefixes if p == [*prompt, *comp][: len(p)]] == [0]
+
+
+def test_softmax_sign_without_values_is_uniform_as_reported(qwen_tok, qwen_model) -> None:
+    """No reference pair: every segment reward is 0 and the sample reports ``no_reference``; softmax
+    gave each segment 1/K, so σ ∝ 1/|seg_k| under a uniform label. Zero rewards give zero masses now."""
+    cfg = Config()
+    cfg.credit = CreditConfig(sign="softmax", segments=3, min_segment_tokens=1)
+    out = redistribute_group(
+        make_group(qwen_tok, refs=False), cfg, Scorer(qwen_model, qwen_tok, cfg.credit.exit_string)
+    )
+    assert max(len(w.exit_points) for w in out.samples) > 2  # segments of unequal lengths to tell apart
+    for w in out.samples:
+        assert w.sigma_fallback == "no_reference"
+        np.testing.assert_allclose(w.sigma, 1 / len(w.sigma), rtol=1e-6)
+
+
+def test_a_batch_kv_cache_is_released_before_the_next_batch(qwen_tok, qwen_model) -> None:
+    """The previous batch's KV cache (``TraceScores.cache``) stayed referenced while the next batch
+    ran its forward: twice the peak KV memory (~19 GB each at the 25k config). Counted at each new
+    trace cache's first forward (a branch's cache starts over a prefix, never empty)."""
+    forward_overhead_cells(qwen_model)  # measured once per model on a trace of its own: not counted
+    caches: list[weakref.ref] = []
+    live: list[int] = []
+
+    def count(module, args, kwargs) -> None:
+        cache = kwargs["past_key_values"]
+        if cache.get_seq_length() == 0:
+            caches.append(weakref.ref(cache))
+            live.append(sum(c() is not None for c in caches))
+
+    cfg = Config()
+    cfg.credit = CreditConfig(segments=2, token_budget=64)  # one sample per batch
+    hook = qwen_model.get_decoder().register_forward_pre_hook(count, with_kwargs=True)
+    try:
+        out = redistribute_group(make_group(qwen_tok), cfg, Scorer(qwen_model, qwen_tok, cfg.credit.exit_string))
+    finally:
+        hook.remove()
+    assert len(live) == 4 and live == [1, 1, 1, 1]
+    assert all(w.exit_values.size for w in out.samples)  # the branches did read each batch's cache
+
+
+def test_a_failed_allocation_in_the_entropy_pass_halves_the_token_budget(qwen_tok, qwen_model) -> None:
+    """An out-of-memory error in the scorer's trace forward lost the whole group (a dead letter); the
+    batch is redone with half the token budget, as the branches do, and the credit is unchanged."""
+    cfg = Config()
+    cfg.credit = CreditConfig(method="entropy", token_budget=4096)
+    group = make_group(qwen_tok)
+    expected = redistribute_group(group, cfg, Scorer(qwen_model, qwen_tok, cfg.credit.exit_string))
+
+    def refuse_large(module, args, kwargs) -> None:  # the allocator refusing forwards of more than 40 tokens
+        if kwargs["input_ids"].numel() > 40:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 19.00 GiB")
+
+    scorer = Scorer(qwen_model, qwen_tok, cfg.credit.exit_string)
+    hook = qwen_model.get_decoder().register_forward_pre_hook(refuse_large, with_kwargs=True)
+    try:
+        out = redistribute_group(group, cfg, scorer)
+    finally:
+        hook.remove()
+    assert scorer.tokens.oom_retries == 7  # 4096 → 32: one row per forward of at most 32 tokens
+    for a, b in zip(out.samples, expected.samples):
+        np.testing.assert_allclose(a.sigma, b.sigma, atol=1e-6)
+
+
 def test_prob_space_sigma_survives_values_below_e_minus_745(qwen_tok, qwen_model) -> None:
     """Issue 13.8: a long reference puts log v̂ in the −1000s; prob space underflowed to v̂ = 0 and σ
     silently fell back to uniform. σ now equals what the exact prob-space differences give."""
@@ -297,6 +401,48 @@ def test_group_references_never_include_a_samples_own_answer_nor_an_unclosed_tra
     assert reference_pairs(group, scorer, CreditConfig(group_refs=False)) == [[dataset]] * 4
     # credit.reference=answer: the dataset pair keeps its answer line only (no restated solution)
     assert reference_pairs(group, scorer, CreditConfig(reference="answer")) == [[([], dataset[1])]] * 4
+
+
+def test_no_group_reference_from_a_thought_the_prompt_opened_and_never_closed(qwen_tok) -> None:
+    """A chat template that opens the thought in the prompt (DeepSeek-R1-Distill): its completions
+    hold only ``</think>``. One that never closes it, though it stopped normally and was judged correct,
+    is all thinking: it was a full-length (u, ∅) reference. Answers lose their trailing end tokens;
+    an answer part of whitespace and EOS alone is none."""
+    traces = [
+        "So 12*7 = 84.\nAnswer: 84<|im_end|>",  # the thought never closed
+        "12*7 = 84.\n</think>\n\nAnswer: 84<|im_end|>",
+        "12*7 = 84.\n</think>\n\n<|im_end|>",  # nothing after the thinking
+        "84 it is.\n</think>\n\n84<|im_end|><|endoftext|>",
+    ]
+    group = make_group(qwen_tok, traces, rewards=(1.0,) * 4)
+    enc = lambda t: qwen_tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731
+    group.prompt_ids = np.array(
+        enc("<|im_start|>user\nWhat is 12*7?<|im_end|>\n<|im_start|>assistant\n<think>\n"), np.int32
+    )
+    scorer = Scorer(build_tiny_model("qwen3", seed=3), qwen_tok, CreditConfig().exit_string)
+    refs = reference_pairs(group, scorer, CreditConfig(group_refs=True, max_refs=8))
+    answer_1, answer_3 = enc("Answer: 84"), enc("84")
+    assert [r[1:] for r in refs] == [
+        [(answer_1, []), (answer_3, [])],
+        [(answer_3, [])],
+        [(answer_1, []), (answer_3, [])],
+        [(answer_1, [])],
+    ]
+
+
+def test_token_ids_outside_the_scorers_vocabulary_are_the_records_fault(qwen_tok, qwen_model) -> None:
+    """On CUDA an out-of-range embedding index is a device-side assert that breaks the process: the
+    group is refused before any forward, as a ``RecordError`` (a dead letter)."""
+    group = make_group(qwen_tok)
+    group.samples[2].completion_ids[3] = qwen_model.config.vocab_size
+    forwards = []
+    hook = qwen_model.get_decoder().register_forward_pre_hook(lambda *a: forwards.append(1))
+    try:
+        with pytest.raises(RecordError, match=r"samples\[2\].completion_ids holds token id 151669, outside"):
+            redistribute_group(group, Config(), Scorer(qwen_model, qwen_tok, CreditConfig().exit_string))
+    finally:
+        hook.remove()
+    assert not forwards
 
 
 def test_degenerate_groups(qwen_tok, qwen_model) -> None:

@@ -41,6 +41,15 @@ def test_softmax_masses() -> None:
         segment_masses(np.array([1.0]), 1.0, "tanh")
 
 
+def test_softmax_of_zero_rewards_is_no_mass() -> None:
+    """Every reward 0 (no reference pair, underflow) is reported as a uniform fallback: softmax gave
+    each segment 1/K, so a 1-token segment took half the span ([0.5, 0.5/9 × 9] here)."""
+    for advantage in (1.0, -1.0):
+        masses = segment_masses(np.zeros(2), advantage, "softmax")
+        assert masses.tolist() == [0.0, 0.0]
+        np.testing.assert_allclose(token_sigma(10, np.array([0, 1, 10]), masses, 0.0), 0.1, rtol=1e-6)
+
+
 def test_degenerate_sigma() -> None:
     assert token_sigma(0, np.array([0]), np.zeros(0), 0.0).size == 0  # empty completion
     np.testing.assert_allclose(token_sigma(1, np.array([0, 1]), np.array([0.7]), 0.0), [1.0])
