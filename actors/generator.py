@@ -94,7 +94,7 @@ class Generator:
         self.producer = Producer(self.client, rollouts, cfg.redis.maxlen, cfg.redis.block_timeout_s)
         self.inflight_key = inflight_key(self.client, self.run_id, name)
         self.ledger = Ledger(self.client, self.run_id)
-        self.verifier = Verifier(cfg.task, cfg.generation.verifier_timeout_s)
+        self.verifier = Verifier.from_config(cfg)
         self.task = self.verifier.task
         train, _ = train_and_held_out(self.task, cfg.data, cfg.run.seed)
         self.order = ProblemOrder(train, cfg.data.shuffle_seed)

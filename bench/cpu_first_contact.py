@@ -44,7 +44,7 @@ def eval_seconds(block: int, problems: int) -> tuple[float, float]:
     """(seconds, sampled accuracy) of the demo's evaluation on an engine with KV block ``block``."""
     cfg = load_config("demo_cpu", [f"data.eval_size={problems}", f"generation.kv_block_size={block}"])
     engine = Engine(EngineSpec.from_config(cfg))
-    with Verifier(cfg.task) as verifier:
+    with Verifier.from_config(cfg) as verifier:
         held = train_and_held_out(verifier.task, cfg.data, cfg.run.seed)[1]
         verifier.score("Answer: 1", "1")  # start its process before timing
         result = evaluate(engine, held, cfg, verifier)

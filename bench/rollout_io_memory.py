@@ -61,7 +61,7 @@ def main() -> None:
         client = connect(server.url)
         control = RunControl(client, "bench")
         producer = Producer(client, "bench:rollouts", maxlen=256)
-        verifier = Verifier(cfg.task, g.verifier_timeout_s)
+        verifier = Verifier.from_config(cfg)
         order = ProblemOrder(train_and_held_out(verifier.task, cfg.data, cfg.run.seed)[0], cfg.data.shuffle_seed)
         t0 = time.perf_counter()
         for i in range(args.groups):

@@ -20,7 +20,7 @@ from multiprocessing.connection import Connection
 
 import msgpack
 
-from rredcot.common.config import ModelConfig, TaskConfig
+from rredcot.common.config import Config, ModelConfig, TaskConfig
 from rredcot.common.task import answer_text, build_task
 
 
@@ -64,6 +64,11 @@ class Verifier:
         self._ctx = mp.get_context("spawn")
         self._proc: mp.process.BaseProcess | None = None
         self._conn: Connection | None = None
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> Verifier:
+        """The run's verifier: its task, ``generation.verifier_timeout_s`` and the model's thinking tags."""
+        return cls(cfg.task, cfg.generation.verifier_timeout_s, think=(cfg.model.think_start, cfg.model.think_end))
 
     def _ensure_started(self) -> Connection:
         if self._proc is None or not self._proc.is_alive():

@@ -137,7 +137,7 @@ class Evaluator:
         self.engine = Engine(EngineSpec.from_config(c, seed_offset=1))
         self.client = connect(c.redis.url) if c.redis.url else None
         self.control = RunControl(self.client, c.run.name) if self.client else None
-        self.verifier = Verifier(c.task, c.generation.verifier_timeout_s)
+        self.verifier = Verifier.from_config(c)
         self.problems = train_and_held_out(self.verifier.task, c.data, c.run.seed)[1]
         transport = WEIGHT_TRANSPORTS.get(c.generation.weight_transport)
         self.receiver = (

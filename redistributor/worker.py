@@ -179,9 +179,7 @@ class Redistributor:
         if self.method.needs_sampler and self.scorer is not None:
             prover = getattr(self.extra["settings"], "prover", "policy")
             self.sampler = sampler or scorer_sampler(self.scorer, cfg, name, prover)
-            self.verifier = Verifier(
-                cfg.task, cfg.generation.verifier_timeout_s, think=(cfg.model.think_start, cfg.model.think_end)
-            )
+            self.verifier = Verifier.from_config(cfg)
             self.extra |= {"sampler": self.sampler, "reward_fn": verifier_reward(self.verifier, self.scorer.tokenizer)}
         self.metrics = WorkerMetrics()
         self.saved = 0

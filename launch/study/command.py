@@ -62,7 +62,7 @@ def _study(
     problems: int,
     mc_samples: int,
 ) -> Path:
-    with Verifier(cfg.task, cfg.generation.verifier_timeout_s) as verifier:
+    with Verifier.from_config(cfg) as verifier:
         if traces_dir is not None:
             groups, source = load_traces(traces_dir), f"`{traces_dir}`"
         else:

@@ -2,7 +2,7 @@ import time
 
 import pytest
 
-from rredcot.common.config import TaskConfig
+from rredcot.common.config import TaskConfig, load_config
 from rredcot.common.verifier import Verdict, Verifier
 
 
@@ -34,6 +34,13 @@ def test_the_answer_is_read_after_the_thinking(verifier):
     assert verifier.score("<think>\nLet me guess the answer: 84\nWait, check", "84") == Verdict(0.0, "no_answer")
     with Verifier(TaskConfig("math"), think=("<r>", "</r>")) as own:  # the model's own tags
         assert own.score("<r>Answer: 84</r>I am not sure", "84") == Verdict(0.0, "no_answer")
+
+
+def test_the_runs_verifier_reads_the_models_tags_and_timeout():
+    cfg = load_config("tests", ["model.think_start=<r>", "model.think_end=</r>", "generation.verifier_timeout_s=2.5"])
+    with Verifier.from_config(cfg) as v:
+        assert v.timeout_s == 2.5 and v.think == ("<r>", "</r>")
+        assert v.score("<r>Answer: 84</r>Answer: 85", "85").verdict == "correct"
 
 
 def test_pathological_input_times_out_and_verifier_recovers(verifier):

@@ -54,7 +54,7 @@ def test_a_held_out_problem_too_long_for_the_context_is_left_out_not_fatal(engin
     """One held-out problem's prompt fills the context: the evaluation scores the others, the same
     ones every time (so paired changes still pair), and says how many it left out."""
     cfg = load_config("tests", ["generation.group_size=2", "generation.max_tokens=4", "model.max_model_len=64"])
-    verifier = Verifier(cfg.task, cfg.generation.verifier_timeout_s)
+    verifier = Verifier.from_config(cfg)
     problems = [Problem(f"p{i}", f"What is {i} + 1?", f"{i} + 1 = {i + 1}", str(i + 1)) for i in range(3)]
     problems.insert(1, Problem("long", "What is " + " + ".join(["1"] * 80) + "?", "80", "80"))
     try:
