@@ -10,6 +10,7 @@ import numpy as np
 from rredcot.actors.engine import GroupOutput
 from rredcot.common.data import Problem
 from rredcot.common.ledger import group_id
+from rredcot.common.prompts import opens_thought
 from rredcot.common.records import RolloutGroup, RolloutRecord
 from rredcot.common.task import Task
 from rredcot.common.verifier import Verifier
@@ -21,10 +22,11 @@ def rollout_group(
     """Verify each completion against the problem's answer and attach the task's reference pair;
     sample ids derive from (run, admission index, sample)."""
     u, y = task.reference(problem)
+    opened = opens_thought(group.prompt_ids, tokenizer, verifier.think[0])
     samples = []
     for i, c in enumerate(group.completions):
         start = time.perf_counter()
-        verdict = verifier.score(tokenizer.decode(c.token_ids, skip_special_tokens=True), problem.answer)
+        verdict = verifier.score(tokenizer.decode(c.token_ids, skip_special_tokens=True), problem.answer, opened)
         samples.append(
             RolloutRecord(
                 id=group_id(run_id, index, i),

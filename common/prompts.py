@@ -32,3 +32,9 @@ def prompt_text(problem: Problem, task: Task, cfg: DataConfig, tokenizer: Any) -
 
 def prompt_ids(problem: Problem, task: Task, cfg: DataConfig, tokenizer: Any) -> list[int]:
     return tokenizer(prompt_text(problem, task, cfg, tokenizer), add_special_tokens=False)["input_ids"]
+
+
+def opens_thought(prompt_ids: Any, tokenizer: Any, think_start: str) -> bool:
+    """Whether the prompt opens the thought (its chat template ends it with ``think_start``,
+    DeepSeek-R1-Distill style): its completions then hold only the closing tag."""
+    return tokenizer.decode(prompt_ids, skip_special_tokens=False).rstrip().endswith(think_start)

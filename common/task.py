@@ -24,12 +24,13 @@ from rredcot.common.registry import TASKS, typed_settings
 _ANSWER_LINE = re.compile(r"answer\s*(?:is\s*)?[:=]\s*(.+)", re.IGNORECASE)
 
 
-def answer_text(completion: str, think_start: str, think_end: str) -> str | None:
+def answer_text(completion: str, think_start: str, think_end: str, opened: bool = False) -> str | None:
     """The part of a completion that may state its answer: the text after its last ``think_end``, the
     whole completion without thinking tags, None when a thought was opened and never closed (a
-    truncated trace gives no answer; what its thinking tried is no answer)."""
-    _, _, after = completion.rpartition(think_end)
-    return None if think_start in after else after
+    truncated trace gives no answer; what its thinking tried is no answer). ``opened``: the prompt
+    opened the thought (``common.prompts.opens_thought``), so the completion must close it."""
+    _, closed, after = completion.rpartition(think_end)
+    return None if think_start in after or (opened and not closed) else after
 
 
 def answer_line(completion: str) -> str | None:

@@ -85,8 +85,9 @@ class Verifier:
         assert self._conn is not None
         return self._conn
 
-    def score(self, completion: str, gold: str) -> Verdict:
-        text = answer_text(completion, *self.think)
+    def score(self, completion: str, gold: str, opened: bool = False) -> Verdict:
+        """The verdict on ``completion``'s answer (``opened``: its prompt opened the thought)."""
+        text = answer_text(completion, *self.think, opened=opened)
         predicted = None if text is None else self.task.extract_answer(text)
         if predicted is None:
             return Verdict(0.0, "no_answer")

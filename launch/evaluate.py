@@ -18,7 +18,7 @@ from rredcot.actors.engine import Engine, EngineSpec, Sampling
 from rredcot.common.config import Config, from_dict
 from rredcot.common.control import RunControl
 from rredcot.common.data import Problem, train_and_held_out
-from rredcot.common.prompts import prompt_ids
+from rredcot.common.prompts import opens_thought, prompt_ids
 from rredcot.common.registry import WEIGHT_TRANSPORTS
 from rredcot.common.streams import connect
 from rredcot.common.verifier import Verifier
@@ -100,7 +100,8 @@ def evaluate(
 
     def accuracy(group: Any, problem: Problem) -> float:
         texts = [engine.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in group.completions]
-        return sum(verifier.score(t, problem.answer).reward for t in texts) / len(texts)
+        opened = opens_thought(group.prompt_ids, engine.tokenizer, verifier.think[0])
+        return sum(verifier.score(t, problem.answer, opened).reward for t in texts) / len(texts)
 
     per_problem = [accuracy(grp, p) for grp, p in zip(groups[: len(prompts)], problems)]
     s = mean_ci(per_problem)

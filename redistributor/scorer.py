@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rredcot.common.prompts import opens_thought
 from rredcot.common.records import RecordError, RolloutGroup
 from rredcot.redistributor.entropy import TokenCounter
 
@@ -45,7 +46,7 @@ class Scorer:
     def opens_thought(self, prompt_ids: Sequence[int]) -> bool:
         """Whether the prompt opens the thought (its chat template ends it with ``think_start``,
         DeepSeek-R1-Distill style): its completions then hold only the closing tag."""
-        return self.tokenizer.decode(prompt_ids, skip_special_tokens=False).rstrip().endswith(self.think_start)
+        return opens_thought(prompt_ids, self.tokenizer, self.think_start)
 
     def content_end(self, ids: Sequence[int]) -> int:
         """The length of ``ids`` without its trailing end tokens (EOS, end of turn)."""
