@@ -60,6 +60,7 @@ class WorkerMetrics:
     segment_s: float = 0.0
     values_s: float = 0.0
     sigma_s: float = 0.0
+    oom_retries: int = 0  # scorer passes redone with half the token budget after running out of memory
     # MC (credit.method=mc): the sampler's policy version, continuation tokens, exit values and the sum
     # of their standard errors; the version gap (sampler version − trace version) per sample
     mc_version: int = -1
@@ -273,6 +274,8 @@ class Redistributor:
         m.tokens += sum(len(s.rollout.completion_ids) for s in samples)
         m.busy_s += seconds
         m.zero_advantage_groups += not any(s.advantage for s in samples)
+        if self.scorer is not None:
+            m.oom_retries = self.scorer.tokens.oom_retries
         if self.sampler is not None:
             m.mc_tokens = self.sampler.generated_tokens
         for s in samples:

@@ -111,6 +111,30 @@ def test_a_failure_of_the_worker_leaves_the_entry_to_its_restart(redis_client, r
     assert redis_client.xpending(key(run_id, ROLLOUTS), GROUP)["pending"] == 0
 
 
+def test_an_allocation_that_fails_once_is_retried_with_half_the_budget_and_counted(
+    redis_client, redis_server, run_id
+) -> None:
+    groups = _put_groups(redis_client, run_id, 1)
+    cfg = _cfg(redis_server.url, run_id)
+    scorer = Scorer(build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit.exit_string)
+    failed: list[bool] = []
+
+    def fail_once(module, args, kwargs) -> None:
+        if not failed:
+            failed.append(True)
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    hook = scorer.model.get_decoder().register_forward_pre_hook(fail_once, with_kwargs=True)
+    worker = Redistributor(cfg, "red0", scorer=scorer)
+    try:
+        worker.step(block_ms=100)
+    finally:
+        hook.remove()
+    assert [g.group_id for g in _batches(redis_client, run_id)] == list(groups)
+    assert worker.metrics.oom_retries == 1 and redis_client.xlen(key(run_id, DEAD)) == 0
+    assert float(redis_client.hget(key(run_id, "metrics:red0"), "oom_retries")) == 1
+
+
 def test_token_ids_outside_the_scorers_vocabulary_are_dead_lettered(redis_client, redis_server, run_id) -> None:
     """An id ≥ the scorer's vocabulary is refused before any forward (on CUDA the embedding lookup
     is a device-side assert that breaks the process; on CPU an ``IndexError`` crashed the worker)."""
