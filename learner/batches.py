@@ -33,6 +33,7 @@ from rredcot.common.ledger import Ledger, mean_length
 from rredcot.common.records import RecordError, WeightedGroup
 from rredcot.common.streams import Consumer, Entry
 from rredcot.learner.packing import TrainSample, samples_from_group
+from rredcot.learner.replay import Trained
 
 # all-gather of one bytes object per rank (rank order); None for a single rank
 Gather = Callable[[bytes], list[bytes]]
@@ -46,6 +47,7 @@ class Batch:
     samples: list[TrainSample] = field(default_factory=list)
     groups: dict[str, int] = field(default_factory=dict)  # group id -> mean length, of what this rank consumed
     duplicates: int = 0  # samples dropped as already trained or seen twice
+    trained: list[Trained] = field(default_factory=list)  # the groups ``samples`` come from (the replay log's)
 
 
 def group_length(group: WeightedGroup) -> int:
@@ -176,6 +178,7 @@ class BatchReader:
             new = [s for s in samples if s.id not in seen]
             batch.duplicates += len(samples) - len(new)
             batch.samples += new
+            batch.trained.append((entry.payload, [s.id for s in new]))
             seen.update(s.id for s in new)
         return self._fresh(batch)
 
@@ -200,9 +203,12 @@ class BatchReader:
             return None
 
     def _fresh(self, batch: Batch) -> Batch:
-        """``batch`` without the samples whose rollout id was trained in an earlier step."""
+        """``batch`` without the samples whose rollout id was trained in an earlier step, and without
+        the groups left with none in its record of what it trains."""
         if batch.samples:
             seen = self.client.smismember(self.trained_key, [s.id for s in batch.samples])
             batch.duplicates += sum(map(bool, seen))
             batch.samples = [s for s, dup in zip(batch.samples, seen, strict=True) if not dup]
+        kept = {s.id for s in batch.samples}
+        batch.trained = [(payload, fresh) for payload, ids in batch.trained if (fresh := [i for i in ids if i in kept])]
         return batch

@@ -11,18 +11,23 @@ Layout of ``<root>/step-<version:08d>/``:
 
 A checkpoint is written to ``step-<v>.partial`` and renamed into place once every rank is done,
 so it exists only complete; ``resume=auto`` picks the newest. Only the newest ``keep`` are kept.
-A write that fails (a full disk) removes its partial directory and raises ``CheckpointError``; the
-trainer goes on after a periodic one and fails the run only when the final one cannot be written.
+A write that fails (a full disk) removes its partial directory and raises ``CheckpointError``, on
+every rank when it fails on one: a rank whose write failed still goes through every collective of
+the save, and the ranks then agree on the outcome, so none is left waiting in a collective that the
+others skipped. The trainer goes on after a periodic one and fails the run only when the final one
+cannot be written.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import random
 import re
 import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from rredcot.common.errors import UserError
-from rredcot.learner.broadcast import full_state
+from rredcot.learner.broadcast import full_state, take_part
 from rredcot.learner.engine import LearnerEngine
 
 PIPELINE_FILE = "pipeline.json"
@@ -96,18 +101,23 @@ def save_checkpoint(
         shutil.rmtree(path, ignore_errors=True)  # left by a crash during an earlier write
     if engine.world > 1:
         dist.barrier()
+    error: OSError | RuntimeError | None = None
     try:
         _write(engine, path, pipeline, tokenizer)
     except (OSError, RuntimeError) as e:  # a full disk, a quota, a size limit (torch.save: RuntimeError)
-        shutil.rmtree(path, ignore_errors=True)
+        error = e
+    # every rank's part is written, or every rank raises
+    if engine.all_reduce([float(error is not None)], ["max"])[0] > 0:
+        if engine.rank == 0:
+            shutil.rmtree(path, ignore_errors=True)
         free = shutil.disk_usage(Path(root)).free / 2**20
-        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
+        why = "another learner rank could not write its part"
+        if error is not None:
+            why = error.strerror if isinstance(error, OSError) and error.strerror else str(error).splitlines()[0]
         raise CheckpointError(
             f"could not write checkpoint {final.name} in {root} ({why}; {free:.0f} MiB free): free "
             f"disk space or set run.dir elsewhere; the newest complete checkpoint is still {latest_checkpoint(root)}"
-        ) from e
-    if engine.world > 1:
-        dist.barrier()  # every rank's DeepSpeed shards are written
+        ) from error
     if engine.rank == 0:
         if final.exists():  # the same version saved again (e.g. right after a resume): swap, never merge
             old = final.with_name(final.name + ".old")
@@ -125,9 +135,13 @@ def save_checkpoint(
 
 def _write(engine: LearnerEngine, path: Path, pipeline: dict[str, Any] | None, tokenizer: Any) -> None:
     """This rank's part of a checkpoint into ``path``: DeepSpeed's state; on rank 0 also the HF
-    directory and the pipeline record."""
-    state = full_state(engine.module)
-    engine.engine.save_checkpoint(str(path / "ds"), tag="state")
+    directory (the other ranks take part in the gathers of the full weights, collectives under
+    ZeRO-3, and copy nothing) and the pipeline record."""
+    if engine.rank == 0:
+        state = full_state(engine.module)
+    else:
+        take_part(engine.module)
+    _save_deepspeed(engine, path / "ds")
     if engine.rank == 0:
         engine.module.save_pretrained(path / "hf", state_dict=state, safe_serialization=True)
         if tokenizer is not None:
@@ -139,6 +153,49 @@ def _write(engine: LearnerEngine, path: Path, pipeline: dict[str, Any] | None, t
             "rng": rng_state(),
         }
         (path / PIPELINE_FILE).write_text(json.dumps(record))
+
+
+class _DeferredErrors:
+    """Wraps writes so that the first one that fails keeps its error instead of raising it, and the
+    later ones are skipped."""
+
+    def __init__(self) -> None:
+        self.error: OSError | RuntimeError | None = None
+
+    def wrap(self, write: Callable[..., object]) -> Callable[..., None]:
+        def deferred(*args: Any, **kwargs: Any) -> None:
+            if self.error is None:
+                try:
+                    write(*args, **kwargs)
+                except (OSError, RuntimeError) as e:
+                    self.error = e
+
+        return deferred
+
+
+@contextlib.contextmanager
+def _deferred_writes(ds: Any) -> Iterator[_DeferredErrors]:
+    """DeepSpeed engine ``ds`` with the errors of its checkpoint's writes deferred: those of its
+    checkpoint engine (every rank's state) and rank 0's copy of DeepSpeed's recovery scripts, all
+    that its ``save_checkpoint`` writes without "latest"."""
+    writes = _DeferredErrors()
+    methods = [(ds.checkpoint_engine, "makedirs"), (ds.checkpoint_engine, "save"), (ds, "_copy_recovery_script")]
+    for owner, name in methods:
+        setattr(owner, name, writes.wrap(getattr(owner, name)))
+    try:
+        yield writes
+    finally:
+        for owner, name in methods:
+            delattr(owner, name)  # the class's method again
+
+
+def _save_deepspeed(engine: LearnerEngine, path: Path) -> None:
+    """DeepSpeed's state of this rank into ``path``. A write that fails raises only after DeepSpeed's
+    save, so this rank still takes part in each of its collectives (barriers, ZeRO-3 gathers)."""
+    with _deferred_writes(engine.engine) as writes:
+        engine.engine.save_checkpoint(str(path), tag="state", save_latest=False)
+    if writes.error is not None:
+        raise writes.error
 
 
 def load_checkpoint(engine: LearnerEngine, path: str | Path) -> dict[str, Any]:

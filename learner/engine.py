@@ -53,6 +53,8 @@ def init_distributed(store: dist.Store | None = None) -> tuple[int, int]:
     for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
         os.environ.setdefault(k, v)
     os.environ.setdefault("MASTER_PORT", str(free_port()))
+    if torch.cuda.is_available():  # the rank's GPU, before anything picks one (NCCL, ZeRO-3's loading, comm_device)
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     from deepspeed.utils import groups
 
     cached = groups._WORLD_GROUP

@@ -2,10 +2,12 @@
 
 A learner acknowledges (and deletes) its ``batches`` entries right after each step, so a crash
 would lose every group trained after the newest checkpoint: the restored weights never saw them.
-Before it acknowledges a step's entries each rank appends their payloads, tagged with the step,
-to its own stream ``rredcot:<run>:replay:<rank>``; a checkpoint empties it. A resumed (or
-restarted) learner first retrains, step by step, the entries tagged after its checkpoint's step:
-every group reaches the restored weights exactly once, and nothing is asked of the generators.
+Before it acknowledges a step's entries each rank appends the payload of each group it trained,
+with the ids of the samples it trained of it and tagged with the step, to its own stream
+``rredcot:<run>:replay:<rank>``; a checkpoint empties it. What a step only acknowledged (a second
+copy of a group, a sample trained in an earlier step) is not recorded. A resumed (or restarted)
+learner first retrains, step by step, the samples recorded after its checkpoint's step: every
+group reaches the restored weights exactly once, and nothing is asked of the generators.
 Entries tagged at or before the checkpoint's step (a crash between the checkpoint and the
 emptying) are skipped. With several ranks, every rank replays every step up to the last one any
 rank recorded, empty where it recorded nothing (an empty share, or a death before it recorded).
@@ -16,39 +18,42 @@ from __future__ import annotations
 from itertools import groupby
 from typing import TypeVar
 
+import msgpack
 import redis
 
 from rredcot.common.streams import PAYLOAD, run_key
 
 STEP = b"step"
+IDS = b"ids"
 T = TypeVar("T")
+Trained = tuple[bytes, list[str] | None]  # a group's payload and the ids of its samples a step trained (None: all)
 
 
 class ReplayLog:
-    """One learner rank's log of trained ``batches`` payloads since its newest checkpoint."""
+    """One learner rank's log of what it trained since its newest checkpoint."""
 
     def __init__(self, client: redis.Redis, run_id: str, rank: int) -> None:
         self.client = client
         self.stream = run_key(client, run_id, f"replay:{rank}")
 
-    def record(self, step: int, payloads: list[bytes]) -> None:
-        """Append the payloads trained at ``step`` (before their ``batches`` entries are acknowledged)."""
-        if not payloads:
+    def record(self, step: int, trained: list[Trained]) -> None:
+        """Append what was trained at ``step`` (before its ``batches`` entries are acknowledged)."""
+        if not trained:
             return
         pipe = self.client.pipeline(transaction=False)
-        for payload in payloads:
-            pipe.xadd(self.stream, {STEP: step, PAYLOAD: payload})
+        for payload, ids in trained:
+            pipe.xadd(self.stream, {STEP: step, PAYLOAD: payload, IDS: msgpack.packb(ids)})
         pipe.execute()
 
     def clear(self) -> None:
         """A checkpoint now holds everything recorded: forget it."""
         self.client.delete(self.stream)
 
-    def after(self, step: int) -> list[tuple[int, list[bytes]]]:
-        """(step, payloads) of every step recorded after ``step``, oldest first."""
-        entries = [(int(f[STEP]), f[PAYLOAD]) for _, f in self.client.xrange(self.stream)]
+    def after(self, step: int) -> list[tuple[int, list[Trained]]]:
+        """(step, what it trained) of every step recorded after ``step``, oldest first."""
+        entries = [(int(f[STEP]), (f[PAYLOAD], _ids(f))) for _, f in self.client.xrange(self.stream)]
         return [
-            (s, [payload for _, payload in group])
+            (s, [trained for _, trained in group])
             for s, group in groupby((e for e in entries if e[0] > step), key=lambda e: e[0])
         ]
 
@@ -60,3 +65,9 @@ def steps_to_replay(recorded: dict[int, list[T]], after: int, last: int) -> list
     """Each step from ``after + 1`` to ``last`` (the last any rank recorded), with what this rank
     recorded for it, or nothing: every rank replays the same steps, so their collectives stay in step."""
     return [recorded.get(step, []) for step in range(after + 1, last + 1)]
+
+
+def _ids(fields: dict[bytes, bytes]) -> list[str] | None:
+    """The trained sample ids of a log entry; None (all of the group's) in a log written before
+    they were recorded."""
+    return msgpack.unpackb(fields[IDS]) if IDS in fields else None

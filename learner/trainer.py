@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import redis
 
 from rredcot.common.codec import decode
 from rredcot.common.config import Config, ConfigError
@@ -28,9 +29,9 @@ from rredcot.common.models import load_tokenizer, resolve_model_path
 from rredcot.common.records import WeightedGroup
 from rredcot.common.registry import WEIGHT_TRANSPORTS
 from rredcot.common.staleness import Admission
-from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Entry, connect, key, run_key
+from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, connect, key, run_key
 from rredcot.common.weight_sync import version_key
-from rredcot.learner.batches import BatchReader, group_length
+from rredcot.learner.batches import Batch, BatchReader, Gather, group_length
 from rredcot.learner.broadcast import FilePublisher
 from rredcot.learner.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from rredcot.learner.engine import LearnerEngine, init_distributed, load_policy
@@ -81,7 +82,7 @@ class Trainer:
         )
         self.step = 0
         self.last_checkpoint, self.saved_step = time.monotonic(), -1
-        self._to_replay: deque[list[WeightedGroup]] = deque()  # steps trained after the checkpoint
+        self._to_replay: deque[list[tuple[WeightedGroup, set[str]]]] = deque()  # steps trained after the checkpoint
         self.totals = Counter(
             {
                 "wait_s": 0.0,
@@ -121,7 +122,7 @@ class Trainer:
                 if self.rank == 0:
                     self.admission.rebase(max(self.admission.admitted(), int(pipeline["admitted"])), self.step)
             self._plan_replay()
-            published = int(self.client.get(version_key(self.run_id)) or 0)
+            published = published_version(self.client, self.run_id, self.rank, self.engine.all_gather)
             if published > self.engine.version:  # the restored weights go out as a newer version than
                 self.lineage.renumber(published + 1, self.engine.version)  # any the receivers hold
                 self.engine.version = published + 1  # so they take them
@@ -143,13 +144,13 @@ class Trainer:
         stay in step; its unacknowledged entries come back from the stream afterwards. The replayed
         samples count as trained, and an entry of theirs still pending under this rank's name (a crash
         between recording and acknowledging) is acknowledged, not trained a second time."""
-        recorded = {s: [decode(p, WeightedGroup) for p in payloads] for s, payloads in self.replay.after(self.step)}
+        recorded = {s: [_trained(*t) for t in trained] for s, trained in self.replay.after(self.step)}
         last = int(self.engine.all_reduce([float(max(recorded, default=self.step))], ["max"])[0])
         self._to_replay.extend(steps_to_replay(recorded, self.step, last))
-        ids = [s.rollout.id for groups in recorded.values() for g in groups for s in g.samples]
+        ids = [i for groups in recorded.values() for _, trained in groups for i in trained]
         if ids:
             self.client.sadd(self.trained_key, *ids)
-        replayed = {g.group_id for groups in recorded.values() for g in groups}
+        replayed = {g.group_id for groups in recorded.values() for g, _ in groups}
         held = [e for e in self.consumer.pending_mine() if e.payload is not None]
         self.consumer.ack([e.id for e in held if decode(e.payload, WeightedGroup).group_id in replayed])
 
@@ -161,7 +162,7 @@ class Trainer:
             batch = self.next_batch()
             if batch is None:
                 break
-            metrics = self.train_on(*batch)
+            metrics = self.train_on(batch)
         if self.saved_step != self.step:
             self.checkpoint()
         self.publisher.close()  # the last version reaches the generators before the run stops
@@ -169,17 +170,16 @@ class Trainer:
             self.writer.close()
         return metrics
 
-    def train_on(self, entries: list[Entry], samples: list[TrainSample], groups: dict[str, int]) -> dict[str, float]:
-        """One step on this rank's share (``groups``: their ids and mean lengths, for the ledger); ack,
-        publish, log and checkpoint after it."""
+    def train_on(self, batch: Batch) -> dict[str, float]:
+        """One step on this rank's share; ack, publish, log and checkpoint after it."""
         t0 = time.perf_counter()
         version = self.engine.version
-        result = self.engine.train_step(samples)
-        self.replay.record(self.step + 1, [e.payload for e in entries if e.payload is not None])
-        if result.applied and samples:
-            self.client.sadd(self.trained_key, *[s.id for s in samples])
-        self.ledger.record("trained", groups)  # before the ack: a crash between them trains it again
-        self.consumer.ack([e.id for e in entries])
+        result = self.engine.train_step(batch.samples)
+        self.replay.record(self.step + 1, batch.trained)
+        if result.applied and batch.samples:
+            self.client.sadd(self.trained_key, *[s.id for s in batch.samples])
+        self.ledger.record("trained", batch.groups)  # before the ack: a crash between them trains it again
+        self.consumer.ack([e.id for e in batch.entries])
         self.step += 1
         metrics = dict(result.metrics)
         if result.applied and self.engine.version % self.cfg.learner.broadcast_every == 0:
@@ -187,7 +187,7 @@ class Trainer:
         if self.rank == 0:  # steps, not versions: a skipped step must still let generators admit more
             self.admission.publish_version(self.step)
         self.totals["busy_s"] += time.perf_counter() - t0
-        metrics |= self._pipeline_metrics(samples, version)
+        metrics |= self._pipeline_metrics(batch.samples, version)
         self._log(metrics)
         if self._checkpoint_due():
             try:
@@ -204,7 +204,7 @@ class Trainer:
         by_time = float(bool(every_s) and time.monotonic() - self.last_checkpoint >= every_s and self.rank == 0)
         return bool(every and self.step % every == 0) or self.engine.all_reduce([by_time], ["max"])[0] > 0
 
-    def next_batch(self) -> tuple[list[Entry], list[TrainSample], dict[str, int]] | None:
+    def next_batch(self) -> Batch | None:
         """This rank's share of the next global batch: a step trained after the restored checkpoint
         first (nothing to acknowledge), then the stream's; None once any rank saw a stop request."""
         if self._to_replay:
@@ -220,14 +220,15 @@ class Trainer:
             return None
         batch = self.reader.balance(own, self.engine.all_gather)
         self.totals.update(groups=len(batch.entries), samples=len(batch.samples), duplicates=batch.duplicates)
-        return batch.entries, batch.samples, batch.groups
+        return batch
 
-    def _replayed(self) -> tuple[list[Entry], list[TrainSample], dict[str, int]]:
-        """The next step trained after the restored checkpoint (retrained first; nothing to acknowledge)."""
+    def _replayed(self) -> Batch:
+        """The next step trained after the restored checkpoint, the samples it trained only (retrained
+        first; nothing to acknowledge, nothing to record again)."""
         groups = self._to_replay.popleft()
-        samples = [s for g in groups for s in samples_from_group(g)]
+        samples = [s for g, ids in groups for s in samples_from_group(g) if s.id in ids]
         self.totals.update(groups=len(groups), samples=len(samples))  # consumed after the checkpoint, counted again
-        return [], samples, {g.group_id: group_length(g) for g in groups}
+        return Batch(samples=samples, groups={g.group_id: group_length(g) for g, _ in groups})
 
     # ----- outputs -----
     def _broadcast(self) -> float:
@@ -236,11 +237,14 @@ class Trainer:
         return seconds
 
     def checkpoint(self) -> Path:
-        self.last_checkpoint, self.saved_step = time.monotonic(), self.step
+        """A checkpoint of this step. One that fails (``CheckpointError``) counts as not written: the
+        end of the run writes it still; the next periodic one is due as if it had been written."""
+        self.last_checkpoint = time.monotonic()
         pipeline = {"step": self.step, "admitted": self.admission.admitted(), "totals": dict(self.totals)}
         path = save_checkpoint(
             self.engine, self.run_dir / "checkpoints", pipeline, self.tokenizer, keep=self.cfg.learner.keep_checkpoints
         )
+        self.saved_step = self.step
         self.replay.clear()  # the checkpoint holds what it recorded
         return path
 
@@ -293,9 +297,22 @@ class Trainer:
             self.writer.flush()
 
 
+def published_version(client: redis.Redis, run_id: str, rank: int, gather: Gather) -> int:
+    """The newest version published before this start, as rank 0 reads it, on every rank (a
+    collective): rank 0 publishes the next one right after, which a slower rank would read instead."""
+    read = (client.get(version_key(run_id)) or b"0") if rank == 0 else b""
+    return int(gather(read)[0])
+
+
 def run_learner(cfg: Config) -> dict[str, float]:
     """``rredcot learn CONFIG``: the learner alone (one rank, or launched per rank with RANK/WORLD_SIZE)."""
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     rank = int(os.environ.get("RANK", "0"))
     return Trainer(cfg, f"learner{rank}", rank).run()
+
+
+def _trained(payload: bytes, ids: list[str] | None) -> tuple[WeightedGroup, set[str]]:
+    """A replay log entry: the group and the ids of its samples the step trained (None: all of them)."""
+    group = decode(payload, WeightedGroup)
+    return group, set(ids) if ids is not None else {s.rollout.id for s in group.samples}

@@ -1,6 +1,12 @@
-"""Synthetic policies and batches for learner tests and benchmarks: tiny random models, random σ-weighted samples."""
+"""Synthetic policies and batches for learner tests and benchmarks: tiny random models, random
+σ-weighted samples; a file-size limit that stands in for a full disk."""
 
 from __future__ import annotations
+
+import contextlib
+import resource
+import signal
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -72,3 +78,16 @@ def random_samples(
             )
         )
     return out
+
+
+@contextlib.contextmanager
+def file_size_limit(limit: int) -> Iterator[None]:
+    """Writes past ``limit`` bytes fail with EFBIG, as they fail with ENOSPC on a full disk."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the error, not the signal's default kill
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)

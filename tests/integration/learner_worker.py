@@ -4,15 +4,19 @@ Usage: python -m tests.integration.learner_worker '<json spec>', from the reposi
 (RANK/WORLD_SIZE/MASTER_* come from the environment).
 Spec keys: stage, chunk (learner.logprob_chunk), steps, first_step, resume (checkpoint dir or
 null), save_at + save + save_out (after that many steps: a checkpoint under the root ``save`` and
-the weights in ``save_out``), out (safetensors file for the final weights; RANK is replaced by
-the rank), redis_url + run_id + weights_dir (publish after each step).
+the weights in ``save_out``), fail_rank + errors (before that checkpoint, one whose writes fail on
+rank ``fail_rank``; what each rank raised goes to ``errors``), out (safetensors file for the final
+weights; RANK is replaced by the rank in ``out`` and ``errors``), redis_url + run_id + weights_dir
+(publish after each step).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+from pathlib import Path
 
 import redis
 import torch
@@ -20,9 +24,9 @@ from safetensors.torch import save_file
 
 from rredcot.common.config import LearnerConfig
 from rredcot.learner.broadcast import FilePublisher, full_state
-from rredcot.learner.checkpoint import load_checkpoint, save_checkpoint
+from rredcot.learner.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from rredcot.learner.engine import LearnerEngine
-from tests.learner_samples import random_samples, tiny_lm
+from tests.learner_samples import file_size_limit, random_samples, tiny_lm
 
 
 def main(spec: dict) -> None:
@@ -46,6 +50,8 @@ def main(spec: dict) -> None:
         if client is not None:
             publisher.publish(engine.module, engine.version)
         if step + 1 == spec.get("save_at"):  # a checkpoint and the weights mid-run
+            if "fail_rank" in spec:
+                failed_save(engine, spec)
             save_checkpoint(engine, spec["save"], pipeline={"next_step": step + 1})
             save_file(full_state(engine.module), spec["save_out"])
     state = full_state(engine.module)
@@ -56,6 +62,17 @@ def main(spec: dict) -> None:
     # exit aborted a rank (SIGABRT, "terminate called without an active exception") in a fresh-clone CI
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+
+
+def failed_save(engine: LearnerEngine, spec: dict) -> None:
+    """A checkpoint under ``save`` whose writes fail on rank ``fail_rank`` (no byte fits in a file):
+    the CheckpointError that this rank raised into ``errors``."""
+    limit = file_size_limit(0) if engine.rank == spec["fail_rank"] else contextlib.nullcontext()
+    try:
+        with limit:
+            save_checkpoint(engine, spec["save"])
+    except CheckpointError as e:
+        Path(spec["errors"].replace("RANK", str(engine.rank))).write_text(str(e))
 
 
 if __name__ == "__main__":

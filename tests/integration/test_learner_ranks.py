@@ -44,9 +44,13 @@ def run_ranks(spec: dict, world: int = 1, timeout: float = 240) -> None:
                 text=True,
             )
         )
-    for p in procs:
-        out, _ = p.communicate(timeout=timeout)
-        assert p.returncode == 0, out[-4000:]
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=timeout)
+            assert p.returncode == 0, out[-4000:]
+    finally:
+        for p in procs:  # a rank left waiting in a collective
+            p.kill()
 
 
 def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float) -> None:
@@ -97,3 +101,35 @@ def test_two_ranks_agree_and_broadcast_matches(tmp_path, stage, chunk, redis_ser
     assert_same(load_tensors(manifest), r0, atol=0)  # checksum verified inside load_tensors
     run_ranks({"stage": stage, "chunk": chunk, "steps": 3, "out": str(tmp_path / "single.safetensors")})
     assert_same(load_file(tmp_path / "single.safetensors"), r0, atol=2e-5)
+
+
+@pytest.mark.parametrize("fail_rank", [0, 1])
+def test_a_checkpoint_that_one_rank_cannot_write_fails_on_every_rank(tmp_path, fail_rank):
+    """Two ZeRO-3 ranks; one cannot write its part of the step-1 checkpoint (a file-size limit stands
+    in for its full disk): both raise CheckpointError and no partial directory is left; the ranks
+    are still in step, so the next checkpoint of step 1 is written (its HF weights, which rank 0
+    gathers with rank 1 taking part, are the trained ones) and a second step trains alike on both.
+    Before, that rank raised alone (and removed the directory the other was writing) and went on
+    to the next collective while the other waited in DeepSpeed's save."""
+    run_ranks(
+        {
+            "stage": 3,
+            "chunk": 8,
+            "steps": 2,
+            "save_at": 1,
+            "save": str(tmp_path / "ckpt"),
+            "save_out": str(tmp_path / "half.safetensors"),
+            "fail_rank": fail_rank,
+            "errors": str(tmp_path / "errorRANK.txt"),
+            "out": str(tmp_path / "rankRANK.safetensors"),
+        },
+        world=2,
+        timeout=180,
+    )
+    errors = [(tmp_path / f"error{rank}.txt").read_text() for rank in range(2)]
+    assert all(e.startswith("could not write checkpoint step-00000001") for e in errors)
+    assert ["another learner rank could not write its part" in e for e in errors] == [r != fail_rank for r in range(2)]
+    assert [p.name for p in (tmp_path / "ckpt").iterdir()] == ["step-00000001"]
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt" / "step-00000001" / "hf")
+    assert_same({n: p.detach() for n, p in hf.named_parameters()}, load_file(tmp_path / "half.safetensors"), atol=0)
+    assert_same(load_file(tmp_path / "rank0.safetensors"), load_file(tmp_path / "rank1.safetensors"), atol=0)

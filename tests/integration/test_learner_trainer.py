@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from rredcot.common.codec import decode, encode
@@ -13,6 +14,7 @@ from rredcot.common.staleness import Admission
 from rredcot.common.streams import BATCHES, DEAD, Producer, key
 from rredcot.common.weight_sync import latest_manifest, load_tensors
 from rredcot.learner.broadcast import full_state
+from rredcot.learner.checkpoint import CheckpointError
 from rredcot.learner.trainer import Trainer
 
 
@@ -74,7 +76,7 @@ def _two_steps(overrides: list[str]) -> Trainer:
     """A learner that has taken two steps; the second one checkpointed."""
     trainer = Trainer(load_config("tests", overrides))
     for _ in range(2):
-        trainer.train_on(*trainer.next_batch())
+        trainer.train_on(trainer.next_batch())
     return trainer
 
 
@@ -132,10 +134,10 @@ def test_a_resume_trains_again_what_was_trained_after_the_checkpoint(tmp_path, r
     groups = _queued(redis_client, run_id, 10, seed=1)
     dead = _two_steps(overrides)
     after_step_2 = {n: t.clone() for n, t in full_state(dead.engine.module).items()}
-    dead.train_on(*dead.next_batch())  # a third step, then the process "dies": no final checkpoint
+    dead.train_on(dead.next_batch())  # a third step, then the process "dies": no final checkpoint
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-00000002"]
     assert latest_manifest(redis_client, run_id).version == 3 and len(dead.replay) == 2
-    step_3 = [decode(p, WeightedGroup).group_id for _, ps in dead.replay.after(2) for p in ps]
+    step_3 = [decode(p, WeightedGroup).group_id for _, trained in dead.replay.after(2) for p, _ in trained]
     assert step_3 == [g.group_id for g in groups[4:6]]
 
     resumed = Trainer(load_config("tests", [*overrides, "run.steps=5", "run.resume=auto"]))
@@ -158,9 +160,9 @@ def test_a_crash_between_recording_and_acknowledging_trains_the_step_once(tmp_pa
     overrides = _overrides(run_id, tmp_path, redis_server.url)
     groups = _queued(redis_client, run_id, 10, seed=2)
     dead = _two_steps(overrides)
-    entries, samples, _ = dead.next_batch()
-    dead.engine.train_step(samples)
-    dead.replay.record(3, [e.payload for e in entries])  # ... and the process dies here
+    batch = dead.next_batch()
+    dead.engine.train_step(batch.samples)
+    dead.replay.record(3, batch.trained)  # ... and the process dies here
 
     resumed = Trainer(load_config("tests", [*overrides, "run.steps=5", "run.resume=auto"]))
     resumed.run()
@@ -177,10 +179,48 @@ def test_a_restarted_learner_first_trains_what_its_predecessor_held(tmp_path, re
     overrides = _overrides(run_id, tmp_path, redis_server.url)
     groups = _queued(redis_client, run_id, 8, seed=3)
     dead = _two_steps(overrides)
-    held = [decode(e.payload, WeightedGroup).group_id for e in dead.next_batch()[0]]  # ... and dies
+    held = [decode(e.payload, WeightedGroup).group_id for e in dead.next_batch().entries]  # ... and dies
     assert held == [g.group_id for g in groups[4:6]]
 
     resumed = Trainer(load_config("tests", [*overrides, "run.steps=3", "run.resume=auto"]))
-    entries, samples, trained = resumed.next_batch()
-    assert [decode(e.payload, WeightedGroup).group_id for e in entries] == held
-    assert list(trained) == held and len(samples) == 4
+    batch = resumed.next_batch()
+    assert [decode(e.payload, WeightedGroup).group_id for e in batch.entries] == held
+    assert list(batch.groups) == held and len(batch.samples) == 4
+
+
+def test_a_resume_trains_again_only_what_the_steps_after_the_checkpoint_trained(
+    tmp_path, redis_server, redis_client, run_id
+):
+    """Step 3 read a re-sent copy of g0 (trained at step 1), g4, and g5 whose first sample was trained
+    in an earlier step: it trained g4 and g5's second sample only. The learner dies after it; the
+    resumed one (checkpoint at step 2) retrains those three samples, not g0 nor g5's first sample a
+    second time."""
+    overrides = _overrides(run_id, tmp_path, redis_server.url)
+    g0 = _queued(redis_client, run_id, 4, seed=4)[0]
+    dead = _two_steps(overrides)
+    Producer(redis_client, key(run_id, BATCHES), maxlen=64).put(encode(g0))
+    g4, g5 = _queued(redis_client, run_id, 2, seed=5)
+    redis_client.sadd(key(run_id, "trained_ids"), g5.samples[0].rollout.id)
+    dead.train_on(dead.next_batch())  # ... and the process dies
+    assert dead.totals["duplicates"] == 3
+
+    resumed = Trainer(load_config("tests", [*overrides, "run.resume=auto"]))
+    assert resumed.step == 2 and resumed.engine.counters["samples"] == 8
+    replayed = resumed.next_batch()
+    assert sorted(s.id for s in replayed.samples) == sorted(s.rollout.id for s in [*g4.samples, g5.samples[1]])
+    resumed.train_on(replayed)
+    assert resumed.engine.counters["samples"] == 8 + 3
+
+
+def test_the_end_of_the_run_writes_the_checkpoint_that_failed_at_its_last_step(
+    tmp_path, redis_server, redis_client, run_id
+):
+    """The periodic checkpoint of the last step cannot be written (a file where the checkpoints'
+    directory should be stands in for a full disk): the learner goes on to the end of the run, which
+    tries it again and fails the run, rather than end without a checkpoint of its last step."""
+    (tmp_path / "checkpoints").write_text("")
+    _queued(redis_client, run_id, 4, seed=6)
+    trainer = Trainer(load_config("tests", [*_overrides(run_id, tmp_path, redis_server.url), "run.steps=2"]))
+    with pytest.raises(CheckpointError, match="could not write checkpoint step-00000002"):
+        trainer.run()
+    assert trainer.step == 2 and trainer.totals["checkpoint_failures"] == 1

@@ -8,8 +8,9 @@ import time
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rredcot.common.codec import encode
+from rredcot.common.codec import decode, encode
 from rredcot.common.ledger import Ledger
+from rredcot.common.records import WeightedGroup
 from rredcot.common.streams import Consumer, key
 from rredcot.learner.batches import BatchReader, assign
 from tests.factories import weighted_group
@@ -91,48 +92,15 @@ def test_a_group_sent_twice_or_already_trained_is_trained_once_and_the_step_stil
     assert batch.groups.keys() == {group.group_id, done.group_id, other.group_id, third.group_id}
     assert len(batch.samples) == 3 + 4 + 4 and len({s.id for s in batch.samples}) == 11
     assert batch.duplicates == 4 + 1 + 4
+    # the replay log's record: the groups trained, each with the samples it trained of them
+    assert [(decode(p, WeightedGroup).group_id, ids) for p, ids in batch.trained] == [
+        (group.group_id, [s.rollout.id for s in group.samples[1:]]),
+        (other.group_id, [s.rollout.id for s in other.samples]),
+        (third.group_id, [s.rollout.id for s in third.samples]),
+    ]
 
 
-def _all_gather(world: int):
-    """An in-process all-gather for ``world`` threads (what the engine's collective does across ranks)."""
-    slots: list[bytes | None] = [None] * world
-    barrier = threading.Barrier(world, timeout=30)
-
-    def gather_for(rank: int):
-        def gather(data: bytes) -> list[bytes]:
-            slots[rank] = data
-            barrier.wait()
-            out = list(slots)
-            barrier.wait()
-            return out
-
-        return gather
-
-    return gather_for
-
-
-def _on_ranks(world: int, body):
-    """``body(rank)`` on ``world`` threads (the ranks); their results, exceptions re-raised here."""
-    out: list = [None] * world
-
-    def run(rank: int) -> None:
-        try:
-            out[rank] = body(rank)
-        except BaseException as e:  # noqa: BLE001 - re-raised below, on the test's thread
-            out[rank] = e
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for r in out:
-        if isinstance(r, BaseException):
-            raise r
-    return out
-
-
-def test_two_ranks_share_a_batch_by_tokens_and_take_over_their_entries(redis_client, run_id):
+def test_two_ranks_share_a_batch_by_tokens_and_take_over_their_entries(redis_client, run_id, thread_gather, on_ranks):
     """Rank 0 reads the three long groups, rank 1 the three short ones (740 vs 60 tokens per sample);
     after the balance each trains half the tokens, every group exactly once, and owns (in Redis)
     the entries it trains."""
@@ -143,8 +111,8 @@ def test_two_ranks_share_a_batch_by_tokens_and_take_over_their_entries(redis_cli
         _put(redis_client, run_id, g)
     own0, own1 = readers[0].read(_never), readers[1].read(_never)
     assert [g.group_id for _, g in own0] == [g.group_id for g in groups[:3]]
-    gather_for, owns = _all_gather(2), (own0, own1)
-    batches = _on_ranks(2, lambda rank: readers[rank].balance(owns[rank], gather_for(rank)))
+    gather_for, owns = thread_gather(2), (own0, own1)
+    batches = on_ranks(2, lambda rank: readers[rank].balance(owns[rank], gather_for(rank)))
     tokens = [sum(len(s.completion_ids) for s in b.samples) for b in batches]
     assert tokens == [2 * 400, 2 * (300 + 40 + 30 + 20 + 10)]  # groups of 2 samples; unbalanced: 1400 vs 200
     ids = [s.id for b in batches for s in b.samples]
@@ -154,7 +122,9 @@ def test_two_ranks_share_a_batch_by_tokens_and_take_over_their_entries(redis_cli
         assert {p["message_id"] for p in pending} == {e.id for e in b.entries}
 
 
-def test_a_group_two_ranks_read_one_copy_each_counts_once_and_the_step_still_takes_its_count(redis_client, run_id):
+def test_a_group_two_ranks_read_one_copy_each_counts_once_and_the_step_still_takes_its_count(
+    redis_client, run_id, thread_gather, on_ranks
+):
     """Rank 0 reads g1, g2 and rank 1 reads g1's re-sent copy and g3: three distinct groups for a step
     of four. The ranks find that out together and rank 0 reads g4, so the step trains four groups,
     each once; rank 1 acknowledges the copy it read."""
@@ -167,19 +137,19 @@ def test_a_group_two_ranks_read_one_copy_each_counts_once_and_the_step_still_tak
         _put(redis_client, run_id, g)
     own1 = readers[1].read(_never)
     assert [g.group_id for _, g in own1] == [g1.group_id, g3.group_id]
-    gather_for, owns = _all_gather(2), [own0, own1]
+    gather_for, owns = thread_gather(2), [own0, own1]
 
     def step(rank: int):
         own = readers[rank].top_up(owns[rank], gather_for(rank), _never)
         return readers[rank].balance(own, gather_for(rank))
 
-    batches = _on_ranks(2, step)
+    batches = on_ranks(2, step)
     trained = [s.id for b in batches for s in b.samples]
     assert sorted(trained) == sorted(s.rollout.id for g in (g1, g2, g3, g4) for s in g.samples)  # 8, each once
     assert sum(len(b.entries) for b in batches) == 5  # every entry read is acknowledged, the copy too
 
 
-def test_a_stop_while_one_rank_reads_what_is_missing_stops_every_rank(redis_client, run_id):
+def test_a_stop_while_one_rank_reads_what_is_missing_stops_every_rank(redis_client, run_id, thread_gather, on_ranks):
     """Rank 1's only group is a copy of rank 0's, so rank 0 reads on for the missing one; nothing
     comes, a stop is requested, and both ranks leave the step together (neither waits in a gather)."""
     g1 = weighted_group(g=2, seed=31)
@@ -189,6 +159,6 @@ def test_a_stop_while_one_rank_reads_what_is_missing_stops_every_rank(redis_clie
     _put(redis_client, run_id, g1)  # the copy: rank 1 holds nothing new, and nothing else comes
     own1 = readers[1].read(_never)
     stop_after = time.monotonic() + 0.5
-    gather_for, owns = _all_gather(2), [own0, own1]
+    gather_for, owns = thread_gather(2), [own0, own1]
     stopped = lambda: time.monotonic() > stop_after  # noqa: E731
-    assert _on_ranks(2, lambda rank: readers[rank].top_up(owns[rank], gather_for(rank), stopped)) == [None, None]
+    assert on_ranks(2, lambda rank: readers[rank].top_up(owns[rank], gather_for(rank), stopped)) == [None, None]

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
-import resource
-import signal
 
 import numpy as np
 import pytest
@@ -24,6 +21,7 @@ from rredcot.learner.checkpoint import (
     save_checkpoint,
 )
 from rredcot.learner.engine import LearnerEngine
+from tests.learner_samples import file_size_limit
 
 
 def test_keep_last_n_restore_rng_and_hf_dir(make_model, make_samples, tmp_path):
@@ -51,25 +49,12 @@ def test_keep_last_n_restore_rng_and_hf_dir(make_model, make_samples, tmp_path):
     assert all(torch.equal(p.detach(), trained[n]) for n, p in hf.named_parameters())
 
 
-@contextlib.contextmanager
-def _file_size_limit(limit: int):
-    """Writes past ``limit`` bytes fail with EFBIG, as they fail with ENOSPC on a full disk."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the error, not the signal's default kill
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-        signal.signal(signal.SIGXFSZ, handler)
-
-
 def test_a_checkpoint_that_cannot_be_written_leaves_no_partial_and_keeps_the_last(make_model, make_samples, tmp_path):
     engine = LearnerEngine(make_model(), LearnerConfig(dtype="float32", lr=1e-3, zero_stage=1, micro_token_budget=128))
     good = save_checkpoint(engine, tmp_path)
     largest = max(f.stat().st_size for f in good.rglob("*") if f.is_file())
     engine.train_step(make_samples(4, seed=0))
-    with _file_size_limit(largest // 2), pytest.raises(CheckpointError) as e:
+    with file_size_limit(largest // 2), pytest.raises(CheckpointError) as e:
         save_checkpoint(engine, tmp_path)
     assert "step-00000001" in str(e.value) and "free disk space or set run.dir" in str(e.value)
     assert str(good) in str(e.value) and "\n" not in str(e.value)
