@@ -32,6 +32,7 @@ from rredcot.common.ledger import balance_now
 from rredcot.common.precision import cpu_info, resolve_dtype
 from rredcot.common.streams import BATCHES, ROLLOUTS, connect, key, registered_keys
 from rredcot.common.weight_group import group_key
+from rredcot.common.weight_slots import remove_host_slots
 from rredcot.launch.doctor import preflight
 from rredcot.launch.logs import route_library_loggers, setup_driver_logging, tail
 from rredcot.launch.monitor import Monitor, Phases, Progress, fmt_duration
@@ -266,6 +267,7 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     # Ctrl-C while ray.init starts the local Ray can be swallowed inside it (seen under load: the
     # run went on to the end); ours records the signal, so that the run stops as soon as it returns
     catch_interrupts(stack)
+    stack.callback(remove_host_slots, cfg.run.name)  # after Ray's shutdown: a killed or failed learner's
     _init_ray(cfg, stack)
     raise_if_interrupted()
     # after ray.init, which installs its own SIGTERM handler: ours tears the run down cleanly

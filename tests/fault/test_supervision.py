@@ -140,7 +140,12 @@ def test_a_learner_lost_past_its_restarts_stops_the_run_and_says_how_to_resume(
     killed: list[int] = []
     killer = threading.Thread(target=kill_when_working, args=(redis_client, run_id, "learner0", killed), daemon=True)
     killer.start()
-    overrides = ("run.steps=4", "learner.checkpoint_every=1", "cluster.max_restarts=0")
+    overrides = (
+        "run.steps=4",
+        "learner.checkpoint_every=1",
+        "cluster.max_restarts=0",
+        "generation.weight_transport=ipc",
+    )
     with pytest.raises(
         RuntimeError, match=r"learner tier has used its 0 restart.* resume the run with run.resume=auto"
     ):
@@ -148,3 +153,4 @@ def test_a_learner_lost_past_its_restarts_stops_the_run_and_says_how_to_resume(
     killer.join(timeout=5)
     summary = json.loads((tmp_path / run_id / "report" / "summary.json").read_text())
     assert killed and summary["status"].startswith("failed") and "run.resume=auto" in summary["status"]
+    assert not list(Path("/dev/shm").glob(f"rredcot-{run_id}-slot*"))  # the killed learner's slots, removed at the end
