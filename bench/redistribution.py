@@ -274,7 +274,9 @@ def bench_pipeline(model, tok, g: int, length: int, k: int, m: int) -> dict[str,
     cfg.credit.method = "mc"
     sampler = HFContinuationSampler(model)
     t_mc, _ = timed(
-        lambda: redistribute_group(group, cfg, scorer, sampler=sampler, reward_fn=lambda ids, gold: float(len(ids) % 2))
+        lambda: redistribute_group(
+            group, cfg, scorer, sampler=sampler, reward_fn=lambda ids, gold, opened=False: float(len(ids) % 2)
+        )
     )
     return {
         "G": g,

@@ -12,12 +12,17 @@ engine objects cross this interface. Implementations: ``actors.continuations.VLL
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-# Reward of a completion (token ids after the prompt) against the gold answer text.
-RewardFn = Callable[[list[int], str], float]
+
+class RewardFn(Protocol):
+    """Reward of a completion (token ids after the prompt) against the gold answer text; ``opened``:
+    the prompt opened the thought (``common.prompts.opens_thought``), so the completion must close it."""
+
+    def __call__(self, ids: list[int], gold: str, opened: bool = False) -> float: ...
+
 
 SEED_BITS = 62  # seeds stay below 2**63 (torch, vLLM) with room for + j
 

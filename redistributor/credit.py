@@ -312,6 +312,7 @@ def mc_exit_values(
         ctx.group.answer,
         sample_id=sample_id,
         max_len=ctx.cfg.model.max_model_len,
+        opened=_scorer(ctx).opens_thought(ctx.group.prompt_ids.tolist()),
     )
     values, stderr = est.values, est.stderr
     if ctx.cfg.credit.answer_part == "terminal":

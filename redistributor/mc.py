@@ -49,6 +49,7 @@ def mc_values(
     answer: str,
     sample_id: str = "",
     max_len: int | None = None,
+    opened: bool = False,
 ) -> MCValues:
     """v̂(s_t) = mean_j R(o[:e_t] ⊕ c_j) over M continuations c_j of x ⊕ o[:e_t] (prob space).
 
@@ -68,9 +69,9 @@ def mc_values(
     rewards = np.zeros((len(exits), m), dtype=np.float64)
     for t, e in enumerate(exits):
         if t in conts:
-            rewards[t] = [reward_fn([*comp[:e], *c], answer) for c in conts[t]]
+            rewards[t] = [reward_fn([*comp[:e], *c], answer, opened) for c in conts[t]]
         else:
-            rewards[t] = reward_fn(comp[:e], answer)
+            rewards[t] = reward_fn(comp[:e], answer, opened)
     stderr = rewards.std(axis=1, ddof=1) / math.sqrt(m) if m > 1 else np.full(len(exits), np.nan)
     stderr[budgets == 0] = 0.0
     tokens = sum(len(c) for cs in conts.values() for c in cs)

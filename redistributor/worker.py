@@ -124,7 +124,11 @@ def build_scorer(cfg: Config) -> Scorer:
 
 def verifier_reward(verifier: Verifier, tokenizer: Any) -> RewardFn:
     """RewardFn for MC: decode, then score with the run's task through the isolated verifier."""
-    return lambda ids, gold: verifier.score(tokenizer.decode(ids, skip_special_tokens=True), gold).reward
+
+    def reward(ids: list[int], gold: str, opened: bool = False) -> float:
+        return verifier.score(tokenizer.decode(ids, skip_special_tokens=True), gold, opened).reward
+
+    return reward
 
 
 def scorer_sampler(scorer: Scorer, cfg: Config, name: str, prover: str = "policy") -> HFContinuationSampler:

@@ -243,7 +243,7 @@ def test_terminal_gives_a_final_eos_no_segment_of_its_own(qwen_tok, qwen_model, 
     group = make_group(qwen_tok, [TRACES[3] + "<|im_end|>", TRACES[2] + "<|im_end|>"], rewards=(1.0, 0.0))
     sampler = RecordingSampler(qwen_model, temperature=0)
     scorer = Scorer(qwen_model, qwen_tok, cfg.credit.exit_string)
-    out = redistribute_group(group, cfg, scorer, sampler=sampler, reward_fn=lambda ids, gold: 0.0)
+    out = redistribute_group(group, cfg, scorer, sampler=sampler, reward_fn=lambda ids, gold, opened=False: 0.0)
     w = out.samples[0]
     assert w.exit_points.tolist() == [0, 9] and w.exit_values[-1] == 1.0
     assert w.segment_rewards[0] == pytest.approx(1.0 - w.exit_values[0], rel=1e-5)
@@ -368,7 +368,7 @@ def test_mc_terminal_never_continues_a_finished_completion(qwen_tok, qwen_model)
         cfg,
         Scorer(qwen_model, qwen_tok, cfg.credit.exit_string),
         sampler=sampler,
-        reward_fn=lambda ids, gold: 0.5,
+        reward_fn=lambda ids, gold, opened=False: 0.5,
     )
     think_end = qwen_tok.convert_tokens_to_ids("</think>")
     assert len(sampler.prefixes) == sum(len(w.exit_points) - 1 for w in out.samples)  # no prefix for the end
@@ -544,7 +544,7 @@ def test_mc_credits_the_segment_that_makes_the_answer(qwen_tok, qwen_model) -> N
     trace = "<think>\nFirst, 12*7 = 70 + 14.\nSo it is 84.\nWait, yes.\n</think>\n\nAnswer: 84"
     group = make_group(qwen_tok, traces=[trace, "x"], rewards=(1.0, 0.0))
     cfg.generation.max_tokens = len(group.samples[0].completion_ids) + 3  # every exit samples >= 3 tokens
-    reward = lambda ids, gold: float(target in ids)  # noqa: E731
+    reward = lambda ids, gold, opened=False: float(target in ids)  # noqa: E731
     out = redistribute_group(
         group,
         cfg,
@@ -561,6 +561,23 @@ def test_mc_credits_the_segment_that_makes_the_answer(qwen_tok, qwen_model) -> N
     span = w.exit_points[-1] - w.exit_points[0]  # the thinking span's share, span/|o|, all to segment k
     np.testing.assert_allclose(w.sigma[seg], span / len(comp) / (seg.stop - seg.start), rtol=1e-6)
     assert abs(w.sigma.sum() - 1) < 1e-6
+
+
+@pytest.mark.parametrize("opened", [False, True])
+def test_mc_rewards_know_whether_the_prompt_opened_the_thought(qwen_tok, qwen_model, opened) -> None:
+    """DeepSeek-R1-Distill style: a prompt ending with <think> makes every continuation's reward
+    require the closing tag (the generator's and the evaluation's verifier get the same flag)."""
+    cfg = Config()
+    cfg.credit = CreditConfig(method="mc", mc_samples=1, segments=2, min_segment_tokens=1)
+    group = make_group(qwen_tok, traces=["12*7 = 84.\nSo 84.\n</think>\nAnswer: 84", "x"], rewards=(1.0, 0.0))
+    prompt = "<|im_start|>assistant\n" + ("<think>\n" if opened else "")
+    group.prompt_ids = np.array(qwen_tok(prompt, add_special_tokens=False)["input_ids"], dtype=np.int32)
+    cfg.generation.max_tokens = len(group.samples[0].completion_ids) + 2
+    seen: list[bool] = []
+    reward = lambda ids, gold, opened=False: seen.append(opened) or 0.0  # noqa: E731
+    scorer = Scorer(qwen_model, qwen_tok, cfg.credit.exit_string)
+    redistribute_group(group, cfg, scorer, sampler=HFContinuationSampler(qwen_model), reward_fn=reward)
+    assert seen and set(seen) == {opened}
 
 
 def test_scorer_weight_update(qwen_tok, qwen_model) -> None:

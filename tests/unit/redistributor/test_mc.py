@@ -17,7 +17,7 @@ EXITS = [0, 2, 5, 8]
 MAX_TOKENS = 8
 
 
-def parity(ids: list[int], gold: str) -> float:
+def parity(ids: list[int], gold: str, opened: bool = False) -> float:
     """A reward that depends on every token: 1 when the token ids sum to an even number."""
     return float(sum(ids) % 2 == 0 and gold == "g")
 
@@ -139,3 +139,10 @@ def test_standard_error_by_hand() -> None:
     assert est.values.tolist() == [0.75] and est.stderr.tolist() == [0.25]
     one = mc_values(Scripted([[[2]]]), parity, [1], [3, 3], [0, 2], 1, 2, "g")
     assert math.isnan(one.stderr[0]) and one.stderr[1] == 0.0 and one.values.tolist() == [1.0, 1.0]
+
+
+def test_the_prompts_opened_thought_reaches_every_reward() -> None:
+    seen: list[bool] = []
+    reward = lambda ids, gold, opened=False: seen.append(opened) or 0.0  # noqa: E731
+    mc_values(Scripted([[[2], [1]]]), reward, [1], [3, 3], [0, 2], 2, 2, "g", opened=True)
+    assert seen == [True, True, True]  # two continuations at exit 0; exit 2 has no budget: its reward as is

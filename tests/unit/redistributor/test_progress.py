@@ -101,7 +101,7 @@ def test_progress_is_the_greedy_provers_value_change(qwen_tok, qwen_model) -> No
     comp = group.samples[0].completion_ids.tolist()
     cfg = _config(f"generation.max_tokens={len(comp) + 3}")
     eos = qwen_tok.eos_token_id
-    reward = lambda ids, gold: float(sum(ids) % 2 == 0)  # depends on every token
+    reward = lambda ids, gold, opened=False: float(sum(ids) % 2 == 0)  # depends on every token
     method = CREDIT_METHODS.get("progress")
     out = redistribute_group(
         group,
@@ -133,7 +133,13 @@ def test_alpha_zero_is_the_entropy_method(qwen_tok, qwen_model) -> None:
     group = make_group(qwen_tok)
     sampler = HFContinuationSampler(qwen_model, temperature=1.0, eos_token_id=qwen_tok.eos_token_id)
     ours = redistribute_group(
-        group, cfg, scorer, method, sampler=sampler, reward_fn=lambda ids, g: 1.0, settings=method.typed_settings(cfg)
+        group,
+        cfg,
+        scorer,
+        method,
+        sampler=sampler,
+        reward_fn=lambda ids, g, opened=False: 1.0,
+        settings=method.typed_settings(cfg),
     )
     entropy = redistribute_group(group, cfg, scorer, CREDIT_METHODS.get("entropy"))
     for a, b in zip(ours.samples, entropy.samples):

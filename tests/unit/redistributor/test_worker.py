@@ -24,6 +24,9 @@ def test_verifier_reward_on_real_tokens(qwen_tok) -> None:
     assert reward(enc("So the result is \\boxed{\\frac{168}{2}}"), "84") == 1.0
     assert reward(enc("Answer: 85"), "84") == 0.0
     assert reward(enc("I am not sure"), "84") == 0.0
+    guess = enc("6 * 14 is it? Maybe the answer: 84\nWait, let me check 6 * 14")  # still thinking: no answer
+    assert reward(guess, "84") == 1.0 and reward(guess, "84", opened=True) == 0.0
+    assert reward(enc("6 * 14 = 84\n</think>\nAnswer: 84"), "84", opened=True) == 1.0
     verifier.close()
 
 
