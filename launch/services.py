@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import redis
 
@@ -77,7 +78,7 @@ class EmbeddedRedis:
 
     @property
     def url(self) -> str:
-        auth = f":{self.password}@" if self.password else ""
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""  # '/', '#', '%' survive the URL
         return f"redis://{auth}{self.host}:{self.port}/0"
 
     def start(self, timeout_s: float = 15.0) -> EmbeddedRedis:
@@ -105,10 +106,16 @@ class EmbeddedRedis:
         ]
         if self.password:
             args += ["--requirepass", self.password]
-        # PDEATHSIG follows the *thread* that forked: only tie the server to the main thread's life
+        # PDEATHSIG follows the *thread* that forked: only tie the server to the main thread's life.
+        # Its own session: a Ctrl-C on the terminal (or a scheduler's signal to the job's process group)
+        # reaches the driver, which still needs the server to stop the run in order, not the server.
         on_main = threading.current_thread() is threading.main_thread()
         self.proc = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent if on_main else None
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            preexec_fn=_die_with_parent if on_main else None,
+            start_new_session=True,
         )
         atexit.register(self.stop)
         deadline = time.monotonic() + timeout_s

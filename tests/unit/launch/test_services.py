@@ -27,6 +27,13 @@ def test_password_and_aof_in_run_dir(tmp_path):
     assert any(p.name.startswith("appendonly") for p in tmp_path.iterdir())  # AOF lives in the run dir
 
 
+def test_a_password_with_url_characters_works(tmp_path):
+    """``openssl rand -base64`` passwords hold '/', '+' and '=': the URL quotes them."""
+    with EmbeddedRedis(tmp_path, password="a/b#c%41+d=") as server:
+        connect(server.url).set("k", "v")
+        assert connect(server.url).get("k") == b"v"
+
+
 def test_routable_address_always_gets_a_password(tmp_path):
     server = EmbeddedRedis(tmp_path, host="0.0.0.0")
     assert server.password and len(server.password) >= 24
@@ -68,3 +75,22 @@ def test_server_dies_with_a_killed_launcher(tmp_path):
         except redis.ConnectionError:
             return
     raise AssertionError("embedded server outlived its SIGKILLed launcher")
+
+
+def test_a_ctrl_c_to_the_launchers_process_group_leaves_the_server_up(tmp_path):
+    """A terminal's Ctrl-C is SIGINT to the whole foreground process group. The driver catches it and
+    stops the run in order, through the server: the server must not get it (its own session)."""
+    launcher = _LAUNCHER.replace(
+        "import sys, time", "import signal, sys, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", launcher, str(tmp_path)], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        port = int(proc.stdout.readline())
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(1.0)
+        assert redis.Redis(port=port, socket_connect_timeout=1).ping()
+    finally:
+        proc.kill()
+        proc.wait()
