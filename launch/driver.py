@@ -313,7 +313,8 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
         evaluator = ray.remote(Evaluator).options(num_cpus=0).remote(cfg_dict)
         stack.callback(ray.kill, evaluator)
         phases.enter("evaluation (before training)")
-        monitor.add_eval(watch.wait(evaluator.evaluate_latest.remote(), evals_left=1), 0)
+        before = watch.wait(evaluator.evaluate_latest.remote(), evals_left=1)
+        monitor.add_eval(before, monitor.step)  # 0, or the step a resumed run restarts from
     actors.run()
     phases.enter("training")
     watch.training(
@@ -385,6 +386,7 @@ class Watch:
         import ray
 
         every = next_eval
+        next_eval = next_eval_step(self.monitor.step, every) if every else 0  # a resumed run: after its step
         final_eval = int(evaluate is not None)
         while actors.learning():
             done, _ = ray.wait(actors.pending(), num_returns=1, timeout=1.0)
@@ -393,7 +395,13 @@ class Watch:
             self.tick(final_eval)
             if next_eval and self.monitor.step >= next_eval and actors.learning():
                 self.monitor.add_eval(self.wait(evaluate(), final_eval), self.monitor.step)
-                next_eval += every
+                next_eval = next_eval_step(self.monitor.step, every)
+
+
+def next_eval_step(step: int, every: int) -> int:
+    """The step of the next periodic evaluation after one at ``step``: the next multiple of ``every``
+    (a resumed run far past ``every`` evaluates once, not once per multiple it skipped)."""
+    return (step // every + 1) * every
 
 
 def _stop(outcome: RunOutcome) -> None:

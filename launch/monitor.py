@@ -106,7 +106,8 @@ class Phases:
 
     current: str = "start-up"
     seconds: dict[str, float] = field(default_factory=dict)
-    first_step_at: float | None = None  # when the learner's first step was seen
+    first_step_at: float | None = None  # when training was first seen past a step (the rate's start)
+    first_step: int = 0  # that step: a resumed run starts past its checkpoint's
     _since: float = field(default_factory=lambda: time.monotonic())
     _started: float = field(default_factory=lambda: time.monotonic())
 
@@ -156,10 +157,11 @@ def eta_s(
             return None
         left += phases.in_phase() * (total - done) / done
     if step < steps:
-        if step < 2 or phases.first_step_at is None:
+        if phases.first_step_at is None or step <= phases.first_step:
             return None
-        # the rate since the first step: the workers' start-up is behind us, not ahead
-        left += (steps - step) * (time.monotonic() - phases.first_step_at) / (step - 1)
+        # the rate since the first step seen in training: the workers' start-up (and on a resume the
+        # steps before it) are behind us, not ahead
+        left += (steps - step) * (time.monotonic() - phases.first_step_at) / (step - phases.first_step)
     if evals_left:
         if eval_s is None:
             return None
@@ -252,8 +254,8 @@ class Progress:
 
     def update(self, monitor: Monitor, depths: dict[str, int], evals_left: int, force: bool = False) -> None:
         snaps, steps = monitor.last, self.cfg.run.steps
-        if monitor.step >= 1 and self.phases.first_step_at is None:
-            self.phases.first_step_at = time.monotonic()
+        if monitor.step >= 1 and self.phases.first_step_at is None and self.phases.current == "training":
+            self.phases.first_step_at, self.phases.first_step = time.monotonic(), monitor.step
         evaluating = eval_progress(snaps) if "evaluation" in self.phases.current else None
         first_eval = monitor.evals[0]["seconds"] if monitor.evals else None
         eta = eta_s(self.phases, monitor.step, steps, evaluating, evals_left, first_eval)

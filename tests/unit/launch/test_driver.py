@@ -25,6 +25,7 @@ from rredcot.launch.driver import (
     _clear_run_keys,
     _init_ray,
     claim_run_dir,
+    next_eval_step,
     raise_if_interrupted,
     train,
 )
@@ -204,3 +205,8 @@ def test_a_signal_inside_loggings_lock_functions_waits_until_they_release_the_lo
     with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
         driver._raise_interrupt(signal.SIGTERM, frames["elsewhere"])  # anywhere else: raised at once
     driver._received.clear()
+
+
+def test_the_next_periodic_evaluation_is_the_next_multiple():
+    assert next_eval_step(50, 50) == 100 and next_eval_step(51, 50) == 100
+    assert next_eval_step(600, 50) == 650  # resumed at 600: one evaluation, not twelve in a row

@@ -42,12 +42,38 @@ def test_eta_hand_computed(clock: Clock) -> None:
     phases = Phases()
     phases.enter("training")
     clock.now += 90  # the workers' start-up and the first step: not the rate
-    phases.first_step_at = clock.now
+    phases.first_step_at, phases.first_step = clock.now, 1
     clock.now += 75  # steps 2, 3, 4 in 75 s → 16 × 25 s left, then one 60 s evaluation
     assert eta_s(phases, 4, 20, None, evals_left=1, eval_s=60.0) == pytest.approx(16 * 25 + 60)
     assert eta_s(phases, 4, 20, None, evals_left=0, eval_s=None) == pytest.approx(400)
     assert eta_s(phases, 1, 20, None, evals_left=1, eval_s=60.0) is None  # no rate yet
     assert eta_s(phases, 4, 20, None, evals_left=1, eval_s=None) is None  # the final evaluation's length unknown
+
+
+def test_eta_after_a_resume_counts_only_the_steps_trained_since(clock: Clock) -> None:
+    """Resumed at step 600 of 1000: 10 steps in 600 s since is 60 s a step, not 600 s ÷ 609 steps."""
+    phases = Phases()
+    phases.enter("training")
+    phases.first_step_at, phases.first_step = clock.now, 600
+    clock.now += 600
+    assert eta_s(phases, 610, 1000, None, evals_left=0, eval_s=None) == pytest.approx(390 * 60)
+    assert eta_s(phases, 600, 1000, None, evals_left=0, eval_s=None) is None  # no step trained since yet
+
+
+def test_the_rate_starts_in_training_at_the_step_then_seen(clock: Clock) -> None:
+    """A resumed run's learner hash says step 600 during the evaluation before training: the clock
+    starts only in training, at the step seen then."""
+    cfg = load_config("tests", ["logging.progress=false"])
+    phases = Phases()
+    progress = Progress(cfg, phases, tty=False)
+    seen = type("M", (), {"last": {}, "step": 600, "evals": []})()
+    phases.enter("evaluation (before training)")
+    progress.update(seen, {}, evals_left=1)
+    assert phases.first_step_at is None
+    phases.enter("training")
+    seen.step = 601
+    progress.update(seen, {}, evals_left=1)
+    assert phases.first_step == 601 and phases.first_step_at == clock.now
 
 
 def test_eta_during_the_final_evaluation(clock: Clock) -> None:
