@@ -114,19 +114,17 @@ class StageActors:
     def _learner_death(self, rank: int, error: Exception) -> str | None:
         """Which learner rank's process died and how, or None if rank ``rank`` failed on its own."""
         import ray
-        from ray.exceptions import ActorDiedError
 
-        if isinstance(error, ActorDiedError):
+        if process_died(error):
             return f"learner{rank}: {headline(error)}"
         peers = {r: peer for r, (tier, peer) in self.refs.items() if tier == "learner"}
         done, _ = ray.wait(list(peers), num_returns=len(peers), timeout=PEER_DEATH_WAIT_S) if peers else ([], [])
         for ref in done:
             try:
                 ray.get(ref)
-            except ActorDiedError as e:
-                return f"learner{peers[ref]}: {headline(e)}"
-            except Exception:  # noqa: BLE001, S112 - this peer failed too; another may have died
-                continue
+            except Exception as e:  # noqa: BLE001 - this peer failed too; another may have died
+                if process_died(e):
+                    return f"learner{peers[ref]}: {headline(e)}"
         return None
 
     def restart_learners(self, cause: str) -> None:
@@ -171,3 +169,12 @@ def learner_address(pg: Any, bundle_index: int) -> str:
     node_id = placement_group_table(pg)["bundles_to_node_id"][bundle_index]
     nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
     return "127.0.0.1" if len(nodes) == 1 else nodes[node_id]
+
+
+def process_died(error: BaseException) -> bool:
+    """Whether a worker's call failed because its process died (killed, out of memory, a GPU fault),
+    which a restart can cure; not when its constructor raised (a bad checkpoint, a missing model):
+    that would fail again at every restart."""
+    from ray.exceptions import ActorDiedError
+
+    return isinstance(error, ActorDiedError) and not error.actor_init_failed
