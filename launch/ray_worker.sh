@@ -8,4 +8,4 @@ NODE_IP=${NODE_IP:-$(hostname -I | awk '{print $1}')}
 export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-$(ip -o -4 addr show | awk -v ip="$NODE_IP" '$4 ~ "^"ip"/" {print $2}')}
 export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-$NCCL_SOCKET_IFNAME}
 ray start --address="$HEAD_IP:$PORT" --node-ip-address="$NODE_IP" \
-  --num-gpus="${NUM_GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}"
+  --num-gpus="${NUM_GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}" ${RAY_START_EXTRA:-}  # e.g. --block (SLURM)
