@@ -61,11 +61,10 @@ def slot_path(run_id: str, index: int, shm_dir: Path = SHM_DIR) -> Path:
     return shm_dir / f"rredcot-{re.sub(r'[^A-Za-z0-9_.-]', '_', run_id)}-slot{index}"
 
 
-def remove_host_slots(run_id: str, shm_dir: Path = SHM_DIR) -> None:
-    """Delete run ``run_id``'s host slot files on this node: what a learner that was killed or failed
-    left (a receiver still mapping one keeps its pages until it lets go)."""
-    for i in range(SLOTS):
-        slot_path(run_id, i, shm_dir).unlink(missing_ok=True)
+def host_slots_left(run_id: str, shm_dir: Path = SHM_DIR) -> list[Path]:
+    """Run ``run_id``'s host slot files on this node: what a learner that was killed or failed left
+    (they hold its newest weights, which a resumed run's generators start from)."""
+    return [p for i in range(SLOTS) if (p := slot_path(run_id, i, shm_dir)).exists()]
 
 
 def _map(path: Path, nbytes: int) -> torch.Tensor:

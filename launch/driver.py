@@ -32,7 +32,7 @@ from rredcot.common.ledger import balance_now
 from rredcot.common.precision import cpu_info, resolve_dtype
 from rredcot.common.streams import BATCHES, ROLLOUTS, connect, key, registered_keys
 from rredcot.common.weight_group import group_key
-from rredcot.common.weight_slots import remove_host_slots
+from rredcot.common.weight_slots import host_slots_left
 from rredcot.launch.doctor import preflight
 from rredcot.launch.logs import route_library_loggers, setup_driver_logging, tail
 from rredcot.launch.monitor import Monitor, Phases, Progress, fmt_duration
@@ -267,7 +267,7 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     # Ctrl-C while ray.init starts the local Ray can be swallowed inside it (seen under load: the
     # run went on to the end); ours records the signal, so that the run stops as soon as it returns
     catch_interrupts(stack)
-    stack.callback(remove_host_slots, cfg.run.name)  # after Ray's shutdown: a killed or failed learner's
+    stack.callback(_say_slots_left, cfg.run.name)  # after Ray's shutdown: a killed or failed learner's
     _init_ray(cfg, stack)
     raise_if_interrupted()
     # after ray.init, which installs its own SIGTERM handler: ours tears the run down cleanly
@@ -396,6 +396,18 @@ class Watch:
             if next_eval and self.monitor.step >= next_eval and actors.learning():
                 self.monitor.add_eval(self.wait(evaluate(), final_eval), self.monitor.step)
                 next_eval = next_eval_step(self.monitor.step, every)
+
+
+def _say_slots_left(run_id: str) -> None:
+    """Say that a killed or failed learner's ``ipc`` slots stay in ``/dev/shm``, and how to free them."""
+    if left := host_slots_left(run_id):
+        mib = sum(p.stat().st_size for p in left) / 2**20
+        log.warning(
+            "the learner's weight slots stay in /dev/shm (%.0f MiB) for run.resume=auto, whose generators start "
+            "from them; free them with: rm %s",
+            mib,
+            " ".join(map(str, left)),
+        )
 
 
 def next_eval_step(step: int, every: int) -> int:

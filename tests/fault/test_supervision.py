@@ -153,4 +153,8 @@ def test_a_learner_lost_past_its_restarts_stops_the_run_and_says_how_to_resume(
     killer.join(timeout=5)
     summary = json.loads((tmp_path / run_id / "report" / "summary.json").read_text())
     assert killed and summary["status"].startswith("failed") and "run.resume=auto" in summary["status"]
-    assert not list(Path("/dev/shm").glob(f"rredcot-{run_id}-slot*"))  # the killed learner's slots, removed at the end
+    slots = sorted(Path("/dev/shm").glob(f"rredcot-{run_id}-slot*"))  # the killed learner's newest weights
+    log = (tmp_path / run_id / "logs" / "driver.log").read_text()
+    for slot in slots:
+        slot.unlink()
+    assert slots and "for run.resume=auto" in log and f"free them with: rm {slots[0]}" in log
