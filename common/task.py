@@ -34,11 +34,15 @@ def answer_text(completion: str, think_start: str, think_end: str, opened: bool 
 
 
 def answer_line(completion: str) -> str | None:
-    """The text after the last ``Answer: ...`` line (a trailing period dropped), None if absent."""
+    """The text after the last ``Answer: ...`` line, without a trailing period or the markdown
+    emphasis around it (``**56**``, ``__56__``, ``*56*``). None if absent, or if that text has no
+    letter or digit (``**Final Answer:**`` followed by a displayed ``\\boxed{}``): the caller
+    then falls back to another form."""
     for line in reversed(completion.strip().splitlines()):
         m = _ANSWER_LINE.search(line)
         if m:
-            return m.group(1).strip().rstrip(".").strip()
+            found = m.group(1).strip().rstrip(".").strip(" *_").rstrip(".").strip()
+            return found if any(c.isalnum() for c in found) else None
     return None
 
 
@@ -81,11 +85,19 @@ class Task:
         return "\n".join(lines) + "\n", f"Answer: {problem.answer}"
 
 
-def check_eval_fits(cfg: Config, size: int) -> None:
-    """A generated task's rule: the held-out set leaves problems to train on."""
-    if cfg.data.eval_size >= size:
+def check_eval_fits(cfg: Config, size: int, distinct: int | None = None) -> None:
+    """A generated task's rule: the held-out set leaves problems to train on. ``size``:
+    ``task.settings.size``; ``distinct``: how many different problems the settings can make, when
+    the task generates no more than that."""
+    count = size if distinct is None else min(size, distinct)
+    if cfg.data.eval_size >= count:
+        made = (
+            f"task.settings.size ({size})"
+            if count == size
+            else f"{count}, the distinct problems task.settings can make (task.settings.size = {size})"
+        )
         raise ConfigError(
-            f"data.eval_size = {cfg.data.eval_size} is not allowed; expected < task.settings.size ({size}) "
+            f"data.eval_size = {cfg.data.eval_size} is not allowed; expected < {made} "
             "so that some problems remain for training"
         )
 

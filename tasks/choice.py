@@ -1,9 +1,10 @@
 """``choice``: generated multiple-choice questions whose answer is a letter, not a number.
 
 "Which of these numbers is the largest (or smallest)?" with ``options`` lettered choices. The
-answer is read from the last ``Answer: ...`` line as its first option letter (``C``, ``(C)``,
-``C) 30``) and must equal the gold letter. It shows the task interface on a non-numeric answer:
-no math-verify involved.
+answer is read from the last ``Answer: ...`` line as the last of the question's option letters
+standing alone there (``C``, ``(C)``, ``C) 30``, ``c``; a capital one preferred: ``I think it is
+B`` and ``A is smaller, so B`` give B) and must equal the gold letter. It shows the task interface
+on a non-numeric answer: no math-verify involved.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from rredcot.common.data import Problem
 from rredcot.common.registry import TASKS
 from rredcot.common.task import Task, answer_line, check_eval_fits
 
-_LETTER = re.compile(r"\(?\b([A-Z])\b\)?")
+_LETTER = re.compile(r"\b([A-Za-z])\b")  # a letter standing alone: C, (C), C) 30, c
 
 
 @dataclass
@@ -61,6 +62,9 @@ class Choice(Task):
         check_eval_fits(cfg, self.settings.size)
 
     def extract_answer(self, completion: str) -> str | None:
-        line = answer_line(completion)
-        found = _LETTER.search(line) if line is not None else None
-        return found.group(1) if found else None
+        """The last option letter standing alone on the answer line, in capitals; a capital one is
+        preferred, so the article in ``B is a bigger number`` is not option A."""
+        options = string.ascii_uppercase[: self.settings.options]
+        found = [c for c in _LETTER.findall(answer_line(completion) or "") if c.upper() in options]
+        capitals = [c for c in found if c.isupper()]
+        return (capitals or found)[-1].upper() if found else None

@@ -2,20 +2,32 @@
 
 Rows come from ``data.source`` / ``data.path`` (jsonl, parquet, Hugging Face datasets) with the
 column conventions of Numina-CoT and open-rs (``common.data``). The final answer is the last
-``Answer: ...`` line of a completion, else its last ``\\boxed{}``; it matches the gold answer when
-math-verify finds them equivalent (``1/2`` = ``0.5`` = ``\\frac{1}{2}``).
+``Answer: ...`` line of a completion (markdown emphasis around it dropped), else its last
+``\\boxed{}``; it matches the gold answer when math-verify finds them equivalent (``1/2`` = ``0.5`` =
+``\\frac{1}{2}``; words after a number are units: ``20 dollars`` = ``20``).
 """
 
 from __future__ import annotations
+
+import re
 
 from rredcot.common.config import DataConfig
 from rredcot.common.data import Problem, last_boxed, load_rows
 from rredcot.common.registry import TASKS
 from rredcot.common.task import Task, answer_line
 
+# a number, then plain words to the end (``20 dollars``, ``3/4 square feet``); the first word has two
+# letters or more, so ``2 x`` stays algebra
+_UNITS = re.compile(r"(.*[\d})\]])\s+([A-Za-z]{2,}(?:\s+[A-Za-z]+)*)")
+
 
 def _as_math(answer: str) -> str:
-    return answer if "\\boxed" in answer or answer.startswith("$") else f"${answer}$"
+    """``answer`` as math-verify should read it: in ``$…$`` (else ``(3, 4)`` is read as its last
+    number), and units after a number as ``\\text{}`` (else ``20 dollars`` is a product of letters)."""
+    if "\\boxed" in answer or answer.startswith("$"):
+        return answer
+    units = _UNITS.fullmatch(answer)
+    return f"${units[1]} \\text{{{units[2]}}}$" if units else f"${answer}$"
 
 
 class MathVerified(Task):

@@ -51,3 +51,19 @@ def test_answer_line_is_linear_in_a_whitespace_run() -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["None", "42"]
     assert answer_line("The answer is  :  7.") == "7" and answer_line("answeris=3") == "3"
+
+
+def test_answer_line_drops_markdown_emphasis() -> None:
+    assert answer_line("Answer: **56**") == "56" and answer_line("**Answer:** 56") == "56"
+    assert answer_line("Answer: __56__.") == "56" and answer_line("Answer: *56*") == "56"
+    assert answer_line("Answer: **56.**") == "56" and answer_line("answer: **3/4**") == "3/4"
+
+
+def test_an_answer_line_without_a_letter_or_digit_leaves_the_box() -> None:
+    """``**Final Answer:**`` over a displayed box read as the answer ``**``, a bare ``Final Answer:``
+    as an empty one: the ``\\boxed{}`` fallback was never reached and the right answer scored 0."""
+    assert answer_line("**Final Answer:**\n\\[\n\\boxed{42}\n\\]") is None
+    assert answer_line("Final Answer: \n\\boxed{42}") is None and answer_line("Answer: $ ** $") is None
+    assert MATH.extract_answer("**Final Answer:**\n\\[\n\\boxed{42}\n\\]") == "42"
+    assert MATH.extract_answer("Final Answer: \n\\boxed{42}") == "42"
+    assert answer_line("Answer: x") == "x" and answer_line("Answer: (B)") == "(B)"

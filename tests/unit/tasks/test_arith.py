@@ -1,6 +1,9 @@
+import re
+
 import pytest
 
 from rredcot.common.config import ConfigError, DataConfig, TaskConfig, load_config
+from rredcot.common.data import Problem, train_and_held_out
 from rredcot.common.task import build_task
 
 DATA = DataConfig(eval_size=0)
@@ -27,8 +30,65 @@ def test_answers_are_correct_and_solutions_end_with_answer_line():
             assert y == f"Answer: {p.answer}" and "Answer" not in u and u.endswith(".\n")
 
 
-def test_small_range_gives_all_distinct_problems_without_hanging():
-    assert len(arith(op="mul", operand_min=2, operand_max=4, size=100).problems(DATA, 0)) == 9  # 3 x 3 pairs
+def _twin(problem: str) -> str:
+    """A problem and its commuted twin give one text: ``What is 8 * 3?`` and ``What is 3 * 8?`` give
+    ``3 * 8``, ``What is (5 + 2) - 1?`` gives ``(2 + 5) - 1``; a subtraction keeps its order."""
+    m = re.fullmatch(r"What is (\(*)(\d+) ([-+*]) (\d+)(.*)\?", problem)
+    assert m, problem
+    a, op, b = int(m[2]), m[3], int(m[4])
+    if op != "-":
+        a, b = sorted((a, b))
+    return f"{m[1]}{a} {op} {b}{m[5]}"
+
+
+def _twins(problems: list[Problem]) -> set[str]:
+    return {_twin(p.problem) for p in problems}
+
+
+def test_commuted_twins_are_one_problem_and_the_example_is_none():
+    """Every problem the settings can make, once: a × b and b × a are one problem, and the 7 * 8
+    example is no ``mul`` problem (it was problem mul-115 of the defaults)."""
+    small = arith(op="mul", operand_min=2, operand_max=4, size=100).problems(DATA, 0)
+    assert sorted(_twins(small)) == ["2 * 2", "2 * 3", "2 * 4", "3 * 3", "3 * 4", "4 * 4"]  # a <= b
+    assert len(small) == 6
+    assert len(arith(op="add", operand_min=2, operand_max=4, size=100).problems(DATA, 0)) == 6
+    assert _twins(arith(op="mul", operand_min=7, operand_max=8, size=100).problems(DATA, 0)) == {"7 * 7", "8 * 8"}
+    # one step of 1 or 2: 3 sums + 3 products + 4 differences, less the example
+    chain = arith(op="chain", chain_steps=1, operand_min=1, operand_max=2, size=100)
+    made = chain.problems(DATA, 0)
+    assert len(made) == len(_twins(made)) == 9 and _twin(chain.example.problem) not in _twins(made)
+    assert "7 * 8" not in _twins(arith(op="mul").problems(DATA, 0))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_held_out_problems_have_no_twin_in_training_and_the_example_is_in_neither(seed):
+    """The CPU demo held out 34 of its 40 problems with b × a in training; the chain example came
+    from the problems' own stream with seed 1, so run.seed=1 held it out (chain-0)."""
+    for name in ("demo_cpu", "study_cpu"):
+        cfg = load_config(name, [f"run.seed={seed}"])
+        task = build_task(cfg.task)
+        train, held = train_and_held_out(task, cfg.data, cfg.run.seed)
+        assert len(held) == 40 and not _twins(held) & _twins(train), name
+        assert _twin(task.example.problem) not in _twins(train) | _twins(held), name
+
+
+def test_only_an_integer_written_as_a_number_is_an_answer():
+    """math-verify evaluated any expression: copying the question (7 * 8) scored."""
+    task = arith()
+
+    def right(answer: str, gold: str) -> bool:
+        found = task.extract_answer(f"Working.\nAnswer: {answer}")
+        return found is not None and task.answers_match(found, gold)
+
+    assert not right("7 * 8", "56")
+    assert not right("(((2 + 4) + 3) + 2) + 4", "15")
+    assert not right("14 = (((2 + 4) + 3) + 2) + 4", "15")
+    assert not right("56.0", "56") and not right("57", "56") and not right("1,02", "102")
+    for answer, gold in [("56", "56"), ("**56**", "56"), ("*56*", "56"), ("$56$", "56"), ("56.", "56")]:
+        assert right(answer, gold), answer
+    for answer, gold in [("1,024", "1024"), ("$-1,024$", "-1024"), ("\u22125", "-5"), ("-5", "-5")]:
+        assert right(answer, gold), answer
+    assert task.answers_match(task.extract_answer("so \\boxed{56}"), "56")  # no answer line: the box
 
 
 def test_deterministic_in_seed():
@@ -41,7 +101,7 @@ def test_deterministic_in_seed():
     ("override", "fragment"),
     [
         ("task.settings.operand_min=9", "task.settings.operand_min = 9 is not allowed; expected <= task.settings"),
-        ("data.eval_size=25", "data.eval_size = 25 is not allowed; expected < task.settings.size (25)"),
+        ("task.settings.size=5", "data.eval_size = 5 is not allowed; expected < task.settings.size (5)"),
         ("task.settings.chain_steps=0", "task.settings.chain_steps = 0 is not allowed; expected a number in [1, 8]"),
     ],
 )
@@ -60,3 +120,14 @@ def test_chain_example_shows_the_chain_format_and_mul_keeps_its_own():
     assert all(" = " in line for line in lines[:4]) and chain.example.problem.count("(") == 3
     assert chain.example.problem not in {p.problem for p in chain.problems(DataConfig(), 0)}
     assert build_task(TaskConfig("arith", {"op": "mul"})).example.solution == "7 * 8 = 56.\nAnswer: 56"
+
+
+def test_eval_size_must_leave_some_of_the_distinct_problems_to_train_on():
+    """The default mul makes 66 products a × b with a <= b in 2..12, less the 7 * 8 example: 65. The
+    check compared data.eval_size with task.settings.size (2000) and the run failed later with 'no
+    training problems'."""
+    defaults = ["task.settings.operand_max=12", "task.settings.size=2000"]
+    assert load_config("tests", [*defaults, "data.eval_size=64"]).data.eval_size == 64
+    with pytest.raises(ConfigError) as e:
+        load_config("tests", [*defaults, "data.eval_size=65"])
+    assert "data.eval_size = 65 is not allowed; expected < 65, the distinct problems task.settings" in str(e.value)

@@ -32,6 +32,18 @@ def test_letter_extraction(completion, letter):
     assert build_task(SPEC).extract_answer(completion) == letter
 
 
+def test_the_answer_is_the_last_option_letter_standing_alone():
+    """The first capital letter was the answer: ``I think it is B`` gave I (no option) and ``A is
+    smaller, so B`` gave A; a lower-case ``b`` gave none. Options are A-E here."""
+    task = build_task(SPEC)
+    assert task.extract_answer("Answer: I think it is B") == "B"
+    assert task.extract_answer("Answer: A is smaller, so B") == "B"
+    assert task.extract_answer("Answer: b") == "B" and task.extract_answer("Answer: (d).") == "D"
+    assert task.extract_answer("Answer: **C**") == "C"
+    assert task.extract_answer("Answer: B is a bigger number") == "B"  # a capital letter before the article
+    assert task.extract_answer("Answer: F") is None and task.extract_answer("Answer: I think so") is None
+
+
 def test_verifier_scores_letters_in_its_isolated_process():
     with Verifier(SPEC, timeout_s=5.0) as v:
         assert v.score("The largest is 40.\nAnswer: (E)", "E").verdict == "correct"

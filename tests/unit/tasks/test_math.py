@@ -16,6 +16,25 @@ def test_extract_answer_prefers_last_answer_line_then_boxed():
 def test_math_verify_equivalence():
     assert MATH.answers_match("0.5", r"\frac{1}{2}") and MATH.answers_match("12", "12")
     assert not MATH.answers_match("13", "12")
+    assert MATH.answers_match("(3, 4)", "(3, 4)") and not MATH.answers_match("(3, 4)", "4")  # a pair, not 4
+    assert MATH.answers_match("2 x", "2x")  # one letter after a number stays algebra
+
+
+@pytest.mark.parametrize(
+    ("answer", "gold"),
+    [("**56**", "56"), ("**-5**", "-5"), ("**3/4**", "3/4"), ("__56__", "56"), ("*56*", "56")]
+    + [("20 dollars", "20"), ("20 cookies", "20"), ("20 pages", "20"), ("20 people", "20")]
+    + [("5 miles per hour", "5"), (r"\frac{3}{4} cups", "3/4")],
+)
+def test_emphasis_and_units_around_a_number_are_read_as_the_number(answer, gold):
+    """``**56**`` was no number to math-verify, and ``20 dollars`` was 20·d·o·l·l·a·r·s (while
+    ``20 apples`` was 20: 'apples' happened to be no product of symbols it knows)."""
+    found = MATH.extract_answer(f"The total is 20.\nAnswer: {answer}")
+    assert MATH.answers_match(found, gold)
+
+
+def test_a_wrong_number_with_units_is_still_wrong():
+    assert MATH.answers_match("20 dollars", "20") and not MATH.answers_match("21 dollars", "20")
 
 
 def test_rows_come_from_the_dataset_file(tmp_path):
