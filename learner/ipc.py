@@ -74,7 +74,7 @@ class IpcPublisher(FilePublisher):
         ring = self._slots(module, shapes, dtypes)
         if ring is None:
             return super().publish(module, version)
-        index = version % SLOTS
+        index = 0 if self._last is None else (self._last.shared["index"] + 1) % SLOTS  # the other slot
         stamp(self.client, self.run_id, index, -1)  # receivers copying the version it held drop the copy
         buffer, offset = ring.buffers[index], 0
         for bucket in gathered_buckets(module):

@@ -82,6 +82,7 @@ class Trainer:
         )
         self.step = 0
         self.last_checkpoint, self.saved_step = time.monotonic(), -1
+        self.published = -1  # the newest version this learner published
         self._to_replay: deque[list[tuple[WeightedGroup, set[str]]]] = deque()  # steps trained after the checkpoint
         self.totals = Counter(
             {
@@ -165,6 +166,8 @@ class Trainer:
             metrics = self.train_on(batch)
         if self.saved_step != self.step:
             self.checkpoint()
+        if self.published != self.engine.version:  # broadcast_every > 1, or a stop between broadcasts
+            self._broadcast()
         self.publisher.close()  # the last version reaches the generators before the run stops
         if self.writer is not None:
             self.writer.close()
@@ -233,6 +236,7 @@ class Trainer:
     # ----- outputs -----
     def _broadcast(self) -> float:
         _, seconds = self.publisher.publish(self.engine.module, self.engine.version)
+        self.published = self.engine.version
         self.totals["broadcast_s"] += seconds
         return seconds
 

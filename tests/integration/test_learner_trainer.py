@@ -224,3 +224,17 @@ def test_the_end_of_the_run_writes_the_checkpoint_that_failed_at_its_last_step(
     with pytest.raises(CheckpointError, match="could not write checkpoint step-00000002"):
         trainer.run()
     assert trainer.step == 2 and trainer.totals["checkpoint_failures"] == 1
+
+
+def test_the_last_version_is_published_at_the_end_even_between_broadcasts(tmp_path, redis_server, redis_client, run_id):
+    """``broadcast_every=2`` and three steps: version 3 is no broadcast's, but the final evaluation
+    and the generators must get the trained weights, not version 2's."""
+    _queued(redis_client, run_id, 6, seed=3)
+    trainer = Trainer(
+        load_config("tests", [*_overrides(run_id, tmp_path, redis_server.url), "learner.broadcast_every=2"])
+    )
+    trainer.run()
+    manifest = latest_manifest(redis_client, run_id)
+    assert trainer.engine.version == 3 and manifest.version == 3
+    received = load_tensors(manifest)
+    assert all(torch.equal(received[n], t) for n, t in full_state(trainer.engine.module).items())

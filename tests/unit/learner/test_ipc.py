@@ -41,22 +41,33 @@ def test_versions_alternate_between_stamped_slots_and_the_last_becomes_a_file_at
     for version in (1, 2, 3):
         manifest, seconds = publisher.publish(model, version)
         assert manifest == latest_manifest(redis_client, run_id) and seconds > 0
-        assert manifest.transport == "ipc" and manifest.path == "" and manifest.shared["index"] == version % 2
+        assert manifest.transport == "ipc" and manifest.path == "" and manifest.shared["index"] == (version + 1) % 2
         published[version], manifests[version] = _params(model), manifest
         slot = _in_slot(manifest)
         assert all(torch.equal(slot[n], t) for n, t in published[version].items())
-        assert holds(redis_client, run_id, version % 2, version)
+        assert holds(redis_client, run_id, (version + 1) % 2, version)
         if version == 2:  # version 1 is untouched in the other slot while version 2 is read
-            assert holds(redis_client, run_id, 1, 1)
+            assert holds(redis_client, run_id, 0, 1)
             assert all(torch.equal(_in_slot(manifests[1])[n], t) for n, t in published[1].items())
         _bump(model)
-    assert not holds(redis_client, run_id, 1, 1)  # version 3 took its slot: a late copy of 1 is dropped
+    assert not holds(redis_client, run_id, 0, 1)  # version 3 took its slot: a late copy of 1 is dropped
     assert not (tmp_path / "weights").exists()  # no file until the learner ends
     publisher.close()
     last = latest_manifest(redis_client, run_id)
     assert last.version == 3 and last.transport == "ipc" and last.path
     assert all(torch.equal(load_tensors(last)[n], t) for n, t in published[3].items())
     assert not any(shm.iterdir())  # the slots end with the learner
+
+
+def test_versions_alternate_slots_whatever_their_numbers(make_model, tmp_path, redis_client, run_id):
+    """``broadcast_every=2`` publishes only even versions: they must still alternate, or the newest
+    version is overwritten while the next one is written."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    publisher = IpcPublisher(redis_client, run_id, tmp_path / "weights", rank=0, shm_dir=shm)
+    model = make_model()
+    assert [publisher.publish(model, v)[0].shared["index"] for v in (2, 4, 6)] == [0, 1, 0]
+    publisher.close()
 
 
 def test_files_are_written_beside_the_slots_once_a_receiver_asks(make_model, tmp_path, redis_client, run_id):
@@ -66,7 +77,7 @@ def test_files_are_written_beside_the_slots_once_a_receiver_asks(make_model, tmp
     assert publisher.publish(model, 1)[0].path == ""
     want_files(redis_client, run_id, "gen1")
     manifest, _ = publisher.publish(model, 2)
-    assert manifest.transport == "ipc" and manifest.path and manifest.shared["index"] == 0
+    assert manifest.transport == "ipc" and manifest.path and manifest.shared["index"] == 1
     assert all(torch.equal(load_tensors(manifest)[n], t) for n, t in _params(model).items())
     publisher.close()
 
