@@ -1,7 +1,7 @@
 """``rredcot study compare CONFIG --methods grpo,rredcot --seeds N``: one training run per (method,
 sampling seed) of the same config (same problems, data order and step budget), then learning curves
 with bands over seeds, steps to reach the first method's final held-out accuracy, and the paired
-per-problem held-out change of each method against the first.
+held-out change of each method against the first, with the training run (seed) as the unit.
 
 Each run is its own ``rredcot train`` process under ``out/<method>-s<seed>`` (logs and report there);
 a run whose report says it finished is not run again, so an interrupted comparison resumes.
@@ -25,8 +25,11 @@ import numpy as np  # noqa: E402
 
 from rredcot.common.errors import UserError  # noqa: E402
 from rredcot.launch.evaluate import mean_ci  # noqa: E402
+from rredcot.launch.study.stats import Interval, mean_interval  # noqa: E402
 
 log = logging.getLogger("rredcot.study")
+
+REACH_TOLERANCE = 1e-9  # accuracies are k/n: far coarser than this
 
 
 @dataclass
@@ -73,17 +76,62 @@ def train_once(config: str, overrides: list[str], method: str, seed: int, out: P
 
 
 def steps_to_reach(run: Run, target: float) -> int | None:
-    """The first evaluated step whose sampled held-out accuracy reaches ``target`` (None: never)."""
-    return next((e["step"] for e in run.evals if e["sampled"] >= target), None)
+    """The first evaluated step whose sampled held-out accuracy reaches ``target`` (None: never),
+    within ``REACH_TOLERANCE``: a mean of equal accuracies can land a rounding error above them."""
+    return next((e["step"] for e in run.evals if e["sampled"] >= target - REACH_TOLERANCE), None)
 
 
-def paired_against(runs: list[Run], baseline: list[Run]) -> tuple[float, float, float, int]:
-    """Mean per-problem change of the final sampled held-out accuracy against the baseline method's
-    run of the same seed (averaged over seeds, problems the unit), with its 95% interval."""
+@dataclass(frozen=True)
+class Paired:
+    """A method's change of the final sampled held-out accuracy against the baseline's run of the
+    same seed. The seed (a training run) is the unit: ``over_seeds`` is the mean of ``per_seed`` with
+    its 95% t-interval (n_seeds − 1 degrees of freedom), so training luck is in its width.
+    ``conditional`` is the 95% interval over ``problems`` of the seed-averaged per-problem changes:
+    it holds for these trained models only (no training variance in it)."""
+
+    per_seed: list[float]  # mean per-problem change of each seed's run against the baseline's
+    over_seeds: Interval
+    conditional: tuple[float, float]
+    problems: int
+
+    def as_json(self) -> dict[str, Any]:
+        """``low``/``high``: the interval over seeds, None with a single seed (no training variance)."""
+        seeds = self.over_seeds
+        return {
+            "mean": seeds.mean,
+            "low": seeds.low if seeds.n > 1 else None,
+            "high": seeds.high if seeds.n > 1 else None,
+            "seeds": seeds.n,
+            "per_seed": self.per_seed,
+            "conditional_low": self.conditional[0],
+            "conditional_high": self.conditional[1],
+            "problems": self.problems,
+        }
+
+
+def paired_against(runs: list[Run], baseline: list[Run]) -> Paired:
+    """Per seed, the mean per-problem change of the final sampled held-out accuracy against the
+    baseline method's run of that seed; their mean over seeds with its t-interval, and the
+    problem-level interval conditional on these trained models."""
     base = {r.seed: r.evals[-1]["sampled_per_problem"] for r in baseline}
-    diffs = np.mean([np.subtract(r.evals[-1]["sampled_per_problem"], base[r.seed]) for r in runs], axis=0)
-    m, lo, hi = mean_ci(list(map(float, diffs)), clip=None)
-    return m, lo, hi, len(diffs)
+    diffs = np.array([np.subtract(r.evals[-1]["sampled_per_problem"], base[r.seed]) for r in runs])
+    per_seed = [float(d) for d in diffs.mean(axis=1)]
+    _, low, high = mean_ci([float(d) for d in diffs.mean(axis=0)], clip=None)
+    return Paired(per_seed, mean_interval(per_seed), (low, high), diffs.shape[1])
+
+
+def paired_cell(p: dict[str, Any]) -> str:
+    """The report's paired change: the interval over seeds, then the one conditional on the models."""
+    conditional = f"[{p['conditional_low']:+.3f}, {p['conditional_high']:+.3f}]"
+    if p["low"] is None:
+        return (
+            f"{p['mean']:+.3f}, 1 seed: no interval over training runs; "
+            f"conditional on this trained model {conditional} ({p['problems']} problems)"
+        )
+    return (
+        f"{p['mean']:+.3f} [{p['low']:+.3f}, {p['high']:+.3f}] over {p['seeds']} seeds; "
+        f"conditional on these trained models {conditional} ({p['problems']} problems)"
+    )
 
 
 def summarize(runs: list[Run], methods: list[str]) -> dict[str, Any]:
@@ -105,7 +153,7 @@ def summarize(runs: list[Run], methods: list[str]) -> dict[str, Any]:
             "start_sampled_mean": float(np.mean([r.evals[0]["sampled"] for r in rs])),
             "steps_to_target": reached,
             "wall_s_mean": float(np.mean([r.summary["wall_s"] for r in rs])),
-            "paired_vs_baseline": None if paired is None else dict(zip(("mean", "low", "high", "problems"), paired)),
+            "paired_vs_baseline": None if paired is None else paired.as_json(),
         }
     return out
 
@@ -148,14 +196,13 @@ def write_report(runs: list[Run], methods: list[str], meta: dict[str, Any], out:
         f"- machine: {s['machine']}",
         "",
         "| method | held-out sampled, start → end (mean over seeds) | end, per seed | "
-        f"steps to reach {base}'s final {s['target_accuracy']:.3f} | paired change vs {base} [95%] | wall s |",
+        f"steps to reach {base}'s final {s['target_accuracy']:.3f} | paired change vs {base} [95%, seeds the unit] | "
+        "wall s |",
         "|---|---|---|---|---|---:|",
     ]
     for m, r in s["methods"].items():
         p = r["paired_vs_baseline"]
-        paired = (
-            "—" if p is None else f"{p['mean']:+.3f} [{p['low']:+.3f}, {p['high']:+.3f}] ({p['problems']} problems)"
-        )
+        paired = "—" if p is None else paired_cell(p)
         reached = ", ".join("never" if x is None else str(x) for x in r["steps_to_target"])
         per_seed = ", ".join(f"{x:.3f}" for x in r["final_sampled"])
         lines.append(

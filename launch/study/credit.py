@@ -7,7 +7,9 @@ segmentation (the scorer's entropy, `credit.*`):
   `grpo` (segment length), `entropy`, `top_entropy`, RREDCoT's own σ, and `progress` (its prover
   is the study's engine, the policy at the checkpoint, with seeds apart from MC's);
 - Monte-Carlo exit values (``mc_values``: M continuations per exit from the policy, each within
-  the token budget left there), their per-continuation rewards and standard errors;
+  the token budget left there), their per-continuation rewards and standard errors; with
+  ``credit.answer_part=terminal`` the end L of the completion takes the outcome R exactly, as in the
+  ``mc`` method (``mc_exit_values``), never a continuation after the finished completion;
 - the cost of each: tokens forwarded (scorer) or generated (MC), and seconds.
 MC's segment rewards r_k = v_k − v_{k−1} are the ground truth the others are ranked against.
 """
@@ -24,7 +26,7 @@ from rredcot.common.config import Config
 from rredcot.common.records import RolloutGroup, WeightedGroup
 from rredcot.common.sampling import ContinuationSampler, RewardFn
 from rredcot.redistributor.credit import redistribute_group
-from rredcot.redistributor.mc import mc_values
+from rredcot.redistributor.mc import MCValues, mc_values
 from rredcot.redistributor.scorer import Scorer
 
 VALUE_SPACES = ("log", "prob", "mean_token_prob")
@@ -84,6 +86,51 @@ def segment_credit(sigma: np.ndarray, exits: np.ndarray, advantage: float) -> np
     return np.sign(advantage) * (c[exits[1:]] - c[exits[:-1]])
 
 
+def with_outcome(est: MCValues, reward: float) -> MCValues:
+    """``est`` with one more exit, the end of the completion, whose value is its outcome ``reward``:
+    exact (every reward R, standard error 0, nothing sampled)."""
+    m = est.rewards.shape[1]
+    return MCValues(
+        np.append(est.values, reward),
+        np.vstack([est.rewards, np.full((1, m), reward)]),
+        np.append(est.stderr, 0.0),
+        np.append(est.budgets, 0),
+        est.tokens,
+    )
+
+
+def trace_mc(
+    group: RolloutGroup,
+    i: int,
+    exits: np.ndarray,
+    cfg: Config,
+    scorer: Scorer,
+    sampler: ContinuationSampler,
+    reward_fn: RewardFn,
+    m: int,
+) -> MCValues:
+    """MC values of sample ``i`` at ``exits``, as the ``mc`` method takes them (``mc_exit_values``):
+    with ``answer_part=terminal`` an exit at the end L (RREDCoT's terminal one) is the outcome R,
+    never M continuations of a completion that had finished."""
+    s = group.samples[i]
+    prompt = group.prompt_ids.tolist()
+    terminal = cfg.credit.answer_part == "terminal" and exits[-1] == len(s.completion_ids)
+    est = mc_values(
+        sampler,
+        reward_fn,
+        prompt,
+        s.completion_ids.tolist(),
+        (exits[:-1] if terminal else exits).tolist(),
+        m,
+        cfg.generation.max_tokens,
+        group.answer,
+        sample_id=s.id,
+        max_len=cfg.model.max_model_len,
+        opened=scorer.opens_thought(prompt),
+    )
+    return with_outcome(est, s.reward) if terminal else est
+
+
 def study_group(
     group: RolloutGroup,
     cfg: Config,
@@ -116,20 +163,8 @@ def study_group(
             tr.segment_scores[method] = segment_credit(wg.samples[i].sigma, tr.exits, tr.advantage)
             tr.cost[method] = cost
     for i, tr in traces.items():
-        s = group.samples[i]
         t = time.perf_counter()
-        mc = mc_values(
-            sampler,
-            reward_fn,
-            group.prompt_ids.tolist(),
-            s.completion_ids.tolist(),
-            tr.exits.tolist(),
-            mc_samples,
-            cfg.generation.max_tokens,
-            group.answer,
-            sample_id=s.id,
-            max_len=cfg.model.max_model_len,
-        )
+        mc = trace_mc(group, i, tr.exits, cfg, scorer, sampler, reward_fn, mc_samples)
         tr.values[MC], tr.mc_rewards, tr.mc_stderr = mc.values, mc.rewards, mc.stderr
         tr.segment_scores[MC] = np.diff(mc.values)
         tr.cost[MC] = Cost(mc.tokens, time.perf_counter() - t)

@@ -1,12 +1,19 @@
-"""The study's signed segment credit of a σ method, by hand."""
+"""The study's signed segment credit of a σ method, by hand; its MC at a terminal answer part."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rredcot.launch.study.credit import segment_credit
+from rredcot.common.config import Config, CreditConfig
+from rredcot.common.models import build_tiny_model
+from rredcot.common.sampling import ContinuationRequest, seed_of
+from rredcot.launch.study.credit import MC, segment_credit, study_group
+from rredcot.redistributor.scorer import Scorer
+from tests.unit.redistributor.cases import TRACES, make_group
 
 
 def test_segment_credit_by_hand() -> None:
@@ -27,3 +34,53 @@ def test_segment_credit_sums_the_segments(n, data) -> None:
     out = segment_credit(sigma, exits, 1.0)
     assert out.shape == (len(exits) - 1,)
     np.testing.assert_allclose(out.sum(), (exits[-1] - exits[0]) / n, atol=1e-9)
+
+
+class Scripted:
+    """A continuation sampler that records its requests and answers every one with M copies of [7]."""
+
+    version = 0
+
+    def __init__(self) -> None:
+        self.requests: list[ContinuationRequest] = []
+        self.generated_tokens = 0
+
+    def sync(self) -> bool:
+        return False
+
+    def sample(self, requests: Sequence[ContinuationRequest]) -> list[list[list[int]]]:
+        self.requests += requests
+        self.generated_tokens += sum(r.m for r in requests)
+        return [[[7]] * r.m for r in requests]
+
+
+def test_terminal_mc_never_continues_a_finished_completion(qwen_tok) -> None:
+    """``answer_part=terminal``: RREDCoT's last exit is the end L of a completion that ended in EOS.
+    MC asks for M = 2 continuations at every exit before it, within max_tokens − e, and none at L
+    (the old study asked at L, a prefix ending in EOS); every sampled continuation scores 0.5, and L
+    takes the sample's outcome R (1 and 0 here) exactly: rewards [R, R], standard error 0."""
+    cfg = Config()
+    cfg.generation.max_tokens = 64
+    cfg.credit = CreditConfig(answer_part="terminal", value_space="prob", segments=2, min_segment_tokens=1)
+    group = make_group(qwen_tok, [t + "<|im_end|>" for t in TRACES[:2]], rewards=(1.0, 0.0))
+    scorer = Scorer(build_tiny_model("qwen3", seed=3), qwen_tok, cfg.credit.exit_string)
+    sampler = Scripted()
+    traces = study_group(group, cfg, scorer, sampler, lambda ids, gold, opened=False: 0.5, 2)
+    prompt = group.prompt_ids.tolist()
+    assert len(traces) == 2
+    for t in traces:
+        s = group.samples[t.sample_index]
+        full = [*prompt, *s.completion_ids.tolist()]
+        mc_asked = [
+            (len(r.prefix) - len(prompt), r.max_tokens)
+            for r in sampler.requests
+            if r.prefix == full[: len(r.prefix)] and r.seed == seed_of(s.id, len(r.prefix) - len(prompt))
+        ]
+        scored = t.exits[:-1].tolist()
+        assert t.exits[-1] == t.length == len(full) - len(prompt)
+        assert mc_asked == [(e, 64 - e) for e in scored]
+        assert t.values[MC].tolist() == [0.5] * len(scored) + [s.reward]
+        assert t.mc_rewards.tolist() == [[0.5, 0.5]] * len(scored) + [[s.reward] * 2]
+        assert t.mc_stderr.tolist() == [0.0] * len(t.exits)
+        assert t.cost[MC].tokens == 2 * len(scored)  # one token per continuation, none at L
+    assert not any(r.prefix[-1] == qwen_tok.convert_tokens_to_ids("<|im_end|>") for r in sampler.requests)

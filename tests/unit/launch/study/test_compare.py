@@ -1,0 +1,65 @@
+"""``study compare``'s paired change (seeds the unit) and steps to reach the baseline, by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rredcot.launch.study.compare import Run, paired_cell, steps_to_reach, summarize
+
+T_975_DF2 = 4.302652729749462  # Student t, 97.5% quantile, 2 degrees of freedom (tables: 4.303)
+
+
+def run(method: str, seed: int, per_problem: list[float], start: float = 0.5) -> Run:
+    """A finished run evaluated at step 0 (``start``) and step 24 (``per_problem`` at the end)."""
+    final = sum(per_problem) / len(per_problem)
+    evals = [
+        {"step": 0, "sampled": start, "sampled_per_problem": [start] * len(per_problem)},
+        {"step": 24, "sampled": final, "sampled_per_problem": per_problem},
+    ]
+    return Run(method, seed, {"evaluations": evals, "wall_s": 1.0, "training_reward": []})
+
+
+BASE = [run("grpo", s, [0.5, 0.5]) for s in (1, 2, 3)]
+# per-problem changes against the same seed's baseline: [0, .25], [.25, .25], [.25, .5]
+OURS = [run("rredcot", 1, [0.5, 0.75]), run("rredcot", 2, [0.75, 0.75]), run("rredcot", 3, [0.75, 1.0])]
+
+
+def test_paired_change_takes_the_seed_as_the_unit() -> None:
+    """Per seed: 0.125, 0.25, 0.375; mean 0.25, sd 0.125, so the t-interval (df 2) is
+    0.25 ± 4.303 · 0.125/√3 = [−0.061, +0.561]: it contains 0. Averaged over seeds first, the two
+    problems change by 1/6 and 1/3: mean 0.25 ± 1.96 · (1/12) = [0.087, 0.413], which holds only
+    for these trained models (six runs)."""
+    p = summarize(BASE + OURS, ["grpo", "rredcot"])["methods"]["rredcot"]["paired_vs_baseline"]
+    half = T_975_DF2 * 0.125 / math.sqrt(3)
+    assert p["mean"] == pytest.approx(0.25)
+    assert (p["low"], p["high"]) == pytest.approx((0.25 - half, 0.25 + half))
+    assert p["low"] < 0 < p["high"]
+    assert p["per_seed"] == [0.125, 0.25, 0.375] and p["seeds"] == 3 and p["problems"] == 2
+    assert (p["conditional_low"], p["conditional_high"]) == pytest.approx((0.25 - 1.96 / 12, 0.25 + 1.96 / 12))
+    assert paired_cell(p) == (
+        "+0.250 [-0.061, +0.561] over 3 seeds; conditional on these trained models [+0.087, +0.413] (2 problems)"
+    )
+
+
+def test_one_seed_has_no_interval_over_training_runs() -> None:
+    """Seed 1 alone: a change of 0.125 with no interval over seeds. The problems' changes [0, .25]
+    (sd 0.177, se 0.125) give 0.125 ± 1.96 · 0.125 = [−0.120, +0.370], labelled as conditional on the model."""
+    p = summarize(BASE[:1] + OURS[:1], ["grpo", "rredcot"])["methods"]["rredcot"]["paired_vs_baseline"]
+    assert p["mean"] == 0.125 and p["low"] is None and p["high"] is None and p["seeds"] == 1
+    assert (p["conditional_low"], p["conditional_high"]) == pytest.approx((0.125 - 1.96 * 0.125, 0.125 + 1.96 * 0.125))
+    assert paired_cell(p) == (
+        "+0.125, 1 seed: no interval over training runs; conditional on this trained model [-0.120, +0.370] "
+        "(2 problems)"
+    )
+
+
+def test_equal_finals_reach_their_own_mean() -> None:
+    """Three baseline seeds ending at 27/40: their mean is 0.6750000000000002 in floating point, a
+    rounding error above 27/40; every seed reaches it at step 24. 26/40 does not."""
+    grpo = [run("grpo", s, [1.0] * 27 + [0.0] * 13) for s in (1, 2, 3)]
+    s = summarize(grpo, ["grpo"])
+    assert s["target_accuracy"] > 27 / 40
+    assert s["methods"]["grpo"]["steps_to_target"] == [24, 24, 24]
+    assert steps_to_reach(run("grpo", 4, [1.0] * 26 + [0.0] * 14), s["target_accuracy"]) is None
