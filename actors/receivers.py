@@ -20,7 +20,7 @@ from typing import Any
 from rredcot.actors.engine import Engine
 from rredcot.common.config import Config
 from rredcot.common.weight_group import read_group
-from rredcot.common.weight_slots import SlotReader
+from rredcot.common.weight_slots import SlotReader, want_files
 from rredcot.common.weight_sync import WeightManifest, latest_manifest, published_version, read_weights
 
 log = logging.getLogger(__name__)
@@ -85,6 +85,8 @@ class CollectiveReceiver(FileReceiver):
 
     def __init__(self, client: Any, run_id: str, engine: Engine, name: str, group_rank: int | None, timeout_s: float):
         super().__init__(client, run_id, engine, name)
+        if group_rank is None:  # outside the group: files it must have (the learner writes them on request)
+            want_files(client, run_id, self.name)
         self.in_group = group_rank is not None and self._join(group_rank, timeout_s)
 
     @classmethod

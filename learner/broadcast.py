@@ -48,6 +48,7 @@ from rredcot.common.weight_group import (
     send_buckets,
     unflatten_buckets,
 )
+from rredcot.common.weight_slots import files_wanted
 from rredcot.common.weight_sync import WeightManifest, WeightWriter, publish_manifest, write_weights
 
 log = logging.getLogger(__name__)
@@ -171,6 +172,11 @@ class CollectivePublisher(FilePublisher):
             timeout_s=cfg.generation.weight_group_timeout_s,
         )
 
+    def _with_file(self) -> bool:
+        """Whether a version also goes to a file: for the receivers outside the group, those the config
+        implies and any that asked (an MC continuation engine, a tool)."""
+        return self.file_too or files_wanted(self.client, self.run_id)
+
     @property
     def collective(self) -> bool:
         """Whether versions still go over the weight group (False after a failure)."""
@@ -179,7 +185,7 @@ class CollectivePublisher(FilePublisher):
     def publish(self, module: torch.nn.Module, version: int) -> tuple[WeightManifest | None, float]:
         """Publish ``version``; returns (the manifest when published on this thread, seconds here)."""
         if version == 0:  # every receiver starts from version 0: the group never carries it
-            return super().publish(module, version) if self.file_too else (None, 0.0)
+            return super().publish(module, version) if self._with_file() else (None, 0.0)
         t0 = time.perf_counter()
         if self.rank != 0:
             take_part(module, self.bucket_bytes)
@@ -240,7 +246,7 @@ class CollectivePublisher(FilePublisher):
         t0 = time.perf_counter()
         written = None  # the file's manifest, once written
         try:
-            if self.file_too:
+            if self._with_file():
                 written = self._write_file(version, layout, buffers)
                 publish_manifest(self.client, self.run_id, _collective(written, layout))
             send_buckets(self._group, version, buffers, device)

@@ -13,6 +13,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from rredcot.common.config import LearnerConfig
 from rredcot.common.weight_group import open_group, read_group, receive_tensors
+from rredcot.common.weight_slots import want_files
 from rredcot.common.weight_sync import latest_manifest, load_tensors
 from rredcot.learner.broadcast import CollectivePublisher, FilePublisher, gathered_buckets
 from rredcot.learner.engine import LearnerEngine
@@ -169,6 +170,21 @@ def test_a_group_that_never_forms_means_files(make_model, tmp_path, redis_client
     manifest, _ = publisher.publish(engine.module, 1)  # nobody joined within the timeout
     assert not publisher.collective and publisher.fallbacks == 0
     assert manifest == latest_manifest(redis_client, run_id) and manifest.transport == "file"
+    _assert_file_holds(manifest, engine.module)
+    publisher.close()
+
+
+def test_a_receiver_outside_the_group_that_asks_gets_files(make_model, tmp_path, redis_client, run_id):
+    """An MC continuation engine follows the policy from outside the group (``file_too`` off: no
+    evaluation, no policy scorer): it asks, and the versions reach it as files."""
+    engine = LearnerEngine(make_model(), LearnerConfig(dtype="float32", zero_stage=0))
+    publisher = CollectivePublisher(
+        redis_client, run_id, tmp_path, rank=0, group_address="127.0.0.1", receivers=1, file_too=False, timeout_s=1
+    )
+    assert publisher.publish(engine.module, 0) == (None, 0.0)  # nobody outside asked
+    want_files(redis_client, run_id, "mc0")
+    manifest, _ = publisher.publish(engine.module, 0)
+    assert manifest == latest_manifest(redis_client, run_id) and manifest.path
     _assert_file_holds(manifest, engine.module)
     publisher.close()
 
