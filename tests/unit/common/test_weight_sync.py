@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import tracemalloc
 from pathlib import Path
 
@@ -59,6 +60,17 @@ def test_checksum_mismatch_and_pruned_file(redis_client, run_id, tmp_path):
     publish_weights(redis_client, run_id, 1, [("a", torch.zeros(1))], tmp_path, keep=1)
     with pytest.raises(FileNotFoundError):
         read_weights(m)
+
+
+def test_prune_removes_a_dead_writers_partial_file_and_keeps_its_own(redis_client, run_id, tmp_path):
+    dead = tmp_path / "weights-v00000003.tmp999999999"  # a learner killed while writing version 3
+    dead.write_bytes(b"x" * 64)
+    publish_weights(redis_client, run_id, 4, [("a", torch.zeros(1))], tmp_path, keep=1)
+    assert not dead.exists() and [p.name for p in tmp_path.iterdir()] == ["weights-v00000004.safetensors"]
+    mine = tmp_path / f"weights-v00000005.tmp{os.getpid()}"  # this process is writing it now
+    mine.write_bytes(b"")
+    publish_weights(redis_client, run_id, 6, [("a", torch.zeros(1))], tmp_path, keep=1)
+    assert mine.exists()
 
 
 def test_manifest_encoding_is_msgpack_not_pickle():
