@@ -87,6 +87,7 @@ class CollectiveReceiver(FileReceiver):
         super().__init__(client, run_id, engine, name)
         if group_rank is None:  # outside the group: files it must have (the learner writes them on request)
             want_files(client, run_id, self.name)
+        self.group_rank, self.timeout_s, self.epoch = group_rank, timeout_s, ""
         self.in_group = group_rank is not None and self._join(group_rank, timeout_s)
 
     @classmethod
@@ -109,6 +110,7 @@ class CollectiveReceiver(FileReceiver):
             if info is None:
                 raise TimeoutError(f"no weight group published within {timeout_s:.0f} s")
             self.engine.join_weight_group(info, group_rank, timeout_s)
+            self.epoch = info.epoch
         except Exception as e:  # noqa: BLE001 - the learner falls back to files when the group is incomplete
             log.warning(
                 "%s: cannot join the weight group (%s: %s); following weight files", self.name, type(e).__name__, e
@@ -117,6 +119,7 @@ class CollectiveReceiver(FileReceiver):
         return True
 
     def poll(self, in_flight: str = "finish") -> tuple[int, float] | None:
+        self._follow_restart()
         manifest = latest_manifest(self.client, self.run_id, newer_than=self.engine.version)
         if manifest is None or manifest.transport != "collective" or not self.in_group:
             return self._apply_file(manifest, in_flight)
@@ -126,6 +129,18 @@ class CollectiveReceiver(FileReceiver):
             log.warning("%s: weight broadcast failed (%s: %s); following weight files", self.name, type(e).__name__, e)
             self.close()
             return None
+
+    def _follow_restart(self) -> None:
+        """A restarted learner hosts a new group (another epoch) and waits for the generators in its
+        first publication: leave the old group and join the new one."""
+        if self.group_rank is None or not self.epoch:
+            return
+        info = read_group(self.client, self.run_id)
+        if info is not None and info.epoch != self.epoch:
+            log.info("%s: the learner restarted (weight group %s); joining its new group", self.name, info.epoch)
+            self.close()
+            self.epoch = ""
+            self.in_group = self._join(self.group_rank, self.timeout_s)
 
     def close(self) -> None:
         if self.in_group:

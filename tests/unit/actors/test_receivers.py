@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from rredcot.actors.receivers import FileReceiver, IpcReceiver
+from rredcot.actors.receivers import CollectiveReceiver, FileReceiver, IpcReceiver
 from rredcot.common.config import ConfigError, load_config
 from rredcot.common.registry import WEIGHT_TRANSPORTS
-from rredcot.common.weight_slots import copy_slot
+from rredcot.common.weight_group import GroupInfo, publish_group
+from rredcot.common.weight_slots import copy_slot, files_wanted
 from rredcot.common.weight_sync import publish_weights
 from rredcot.learner.ipc import IpcPublisher
 
@@ -90,6 +91,35 @@ def test_a_pruned_file_is_silently_skipped_for_the_newer_version(redis_client, r
         assert receiver._apply_file(old, "finish") is None  # read between the two publications
     assert receiver.missing_files == 0 and not caplog.records
     assert receiver.poll() == (2, 0.5)
+
+
+class _Joins(_Loads):
+    """Stands in for the engine on the collective path: records the groups it joins and leaves."""
+
+    def __init__(self) -> None:
+        self.joined: list[str] = []
+        self.left = 0
+
+    def join_weight_group(self, info: GroupInfo, rank: int, timeout_s: float) -> None:
+        self.joined.append(info.epoch)
+
+    def leave_weight_group(self) -> None:
+        self.left += 1
+
+
+def test_a_collective_receiver_joins_the_group_of_a_restarted_learner(redis_client, run_id):
+    """A restarted learner hosts a new group and waits, in its first publication, for every
+    generator to join it: a generator that stayed in the dead learner's group stalled it for
+    ``weight_group_timeout_s``, then the run went on files."""
+    publish_group(redis_client, run_id, GroupInfo("127.0.0.1", 1, 2, "gloo", "first"))
+    engine = _Joins()
+    receiver = CollectiveReceiver(redis_client, run_id, engine, "gen0", 1, timeout_s=5)
+    assert receiver.poll() is None and engine.joined == ["first"]  # the same group: nothing to do
+    publish_group(redis_client, run_id, GroupInfo("127.0.0.1", 2, 2, "gloo", "second"))
+    assert receiver.poll() is None
+    assert engine.joined == ["first", "second"] and engine.left == 1 and receiver.holds_group
+    outside = CollectiveReceiver(redis_client, run_id, _Joins(), "eval", None, timeout_s=5)
+    assert not outside.holds_group and files_wanted(redis_client, run_id)  # it asked for files
 
 
 class _Copies(_Loads):
