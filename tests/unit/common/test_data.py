@@ -94,7 +94,8 @@ def test_order_is_deterministic_resumable_and_covers_each_epoch():
 
 
 def test_split_eval_is_disjoint_and_deterministic():
-    probs = build_task(TaskConfig("arith", {"size": 100})).problems(DataConfig(), 0)
+    probs = build_task(TaskConfig("arith", {"size": 100, "operand_max": 30})).problems(DataConfig(), 0)
+    assert len(probs) == 100
     train, held = split_eval(probs, 10, seed=1)
     assert len(held) == 10 and len(train) == 90
     assert not {p.problem for p in train} & {p.problem for p in held}
