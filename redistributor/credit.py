@@ -15,7 +15,7 @@ import numpy as np
 from rredcot.common.config import Config, CreditConfig, bounded
 from rredcot.common.records import RolloutGroup, RolloutRecord, WeightedGroup, WeightedSample
 from rredcot.redistributor.entropy import TraceScores, halve_on_oom, score_traces
-from rredcot.redistributor.mc import mc_values
+from rredcot.redistributor.mc import MCValues, mc_values
 from rredcot.redistributor.registry import CreditContext, CreditMethod, SampleCredit, get_method, register
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.segmentation import segment, thinking_span, token_texts
@@ -296,9 +296,10 @@ def rredcot(ctx: CreditContext) -> list[SampleCredit]:
 
 def mc_exit_values(
     ctx: CreditContext, s: RolloutRecord, exits: np.ndarray, m: int, sample_id: str
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(exits, v̂, standard errors): ``mc_values`` of ``s`` from ``ctx.sampler`` at ``exits`` (M = ``m``,
-    seeded by ``sample_id``), with ``answer_part=terminal``'s end value R (exact, standard error 0)."""
+) -> tuple[np.ndarray, MCValues]:
+    """(exits, their MC estimate): ``mc_values`` of ``s`` from ``ctx.sampler`` at ``exits`` (M = ``m``,
+    seeded by ``sample_id``); with ``answer_part=terminal`` also the end L, valued R exactly
+    (``MCValues.with_outcome``): a finished completion is never continued."""
     if ctx.sampler is None or ctx.reward_fn is None:
         raise ValueError(f"credit method {ctx.cfg.credit.method!r} needs a continuation sampler and a reward function")
     est = mc_values(
@@ -314,11 +315,9 @@ def mc_exit_values(
         max_len=ctx.cfg.model.max_model_len,
         opened=_scorer(ctx).opens_thought(ctx.group.prompt_ids.tolist()),
     )
-    values, stderr = est.values, est.stderr
     if ctx.cfg.credit.answer_part == "terminal":
-        exits, values = _terminal(exits, values, len(s.completion_ids), s.reward)
-        stderr = np.append(stderr, np.zeros(len(values) - len(stderr)))
-    return exits, values, stderr
+        return np.append(exits, len(s.completion_ids)).astype(np.int32), est.with_outcome(s.reward)
+    return exits, est
 
 
 @register("mc", return_equivalent=True, needs_scorer=True, needs_sampler=True)
@@ -330,10 +329,10 @@ def mc(ctx: CreditContext) -> list[SampleCredit]:
         t1 = time.perf_counter()
         exits = _exits(ctx, s, trace)
         t2 = time.perf_counter()
-        exits, values, stderr = mc_exit_values(ctx, s, exits, ctx.cfg.credit.mc_samples, s.id)
-        out[i] = _sigma(exits, values, len(s.completion_ids), float(ctx.advantages[i]), ctx)
+        exits, est = mc_exit_values(ctx, s, exits, ctx.cfg.credit.mc_samples, s.id)
+        out[i] = _sigma(exits, est.values, len(s.completion_ids), float(ctx.advantages[i]), ctx)
         out[i].timings = {"entropy": t_entropy, "segment": t2 - t1, "values": time.perf_counter() - t2}
-        out[i].exit_stderr, out[i].values_version = stderr.astype(np.float32), ctx.sampler.version
+        out[i].exit_stderr, out[i].values_version = est.stderr.astype(np.float32), ctx.sampler.version
     return out
 
 

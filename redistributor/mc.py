@@ -25,6 +25,18 @@ class MCValues:
     budgets: np.ndarray  # int64 [T]: tokens the policy had left at e_t (0: not sampled)
     tokens: int  # continuation tokens generated
 
+    def with_outcome(self, reward: float) -> MCValues:
+        """One more exit, the end of the finished completion (``answer_part=terminal``), whose value is
+        its outcome ``reward``: exact (every reward R, standard error 0, nothing sampled)."""
+        m = self.rewards.shape[1]
+        return MCValues(
+            np.append(self.values, reward),
+            np.vstack([self.rewards, np.full((1, m), reward)]),
+            np.append(self.stderr, 0.0),
+            np.append(self.budgets, 0),
+            self.tokens,
+        )
+
 
 def exit_budgets(
     prompt_len: int, exit_points: Sequence[int], max_tokens: int, max_len: int | None = None

@@ -58,20 +58,20 @@ def progress(ctx: CreditContext) -> list[SampleCredit]:
         exits = _exits(ctx, s, trace)
         t2 = time.perf_counter()
         # seeds apart from the ``mc`` method's: the study compares the two on one engine
-        exits, values, stderr = mc_exit_values(ctx, s, exits, settings.samples, f"prover:{s.id}")
+        exits, est = mc_exit_values(ctx, s, exits, settings.samples, f"prover:{s.id}")
         t3 = time.perf_counter()
-        rewards = segment_rewards(values)
+        rewards = segment_rewards(est.values)
         sigma, fallback = progress_sigma(
             entropy_weights(trace), exits, rewards, float(ctx.advantages[i]), settings.alpha
         )
         out[i] = SampleCredit(
             sigma,
             exits.astype(np.int32),
-            values.astype(np.float32),
+            est.values.astype(np.float32),
             rewards.astype(np.float32),
             {"entropy": t_entropy, "segment": t2 - t1, "values": t3 - t2, "sigma": time.perf_counter() - t3},
             fallback,
-            stderr.astype(np.float32),
+            est.stderr.astype(np.float32),
             ctx.sampler.version if settings.prover == "policy" and ctx.sampler else -1,
         )
     return out

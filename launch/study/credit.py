@@ -86,19 +86,6 @@ def segment_credit(sigma: np.ndarray, exits: np.ndarray, advantage: float) -> np
     return np.sign(advantage) * (c[exits[1:]] - c[exits[:-1]])
 
 
-def with_outcome(est: MCValues, reward: float) -> MCValues:
-    """``est`` with one more exit, the end of the completion, whose value is its outcome ``reward``:
-    exact (every reward R, standard error 0, nothing sampled)."""
-    m = est.rewards.shape[1]
-    return MCValues(
-        np.append(est.values, reward),
-        np.vstack([est.rewards, np.full((1, m), reward)]),
-        np.append(est.stderr, 0.0),
-        np.append(est.budgets, 0),
-        est.tokens,
-    )
-
-
 def trace_mc(
     group: RolloutGroup,
     i: int,
@@ -128,7 +115,7 @@ def trace_mc(
         max_len=cfg.model.max_model_len,
         opened=scorer.opens_thought(prompt),
     )
-    return with_outcome(est, s.reward) if terminal else est
+    return est.with_outcome(s.reward) if terminal else est
 
 
 def study_group(
