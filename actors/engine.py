@@ -164,11 +164,15 @@ class Engine:
         self._done: list[GroupOutput] = []
 
     # ----- generation -----
+    def fits(self, prompt_ids: list[int]) -> bool:
+        """Whether the prompt leaves room to generate within the model's context."""
+        return len(prompt_ids) < self.max_model_len
+
     def submit(self, request_id: str, prompt_ids: list[int], sampling: Sampling) -> None:
         """Queue one group; raises ``PromptTooLong`` if the prompt fills the context."""
         if sampling.seed is not None and not self.seeded:
             raise ValueError(f"request {request_id} carries a seed: build the engine with EngineSpec(seeded=True)")
-        if len(prompt_ids) >= self.max_model_len:
+        if not self.fits(prompt_ids):
             raise PromptTooLong(
                 f"prompt {request_id} has {len(prompt_ids)} tokens; the model context is "
                 f"{self.max_model_len} (model.max_model_len), so nothing can be generated"

@@ -133,7 +133,7 @@ class CollectiveReceiver(FileReceiver):
     def _follow_restart(self) -> None:
         """A restarted learner hosts a new group (another epoch) and waits for the generators in its
         first publication: leave the old group and join the new one."""
-        if self.group_rank is None or not self.epoch:
+        if not self.epoch:  # never joined (outside the group, or the join failed)
             return
         info = read_group(self.client, self.run_id)
         if info is not None and info.epoch != self.epoch:

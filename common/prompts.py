@@ -36,5 +36,6 @@ def prompt_ids(problem: Problem, task: Task, cfg: DataConfig, tokenizer: Any) ->
 
 def opens_thought(prompt_ids: Any, tokenizer: Any, think_start: str) -> bool:
     """Whether the prompt opens the thought (its chat template ends it with ``think_start``,
-    DeepSeek-R1-Distill style): its completions then hold only the closing tag."""
-    return tokenizer.decode(prompt_ids, skip_special_tokens=False).rstrip().endswith(think_start)
+    DeepSeek-R1-Distill style): its completions then hold only the closing tag. Only the prompt's
+    last tokens are decoded: the tag is at its end."""
+    return tokenizer.decode(prompt_ids[-16:], skip_special_tokens=False).rstrip().endswith(think_start)

@@ -229,9 +229,10 @@ def publish_weights(
 def prune(out_dir: str | Path, keep: int = 2) -> list[Path]:
     """Delete all but the ``keep`` newest weight files in ``out_dir``, and the partial files of
     writers that are gone (a learner killed while writing); returns what was deleted."""
-    files = sorted((int(m.group(1)), p) for p in Path(out_dir).iterdir() if (m := _FILE_RE.match(p.name)))
+    paths = list(Path(out_dir).iterdir())
+    files = sorted((int(m.group(1)), p) for p in paths if (m := _FILE_RE.match(p.name)))
     doomed = [p for _, p in files[: max(len(files) - keep, 0)]]
-    doomed += [p for p in Path(out_dir).iterdir() if (m := _TMP_RE.match(p.name)) and int(m.group(1)) != os.getpid()]
+    doomed += [p for p in paths if (m := _TMP_RE.match(p.name)) and int(m.group(1)) != os.getpid()]
     for p in doomed:
         p.unlink(missing_ok=True)
     return doomed

@@ -267,7 +267,7 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     # Ctrl-C while ray.init starts the local Ray can be swallowed inside it (seen under load: the
     # run went on to the end); ours records the signal, so that the run stops as soon as it returns
     catch_interrupts(stack)
-    stack.callback(_say_slots_left, cfg.run.name)  # after Ray's shutdown: a killed or failed learner's
+    stack.callback(_say_slots_left, cfg.run.name)  # after Ray's shutdown: what a failed learner left in /dev/shm
     _init_ray(cfg, stack)
     raise_if_interrupted()
     # after ray.init, which installs its own SIGTERM handler: ours tears the run down cleanly

@@ -78,13 +78,13 @@ def evaluate(
     start = time.perf_counter()
     g = cfg.generation
     every = [(p, prompt_ids(p, verifier.task, cfg.data, engine.tokenizer)) for p in problems]
-    fitting = [(p, ids) for p, ids in every if len(ids) < engine.max_model_len]
+    fitting = [(p, ids) for p, ids in every if engine.fits(ids)]
     if len(fitting) < len(every):
         log.warning(
             "evaluation: %d held-out problem(s) left out, their prompt fills model.max_model_len (%d): %s",
             len(every) - len(fitting),
             engine.max_model_len,
-            ", ".join(p.id for p, ids in every if len(ids) >= engine.max_model_len)[:500],
+            ", ".join(p.id for p, ids in every if not engine.fits(ids))[:500],
         )
     problems, prompts = [p for p, _ in fitting], [ids for _, ids in fitting]
     sampled = Sampling(
