@@ -24,7 +24,11 @@ class VersionLineage:
     def __init__(self, client: redis.Redis, run_id: str) -> None:
         self.client = client
         self.key = run_key(client, run_id, "version_lineage")
-        renumbered = sorted((int(k), int(v)) for k, v in client.hgetall(self.key).items())
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Read the renumberings again (a reader that outlives a learner restart: the redistributor)."""
+        renumbered = sorted((int(k), int(v)) for k, v in self.client.hgetall(self.key).items())
         self.starts = np.array([0, *(s for s, _ in renumbered)], np.int64)
         self.bases = np.array([0, *(b for _, b in renumbered)], np.int64)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from rredcot.common.codec import decode, encode
 from rredcot.common.config import Config, ConfigError
 from rredcot.common.control import RunControl
 from rredcot.common.ledger import Ledger, length_bucket, mean_length
+from rredcot.common.lineage import VersionLineage
 from rredcot.common.models import load_causal_lm, load_tokenizer, resolve_model_path
 from rredcot.common.onednn import bound_primitive_cache
 from rredcot.common.records import RecordError, RolloutGroup, WeightedGroup, WeightedSample
@@ -77,8 +79,9 @@ class WorkerMetrics:
     def add(self, key: str, value: float = 1.0) -> None:
         self.detail[key] = self.detail.get(key, 0.0) + value
 
-    def count_sample(self, s: WeightedSample) -> None:
-        """The sample's length bucket, σ fallback reason and σ concentration."""
+    def count_sample(self, s: WeightedSample, position: Callable[[int], Any]) -> None:
+        """The sample's length bucket, σ fallback reason and σ concentration; an MC sample's version
+        gap is in updates along the run's history (``position``: ``VersionLineage.position``)."""
         n = len(s.sigma)
         b = length_bucket(n)
         self.add(f"samples.{b}")
@@ -91,7 +94,7 @@ class WorkerMetrics:
         self.mc_exits += len(finite)
         self.mc_stderr_sum += float(finite.sum())
         if s.values_version >= 0:  # from the policy: its version gap
-            gap = s.values_version - s.rollout.max_version
+            gap = int(position(s.values_version) - position(s.rollout.max_version))
             self.mc_samples += 1
             self.mc_version_gap_sum += gap
             self.add(f"mc_version_gap.{gap}")
@@ -176,6 +179,7 @@ class Redistributor:
         self.ledger = Ledger(self.client, self.run_id)
         self.producer = Producer(self.client, batches, cfg.redis.maxlen, cfg.redis.block_timeout_s)
         self.control = RunControl(self.client, self.run_id)
+        self.lineage = VersionLineage(self.client, self.run_id)
         self.scorer = scorer if scorer is not None or not self.method.needs_scorer else build_scorer(cfg)
         self.slots = SlotReader(self.client, self.run_id, name)  # the ipc transport's, for credit.scorer=policy
         self.extra: dict[str, Any] = {"settings": self.method.typed_settings(cfg)}
@@ -248,6 +252,8 @@ class Redistributor:
         """Bring the continuation sampler to the newest published policy version (between groups)."""
         if self.sampler is not None:
             self.sampler.sync()
+            if self.sampler.version != self.metrics.mc_version:  # a restored learner renumbers first
+                self.lineage.refresh()
             self.metrics.mc_version = self.sampler.version
 
     def _dead(self, entry: Entry, reason: str, kind: str, group: RolloutGroup | None = None) -> None:
@@ -283,7 +289,7 @@ class Redistributor:
         if self.sampler is not None:
             m.mc_tokens = self.sampler.generated_tokens
         for s in samples:
-            m.count_sample(s)
+            m.count_sample(s, self.lineage.position)
         if len(group.samples) < self.cfg.generation.group_size:
             m.incomplete_groups += 1
             log.warning(

@@ -19,3 +19,13 @@ def test_versions_map_to_updates_across_two_restores(redis_client, run_id):
     # a learner that starts later reads the same renumberings
     assert VersionLineage(redis_client, run_id).position([5, 7, 9, 12]).tolist() == [5, 3, 5, 6]
     assert int(lineage.position(12)) == 6  # a scalar too
+
+
+def test_a_reader_that_outlives_a_restore_sees_it_after_refresh(redis_client, run_id):
+    """The redistributor reads the lineage at start and outlives a learner restart: ``refresh``
+    brings in the restore's renumbering."""
+    reader = VersionLineage(redis_client, run_id)
+    VersionLineage(redis_client, run_id).renumber(6, 2)  # the restarted learner's
+    assert int(reader.position(6)) == 6
+    reader.refresh()
+    assert reader.position([5, 6, 7]).tolist() == [5, 2, 3]

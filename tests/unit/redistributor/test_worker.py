@@ -43,7 +43,8 @@ def test_metrics_per_length_bucket() -> None:
     e = np.zeros(0, np.float32)
     for n, sigma, reason in [(4, [0.7, 0.1, 0.1, 0.1], ""), (4, [0.25] * 4, "zero_mass"), (2000, None, "underflow")]:
         sigma = np.full(n, 1 / n, np.float32) if sigma is None else np.array(sigma, np.float32)
-        m.count_sample(WeightedSample(rollout("g", 0, n), 1.0, sigma, e.astype(np.int32), e, e, "rredcot", {}, reason))
+        sample = WeightedSample(rollout("g", 0, n), 1.0, sigma, e.astype(np.int32), e, e, "rredcot", {}, reason)
+        m.count_sample(sample, int)
     snap = m.snapshot()
     assert snap["samples.lt1k"] == 2 and snap["samples.lt4k"] == 1 and snap["uniform_zero_mass.lt1k"] == 1
     assert snap["uniform_underflow.lt4k"] == 1 and "uniform_underflow.lt1k" not in snap
@@ -51,10 +52,11 @@ def test_metrics_per_length_bucket() -> None:
 
 
 def test_mc_metrics_stderr_and_version_gap() -> None:
-    """MC samples count their version gap (MC policy − the trace's newest token version) in a
-    histogram and a mean, and their finite standard errors in a mean; a fixed prover's samples count
-    only their errors; other samples count in neither."""
+    """MC samples count their version gap (MC policy − the trace's newest token version, in updates
+    along the run's history) in a histogram and a mean, and their finite standard errors in a mean; a
+    fixed prover's samples count only their errors; other samples count in neither."""
     m = WorkerMetrics()
+    renumbered = {7: 2, 8: 3}  # a restore republished version 2's weights as 7 (``VersionLineage``)
     e = np.zeros(3, np.float32)
     for versions, mc_version, stderr in [
         (((0, 2),), 3, [0.2, 0.4, 0.0]),
@@ -62,6 +64,7 @@ def test_mc_metrics_stderr_and_version_gap() -> None:
         (((0, 4),), 3, [0.0, 0.0, 0.0]),  # the generator was ahead of the MC engine: gap -1
         (((0, 0),), -1, [0.5]),  # a fixed prover's MC (progress): its error counts, no version gap
         (((0, 0),), -1, []),  # not MC
+        (((0, 6),), 8, [0.0]),  # trace on 6, discarded by the restore; MC on 8 (position 3): gap -3, not +2
     ]:
         r = rollout("g", 0, 10, versions=versions)
         w = WeightedSample(
@@ -77,11 +80,12 @@ def test_mc_metrics_stderr_and_version_gap() -> None:
             np.array(stderr, np.float32),
             mc_version,
         )
-        m.count_sample(w)
+        m.count_sample(w, lambda v: renumbered.get(v, v))
     snap = m.snapshot()
-    assert snap["mc_version_gap.1"] == 2 and snap["mc_version_gap.-1"] == 1 and snap["mc_samples"] == 3
-    assert snap["mc_version_gap_mean"] == pytest.approx(1 / 3) and snap["mc_exits"] == 9
-    assert snap["mc_stderr_mean"] == pytest.approx(1.5 / 9)
+    assert snap["mc_version_gap.1"] == 2 and snap["mc_version_gap.-1"] == 1 and snap["mc_version_gap.-3"] == 1
+    assert snap["mc_samples"] == 4 and "mc_version_gap.2" not in snap
+    assert snap["mc_version_gap_mean"] == pytest.approx(-2 / 4) and snap["mc_exits"] == 10
+    assert snap["mc_stderr_mean"] == pytest.approx(1.5 / 10)
     assert WorkerMetrics().snapshot()["mc_stderr_mean"] == 0.0
 
 
