@@ -53,6 +53,11 @@ class PromptTooLong(ValueError):
     """A prompt that leaves no room to generate within the model's context."""
 
 
+class WeightsLost(RuntimeError):
+    """A version failed part-way into the engine: its weights are a mix of two versions, so it must
+    not generate again (the generator ends; its supervisor restarts it on the newest weights)."""
+
+
 @dataclass(frozen=True)
 class Sampling:
     """How to sample one group."""
@@ -318,7 +323,10 @@ class Engine:
                 for out in self._core.step():
                     self._absorb(out)
         start = time.perf_counter()
-        apply()
+        try:
+            apply()
+        except Exception as e:
+            raise WeightsLost(f"weights v{version} failed part-way into an engine holding v{self.version}") from e
         # Cached prefix KV was computed with the old weights; with "pause" the running requests are
         # preempted too, so their KV is recomputed with the new weights when they resume.
         self._core.reset_prefix_cache(reset_running_requests=bool(self._live))

@@ -17,7 +17,7 @@ import logging
 import time
 from typing import Any
 
-from rredcot.actors.engine import Engine
+from rredcot.actors.engine import Engine, WeightsLost
 from rredcot.common.config import Config
 from rredcot.common.weight_group import read_group
 from rredcot.common.weight_slots import SlotReader, want_files
@@ -125,6 +125,8 @@ class CollectiveReceiver(FileReceiver):
             return self._apply_file(manifest, in_flight)
         try:
             return self.engine.load_weights_broadcast(manifest, in_flight)
+        except WeightsLost:
+            raise
         except Exception as e:  # noqa: BLE001 - a broken group: the learner re-publishes as files
             log.warning("%s: weight broadcast failed (%s: %s); following weight files", self.name, type(e).__name__, e)
             self.close()
@@ -164,6 +166,8 @@ class IpcReceiver(FileReceiver):
             return self._apply_file(manifest, in_flight)
         try:
             seconds = self.engine.load_weights_shared(manifest, lambda: self.slots.still_held(manifest), in_flight)
+        except WeightsLost:
+            raise
         except Exception as e:  # noqa: BLE001 - the slots went with their learner: its file, if any
             log.info("%s: cannot open weights v%d's slot (%s: %s)", self.name, manifest.version, type(e).__name__, e)
             return self._apply_file(manifest, in_flight)

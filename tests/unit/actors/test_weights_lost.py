@@ -1,0 +1,36 @@
+"""A version that fails part-way into a real vLLM engine: the engine is lost, not relabelled.
+
+Its own module and engine: the failed reload leaves vLLM's parameters unusable, so no other test may
+share the engine (``conftest._tied``)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from safetensors.torch import save
+
+from rredcot.actors.engine import WeightsLost
+from rredcot.actors.receivers import IpcReceiver
+from rredcot.learner.ipc import IpcPublisher
+
+
+def test_a_version_that_fails_part_way_into_the_engine_is_fatal(tied, helpers, redis_client, run_id, tmp_path):
+    """A slot whose apply fails after some tensors were loaded leaves the engine's weights a mix of two
+    versions (and vLLM's parameters unusable: even the whole model fails to load after it). The
+    receiver must not fall back to the file or generate on under the old label, but raise
+    ``WeightsLost``, so the generator ends and its supervisor restarts it on a new engine."""
+    engine, m0, _, _ = tied
+    broken = copy.deepcopy(m0)
+    mlp = broken.model.layers[-1].mlp  # the last layer: the layers before it are loaded first
+    mlp.down_proj.weight = torch.nn.Parameter(torch.zeros(mlp.down_proj.weight.shape[0], 3))
+    (tmp_path / "shm").mkdir()
+    publisher = IpcPublisher(redis_client, run_id, tmp_path / "weights", 0, shm_dir=tmp_path / "shm")
+    publisher.publish(broken, 1)
+    with pytest.raises(WeightsLost, match="weights v1 failed part-way into an engine holding v0"):
+        IpcReceiver(redis_client, run_id, engine).poll()
+    assert engine.version == 0
+    with pytest.raises(WeightsLost):  # no way back in this engine
+        engine.load_weights_bytes(save(helpers.weights(m0)), 2)
+    publisher.close()
