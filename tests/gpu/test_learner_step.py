@@ -39,17 +39,19 @@ def test_25k_token_step_of_a_1_5b_model_zero2_bf16():
     assert result.applied, result.metrics
     assert math.isfinite(result.metrics["loss"]) and result.metrics["grad_norm"] > 0
     assert _changed(before, engine.module)
-    assert torch.cuda.max_memory_allocated() < torch.cuda.get_device_properties(0).total_memory
 
 
 @pytest.mark.parametrize("stage", [0, 2, 3])
 def test_every_tensor_on_the_gpu_with_a_kl_term_and_chunks(stage):
-    """Loss, statistics, reductions and the KL reference model on the GPU (stage 3: no KL, refused)."""
+    """Loss, statistics, reductions and the KL reference model on the GPU (stage 3: no KL, refused);
+    the second step's KL is positive (the first one's is 0: the policy is still the reference)."""
     kl = 0.1 if stage < 3 else 0.0
     engine = _engine(tiny_lm(0), zero_stage=stage, kl_coef=kl, logprob_chunk=8, micro_token_budget=64)
     if kl:
         assert next(engine.ref_model.parameters()).device.type == "cuda"
     before = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
     result = engine.train_step(random_samples(6))
-    assert result.applied and math.isfinite(result.metrics["loss"]) and result.metrics["kl"] >= 0
+    assert result.applied and math.isfinite(result.metrics["loss"])
     assert _changed(before, engine.module)
+    second = engine.train_step(random_samples(6, seed=1))
+    assert second.applied and (second.metrics["kl"] > 0) == (kl > 0)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 
 from rredcot.learner.attention import VARLEN_ATTENTION, use_varlen_attention, varlen_attention_forward
 from rredcot.learner.packing import collate
+from tests.learner_samples import random_samples, tiny_lm
 
 
 def _hidden(model: torch.nn.Module, mb, **kwargs) -> torch.Tensor:
@@ -17,18 +17,15 @@ def _hidden(model: torch.nn.Module, mb, **kwargs) -> torch.Tensor:
     ).last_hidden_state
 
 
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (sdpa's flash kernel there)")
-
-
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
-def test_packed_row_matches_sdpa_block_mask_forward_and_backward(make_model, make_samples, device):
+def check_packed_row_matches_sdpa(device: str) -> None:
     """Reference: the untouched sdpa model, which builds a block-diagonal mask from the restarting
-    position ids; the varlen model runs one causal sdpa per sample (GQA: 4 heads, 2 kv heads)."""
-    samples = make_samples(5, lengths=[1, 37, 4, 60, 9])
+    position ids; the varlen model runs one causal sdpa per sample (GQA: 4 heads, 2 kv heads). On
+    CUDA (``tests/gpu/test_attention_cuda.py``) sdpa takes its flash kernel."""
+    samples = random_samples(5, lengths=[1, 37, 4, 60, 9])
     mb = collate(samples, "packed").to(device)
     outputs, grads = [], []
     for varlen in (False, True):
-        model = make_model(heads=4, kv_heads=2).to(device)
+        model = tiny_lm(heads=4, kv_heads=2).to(device)
         if varlen:
             use_varlen_attention(model)
         kwargs = {"sample_bounds": mb.sample_bounds} if varlen else {}
@@ -40,6 +37,10 @@ def test_packed_row_matches_sdpa_block_mask_forward_and_backward(make_model, mak
     assert grads[0].keys() == grads[1].keys()
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_packed_row_matches_sdpa_block_mask_forward_and_backward():
+    check_packed_row_matches_sdpa("cpu")
 
 
 def test_bounds_decide_what_each_token_sees(make_model, make_samples):

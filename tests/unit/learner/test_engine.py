@@ -173,3 +173,25 @@ def test_zero3_loads_the_policy_into_partitions(make_model, tmp_path):
     assert state.keys() == saved.keys()
     for name, tensor in saved.items():
         torch.testing.assert_close(state[name], tensor, atol=0, rtol=0, msg=name)
+
+
+def test_the_kl_term_measures_the_policy_against_the_frozen_initial_model(make_model, make_samples):
+    """``kl_coef > 0``: the step's ``kl`` is the token mean of k3 = e^r − r − 1, r = log π_ref − log π,
+    with π_ref the initial model, frozen (its copy stays the initial weights), recomputed by hand with
+    plain autograd-free forwards; 0 at the first step (π = π_ref), positive after an update."""
+    model = make_model()
+    initial = copy.deepcopy(model).eval()
+    engine = LearnerEngine(model, config(zero_stage=0, kl_coef=0.1))
+    first = engine.train_step(make_samples(4, seed=1))
+    assert first.applied and first.metrics["kl"] == pytest.approx(0.0, abs=1e-9)
+    samples = make_samples(4, seed=2)
+    mb = collate(samples)
+    now = copy.deepcopy(initial)
+    assert not now.load_state_dict(full_state(engine.module), strict=False).unexpected_keys  # lm_head: tied
+    with torch.no_grad():
+        r = token_logprobs(initial, mb) - token_logprobs(now.eval(), mb)
+    expected = (torch.exp(r) - r - 1).mean().item()
+    second = engine.train_step(samples)
+    assert expected > 1e-6 and second.metrics["kl"] == pytest.approx(expected, rel=1e-4)
+    ref = dict(engine.ref_model.lm.named_parameters())
+    assert all(torch.equal(ref[n], p) for n, p in initial.named_parameters())
