@@ -284,10 +284,16 @@ class Generator:
         self.client.close()
 
 
-def run_generator(cfg: Config) -> dict[str, float]:
-    """``rredcot generate CONFIG``: one generator in this process until the run's prompt budget is done."""
+def run_generator(cfg: Config, index: int = 0) -> dict[str, float]:
+    """``rredcot generate CONFIG [--index N]``: generator ``gen<N>`` (rank N) in this process until the
+    run's prompt budget is done or its stop flag is raised."""
+    if cfg.generation.weight_transport == "collective" and index >= (n := cfg.cluster.generators):
+        raise ConfigError(
+            f"--index {index}: the collective weight group has room for cluster.generators={n} generators "
+            f"(--index 0..{n - 1}); add generators by hand with generation.weight_transport=file"
+        )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    gen = Generator(cfg, name="gen0")
+    gen = Generator(cfg, name=f"gen{index}", rank=index)
     try:
         metrics = gen.run()
     finally:

@@ -13,6 +13,7 @@ import dataclasses
 import importlib.util
 import math
 import re
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from rredcot.common.errors import UserError
 from rredcot.common.registry import CREDIT_METHODS, WEIGHT_TRANSPORTS, RegistryError, typed_settings
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+# vLLM seeds numpy (32 bits) with run.seed plus an offset of up to 2 (actors.continuations.MC_SEED_OFFSET)
+SEED_MAX = 2**32 - 1 - 2
 
 
 class ConfigError(UserError):
@@ -49,7 +52,7 @@ def bounded(default: float, lo: float | None = None, hi: float | None = None, lo
 class RunConfig:
     name: str = "run"
     dir: str = "runs/${run.name}"
-    seed: int = 0
+    seed: int = bounded(0, 0, SEED_MAX)
     # varies only the generators' and the evaluator's sampling, not the problems, their order or a
     # builtin model's initialisation: what ``rredcot study compare --seeds`` sets
     sampling_seed: int = bounded(0, 0)
@@ -82,7 +85,7 @@ class DataConfig:
     solution_column: str = "solution"
     answer_column: str | None = "answer"  # None or missing: last \boxed{} of the solution
     eval_size: int = bounded(64, 0)  # held out (never trained on)
-    shuffle_seed: int = 0
+    shuffle_seed: int = bounded(0, 0, 2**32 - 1)
     prompt_style: str = choice("chat_one_shot", "chat_one_shot", "chat", "plain")
     system_prompt: str | None = None
 
@@ -250,12 +253,15 @@ class Config:
 
 
 def resolve_config_path(path: str | Path) -> Path:
-    """A config file path, or the name of a bundled config (``tests``, ``demo_cpu.yaml``)."""
+    """A config file path, or the name of a bundled config (``tests``, ``demo_cpu.yaml``): a bare
+    name only, so that a path with a directory part that does not exist is an error, not a bundled
+    config of the same file name."""
     p = Path(path)
     if p.is_file():
         return p
+    bare = p.name == str(path)
     for candidate in (CONFIG_DIR / p.name, CONFIG_DIR / f"{p.name}.yaml"):
-        if candidate.is_file():
+        if bare and candidate.is_file():
             return candidate
     raise ConfigError(f"config file {str(path)!r} not found (bundled configs: {available_configs()})")
 
@@ -272,10 +278,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if path is not None:
             layers.append(_load_yaml(resolve_config_path(path)))
         if overrides:
-            bad = [o for o in overrides if "=" not in o]
-            if bad:
-                raise ConfigError(f"override {bad[0]!r} must look like key=value (e.g. learner.lr=1e-6)")
+            _check_overrides(overrides)
             layers.append(OmegaConf.from_dotlist(list(overrides)))
+        for layer in layers:
+            _check_shapes(OmegaConf.to_container(layer), Config)
+        if overrides:
             _drop_settings_of_replaced_entries(layers)
         merged = OmegaConf.merge(base, *layers)
         OmegaConf.resolve(merged)
@@ -301,6 +308,36 @@ def _load_yaml(path: Path) -> DictConfig:
     if not isinstance(loaded, DictConfig):
         raise ConfigError(f"config file {path}: expected a mapping of sections (run:, model:, ...), got a list")
     return loaded
+
+
+def _check_overrides(overrides: list[str]) -> None:
+    """Each override is ``key=value`` with a value (``key=`` would be null, typed ``None``)."""
+    for o in overrides:
+        key, eq, value = o.partition("=")
+        if not eq:
+            raise ConfigError(f"override {o!r} must look like key=value (e.g. learner.lr=1e-6)")
+        if not value.strip():
+            raise ConfigError(f"override {o!r} has no value (use {key}=null for null)")
+
+
+def _check_shapes(values: dict[Any, Any], schema: type, prefix: str = "") -> None:
+    """A section or a settings mapping given a scalar, a list or nothing, or a list given a mapping
+    (``credit.keywords.0=x``), raises ``ConfigError`` naming the key (OmegaConf's merge names none)."""
+    hints = typing.get_type_hints(schema)
+    for name, value in values.items():
+        key, hint = f"{prefix}{name}", hints.get(str(name))
+        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+            _check_shapes(value, hint, key + ".")  # type: ignore[arg-type]
+            continue
+        if dataclasses.is_dataclass(hint):
+            expected = f"a section: set {key}.<key>=… (e.g. {key}.{dataclasses.fields(hint)[0].name}=…)"
+        elif typing.get_origin(hint) is dict and not isinstance(value, dict):
+            expected = f"a mapping: set {key}.<key>=… or '{key}={{key: value}}'"
+        elif typing.get_origin(hint) is list and isinstance(value, dict):
+            expected = f"a whole list: set '{key}=[a,b]', not one item"
+        else:
+            continue
+        raise ConfigError(f"{key} = {value!r} is not allowed; expected {expected}")
 
 
 # (name key, settings key) of the config's extension points
@@ -400,15 +437,56 @@ def validate(cfg: Config) -> None:
         cfg.credit.exit_string,
         "a non-empty string (the text that ends the thinking span early; it must tokenise to >= 1 token)",
     )
+    m = cfg.model
+    for key, tag in (("model.think_start", m.think_start), ("model.think_end", m.think_end)):
+        _check(tag != "", key, tag, "a non-empty string (the tag that opens or closes the thinking span)")
+    _check(
+        m.think_end != m.think_start,
+        "model.think_end",
+        m.think_end,
+        f"a tag other than model.think_start ({m.think_start!r}): the thinking span lies between the two",
+    )
+    _check(
+        "" not in cfg.generation.stop,
+        "generation.stop",
+        cfg.generation.stop,
+        "a list of non-empty strings (vLLM refuses an empty stop string)",
+    )
+    _check(
+        cfg.redis.maxlen >= cfg.generation.prompts_per_step,
+        "redis.maxlen",
+        cfg.redis.maxlen,
+        f">= generation.prompts_per_step ({cfg.generation.prompts_per_step}): the learner keeps a step's "
+        "batches entries unacknowledged until the step ends, so the stream must hold a whole step",
+    )
     _check(cfg.learner.eps_low < 1.0, "learner.eps_low", cfg.learner.eps_low, "a value in [0, 1)")
     c = cfg.cluster
     for tier in ("generator", "redistributor", "learner"):
+        cpus, gpus = getattr(c, f"cpus_per_{tier}"), getattr(c, f"gpus_per_{tier}")
         _check(
-            getattr(c, f"cpus_per_{tier}") > 0 or getattr(c, f"gpus_per_{tier}") > 0,
+            cpus > 0 or gpus > 0,
             f"cluster.cpus_per_{tier}",
-            getattr(c, f"cpus_per_{tier}"),
+            cpus,
             f"a number > 0 while cluster.gpus_per_{tier} is 0 (Ray cannot place a worker that asks for nothing)",
         )
+        _check(
+            gpus <= 1 or gpus == int(gpus),
+            f"cluster.gpus_per_{tier}",
+            gpus,
+            "a fraction of one GPU (<= 1) or a whole number of GPUs",
+        )
+    _check(
+        c.gpus_per_generator > 0 or cfg.generation.kv_block_size % 32 == 0,
+        "generation.kv_block_size",
+        cfg.generation.kv_block_size,
+        "0 (auto) or a multiple of 32 while cluster.gpus_per_generator is 0 (vLLM-CPU's KV blocks)",
+    )
+    _check(
+        cfg.credit.branch_attention != "flex" or c.gpus_per_redistributor > 0,
+        "credit.branch_attention",
+        cfg.credit.branch_attention,
+        "'auto' or 'dense' while cluster.gpus_per_redistributor is 0 (flex attention needs a CUDA scorer)",
+    )
     _check(
         cfg.learner.kl_coef == 0 or cfg.learner.zero_stage < 3,
         "learner.kl_coef",
@@ -520,17 +598,17 @@ def _validate_fields(node: Any, prefix: str) -> None:
         if bounds is not None:
             lo, hi = bounds
             lo_open = f.metadata.get("lo_open", False)
-            ok = isinstance(value, (int, float)) and not math.isnan(value)
-            ok = ok and (lo is None or (value > lo if lo_open else value >= lo)) and (hi is None or value <= hi)
-            _check(ok, key, value, _range_text(lo, hi, lo_open))
+            finite = isinstance(value, int) or isinstance(value, float) and math.isfinite(value)
+            ok = finite and (lo is None or (value > lo if lo_open else value >= lo)) and (hi is None or value <= hi)
+            _check(ok, key, value, _range_text(lo, hi, lo_open, "a number" if finite else "a finite number"))
 
 
-def _range_text(lo: float | None, hi: float | None, lo_open: bool = False) -> str:
+def _range_text(lo: float | None, hi: float | None, lo_open: bool = False, noun: str = "a number") -> str:
     if lo is not None and hi is not None:
-        return f"a number in {'(' if lo_open else '['}{lo}, {hi}]"
+        return f"{noun} in {'(' if lo_open else '['}{lo}, {hi}]"
     if lo is not None:
-        return f"a number {'>' if lo_open else '>='} {lo}"
-    return f"a number <= {hi}"
+        return f"{noun} {'>' if lo_open else '>='} {lo}"
+    return f"{noun} <= {hi}"
 
 
 def _check(ok: bool, key: str, value: Any, allowed: str) -> None:

@@ -9,7 +9,9 @@ A bad row raises ``DatasetError`` naming the file and the (1-based) row number.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -59,19 +61,21 @@ def problems_from_rows(rows: Iterable[tuple[int, Mapping[str, Any]]], source: st
             raise DatasetError(f"{where}: expected an object with columns, got {type(row).__name__}")
         problem = _text(row, cfg.problem_column, where)
         solution = _text(row, cfg.solution_column, where)
-        answer = row.get(cfg.answer_column) if cfg.answer_column else None
-        if answer is None or str(answer).strip() == "":
+        answer = _answer(row, cfg.answer_column, where) if cfg.answer_column else None
+        if answer is None or answer.strip() == "":
             answer = last_boxed(solution)
             if answer is None:
                 raise DatasetError(
                     f"{where}: no {cfg.answer_column!r} column and no \\boxed{{}} answer in the solution"
                 )
+        if not answer.strip():
+            raise DatasetError(f"{where}: answer is empty (an empty \\boxed{{}} in the solution)")
         out.append(
             Problem(
                 id=str(row.get("id", f"{Path(source).stem}-{row_no}")),
                 problem=problem,
                 solution=solution,
-                answer=str(answer).strip(),
+                answer=answer.strip(),
             )
         )
     if not out:
@@ -84,6 +88,32 @@ def _text(row: Mapping[str, Any], column: str, where: str) -> str:
     if not isinstance(value, str) or not value.strip():
         found = ", ".join(map(str, row.keys()))
         raise DatasetError(f"{where}: column {column!r} is missing or empty (columns found: {found})")
+    return _unicode(value, column, where)
+
+
+def _answer(row: Mapping[str, Any], column: str, where: str) -> str | None:
+    """The row's answer as text (None when absent); a list, a bool or a NaN is a ``DatasetError``."""
+    value = row.get(column)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return _unicode(value, column, where)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise DatasetError(f"{where}: column {column!r} must be a string or number, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise DatasetError(f"{where}: column {column!r} must be a string or finite number, got {value}")
+    return str(value)
+
+
+def _unicode(value: str, column: str, where: str) -> str:
+    """``value``, or a ``DatasetError`` when it holds a lone surrogate (no UTF-8 encodes it)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise DatasetError(
+            f"{where}: column {column!r} holds invalid Unicode (a lone surrogate {value[e.start]!r} at character "
+            f"{e.start + 1})"
+        ) from None
     return value
 
 
@@ -115,18 +145,58 @@ def _open_data(path: str | Path) -> BinaryIO:
         raise DatasetError(f"data.path {path}: {e.strerror.lower() if e.strerror else e}; fix data.path") from None
 
 
-def _parquet_rows(path: str, limit: int | None) -> list[dict[str, Any]]:
+@contextmanager
+def _reading_parquet(path: str) -> Iterator[Any]:
+    """``pyarrow.parquet``, for reading ``path``: a file it cannot read raises ``DatasetError``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     _open_data(path).close()
     try:
+        yield pq
+    except pa.ArrowException as e:
+        raise DatasetError(f"data.path {path}: not a readable parquet file ({e})") from None
+
+
+def _parquet_rows(path: str, limit: int | None) -> list[dict[str, Any]]:
+    with _reading_parquet(path) as pq:
         if limit is None:
             return pq.read_table(path).to_pylist()
         first = next(pq.ParquetFile(path).iter_batches(batch_size=limit), None)
         return [] if first is None else first.to_pylist()
-    except pa.ArrowException as e:
-        raise DatasetError(f"data.path {path}: not a readable parquet file ({e})") from None
+
+
+def _hf_dataset(cfg: DataConfig) -> Any:
+    """The ``data.split`` of the Hugging Face dataset at ``data.path`` (a ``save_to_disk`` directory,
+    else a hub id); a file, a directory without a dataset or a missing split is a ``DatasetError``."""
+    import datasets
+
+    path = str(cfg.path)
+    if Path(path).is_file():
+        with _open_data(path) as f:
+            head = f.read(4)
+        looks = "parquet" if head == b"PAR1" else "jsonl" if head.lstrip().startswith(b"{") else None
+        raise DatasetError(
+            f"data.source = 'hf' is not allowed for the file {path}; expected one of 'hf' (a directory saved with "
+            "datasets' save_to_disk, or a hub id), 'jsonl', 'parquet'"
+            + (f": the file looks like {looks}, set data.source={looks}" if looks else "")
+        )
+    try:
+        ds = datasets.load_from_disk(path) if Path(path).exists() else datasets.load_dataset(path, split=cfg.split)
+    except FileNotFoundError as e:
+        raise DatasetError(f"data.path {path}: {e}; fix data.path (data.source=hf)") from None
+    except ValueError as e:  # a hub dataset without that split
+        if "split" not in str(e):
+            raise
+        raise DatasetError(f"data.split = {cfg.split!r} is not allowed for {path}: {e}") from None
+    if isinstance(ds, datasets.DatasetDict):
+        if cfg.split not in ds:
+            raise DatasetError(
+                f"data.split = {cfg.split!r} is not allowed; expected one of {', '.join(map(repr, ds))} "
+                f"(the splits of {path})"
+            )
+        ds = ds[cfg.split]
+    return ds
 
 
 def load_rows(cfg: DataConfig, limit: int | None = None) -> list[Problem]:
@@ -137,12 +207,20 @@ def load_rows(cfg: DataConfig, limit: int | None = None) -> list[Problem]:
         return problems_from_rows(islice(read_jsonl(path), limit), path, cfg)
     if cfg.source == "parquet":
         return problems_from_rows(enumerate(_parquet_rows(path, limit), start=1), path, cfg)
-    import datasets
+    return problems_from_rows(enumerate(islice(_hf_dataset(cfg), limit), start=1), f"{path}[{cfg.split}]", cfg)
 
-    ds = datasets.load_from_disk(path) if Path(path).exists() else datasets.load_dataset(path, split=cfg.split)
-    if isinstance(ds, datasets.DatasetDict):
-        ds = ds[cfg.split]
-    return problems_from_rows(enumerate(islice(ds, limit), start=1), f"{path}[{cfg.split}]", cfg)
+
+def count_rows(cfg: DataConfig) -> int:
+    """The rows of ``data.path`` without parsing them: a JSON-lines file's non-blank lines, a parquet
+    file's metadata, a Hugging Face dataset's length (a hub id is downloaded)."""
+    path = str(cfg.path)
+    if cfg.source == "jsonl":
+        with _open_data(path) as f:
+            return sum(1 for line in f if line.strip())
+    if cfg.source == "parquet":
+        with _reading_parquet(path) as pq:
+            return int(pq.ParquetFile(path).metadata.num_rows)
+    return len(_hf_dataset(cfg))
 
 
 def split_eval(problems: list[Problem], eval_size: int, seed: int) -> tuple[list[Problem], list[Problem]]:
@@ -156,7 +234,14 @@ def split_eval(problems: list[Problem], eval_size: int, seed: int) -> tuple[list
 def train_and_held_out(task: Any, cfg: DataConfig, seed: int) -> tuple[list[Problem], list[Problem]]:
     """The run's (training, held-out) problems of ``task`` (a ``common.task.Task``): every stage
     and the evaluator use this one split."""
-    return split_eval(task.problems(cfg, seed), cfg.eval_size, cfg.shuffle_seed)
+    problems = task.problems(cfg, seed)
+    train, held = split_eval(problems, cfg.eval_size, cfg.shuffle_seed)
+    if not train:
+        raise DatasetError(
+            f"{cfg.path or 'the task'} has {len(problems)} problems and data.eval_size = {cfg.eval_size} holds them "
+            f"all out: set data.eval_size below {len(problems)}"
+        )
+    return train, held
 
 
 class ProblemOrder:
@@ -168,7 +253,7 @@ class ProblemOrder:
 
     def __init__(self, problems: list[Problem], seed: int) -> None:
         if not problems:
-            raise DatasetError("no training problems")
+            raise DatasetError("no training problems: data.eval_size holds out every problem of data.path")
         self.problems, self.seed = problems, seed
         self._perms: dict[int, np.ndarray] = {}
 

@@ -62,6 +62,10 @@ class Registry(Generic[T]):
             importlib.import_module(module)
         except ImportError as e:
             raise self._unknown(name, f" (importing module {module!r} failed: {e})") from None
+        except Exception as e:  # a user's module that does not compile or raises at import (a built-in's bug: raised)
+            if name in self._builtins:
+                raise
+            raise self._unknown(name, f" (importing module {module!r} failed: {type(e).__name__}: {e})") from e
         for candidate in (name, name.rsplit(".", 1)[-1]):
             if candidate in self._entries:
                 return self._entries[candidate]

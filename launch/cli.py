@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from rredcot.common.config import Config, available_configs, load_config, to_yaml
+from rredcot.common.config import Config, available_configs, load_config, redacted, to_yaml
 from rredcot.common.errors import UserError
 from rredcot.launch.logs import headline
 
@@ -20,18 +20,33 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 STAGES: dict[str, tuple[str, str, str]] = {
     "train": ("rredcot.launch.driver", "train", "run the whole asynchronous pipeline on Ray"),
     "generate": ("rredcot.actors.generator", "run_generator", "run one generator actor against redis.url"),
-    "redistribute": ("rredcot.launch.stages", "run_redistributor", "run one redistributor worker against redis.url"),
+    "redistribute": ("rredcot.redistributor.worker", "run_worker", "run one redistributor worker against redis.url"),
     "learn": ("rredcot.learner.trainer", "run_learner", "run the learner against redis.url"),
 }
 
 
-def _add_config_args(p: argparse.ArgumentParser) -> None:
+def _add_debug(p: argparse.ArgumentParser) -> None:
     # also after the subcommand (``rredcot train cfg --debug``); SUPPRESS keeps the global flag's value
     p.add_argument(
         "--debug", action="store_true", default=argparse.SUPPRESS, help="show the full traceback of an error"
     )
+
+
+def _add_overrides(p: argparse.ArgumentParser, help_text: str) -> None:
+    # default=[]: not listed as required when missing; those after a flag are collected by parse_args
+    p.add_argument("overrides", nargs="*", default=[], help=help_text)
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    _add_debug(p)
     p.add_argument("config", help=f"YAML file or bundled config name ({', '.join(available_configs())})")
-    p.add_argument("overrides", nargs="*", help="dotlist overrides, e.g. learner.lr=1e-6 cluster.generators=4")
+    _add_overrides(p, "dotlist overrides, e.g. learner.lr=1e-6 cluster.generators=4 (also after flags)")
+
+
+def benchmarks() -> list[str]:
+    """The runnable benchmarks: ``bench/*.py`` with a ``__main__`` entry, not the helper modules they import."""
+    scripts = (REPO_ROOT / "bench").glob("*.py")
+    return sorted(p.stem for p in scripts if '__name__ == "__main__"' in p.read_text(encoding="utf-8"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,17 +61,25 @@ def build_parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="also show other libraries' (vLLM, Ray, DeepSpeed) log lines on the console",
             )
-    doctor = sub.add_parser("doctor", help="check this machine (and a config's needs) and say what to fix")
+        elif name in ("generate", "redistribute"):
+            prefix = "gen" if name == "generate" else "red"
+            stage.add_argument(
+                "--index",
+                type=int,
+                default=0,
+                help=f"this worker's number: name {prefix}<N>, rank N (default 0; the driver's use 0 .. count-1)",
+            )
+    _add_debug(doctor := sub.add_parser("doctor", help="check this machine (and a config's needs) and say what to fix"))
     doctor.add_argument("config", nargs="?", default="demo_cpu", help="config to check against (default: demo_cpu)")
-    doctor.add_argument("overrides", nargs="*", help="dotlist overrides")
+    _add_overrides(doctor, "dotlist overrides")
     config = sub.add_parser("config", help="show the resolved config")
     config_sub = config.add_subparsers(dest="action", required=True, metavar="ACTION")
     _add_config_args(show := config_sub.add_parser("show", help="print the resolved, validated config as YAML"))
     show.add_argument(
         "--check", action="store_true", help="also run the checks `train` runs before it starts (paths, data, services)"
     )
-    config_sub.add_parser("list", help="list the bundled configs")
-    inspect = sub.add_parser("inspect", help="render a credit heatmap (HTML + PNG) of a weighted sample")
+    _add_debug(config_sub.add_parser("list", help="list the bundled configs"))
+    _add_debug(inspect := sub.add_parser("inspect", help="render a credit heatmap (HTML + PNG) of a weighted sample"))
     inspect.add_argument("source", help="a saved .msgpack record, or a redis:// URL to read the batches stream")
     inspect.add_argument("--run", default=None, help="run id (stream namespace) when reading from Redis")
     inspect.add_argument(
@@ -76,12 +99,24 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--methods", default="grpo,rredcot", help="comma-separated credit methods (first: baseline)")
     compare.add_argument("--seeds", type=int, default=3, help="sampling seeds per method (run.sampling_seed 1..N)")
     compare.add_argument("--out", default=None, help="report folder (default: runs/compare-<run.name>)")
-    bench = sub.add_parser("bench", help="run a benchmark from bench/ (prints a table and a JSON line)")
-    bench.add_argument(
-        "name", help="queue | redistribution | generation | learner | learner_long | pipeline | cpu_first_contact"
-    )
-    bench.add_argument("args", nargs=argparse.REMAINDER)
+    _add_debug(bench := sub.add_parser("bench", help="run a benchmark from bench/ (prints a table and a JSON line)"))
+    bench.add_argument("name", help=" | ".join(benchmarks()) or "none here: run from a source checkout")
+    bench.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own arguments (--debug is rredcot's)")
     return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the command line; overrides may also follow flags (``train cfg --verbose run.steps=1``):
+    argparse fills a ``nargs="*"`` positional only up to the first flag, so the rest come back here."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "bench" and "--debug" in args.args:  # ``bench NAME ... --debug``: ours, not the script's
+        args.args, args.debug = [a for a in args.args if a != "--debug"], True
+    if extra and hasattr(args, "overrides") and not any(a.startswith("-") for a in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def _call_stage(module: str, func: str, cfg: Config, **options: object) -> int:
@@ -91,18 +126,12 @@ def _call_stage(module: str, func: str, cfg: Config, **options: object) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         if args.command in STAGES:
             module, func, _ = STAGES[args.command]
             cfg = load_config(args.config, args.overrides)
-            options = {}
-            if args.command == "train":
-                from rredcot.launch.driver import lead_own_process_group
-
-                lead_own_process_group(cfg)
-                options = {"verbose": args.verbose}
-            return _call_stage(module, func, cfg, **options)
+            return _call_stage(module, func, cfg, **_stage_options(args, cfg))
         if args.command == "doctor":
             from rredcot.launch.doctor import doctor
 
@@ -112,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                 print("\n".join(available_configs()))
                 return 0
             cfg = load_config(args.config, args.overrides)
-            print(to_yaml(cfg), end="")
+            print(to_yaml(redacted(cfg)), end="")
             if args.check:
                 from rredcot.launch.doctor import preflight
 
@@ -132,6 +161,24 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"rredcot: {one_line(e)}", file=sys.stderr)
         return 2 if isinstance(shown_error(e), UserError) else 1
+
+
+def _stage_options(args: argparse.Namespace, cfg: Config) -> dict[str, object]:
+    """What a stage's function takes beyond the config."""
+    if args.command == "train":
+        from rredcot.launch.driver import lead_own_process_group
+
+        lead_own_process_group(cfg)
+        return {"verbose": args.verbose}
+    if args.command == "learn":
+        return {}
+    if args.index < 0:
+        raise UserError(f"--index must be >= 0 (got {args.index})")
+    if args.command == "generate":
+        return {"index": args.index}
+    from rredcot.launch.stages import stage_parts
+
+    return {"index": args.index, **stage_parts("redistributor", cfg)}
 
 
 def shown_error(e: BaseException) -> BaseException:
@@ -194,13 +241,8 @@ def _call_compare(args: argparse.Namespace, cfg: Config) -> int:
 
 def _run_bench(name: str, extra: list[str]) -> int:
     script = REPO_ROOT / "bench" / f"{name}.py"
-    if not script.exists():
-        found = sorted(p.stem for p in (REPO_ROOT / "bench").glob("*.py")) if (REPO_ROOT / "bench").exists() else []
-        print(
-            f"rredcot: no benchmark {name!r} (found: {', '.join(found) or 'none — run from a source checkout'})",
-            file=sys.stderr,
-        )
-        return 2
+    if name not in (found := benchmarks()):
+        raise UserError(f"no benchmark {name!r} (found: {', '.join(found) or 'none — run from a source checkout'})")
     sys.argv = [str(script), *extra]
     runpy.run_path(str(script), run_name="__main__")
     return 0

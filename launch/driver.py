@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rredcot.common.config import Config, ConfigError, redacted, to_dict, to_yaml
+from rredcot.common.config import Config, ConfigError, redact_url, redacted, to_dict, to_yaml
 from rredcot.common.control import RunControl
 from rredcot.common.files import write_text_atomic
 from rredcot.common.ledger import balance_now
@@ -155,6 +155,14 @@ def embedded_redis(cfg: Config, run_dir: Path, nodes: int) -> EmbeddedRedis:
     return EmbeddedRedis(run_dir / "redis", host=host, password=cfg.redis.password, server=cfg.redis.server)
 
 
+def embedded_redis_line(url: str, password: str | None) -> str:
+    """The embedded server's URL as the driver logs it: the password as ``***``, and where it is."""
+    if "@" not in url:
+        return url
+    where = "redis.password" if password else "generated for this run, not saved: set redis.password to reach it"
+    return f"{redact_url(url)} (password: {where})"
+
+
 def _write_placement(pg: Any, plan: list[tuple[str, int, dict[str, float]]], out: Path) -> None:
     """Which node holds each worker's bundle (``placement.json`` in the run dir)."""
     import json
@@ -170,7 +178,7 @@ def first_line(cfg: Config, run_dir: Path) -> str:
     choice = resolve_dtype(cfg.model.dtype)
     learner = resolve_dtype(cfg.learner.dtype).dtype
     dtype = choice.dtype if learner == choice.dtype else f"{choice.dtype} (learner {learner})"
-    redis = "Redis at redis.url" if cfg.redis.url else "an embedded Redis"
+    redis = f"Redis at {redact_url(cfg.redis.url)}" if cfg.redis.url else "an embedded Redis"
     ray = f"Ray at {cfg.cluster.address}" if cfg.cluster.address else "a local Ray"
     c = cfg.cluster
     expected = expected_seconds(cfg)
@@ -282,6 +290,7 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
         server = stack.enter_context(embedded_redis(cfg, run_dir, len(nodes)))
         raise_if_interrupted()  # a signal while redis-server was forked
         cfg = _with_redis_url(cfg, server.url)
+        log.info("embedded Redis at %s", embedded_redis_line(server.url, cfg.redis.password))
     outcome.cfg = cfg
     write_text_atomic(run_dir / "config.yaml", to_yaml(redacted(cfg)))  # polled for by tools and tests
     client = connect(cfg.redis.url)

@@ -188,9 +188,8 @@ def progress_line(
     tiers: dict[str, list[dict[str, Any]]] = {}
     for v in snaps.values():
         tiers.setdefault(str(v.get("tier", "?")), []).append(v)
-    learners = tiers.get("learner", [])
-    if learners:
-        lr = learners[0]
+    if learners := tiers.get("learner", []):
+        lr = min(learners, key=lambda v: v.get("step", 0.0))  # the slowest rank, whose step the line shows
         parts.append(f"reward {lr.get('reward_mean', float('nan')):.2f}")
         parts.append(f"learner {lr.get('step_time_s', float('nan')):.1f} s/step")
     if tiers.get("generator"):

@@ -7,6 +7,7 @@ from what the driver holds in memory, so it needs neither Ray nor Redis to be al
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -245,7 +246,8 @@ def render_heatmaps(cfg: Config, run_dir: Path, report_dir: Path, limit: int = 3
 
 
 def link_final_model(run_dir: Path, report_dir: Path) -> Path | None:
-    """Link the newest checkpoint's HF directory as ``report/final_model``."""
+    """Link the newest checkpoint's HF directory as ``report/final_model``, by a relative path (the
+    link survives moving or copying the run directory)."""
     from rredcot.learner.checkpoint import latest_checkpoint
 
     ckpt = latest_checkpoint(run_dir / "checkpoints")
@@ -254,5 +256,5 @@ def link_final_model(run_dir: Path, report_dir: Path) -> Path | None:
     link = report_dir / "final_model"
     if link.is_symlink() or link.exists():
         link.unlink()
-    link.symlink_to(ckpt / "hf", target_is_directory=True)
+    link.symlink_to(os.path.relpath(ckpt / "hf", report_dir), target_is_directory=True)
     return link

@@ -9,8 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import redis
 
 from rredcot.common.codec import decode
+from rredcot.common.config import redact_url
+from rredcot.common.errors import UserError
 from rredcot.common.models import load_tokenizer, qwen_tokenizer_dir
 from rredcot.common.records import RecordError, WeightedGroup, WeightedSample
 from rredcot.common.streams import BATCHES, connect, key
@@ -148,26 +151,39 @@ def render_heatmap(sample: WeightedSample, tokenizer: Any, out_html: str | Path,
 
 
 def load_group(source: str, run: str | None) -> WeightedGroup:
-    """A saved msgpack ``WeightedGroup``/``WeightedSample`` file, or the newest entry of a run's batches stream."""
+    """A saved msgpack ``WeightedGroup``/``WeightedSample`` file, or the newest entry of a run's batches
+    stream; ``UserError`` for a source that is none of these."""
     if source.startswith(("redis://", "rediss://", "unix://")):
         if not run:
-            raise RecordError("reading from Redis needs --run (the run id)")
-        entries = connect(source).xrevrange(key(run, BATCHES), count=1)
+            raise UserError("reading from Redis needs --run (the run id, run.name)")
+        try:
+            entries = connect(source).xrevrange(key(run, BATCHES), count=1)
+        except (redis.RedisError, ValueError) as e:
+            raise UserError(f"{redact_url(source)} does not answer ({type(e).__name__}): check the URL") from None
         if not entries:
-            raise RecordError(f"stream {key(run, BATCHES)} is empty")
+            raise UserError(f"stream {key(run, BATCHES)} at {redact_url(source)} is empty: is --run {run!r} right?")
         return decode(entries[0][1][b"d"], WeightedGroup)
-    record = decode(Path(source).read_bytes())
+    try:
+        record = decode(Path(source).read_bytes())
+    except OSError as e:
+        raise UserError(f"{source}: {e.strerror or e}") from None
+    except RecordError as e:
+        raise UserError(f"{source} is not a saved record ({e})") from None
     if isinstance(record, WeightedSample):
         r = record.rollout
         return WeightedGroup(r.group_id, r.prompt_id, np.zeros(0, np.int32), [record])
     if not isinstance(record, WeightedGroup):
-        raise RecordError(f"{source} holds a {type(record).__name__}, not a weighted group or sample")
+        raise UserError(f"{source} holds a {type(record).__name__}, not a weighted group or sample")
     return record
 
 
 def inspect_command(args: argparse.Namespace) -> int:
     """``rredcot inspect SOURCE [--run R] [--tokenizer DIR] [--out PREFIX] [--index I]``."""
+    if not (folder := Path(args.out).parent).is_dir():
+        raise UserError(f"--out {args.out}: no folder {folder}")
     group = load_group(args.source, args.run)
+    if not 0 <= args.index < (n := len(group.samples)):
+        raise UserError(f"--index {args.index} is out of range: the group holds {n} sample(s), --index 0..{n - 1}")
     sample = group.samples[args.index]
     tokenizer = load_tokenizer(args.tokenizer or qwen_tokenizer_dir())
     out_html, out_png = f"{args.out}.html", f"{args.out}.png"

@@ -317,7 +317,7 @@ class Redistributor:
         return self.metrics.snapshot()
 
 
-def run_worker(cfg: Config, sampler: ContinuationSampler | None = None) -> None:
-    """``rredcot redistribute CONFIG``: one worker against ``redis.url`` until the run stops."""
+def run_worker(cfg: Config, index: int = 0, sampler: ContinuationSampler | None = None) -> None:
+    """``rredcot redistribute CONFIG [--index N]``: worker ``red<N>`` against ``redis.url`` until the run stops."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    log.info("redistributor done: %s", Redistributor(cfg, sampler=sampler).run())
+    log.info("redistributor done: %s", Redistributor(cfg, f"red{index}", index, sampler=sampler).run())

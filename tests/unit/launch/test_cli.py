@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from rredcot.common.config import load_config
 from rredcot.launch import cli, driver
 from rredcot.launch.cli import build_parser, main
 
@@ -141,12 +143,143 @@ def test_yaml_that_does_not_parse_names_file_and_line(tmp_path: Path, capsys: py
     assert "expected a mapping" in capsys.readouterr().err
 
 
-def test_other_errors_are_one_line_unless_debug(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A failure that is no user error (here a corrupt saved record for ``inspect``): its type and
-    first line, exit 1; ``--debug`` raises it with its traceback."""
-    (record := tmp_path / "r.msgpack").write_bytes(b"\xc1not msgpack")
-    assert main(["inspect", str(record), "--out", str(tmp_path / "h")]) == 1
+@pytest.mark.parametrize(
+    "command", [["inspect", "r.msgpack"], ["doctor", "tests"], ["bench", "queue", "--records", "1"]]
+)
+def test_other_errors_are_one_line_unless_debug(
+    command: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A failure that is no user error: its type and first line, exit 1, and the hint to rerun with
+    ``--debug``, which every command takes, also at its end; then it raises with its traceback."""
+    from rredcot.launch import doctor
+    from rredcot.redistributor import heatmap
+
+    def boom(*args: object) -> None:
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(heatmap, "load_group", boom)
+    monkeypatch.setattr(doctor, "doctor", boom)
+    monkeypatch.setattr(cli.runpy, "run_path", boom)
+    monkeypatch.setattr(sys, "argv", sys.argv)  # _run_bench sets the script's
+    assert main(command) == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith("rredcot: failed: RecordError: ") and "--debug" in err and "\n" not in err
-    with pytest.raises(Exception, match="msgpack"):
-        main(["--debug", "inspect", str(record), "--out", str(tmp_path / "h")])
+    assert err.startswith("rredcot: failed: RuntimeError: disk on fire") and "--debug" in err and "\n" not in err
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        main([*command, "--debug"])
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        main(["--debug", *command])
+
+
+def _parse(argv: list[str]) -> tuple[object, ...]:
+    args = cli.parse_args(argv)
+    return args.config, args.overrides
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "tests", "--verbose", "run.steps=1"],
+        ["config", "show", "tests", "--check", "run.steps=1"],
+        ["study", "credit", "tests", "--problems", "4", "run.steps=1"],
+        ["study", "compare", "tests", "--seeds", "2", "run.steps=1"],
+        ["generate", "tests", "--index", "2", "run.steps=1"],
+        ["redistribute", "tests", "--debug", "run.steps=1"],
+        ["learn", "--debug", "tests", "run.steps=1"],
+        ["doctor", "tests", "--debug", "run.steps=1"],
+    ],
+)
+def test_overrides_may_follow_flags(argv: list[str]) -> None:
+    assert _parse(argv) == ("tests", ["run.steps=1"])
+    assert _parse([*argv[:-1], "learner.lr=1e-6", argv[-1]])[1] == ["run.steps=1", "learner.lr=1e-6"]
+    assert _parse([*argv[:-2], "learner.lr=1e-6", *argv[-2:]])[1] == ["learner.lr=1e-6", "run.steps=1"]
+
+
+def test_unknown_flags_and_stray_arguments_are_still_rejected(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["train", "tests", "--verbos", "run.steps=1"], ["inspect", "a.msgpack", "b"], ["config", "list", "x"]):
+        with pytest.raises(SystemExit) as exit:
+            cli.parse_args(argv)
+        assert exit.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["train"], ["config", "show"], ["study", "credit"]])
+def test_only_the_config_is_required(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.parse_args(argv)
+    err = capsys.readouterr().err
+    assert err.strip().endswith("the following arguments are required: config"), err
+
+
+def test_config_show_hides_the_redis_password(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(["config", "show", "tests", "redis.password=hunter2", "redis.url=redis://u:s3cret@10.0.0.1:6379/0"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "hunter2" not in out and "s3cret" not in out
+    assert "url: redis://u:***@10.0.0.1:6379/0" in out and "password: '***'" in out
+
+
+def test_the_driver_never_shows_a_redis_password() -> None:
+    cfg = load_config("tests", ["redis.url=redis://:s3cret@10.0.0.1:6379/0"])
+    assert "Redis at redis://:***@10.0.0.1:6379/0" in driver.first_line(cfg, Path("run"))
+    assert driver.embedded_redis_line("redis://127.0.0.1:7000/0", None) == "redis://127.0.0.1:7000/0"
+    line = driver.embedded_redis_line("redis://:gen%2Fpw@10.0.0.1:7000/0", None)
+    assert line.startswith("redis://:***@10.0.0.1:7000/0 (password: generated") and "gen" not in line[:30]
+    assert "(password: redis.password)" in driver.embedded_redis_line("redis://:pw@10.0.0.1:7000/0", "pw")
+
+
+def test_a_stage_run_by_hand_takes_its_index(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--index N``: worker gen<N> / red<N> of rank N, so that it never takes the driver's worker's name."""
+    from rredcot.actors import generator
+    from rredcot.redistributor import worker
+
+    calls: list[tuple[str, dict[str, object]]] = []
+    monkeypatch.setattr(generator, "Generator", lambda cfg, **kw: calls.append(("gen", kw)) or pytest.fail("stop"))
+    monkeypatch.setattr(worker, "Redistributor", lambda cfg, *a, **kw: calls.append(("red", {"args": a})) or 1 / 0)
+    with pytest.raises(pytest.fail.Exception):
+        main(["--debug", "generate", "tests", "--index", "3"])
+    with pytest.raises(ZeroDivisionError):
+        main(["--debug", "redistribute", "tests", "--index", "2"])
+    assert calls == [("gen", {"name": "gen3", "rank": 3}), ("red", {"args": ("red2", 2)})]
+    assert main(["generate", "tests", "--index", "-1"]) == 2
+    assert "--index must be >= 0 (got -1)" in capsys.readouterr().err
+    # the collective weight group is sized at the start for cluster.generators: no room for more
+    assert main(["generate", "tests", "--index", "1", "generation.weight_transport=collective"]) == 2
+    assert "--index 1: the collective weight group has room for cluster.generators=1" in capsys.readouterr().err
+
+
+def test_bench_lists_runnable_benchmarks_only(capsys: pytest.CaptureFixture[str]) -> None:
+    found = cli.benchmarks()
+    assert {"queue", "pipeline", "soak", "weight_transports", "lm_head"} <= set(found)
+    assert not {"stream_queue", "trend"} & set(found)  # helper modules, no entry point
+    assert main(["bench", "nope"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"rredcot: error: no benchmark 'nope' (found: {', '.join(found)})"
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    bench_help = capsys.readouterr().out
+    assert " | ".join(found) in bench_help.replace("\n", " ").replace("  ", " ") and "stream_queue" not in bench_help
+
+
+INSPECT_MISTAKES: list[tuple[str, Callable[[Path], list[str]], str]] = [
+    ("missing file", lambda t: [str(t / "nope.msgpack")], "nope.msgpack: No such file or directory"),
+    ("not a record", lambda t: [str(_write(t / "r.msgpack", b"\xc1junk"))], "r.msgpack is not a saved record"),
+    ("a directory", lambda t: [str(t)], "Is a directory"),
+    ("--out folder missing", lambda t: [str(t / "r.msgpack"), "--out", str(t / "no" / "h")], "no folder"),
+    ("Redis without --run", lambda t: ["redis://127.0.0.1:1/0"], "reading from Redis needs --run"),
+]
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize(("case", "argv", "says"), INSPECT_MISTAKES, ids=[c[0] for c in INSPECT_MISTAKES])
+def test_inspect_mistakes_are_user_errors(
+    case: str, argv: Callable[[Path], list[str]], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["inspect", *argv(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("rredcot: error: ") and says in err and "\n" not in err and "--debug" not in err, err

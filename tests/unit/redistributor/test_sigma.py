@@ -1,13 +1,76 @@
-"""σ from segment rewards: hand cases, degenerate inputs, and Σσ = 1, σ ≥ 0 as properties."""
+"""σ from segment rewards: hand cases, degenerate inputs, and Σσ = 1, σ ≥ 0 as properties; σ against an
+independent float64 restatement of the formula (docs/credit.md §5, DESIGN.md "Segment rewards and σ")."""
 
 from __future__ import annotations
 
+import math
+
+import mpmath
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rredcot.redistributor.sigma import prob_rewards, segment_masses, segment_rewards, token_sigma, uniform_reason
+
+
+def reference_rewards(values: list[float]) -> list[float]:
+    """r_k = v_k − v_{k−1}, one subtraction at a time; a non-finite difference (−inf − −inf, NaN) is 0."""
+    out = []
+    for before, after in zip(values[:-1], values[1:]):
+        d = float(after) - float(before)
+        out.append(d if math.isfinite(d) else 0.0)
+    return out
+
+
+def reference_masses(rewards: list[float], advantage: float, sign: str, temperature: float = 1.0) -> list[float]:
+    """m_k: relu max(sgn(A)·r_k, 0), abs |r_k|, softmax softmax(sgn(A)·r / T); all 0 when A = 0 or every r_k = 0."""
+    s = 1 if advantage > 0 else -1 if advantage < 0 else 0
+    if s == 0 or all(r == 0 for r in rewards):
+        return [0.0] * len(rewards)
+    if sign == "relu":
+        return [max(s * r, 0.0) for r in rewards]
+    if sign == "abs":
+        return [abs(r) for r in rewards]
+    z = [s * r / temperature for r in rewards]
+    e = [math.exp(x - max(z)) for x in z]
+    return [x / sum(e) for x in e]
+
+
+def reference_sigma(n: int, exits: list[int], masses: list[float], lam: float) -> list[float]:
+    """σ per token, written out from the formula and never normalised afterwards: a token outside
+    [e_0, e_K) keeps 1/n; token j of segment k = [e_k, e_{k+1}) gets
+    λ/n + (1 − λ) · (S/n) · m_k / (|seg_k| · Σm), S = e_K − e_0; Σm = 0 gives 1/n everywhere."""
+    total = sum(masses)
+    sigma = [1.0 / n] * n
+    if not total > 0:
+        return sigma
+    span = exits[-1] - exits[0]
+    for k, (lo, hi) in enumerate(zip(exits[:-1], exits[1:])):
+        for j in range(lo, hi):
+            sigma[j] = lam / n + (1 - lam) * (span / n) * masses[k] / ((hi - lo) * total)
+    return sigma
+
+
+def assert_matches_reference(sigma: np.ndarray, n: int, exits: list[int], masses: list[float], lam: float) -> None:
+    """σ elementwise equal to the reference (whose own sum is 1 before any normalisation), and each
+    segment's total λ|seg_k|/n + (1 − λ)(S/n)·m_k/Σm, tokens outside the segments 1/n."""
+    ref = reference_sigma(n, exits, masses, lam)
+    assert abs(math.fsum(ref) - 1.0) < 1e-9  # the formula is return-equivalent without renormalising
+    np.testing.assert_allclose(sigma, ref, rtol=1e-6, atol=1e-9)
+    total, span = sum(masses), exits[-1] - exits[0]
+    if total > 0:
+        outside = [*range(exits[0]), *range(exits[-1], n)]
+        np.testing.assert_allclose(sigma[outside], 1 / n, rtol=1e-6)
+        for k, (lo, hi) in enumerate(zip(exits[:-1], exits[1:])):
+            share = lam * (hi - lo) / n + (1 - lam) * (span / n) * masses[k] / total
+            assert float(sigma[lo:hi].sum(dtype=np.float64)) == pytest.approx(share, rel=1e-5, abs=1e-8)
+
+
+def _exit_points(data, n: int) -> list[int]:
+    """Strictly increasing exit points in [0, n] (one point: no segment). The span may start after 0
+    (a thinking tag) and end before n (answer_part=uniform) or at n (answer_part=terminal)."""
+    return sorted(set(data.draw(st.lists(st.integers(0, n), min_size=1, max_size=10), label="exits")))
 
 
 def test_sigma_by_hand() -> None:
@@ -83,6 +146,65 @@ def test_sigma_properties(n, data, advantage, sign, lam) -> None:
     assert sigma.dtype == np.float32 and sigma.shape == (n,)
     assert np.all(np.isfinite(sigma)) and np.all(sigma >= 0)
     assert abs(float(sigma.astype(np.float64).sum()) - 1.0) < 1e-5
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 60),
+    st.data(),
+    st.one_of(st.just(0.0), st.floats(-3, 3)),
+    st.sampled_from(["relu", "abs", "softmax"]),
+    st.one_of(st.just(0.0), st.just(1.0), st.floats(0, 1)),
+    st.floats(0.05, 5.0),
+)
+def test_sigma_matches_the_formula_written_out(n, data, advantage, sign, lam, temperature) -> None:
+    """values → rewards → masses → σ against the float64 restatement above, for every sign policy,
+    λ, temperature and span (a thinking tag before it, an answer part after it or none): a dropped
+    factor (S/|o|, λ, 1/|seg_k|) changes σ elementwise even though the implementation renormalises."""
+    exits = _exit_points(data, n)
+    values = data.draw(
+        st.lists(
+            st.one_of(st.floats(-50, 50), st.just(-math.inf), st.just(math.nan)),
+            min_size=len(exits),
+            max_size=len(exits),
+        ),
+        label="values",
+    )
+    rewards = segment_rewards(np.array(values))
+    np.testing.assert_array_equal(rewards, reference_rewards(values))
+    masses = segment_masses(rewards, advantage, sign, temperature)
+    ref_masses = reference_masses(reference_rewards(values), advantage, sign, temperature)
+    np.testing.assert_allclose(masses, ref_masses, rtol=1e-12, atol=1e-300)
+    sigma = token_sigma(n, np.array(exits), masses, lam)
+    assert sigma.dtype == np.float32 and sigma.shape == (n,)
+    assert_matches_reference(sigma, n, exits, ref_masses, lam)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 40),
+    st.data(),
+    st.sampled_from([0.0, -900.0, -5000.0]),
+    st.sampled_from([1.0, -1.0]),
+    st.sampled_from(["relu", "abs"]),
+    st.floats(0, 1),
+)
+def test_prob_space_sigma_matches_exact_arithmetic(n, data, base, advantage, sign, lam) -> None:
+    """Prob space as the credit code runs it (``prob_rewards`` of log v̂, then relu/abs masses) against
+    v̂ = e^{log v̂} in 60-digit arithmetic (mpmath), values down to e^−5700: σ is that of the exact
+    differences. Log values within 700 nats of the largest (no difference underflows in float64, the
+    limit ``prob_rewards`` documents), on a grid of 1/4 nat (no catastrophic cancellation); −inf is v̂ = 0."""
+    exits = _exit_points(data, n)
+    offsets = st.one_of(st.integers(-2800, 0).map(lambda q: q / 4), st.just(-math.inf))
+    log_v = [base + o for o in data.draw(st.lists(offsets, min_size=len(exits), max_size=len(exits)), label="log v")]
+    with mpmath.workdps(60):
+        v = [mpmath.exp(mpmath.mpf(x)) for x in log_v]  # exp(−inf) = 0
+        r = [b - a for a, b in zip(v[:-1], v[1:])]
+        m = [max(advantage * x, 0) for x in r] if sign == "relu" else [abs(x) for x in r]
+        total = sum(m)
+        shares = [float(x / total) for x in m] if total > 0 else [0.0] * len(m)  # m_k / Σm, to float64
+    sigma = token_sigma(n, np.array(exits), segment_masses(prob_rewards(np.array(log_v)), advantage, sign), lam)
+    assert_matches_reference(sigma, n, exits, shares, lam)
 
 
 def test_prob_rewards_survive_underflow() -> None:
