@@ -71,6 +71,12 @@ def assert_every_sample_trained_once(redis_client, run_id: str, cfg, eta: int) -
     assert learner["staleness_max"] <= eta
     assert Admission(redis_client, run_id, 2, eta).admitted() == cfg.run.steps * cfg.generation.prompts_per_step
     assert min(g["version"] for g in gens) >= learner["version"] - (eta + 1)  # generators followed the learner
+    # something to learn from: mixed rewards (the warm-started model is right sometimes), so some
+    # groups had a non-zero advantage and went through the credit method, not its all-equal shortcut
+    assert 0 < sum(g["reward_sum"] for g in gens) < generated
+    assert sum(r["zero_advantage_groups"] for r in reds) < sum(r["groups"] for r in reds)
+    if cfg.credit.method == "rredcot":  # and σ was computed for some samples, not the uniform fallback
+        assert sum(v for r in reds for k, v in r.items() if k.startswith("uniform_")) < generated
     return learner
 
 
