@@ -216,11 +216,13 @@ class Redistributor:
         return True
 
     def step(self, block_ms: int = 1000) -> int:
-        """Read and process up to 16 entries (this worker's own unacked ones first); returns how many."""
+        """Process this worker's own unacked entries (after a restart), else read one; returns how many.
+        One at a time: a group held in a batch waits behind the others while idle peers find the stream
+        empty, and with long traces it can outlive ``claim_idle_ms`` and be scored twice (reclaimed)."""
         self.sync_scorer()
         entries = [] if self._resumed else self.consumer.pending_mine()
         self._resumed = True
-        entries = entries or self.consumer.read(count=16, block_ms=block_ms)
+        entries = entries or self.consumer.read(count=1, block_ms=block_ms)
         for entry in entries:
             self._process(entry)
         if entries:

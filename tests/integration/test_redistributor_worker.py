@@ -239,3 +239,17 @@ def test_policy_scorer_reads_ipc_slots_and_waits_for_a_file_still_being_written(
     announced = dataclasses.replace(latest_manifest(redis_client, run_id), version=3, transport="collective", path="")
     publish_manifest(redis_client, run_id, announced)
     assert not worker.sync_scorer() and scorer.version == 2
+
+
+def test_a_worker_takes_one_group_at_a_time_and_leaves_the_rest_to_its_peers(
+    redis_client, redis_server, run_id
+) -> None:
+    """A group read in a batch would wait behind the others while an idle peer finds the stream empty
+    (and, with long traces, be reclaimed and scored twice): each step reads one group."""
+    groups = _put_groups(redis_client, run_id, 2)
+    cfg = _cfg(redis_server.url, run_id)
+    scorer = Scorer(build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit.exit_string)
+    first, peer = Redistributor(cfg, "red0", scorer=scorer), Redistributor(cfg, "red1", scorer=scorer)
+    assert first.step(block_ms=100) == 1 and peer.step(block_ms=100) == 1
+    assert first.metrics.groups == peer.metrics.groups == 1
+    assert sorted(g.group_id for g in _batches(redis_client, run_id)) == sorted(groups)
