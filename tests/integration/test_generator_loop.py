@@ -243,9 +243,9 @@ def test_backpressure_blocks_the_generator_until_the_stream_drains(setup, redis_
         path,
         redis_server.url,
         run_id,
-        "run.steps=2",
-        "generation.prompts_per_step=2",
-        "staleness.eta=1",
+        "run.steps=4",
+        "generation.prompts_per_step=1",  # redis.maxlen >= prompts_per_step (a step's entries fit)
+        "staleness.eta=3",  # all 4 groups admitted without a learner
         "redis.maxlen=1",
         "redis.block_timeout_s=60",
     )

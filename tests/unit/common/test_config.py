@@ -144,3 +144,95 @@ def test_a_bad_redis_url_error_does_not_show_its_password():
 def test_good_redis_urls_and_run_names_load(url):
     cfg = load_config("tests", [f"redis.url={url}", "run.name=exp-2_v1.0"])
     assert cfg.redis.url == url and cfg.run.dir.endswith("runs/exp-2_v1.0")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        (["redis.maxlen=1"], "redis.maxlen = 1 is not allowed; expected >= generation.prompts_per_step (2)"),
+        (["model.think_end=''"], "model.think_end = '' is not allowed; expected a non-empty string"),
+        (["model.think_start=''"], "model.think_start = '' is not allowed; expected a non-empty string"),
+        (["model.think_start=</think>"], "model.think_end = '</think>' is not allowed; expected a tag other than"),
+        (["learner.lr=inf"], "learner.lr = inf is not allowed; expected a finite number >= 0.0"),
+        (["learner.checkpoint_every_s=inf"], "learner.checkpoint_every_s = inf is not allowed; expected a finite"),
+        (["learner.eps_high=inf"], "learner.eps_high = inf is not allowed; expected a finite number >= 0.0"),
+        (["run.seed=-1"], "run.seed = -1 is not allowed; expected a number in [0, 4294967293]"),
+        (["run.seed=4294967294"], "run.seed = 4294967294 is not allowed"),
+        (["data.shuffle_seed=-1"], "data.shuffle_seed = -1 is not allowed; expected a number in [0, 4294967295]"),
+        (["data.shuffle_seed=4294967296"], "data.shuffle_seed = 4294967296 is not allowed"),
+        (["generation.stop=['Q:', '']"], "generation.stop = ['Q:', ''] is not allowed; expected a list of non-empty"),
+        (["generation.kv_block_size=48"], "generation.kv_block_size = 48 is not allowed; expected 0 (auto) or a mult"),
+        (
+            ["credit.branch_attention=flex"],
+            "credit.branch_attention = 'flex' is not allowed; expected 'auto' or 'dense'",
+        ),
+        (["cluster.gpus_per_generator=1.5"], "cluster.gpus_per_generator = 1.5 is not allowed; expected a fraction"),
+        (["cluster.gpus_per_learner=2.5"], "cluster.gpus_per_learner = 2.5 is not allowed"),
+    ],
+)
+def test_values_that_would_fail_only_later_are_refused_at_load(overrides, fragment):
+    with pytest.raises(ConfigError) as e:
+        load_config("tests", overrides)
+    assert fragment in str(e.value), str(e.value)
+
+
+def test_the_same_keys_load_where_the_rules_allow_them():
+    cfg = load_config(
+        "tests",
+        [
+            "redis.maxlen=2",
+            "model.think_start=<r>",
+            "model.think_end=</r>",
+            "run.seed=4294967293",
+            "data.shuffle_seed=4294967295",
+            "generation.stop=['Q:']",
+            "generation.kv_block_size=64",
+            "cluster.gpus_per_generator=2",
+            "cluster.gpus_per_redistributor=0.5",
+            "credit.branch_attention=flex",
+        ],
+    )
+    assert cfg.redis.maxlen == 2 and cfg.generation.stop == ["Q:"] and cfg.credit.branch_attention == "flex"
+    gpu = load_config("tests", ["generation.kv_block_size=16", "cluster.gpus_per_generator=1"])
+    assert gpu.generation.kv_block_size == 16  # the CPU rule only
+
+
+def test_the_seed_bound_leaves_room_for_the_engines_offsets():
+    from rredcot.actors.continuations import MC_SEED_OFFSET
+    from rredcot.common.config import SEED_MAX
+
+    assert SEED_MAX + MC_SEED_OFFSET == 2**32 - 1  # vLLM seeds numpy with run.seed + offset: 32 bits
+
+
+@pytest.mark.parametrize(
+    ("override", "fragment"),
+    [
+        ("task.settings=[1,2]", "task.settings = [1, 2] is not allowed; expected a mapping: set task.settings.<key>="),
+        ("credit.settings=5", "credit.settings = 5 is not allowed; expected a mapping"),
+        ("learner=3", "learner = 3 is not allowed; expected a section: set learner.<key>=… (e.g. learner.lr=…)"),
+        ("run=[1]", "run = [1] is not allowed; expected a section"),
+        ("credit.keywords.0=Wait", "credit.keywords = {'0': 'Wait'} is not allowed; expected a whole list"),
+        ("learner.lr=", "override 'learner.lr=' has no value (use learner.lr=null for null)"),
+        ("model.tokenizer= ", "override 'model.tokenizer= ' has no value (use model.tokenizer=null for null)"),
+    ],
+)
+def test_a_wrong_shape_or_an_empty_override_names_the_key(override, fragment):
+    with pytest.raises(ConfigError) as e:
+        load_config("tests", [override])
+    assert fragment in str(e.value), str(e.value)
+
+
+def test_a_section_left_empty_in_a_file_names_it(tmp_path):
+    (f := tmp_path / "c.yaml").write_text("task:\n  name: arith\nlearner:\n")
+    with pytest.raises(ConfigError, match="learner = None is not allowed; expected a section"):
+        load_config(f)
+
+
+def test_only_a_bare_name_falls_back_to_a_bundled_config(tmp_path, monkeypatch):
+    for missing in (tmp_path / "demo_cpu.yaml", "nope/demo_cpu.yaml", "./tests"):
+        with pytest.raises(ConfigError, match=f"config file '{missing}' not found"):
+            load_config(missing)
+    monkeypatch.chdir(tmp_path)  # no configs/ here: the names are the bundled ones
+    assert load_config("demo_cpu").run.name == load_config("demo_cpu.yaml").run.name
+    (tmp_path / "tests").write_text("task:\n  name: arith\nrun:\n  name: mine\n")
+    assert load_config("tests").run.name == "mine"  # an existing file path wins over a bundled name

@@ -1,11 +1,20 @@
 import json
+import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from rredcot.common.config import DataConfig, TaskConfig
-from rredcot.common.data import DatasetError, ProblemOrder, last_boxed, load_rows, split_eval
+from rredcot.common.data import (
+    DatasetError,
+    ProblemOrder,
+    count_rows,
+    last_boxed,
+    load_rows,
+    split_eval,
+    train_and_held_out,
+)
 from rredcot.common.task import build_task
 
 
@@ -133,3 +142,95 @@ def test_the_first_rows_are_read_without_the_rest(tmp_path):
     pq.write_table(pa.table({k: [r[k] for r in rows] for k in rows[0]}), tmp_path / "d.parquet")
     cfg = DataConfig(source="parquet", path=str(tmp_path / "d.parquet"))
     assert [p.problem for p in load_rows(cfg, limit=2)] == ["p0", "p1"] and len(load_rows(cfg)) == 5
+
+
+@pytest.mark.parametrize(("name", "looks"), [("rows.jsonl", "jsonl"), ("rows.parquet", "parquet"), ("rows.txt", None)])
+def test_hf_source_on_a_file_names_data_source(tmp_path, name, looks):
+    f = tmp_path / name
+    if looks == "parquet":
+        pq.write_table(pa.table({"problem": ["p"], "solution": [r"\boxed{1}"]}), f)
+    else:
+        f.write_text('{"problem": "p", "solution": "\\\\boxed{1}"}\n' if looks else "p\n")
+    with pytest.raises(DatasetError) as e:
+        load_rows(DataConfig(source="hf", path=str(f)))
+    msg = str(e.value)
+    assert f"data.source = 'hf' is not allowed for the file {f}; expected one of 'hf' (" in msg and "'parquet'" in msg
+    assert (f"the file looks like {looks}, set data.source={looks}" in msg) == bool(looks), msg
+
+
+def test_a_missing_hf_split_or_a_directory_without_a_dataset_is_named(tmp_path):
+    import datasets
+
+    rows = datasets.Dataset.from_dict({"problem": ["p"], "solution": [r"\boxed{7}"]})
+    datasets.DatasetDict({"train": rows, "validation": rows}).save_to_disk(str(tmp_path / "dd"))
+    assert load_rows(DataConfig(source="hf", path=str(tmp_path / "dd")))[0].answer == "7"
+    with pytest.raises(
+        DatasetError, match=r"data.split = 'test' is not allowed; expected one of 'train', 'validation'"
+    ):
+        load_rows(DataConfig(source="hf", path=str(tmp_path / "dd"), split="test"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DatasetError, match=r"data.path .*empty: .*; fix data.path \(data.source=hf\)"):
+        load_rows(DataConfig(source="hf", path=str(tmp_path / "empty")))
+
+
+@pytest.mark.parametrize(
+    ("answer", "says"),
+    [
+        ("[1, 2]", "column 'answer' must be a string or number, got list"),
+        ("true", "column 'answer' must be a string or number, got bool"),
+        ('{"a": 1}', "column 'answer' must be a string or number, got dict"),
+        ("NaN", "column 'answer' must be a string or finite number, got nan"),
+        ("Infinity", "column 'answer' must be a string or finite number, got inf"),
+    ],
+)
+def test_an_answer_that_is_no_string_or_number_names_file_and_row(tmp_path, answer, says):
+    f = tmp_path / "a.jsonl"
+    f.write_text(
+        f'{{"problem": "p", "solution": "s", "answer": "1"}}\n{{"problem": "q", "solution": "s", "answer": {answer}}}\n'
+    )
+    with pytest.raises(DatasetError, match=f"a.jsonl: row 2: {re.escape(says)}"):
+        load_rows(DataConfig(source="jsonl", path=str(f)))
+
+
+def test_an_empty_answer_is_refused_and_numbers_are_answers(tmp_path):
+    f = _jsonl(tmp_path / "e.jsonl", [{"problem": "p", "solution": r"so \boxed{ }"}])
+    with pytest.raises(DatasetError, match="e.jsonl: row 1: answer is empty"):
+        load_rows(DataConfig(source="jsonl", path=str(f)))
+    f = _jsonl(
+        tmp_path / "n.jsonl",
+        [{"problem": "p", "solution": "s", "answer": 12}, {"problem": "q", "solution": r"\boxed{3}", "answer": " "}],
+    )
+    assert [p.answer for p in load_rows(DataConfig(source="jsonl", path=str(f)))] == ["12", "3"]
+
+
+def test_a_lone_surrogate_names_file_row_and_column(tmp_path):
+    f = tmp_path / "s.jsonl"
+    f.write_text('{"problem": "p", "solution": "s", "answer": "1"}\n{"problem": "x\\ud800y", "solution": "s"}\n')
+    with pytest.raises(
+        DatasetError, match=r"s.jsonl: row 2: column 'problem' holds invalid Unicode \(a lone surrogate"
+    ):
+        load_rows(DataConfig(source="jsonl", path=str(f)))
+
+
+def test_rows_are_counted_without_reading_them(tmp_path):
+    import datasets
+
+    rows = [{"problem": f"p{i}", "solution": "s", "answer": str(i)} for i in range(150)]
+    f = _jsonl(tmp_path / "d.jsonl", [*rows[:70], "", "   ", *rows[70:]])
+    assert count_rows(DataConfig(source="jsonl", path=str(f))) == 150
+    pq.write_table(pa.table({k: [r[k] for r in rows] for k in rows[0]}), tmp_path / "d.parquet")
+    assert count_rows(DataConfig(source="parquet", path=str(tmp_path / "d.parquet"))) == 150
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "ds"))
+    assert count_rows(DataConfig(source="hf", path=str(tmp_path / "ds"))) == 150
+    with pytest.raises(DatasetError, match="not a readable parquet file"):
+        count_rows(DataConfig(source="parquet", path=str(f)))
+
+
+def test_holding_out_every_problem_names_data_eval_size_and_the_file(tmp_path):
+    f = _jsonl(tmp_path / "two.jsonl", [{"problem": f"p{i}", "solution": "s", "answer": "1"} for i in range(2)])
+    task = build_task(TaskConfig("math"))
+    data = DataConfig(source="jsonl", path=str(f), eval_size=2)
+    with pytest.raises(DatasetError, match=f"{f} has 2 problems and data.eval_size = 2 holds them all out"):
+        train_and_held_out(task, data, 0)
+    data.eval_size = 1
+    assert [len(part) for part in train_and_held_out(task, data, 0)] == [1, 1]

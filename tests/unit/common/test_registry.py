@@ -55,3 +55,21 @@ def test_a_credit_method_from_tests_runs_by_config_alone():
         register("grpo", return_equivalent=True)(last_token)
     with pytest.raises(ConfigError, match=r"unknown key credit.settings.head; keys allowed under 'credit.settings'"):
         load_config("tests", ["credit.method=tests.extensions.last_token", "credit.settings={head: 2}"])
+
+
+@pytest.mark.parametrize(
+    ("source", "cause"),
+    [("def broken(:\n", "SyntaxError: invalid syntax"), ("raise RuntimeError('boom')\n", "RuntimeError: boom")],
+)
+def test_a_module_that_fails_to_import_names_the_key_and_the_cause(tmp_path, monkeypatch, source, cause):
+    """Not only an ``ImportError``: a user's module that does not compile or raises at import is a
+    config error naming ``task.name``, with the cause."""
+    package = tmp_path / f"ext_{len(source)}"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "mytask.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    name = f"{package.name}.mytask"
+    with pytest.raises(ConfigError) as e:
+        load_config("tests", [f"task.name={name}"])
+    assert f"task.name = '{name}' is not allowed (importing module '{name}' failed: {cause}" in str(e.value)

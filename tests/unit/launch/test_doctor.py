@@ -174,3 +174,69 @@ def test_generators_on_the_learners_only_gpu_are_told_to_use_ipc() -> None:
         "tests", ["cluster.gpus_per_learner=1", "cluster.gpus_per_generator=1", "cluster.address=auto"]
     )
     assert not learner_shares_a_gpu(remote, local_gpus=1)  # the cluster's GPUs are not this machine's
+
+
+def test_holding_out_every_row_of_a_long_dataset_is_an_error(tmp_path: Path) -> None:
+    """Rows are counted whole (not only the first 100 read): jsonl lines, parquet metadata."""
+    rows = "".join(f'{{"problem": "p{i}", "solution": "s", "answer": "{i}"}}\n' for i in range(150))
+    (check,) = _math(tmp_path, rows, "data.eval_size=150")
+    assert check.level == "error" and f"{tmp_path / 'data.jsonl'} has 150 rows and data.eval_size = 150" in check.found
+    assert check.fix.startswith("set data.eval_size below 150")
+    assert [c.level for c in _math(tmp_path, rows, "data.eval_size=149")] == ["ok"]
+
+
+def test_cluster_address_auto_needs_a_ray_on_this_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = load_config("tests", ["cluster.address=auto"])
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(doc, "ray_instances_here", lambda: [])
+    (ray,) = [c for c in check_services(cfg) if c.topic == "ray"]
+    assert ray.level == "error" and "no Ray runs on this node" in ray.found and "ray_head.sh" in ray.fix
+    monkeypatch.setattr(doc, "ray_instances_here", lambda: [4242])
+    assert levels(check_services(cfg), "ray") == ["ok"]
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # what auto joins first: probed like cluster.address
+    (ray,) = [c for c in check_services(cfg) if c.topic == "ray"]
+    assert ray.level == "error" and "127.0.0.1:1 unreachable" in ray.found
+
+
+def test_max_model_len_beyond_the_models_context_is_an_error(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"max_position_embeddings": 256}')
+    (error,) = [c for c in check_paths(load_config("tests", [f"model.path={model}"])) if c.level == "error"]
+    assert error.found.startswith("model.max_model_len = 512 is not allowed; expected <= 256, the context of")
+    assert levels(check_paths(load_config("tests", [f"model.path={model}", "model.max_model_len=256"])), "model") == [
+        "ok"
+    ]
+    (model / "config.json").write_text(
+        '{"max_position_embeddings": 256, "rope_scaling": {"type": "linear", "factor": 4}}'
+    )
+    assert levels(check_paths(load_config("tests", [f"model.path={model}"])), "model") == ["ok"]
+    big = ["model.max_model_len=8192", "learner.micro_token_budget=8192"]
+    assert levels(check_paths(load_config("tests", big)), "model") == ["ok", "error"]  # tiny-qwen3: 4096
+    assert levels(check_paths(load_config("tests", [*big, "model.path=org/model"])), "model") == ["warning"]
+
+
+def test_a_tokenizer_or_prover_that_does_not_exist_is_an_error(tmp_path: Path) -> None:
+    def found(*overrides: str) -> list[tuple[str, str]]:
+        checks = check_paths(load_config("tests", list(overrides)))
+        return [(c.topic, c.level) for c in checks if c.topic in ("tokenizer", "prover")]
+
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    assert found(f"model.tokenizer={tok}") == [("tokenizer", "error")]  # no tokenizer files
+    (tok / "tokenizer.json").write_text("{}")
+    assert found(f"model.tokenizer={tok}") == [("tokenizer", "ok")]
+    assert found(f"model.tokenizer={tmp_path / 'nope'}") == [("tokenizer", "error")]
+    assert found("model.tokenizer=org/tok") == [("tokenizer", "warning")]
+    progress = ["credit.method=progress"]
+    (check,) = [
+        c for c in check_paths(load_config("tests", [*progress, "credit.settings.prover=polcy"])) if c.topic == "prover"
+    ]
+    assert check.level == "error" and "credit.settings.prover polcy: no such directory" in check.found
+    assert "'initial' or 'policy'" in check.fix
+    assert found(*progress) == [] and found(*progress, "credit.settings.prover=policy") == []
+    assert found(*progress, "credit.settings.prover=tiny-qwen3") == [("prover", "ok")]
+    assert found(*progress, "credit.settings.prover=org/prover") == [("prover", "warning")]
+    (tmp_path / "prover").mkdir()
+    (tmp_path / "prover" / "config.json").write_text("{}")
+    assert found(*progress, f"credit.settings.prover={tmp_path / 'prover'}") == [("prover", "ok")]

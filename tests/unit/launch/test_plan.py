@@ -46,12 +46,6 @@ def test_zero_generators_rejected_by_config():
         load_config("tests", ["cluster.generators=0"])
 
 
-def test_fractional_multi_gpu_rejected():
-    cfg = load_config("tests", ["cluster.gpus_per_learner=1.5"])
-    with pytest.raises(PlanError, match="whole number"):
-        check_plan(cfg, {"CPU": 8, "GPU": 8})
-
-
 def test_a_local_ray_needs_the_plan_to_fit_the_machines_cores():
     demo = load_config("demo_cpu")  # 4 CPUs: the tiers share 2 cores
     assert local_ray_cpus(demo, cores=2) == 5

@@ -91,11 +91,12 @@ def test_mc_metrics_stderr_and_version_gap() -> None:
 
 def test_flex_branch_attention_is_refused_without_a_gpu() -> None:
     """``credit.branch_attention=flex`` needs compiled flex attention on a CUDA scorer; a
-    redistributor without one says so, naming the key and the alternatives, before any work."""
+    redistributor without one says so, naming the key and the alternatives, before any work (the
+    config asks for a redistributor GPU, which passes the load-time rule: a node without one)."""
     if torch.cuda.is_available():
         pytest.skip("a GPU scorer may use flex (tests/gpu/test_values_cuda.py)")
     with pytest.raises(ConfigError, match="credit.branch_attention = 'flex'.*'auto' or 'dense'"):
-        build_scorer(load_config("tests", ["credit.branch_attention=flex"]))
+        build_scorer(load_config("tests", ["credit.branch_attention=flex", "cluster.gpus_per_redistributor=1"]))
     assert build_scorer(load_config("tests", ["credit.branch_attention=dense"])).model.device.type == "cpu"
 
 
