@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import re
 import runpy
 import sys
 from collections.abc import Callable
@@ -20,7 +21,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 STAGES: dict[str, tuple[str, str, str]] = {
     "train": ("rredcot.launch.driver", "train", "run the whole asynchronous pipeline on Ray"),
     "generate": ("rredcot.actors.generator", "run_generator", "run one generator actor against redis.url"),
-    "redistribute": ("rredcot.redistributor.worker", "run_worker", "run one redistributor worker against redis.url"),
+    "redistribute": ("rredcot.launch.stages", "run_redistributor", "run one redistributor worker against redis.url"),
     "learn": ("rredcot.learner.trainer", "run_learner", "run the learner against redis.url"),
 }
 
@@ -44,9 +45,11 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def benchmarks() -> list[str]:
-    """The runnable benchmarks: ``bench/*.py`` with a ``__main__`` entry, not the helper modules they import."""
-    scripts = (REPO_ROOT / "bench").glob("*.py")
-    return sorted(p.stem for p in scripts if '__name__ == "__main__"' in p.read_text(encoding="utf-8"))
+    """The runnable benchmarks: ``bench/*.py`` with a ``__main__`` entry (not a helper such as ``trend``),
+    less the implementations whose ``main`` another benchmark runs (``queue`` runs ``stream_queue``'s)."""
+    texts = {p.stem: p.read_text(encoding="utf-8") for p in (REPO_ROOT / "bench").glob("*.py")}
+    run_by_others = {m for t in texts.values() for m in re.findall(r"from\s+(?:bench\.)?(\w+)\s+import\s+main\b", t)}
+    return sorted(name for name, t in texts.items() if '__name__ == "__main__"' in t and name not in run_by_others)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,12 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
                 help="also show other libraries' (vLLM, Ray, DeepSpeed) log lines on the console",
             )
         elif name in ("generate", "redistribute"):
-            prefix = "gen" if name == "generate" else "red"
+            prefix, count = ("gen", "generators") if name == "generate" else ("red", "redistributors")
             stage.add_argument(
                 "--index",
                 type=int,
                 default=0,
-                help=f"this worker's number: name {prefix}<N>, rank N (default 0; the driver's use 0 .. count-1)",
+                metavar="N",
+                help=f"this worker's name {prefix}<N> and rank N (default 0); to add one to a run, "
+                f"N >= cluster.{count}, the driver's being 0..cluster.{count}-1",
             )
     _add_debug(doctor := sub.add_parser("doctor", help="check this machine (and a config's needs) and say what to fix"))
     doctor.add_argument("config", nargs="?", default="demo_cpu", help="config to check against (default: demo_cpu)")
@@ -174,11 +179,7 @@ def _stage_options(args: argparse.Namespace, cfg: Config) -> dict[str, object]:
         return {}
     if args.index < 0:
         raise UserError(f"--index must be >= 0 (got {args.index})")
-    if args.command == "generate":
-        return {"index": args.index}
-    from rredcot.launch.stages import stage_parts
-
-    return {"index": args.index, **stage_parts("redistributor", cfg)}
+    return {"index": args.index}
 
 
 def shown_error(e: BaseException) -> BaseException:

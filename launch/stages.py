@@ -56,11 +56,11 @@ def stage_parts(tier: str, cfg: Config) -> dict[str, Any]:
     return {"sampler": VLLMContinuations.from_config(cfg, prover)}
 
 
-def run_redistributor(cfg: Config) -> None:
-    """``rredcot redistribute CONFIG``: one redistributor worker with what launch wires into it."""
+def run_redistributor(cfg: Config, index: int = 0) -> None:
+    """``rredcot redistribute CONFIG [--index N]``: redistributor ``red<N>`` with what launch wires into it."""
     from rredcot.redistributor.worker import run_worker
 
-    run_worker(cfg, **stage_parts("redistributor", cfg))
+    run_worker(cfg, index, **stage_parts("redistributor", cfg))
 
 
 class StageWorker:

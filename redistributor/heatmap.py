@@ -182,7 +182,8 @@ def inspect_command(args: argparse.Namespace) -> int:
     if not (folder := Path(args.out).parent).is_dir():
         raise UserError(f"--out {args.out}: no folder {folder}")
     group = load_group(args.source, args.run)
-    if not 0 <= args.index < (n := len(group.samples)):
+    n = len(group.samples)
+    if not 0 <= args.index < n:
         raise UserError(f"--index {args.index} is out of range: the group holds {n} sample(s), --index 0..{n - 1}")
     sample = group.samples[args.index]
     tokenizer = load_tokenizer(args.tokenizer or qwen_tokenizer_dir())

@@ -154,7 +154,7 @@ def test_other_errors_are_one_line_unless_debug(
     from rredcot.launch import doctor
     from rredcot.redistributor import heatmap
 
-    def boom(*args: object) -> None:
+    def boom(*args: object, **kwargs: object) -> None:
         raise RuntimeError("disk on fire")
 
     monkeypatch.setattr(heatmap, "load_group", boom)
@@ -190,12 +190,13 @@ def _parse(argv: list[str]) -> tuple[object, ...]:
 )
 def test_overrides_may_follow_flags(argv: list[str]) -> None:
     assert _parse(argv) == ("tests", ["run.steps=1"])
-    assert _parse([*argv[:-1], "learner.lr=1e-6", argv[-1]])[1] == ["run.steps=1", "learner.lr=1e-6"]
-    assert _parse([*argv[:-2], "learner.lr=1e-6", *argv[-2:]])[1] == ["learner.lr=1e-6", "run.steps=1"]
+    assert _parse([*argv, "learner.lr=1e-6"])[1] == ["run.steps=1", "learner.lr=1e-6"]
+    at = argv.index("tests") + 1  # one before the flags too: the order stays the command line's
+    assert _parse([*argv[:at], "learner.lr=1e-6", *argv[at:]])[1] == ["learner.lr=1e-6", "run.steps=1"]
 
 
 def test_unknown_flags_and_stray_arguments_are_still_rejected(capsys: pytest.CaptureFixture[str]) -> None:
-    for argv in (["train", "tests", "--verbos", "run.steps=1"], ["inspect", "a.msgpack", "b"], ["config", "list", "x"]):
+    for argv in (["train", "tests", "--bogus", "run.steps=1"], ["inspect", "a.msgpack", "b"], ["config", "list", "x"]):
         with pytest.raises(SystemExit) as exit:
             cli.parse_args(argv)
         assert exit.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err
@@ -258,8 +259,8 @@ def test_bench_lists_runnable_benchmarks_only(capsys: pytest.CaptureFixture[str]
     assert err == f"rredcot: error: no benchmark 'nope' (found: {', '.join(found)})"
     with pytest.raises(SystemExit):
         main(["bench", "--help"])
-    bench_help = capsys.readouterr().out
-    assert " | ".join(found) in bench_help.replace("\n", " ").replace("  ", " ") and "stream_queue" not in bench_help
+    bench_help = " ".join(capsys.readouterr().out.split())
+    assert " | ".join(found) in bench_help and "stream_queue" not in bench_help
 
 
 INSPECT_MISTAKES: list[tuple[str, Callable[[Path], list[str]], str]] = [

@@ -108,6 +108,17 @@ def test_progress_line_has_every_tier_the_queues_and_the_eta() -> None:
     assert eval_progress({}) is None and eval_progress(SNAPS) == (96, 288)
 
 
+def test_progress_line_shows_the_slowest_learner_rank() -> None:
+    """The step shown is the slowest rank's (``Monitor.step``): its reward and step time go with it."""
+    ranks = {
+        "learner1": {"tier": "learner", "step": 5.0, "reward_mean": 0.9, "step_time_s": 10.0},
+        "learner0": {"tier": "learner", "step": 4.0, "reward_mean": 0.25, "step_time_s": 30.0},
+    }
+    assert progress_line("training", 60, ranks, {}, 4, 20, None).startswith(
+        "[1m00s] training step 4/20 | reward 0.25 | learner 30.0 s/step"
+    )
+
+
 def test_plain_lines_every_interval_to_the_log(clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
     cfg = load_config("tests", ["logging.progress_every_s=15"])
 

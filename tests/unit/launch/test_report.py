@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from rredcot.common.config import load_config
 from rredcot.launch.monitor import Phases
-from rredcot.launch.report import RunOutcome, summary_json, write_report
+from rredcot.launch.report import RunOutcome, link_final_model, summary_json, write_report
 
 
 def evaluation(step: int, per_problem: list[float]) -> dict:
@@ -68,3 +69,15 @@ def test_summary_without_evaluations(tmp_path: Path) -> None:
     summary = summary_json(cfg, RunOutcome("failed: RuntimeError: x", Phases(), monitor=FakeMonitor([])), {})
     assert summary["evaluations"] == [] and summary["paired_change"] is None
     assert summary["status"].startswith("failed")
+
+
+def test_final_model_is_a_relative_link_that_survives_moving_the_run(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (hf := run / "checkpoints" / "step-00000004" / "hf").mkdir(parents=True)
+    (hf.parent / "pipeline.json").write_text("{}")
+    (hf / "config.json").write_text("{}")
+    (run / "report").mkdir()
+    link = link_final_model(run, run / "report")
+    assert link is not None and not Path(os.readlink(link)).is_absolute()
+    run.rename(moved := tmp_path / "moved")
+    assert (moved / "report" / "final_model" / "config.json").is_file()

@@ -6,13 +6,15 @@ import argparse
 import html
 
 import numpy as np
+import pytest
 
 from rredcot.common.codec import encode
 from rredcot.common.config import Config, CreditConfig
+from rredcot.common.errors import UserError
 from rredcot.common.models import build_tiny_model
 from rredcot.common.streams import BATCHES, Producer, key
 from rredcot.redistributor.credit import redistribute_group
-from rredcot.redistributor.heatmap import inspect_command, render_heatmap
+from rredcot.redistributor.heatmap import inspect_command, load_group, render_heatmap
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.segmentation import token_texts
 from tests.unit.redistributor.cases import make_group
@@ -45,6 +47,14 @@ def test_inspect_from_file_and_from_redis(qwen_tok, tmp_path, redis_client, redi
     saved.write_bytes(encode(group))
     args = argparse.Namespace(source=str(saved), run=None, tokenizer=None, out=str(tmp_path / "f"), index=1)
     assert inspect_command(args) == 0 and (tmp_path / "f.html").exists() and (tmp_path / "f.png").exists()
+    n = len(group.samples)
+    for index in (n, -1):
+        with pytest.raises(
+            UserError, match=rf"--index {index} is out of range: the group holds {n} sample\(s\), --index 0..{n - 1}"
+        ):
+            inspect_command(argparse.Namespace(**{**vars(args), "index": index}))
+    with pytest.raises(UserError, match="is empty: is --run 'nope' right"):
+        load_group(redis_server.url, "nope")
     Producer(redis_client, key(run_id, BATCHES), maxlen=8).put(encode(group))
     args = argparse.Namespace(source=redis_server.url, run=run_id, tokenizer=None, out=str(tmp_path / "r"), index=2)
     assert inspect_command(args) == 0
