@@ -10,13 +10,16 @@ all of ``earlier``, and the tokens of its own branch up to itself.
 - ``flex``: a block-sparse ``BlockMask`` run by torch's flex attention (compiled on CUDA), which
   skips the blocks no row may see, and never holds a q × kv mask or score matrix. On other devices
   flex runs uncompiled, which materialises the scores: correct, for tests, not for long traces.
+  The compiled mask function reads ``limit`` and ``earlier`` from a tensor, not from Python ints:
+  compiled code specialises on the ints it reads, so each new exit prefix would compile again, and
+  after torch's recompile limit flex would run uncompiled on a 25k-token trace.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -34,6 +37,10 @@ class BranchRows:
     local: torch.Tensor  # the row's token index within its branch
     limit: int
     earlier: int
+    bounds: torch.Tensor = field(init=False)  # [limit, limit + earlier], what the mask function reads
+
+    def __post_init__(self) -> None:
+        self.bounds = torch.tensor([self.limit, self.limit + self.earlier], device=self.prefix.device)
 
     @property
     def kv_len(self) -> int:
@@ -41,9 +48,10 @@ class BranchRows:
 
     def allowed(self, kv: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
         """May query ``row`` see key position ``kv`` (broadcasting index tensors)."""
-        own = (kv - self.limit - self.earlier).clamp(min=0)
+        limit, own_start = self.bounds[0], self.bounds[1]
+        own = (kv - own_start).clamp(min=0)
         sees_own = (self.item[own] == self.item[row]) & (self.local[own] <= self.local[row])
-        return torch.where(kv < self.limit, kv < self.prefix[row], (kv < self.limit + self.earlier) | sees_own)
+        return torch.where(kv < limit, kv < self.prefix[row], (kv < own_start) | sees_own)
 
 
 def attention_impl(model: Any) -> str:
@@ -88,18 +96,21 @@ def flex_mask(rows: BranchRows) -> Any:
     from torch.nn.attention.flex_attention import create_block_mask
 
     device = rows.prefix.device
-    return create_block_mask(
-        lambda b, h, row, kv: rows.allowed(kv, row),
-        None,
-        None,
-        rows.prefix.numel(),
-        rows.kv_len,
-        device=device,
-        _compile=device.type == "cuda",
-    )
+    build = compiled(create_block_mask, device)
+    return build(lambda b, h, row, kv: rows.allowed(kv, row), None, None, rows.prefix.numel(), rows.kv_len, device)
 
 
-_compiled_flex: Any = None
+FLEX_COMPILE = {"dynamic": True}  # the query and key lengths change with every forward
+_compiled: dict[str, Any] = {}
+
+
+def compiled(fn: Any, device: torch.device) -> Any:
+    """``fn`` compiled once per process (``FLEX_COMPILE``) on CUDA; as it is elsewhere."""
+    if device.type != "cuda":
+        return fn
+    if fn.__name__ not in _compiled:
+        _compiled[fn.__name__] = torch.compile(fn, **FLEX_COMPILE)
+    return _compiled[fn.__name__]
 
 
 def _flex_attention(
@@ -112,15 +123,12 @@ def _flex_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """A transformers attention function: flex attention over the branch ``BlockMask``."""
-    global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
 
-    fn = flex_attention
-    if query.device.type == "cuda":
-        _compiled_flex = _compiled_flex or torch.compile(flex_attention)
-        fn = _compiled_flex
     gqa = query.shape[1] != key.shape[1]
-    out = fn(query, key, value, block_mask=attention_mask, scale=scaling, enable_gqa=gqa)
+    out = compiled(flex_attention, query.device)(
+        query, key, value, block_mask=attention_mask, scale=scaling, enable_gqa=gqa
+    )
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -37,3 +37,25 @@ def test_auto_picks_flex_on_cuda() -> None:
     from rredcot.redistributor.branch_attention import resolve
 
     assert resolve("auto", build_tiny_model("qwen3", seed=0, vocab_size=512).to("cuda")) == "flex"
+
+
+def test_compiled_flex_does_not_compile_again_for_new_exits() -> None:
+    """After a warm-up trace, other exits (new trace prefixes, new lengths) reuse the compiled mask
+    builder and flex attention: a compile per exit would pass torch's recompile limit and fall back to
+    uncompiled flex, which materialises the scores."""
+    from torch._dynamo.utils import counters
+
+    model = build_tiny_model("qwen3", seed=0, vocab_size=512).to("cuda")
+    g = torch.Generator().manual_seed(1)
+    prompt, comp = (
+        torch.randint(0, 512, (9,), generator=g).tolist(),
+        torch.randint(0, 512, (600,), generator=g).tolist(),
+    )
+    refs = [(torch.randint(0, 512, (30,), generator=g).tolist(), [7, 8]) for _ in range(2)]
+    trace = score_trace(model, prompt, comp, chunk=64)
+    for exits in ([0, 100, 200], [50, 150, 250]):  # warm-up: static, then dynamic shapes
+        branch_logprobs_fast(model, trace, exits, refs, [1, 2], memory_bytes=200_000, attention="flex")
+    graphs = counters["stats"]["unique_graphs"]
+    for exits in ([33, 333, 444], [77, 377, 511, 590]):
+        branch_logprobs_fast(model, trace, exits, refs, [1, 2], memory_bytes=200_000, attention="flex")
+    assert counters["stats"]["unique_graphs"] == graphs
