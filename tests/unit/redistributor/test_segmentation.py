@@ -228,3 +228,13 @@ def test_segment_long_trace_with_real_tokenizer(qwen_tok, n_lines: int) -> None:
     seg = segment(texts, rng.random(len(ids)), cfg, "<think>", "</think>")
     assert seg.n_segments == min(40, len(seg.candidates) + 1)
     assert texts[seg.exit_points[-1]] == "</think>"
+
+
+def test_token_texts_are_each_tokens_own_decoding_across_calls(qwen_tok) -> None:
+    """The cached texts equal decoding each token alone, for repeated ids, ids seen in an earlier
+    call, special tokens and an empty trace."""
+    rng = np.random.default_rng(0)
+    first = rng.integers(0, len(qwen_tok), 300).tolist() + qwen_tok("<think>\nWait, 7 × 8 = 56")["input_ids"]
+    second = first[::3] + rng.integers(0, len(qwen_tok), 50).tolist() + [qwen_tok.eos_token_id] * 3
+    for ids in (first, second, []):
+        assert token_texts(qwen_tok, ids) == [qwen_tok.decode([i], skip_special_tokens=False) for i in ids]
