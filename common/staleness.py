@@ -4,9 +4,10 @@ A generator may admit prompt number ``n`` (0-based, counted once across all gene
 while ``n < (learner_version + eta + 1) * prompts_per_step``, where ``learner_version`` is the
 number of global batches the learner has consumed. That equals the policy version except after a
 skipped step (all-zero advantages or a non-finite loss): the step still consumes its batch and
-advances admission, or the generators would wait forever for a version that never comes. No
-sample is trained more than ``eta`` versions after the version that generated it; ``eta = 0`` is
-synchronous on-policy training. The admission count doubles as the global dataset position, so every admitted prompt is
+advances admission, or the generators would wait forever for a version that never comes. At most
+``eta + 1`` steps of prompts are admitted and untrained; groups trained in admission order are at
+most ``eta`` versions old, while a slow group overtaken by later ones (several generators or
+redistributors) can be older: the learner measures it. ``eta = 0`` is synchronous on-policy training. The admission count doubles as the global dataset position, so every admitted prompt is
 a distinct problem and a resumed run continues where it stopped. An admitted prompt that will never
 reach the learner *frees its slot* (it keeps its dataset position): one the generator rejects
 (longer than the context, an invalid record) and one a redistributor or the learner dead-letters.
