@@ -5,11 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rredcot.learner.logprobs import token_logprobs
 from rredcot.learner.loss import LossSettings, policy_loss, sample_coefficients
 from rredcot.learner.packing import (
     BudgetError,
+    TrainSample,
     collate,
     micro_batches,
     plan_micro_batches,
@@ -146,3 +149,53 @@ def test_shared_row_attends_per_unit_and_equals_the_whole_row_mask(make_model, m
     per_unit = token_logprobs(model, mb)
     mb.sample_bounds = None  # the whole row at once, with the full mask
     torch.testing.assert_close(per_unit, token_logprobs(model, mb), atol=1e-5, rtol=0)
+
+
+def _sample(i: int, prompt: np.ndarray, length: int, rng: np.random.Generator) -> TrainSample:
+    sigma = rng.random(length).astype(np.float32) + 0.01
+    return TrainSample(
+        f"s{i:03d}",
+        prompt,
+        rng.integers(1, 500, length).astype(np.int32),
+        rng.normal(-3, 1, length).astype(np.float32),
+        sigma / sigma.sum(),
+        rng.integers(0, 3, length).astype(np.int32),
+        float(rng.normal()),
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 40), min_size=1, max_size=12),
+    prompts=st.integers(1, 3),
+    slack=st.integers(0, 60),
+    layout=st.sampled_from(["packed", "padded", "shared"]),
+    seed=st.integers(0, 2**16),
+)
+def test_plans_and_rows_hold_for_any_batch(lengths, prompts, slack, layout, seed):
+    """Any batch, any budget that fits its longest sample: the plan covers each sample once, is the
+    same every time, and keeps every micro-batch within the budget; in the rows, each completion
+    token's target sits right after the position that predicts it (packed, padded), positions restart
+    at every sample, and the per-token σ, versions and advantages are the sample's own."""
+    rng = np.random.default_rng(seed)
+    shared = [rng.integers(1, 500, int(rng.integers(1, 8))).astype(np.int32) for _ in range(prompts)]
+    samples = [_sample(i, shared[i % prompts], n, rng) for i, n in enumerate(lengths)]
+    budget = max(s.length for s in samples) + slack
+    plan = plan_micro_batches(samples, budget, layout)
+    assert plan == plan_micro_batches(samples, budget, layout)
+    assert sorted(i for row in plan for i in row) == list(range(len(samples)))
+    for row in plan:
+        members = [samples[i] for i in row]
+        mb = collate(members, layout)
+        assert (mb.n_tokens if layout == "shared" else mb.input_ids.numel()) <= budget
+        per_sample = [np.flatnonzero(mb.sample_of_token.numpy() == j) for j in range(len(members))]
+        for s, tokens in zip(members, per_sample, strict=True):
+            assert mb.targets[tokens].tolist() == s.completion_ids.tolist()
+            np.testing.assert_array_equal(mb.sigma[tokens].numpy(), s.sigma)
+            assert mb.versions[tokens].tolist() == s.versions.tolist()
+            assert set(mb.advantages[tokens].tolist()) == {np.float32(s.advantage)}
+        if layout != "shared":
+            assert torch.equal(mb.input_ids.view(-1)[mb.token_index + 1], mb.targets)
+        if layout == "packed":
+            starts = mb.sample_bounds[:-1]
+            assert all(mb.position_ids[0, b] == 0 for b in starts) and len(starts) == len(members)
