@@ -112,6 +112,13 @@ class RolloutGroup:
             if s.group_id != self.group_id:
                 raise RecordError(f"sample {s.id} belongs to group {s.group_id}, not {self.group_id}")
 
+    def token_arrays(self) -> dict[str, np.ndarray]:
+        """Every token id array of the group, by field name (``check_vocabulary``)."""
+        arrays = {"prompt_ids": self.prompt_ids}
+        arrays |= {f"samples[{i}].completion_ids": s.completion_ids for i, s in enumerate(self.samples)}
+        arrays |= {f"ref_solution_ids[{i}]": u for i, u in enumerate(self.ref_solution_ids)}
+        return arrays | {f"ref_answer_ids[{i}]": y for i, y in enumerate(self.ref_answer_ids)}
+
 
 @dataclass
 class WeightedSample:
@@ -161,6 +168,21 @@ class WeightedGroup:
             raise RecordError("a weighted group needs at least one sample")
         for s in self.samples:
             s.validate()
+
+    def token_arrays(self) -> dict[str, np.ndarray]:
+        """Every token id array the learner trains on, by field name (``check_vocabulary``)."""
+        arrays = {"prompt_ids": self.prompt_ids}
+        return arrays | {f"samples[{i}].completion_ids": s.rollout.completion_ids for i, s in enumerate(self.samples)}
+
+
+def check_vocabulary(arrays: dict[str, np.ndarray], vocab: int, whose: str) -> None:
+    """Raise ``RecordError`` naming the first array holding a token id outside ``[0, vocab)`` of
+    ``whose`` model, before any forward: on CUDA an out-of-range embedding index is a device-side
+    assert that breaks every later kernel of the process, so the record must be dead-lettered."""
+    for name, ids in arrays.items():
+        if ids.size and not 0 <= ids.min() <= ids.max() < vocab:
+            bad = ids[(ids < 0) | (ids >= vocab)]
+            raise RecordError(f"{name} holds token id {int(bad[0])}, outside {whose} vocabulary [0, {vocab})")
 
 
 def _require_id(value: object, name: str) -> None:

@@ -30,7 +30,7 @@ import redis
 
 from rredcot.common.codec import decode
 from rredcot.common.ledger import Ledger, mean_length
-from rredcot.common.records import RecordError, WeightedGroup
+from rredcot.common.records import RecordError, WeightedGroup, check_vocabulary
 from rredcot.common.streams import Consumer, Entry
 from rredcot.learner.packing import TrainSample, samples_from_group
 from rredcot.learner.replay import Trained
@@ -79,9 +79,10 @@ class BatchReader:
         rank: int,
         world: int,
         per_step: int,
+        vocab: int,
     ) -> None:
         self.client, self.consumer, self.ledger, self.trained_key = client, consumer, ledger, trained_key
-        self.rank, self.world, self.per_step = rank, world, per_step
+        self.rank, self.world, self.per_step, self.vocab = rank, world, per_step, vocab
         self.need = per_step // world + (rank < per_step % world)
         self._backlog: deque[Entry] | None = None  # entries pending under this rank's name at its start
         self._got: dict[bytes, tuple[Entry, WeightedGroup]] = {}  # this step's entries so far
@@ -193,12 +194,20 @@ class BatchReader:
         return [bool(group_ids) and all(next(answers)) for group_ids in ids]
 
     def _decode(self, entry: Entry) -> WeightedGroup | None:
+        """The entry's group; None when it is malformed or holds a token id outside the model's
+        vocabulary (dead-lettered: an embedding lookup would fail on every restart)."""
+        group = None
         try:
             if entry.payload is None:
                 raise RecordError("entry has no payload")
-            return decode(entry.payload, WeightedGroup)
+            group = decode(entry.payload, WeightedGroup)
+            check_vocabulary(group.token_arrays(), self.vocab, "the learner's")
+            return group
         except RecordError as e:
-            self.ledger.record_unreadable(entry.id, "learner_RecordError")
+            if group is None:
+                self.ledger.record_unreadable(entry.id, "learner_RecordError")
+            else:
+                self.ledger.record("dead", {group.group_id: group_length(group)}, "learner_RecordError")
             self.consumer.dead_letter(entry, f"learner: {e}")
             return None
 

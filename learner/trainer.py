@@ -79,6 +79,7 @@ class Trainer:
             self.rank,
             self.world,
             cfg.generation.prompts_per_step,
+            self.engine.module.config.vocab_size,
         )
         self.step = 0
         self.last_checkpoint, self.saved_step = time.monotonic(), -1

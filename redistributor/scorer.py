@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rredcot.common.prompts import opens_thought
-from rredcot.common.records import RecordError, RolloutGroup
+from rredcot.common.records import RolloutGroup, check_vocabulary
 from rredcot.redistributor.entropy import TokenCounter
 
 
@@ -30,18 +30,8 @@ class Scorer:
         self.end_ids = frozenset(self.tokenizer.all_special_ids)
 
     def check_ids(self, group: RolloutGroup) -> None:
-        """Raise ``RecordError`` when a token id of ``group`` (prompt, completions, references) lies
-        outside the scorer's vocabulary, before any forward: on CUDA an out-of-range embedding index
-        is a device-side assert that breaks every later kernel of the process."""
-        vocab = self.model.get_input_embeddings().weight.shape[0]
-        arrays = {"prompt_ids": group.prompt_ids}
-        arrays |= {f"samples[{i}].completion_ids": s.completion_ids for i, s in enumerate(group.samples)}
-        arrays |= {f"ref_solution_ids[{i}]": u for i, u in enumerate(group.ref_solution_ids)}
-        arrays |= {f"ref_answer_ids[{i}]": y for i, y in enumerate(group.ref_answer_ids)}
-        for name, ids in arrays.items():
-            if ids.size and not 0 <= ids.min() <= ids.max() < vocab:
-                bad = ids[(ids < 0) | (ids >= vocab)]
-                raise RecordError(f"{name} holds token id {int(bad[0])}, outside the scorer's vocabulary [0, {vocab})")
+        """``RecordError`` when a token id of ``group`` lies outside the scorer's vocabulary."""
+        check_vocabulary(group.token_arrays(), self.model.get_input_embeddings().weight.shape[0], "the scorer's")
 
     def opens_thought(self, prompt_ids: Sequence[int]) -> bool:
         """Whether the prompt opens the thought (its chat template ends it with ``think_start``,

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from rredcot.common.codec import decode, encode
 from rredcot.common.ledger import Ledger
 from rredcot.common.records import WeightedGroup
-from rredcot.common.streams import Consumer, key
+from rredcot.common.streams import Consumer, dead_letters, key
 from rredcot.learner.batches import BatchReader, assign
 from tests.factories import weighted_group
 
@@ -22,9 +22,13 @@ def _stream(run_id: str) -> str:
     return key(run_id, "batches")
 
 
+VOCAB = 151_936  # the factories' token ids are below 151,000
+
+
 def _reader(client, run_id: str, rank: int = 0, world: int = 1, per_step: int = 2, idle_ms: int = 30_000):
     consumer = Consumer(client, _stream(run_id), GROUP, f"learner{rank}", key(run_id, "dead"), idle_ms)
-    return BatchReader(client, consumer, Ledger(client, run_id), key(run_id, "trained_ids"), rank, world, per_step)
+    ledger, trained = Ledger(client, run_id), key(run_id, "trained_ids")
+    return BatchReader(client, consumer, ledger, trained, rank, world, per_step, VOCAB)
 
 
 def _put(client, run_id: str, group) -> bytes:
@@ -72,6 +76,21 @@ def test_waiting_longer_than_the_reclaim_idle_time_reads_no_entry_twice(redis_cl
     assert stolen == []
     batch = reader.balance(own, None)
     assert len(batch.samples) == 8 and len({s.id for s in batch.samples}) == 8 and batch.duplicates == 0
+
+
+def test_a_group_with_a_token_outside_the_vocabulary_is_dead_lettered_and_the_step_goes_on(redis_client, run_id):
+    """Such an id would fail the embedding lookup (a device-side assert on CUDA) on every restart: the
+    group is dead-lettered under its id, which frees its admission slot, and the step reads on."""
+    bad, good, other = (weighted_group(seed=s) for s in (7, 8, 9))
+    bad.samples[1].rollout.completion_ids[5] = VOCAB  # one past the last token
+    for g in (bad, good, other):
+        _put(redis_client, run_id, g)
+    own = _reader(redis_client, run_id).read(_never)
+    assert [g.group_id for _, g in own] == [good.group_id, other.group_id]
+    (letter,) = dead_letters(redis_client, key(run_id, "dead"))
+    reason = f"samples[1].completion_ids holds token id {VOCAB}, outside the learner's vocabulary"
+    assert reason in letter[b"reason"].decode()
+    assert redis_client.sismember(Ledger(redis_client, run_id).ids_key["dead"], bad.group_id)
 
 
 def test_a_group_sent_twice_or_already_trained_is_trained_once_and_the_step_still_takes_its_count(redis_client, run_id):
