@@ -55,7 +55,7 @@ def decode(data: bytes | memoryview, expect: type[T] | None = None) -> T:
         raise RecordError(f"not a valid msgpack message: {type(e).__name__}: {e}") from None
     if not isinstance(msg, dict) or not {"v", "kind", "body"} <= msg.keys():
         raise RecordError("message is not a record envelope (needs keys v, kind, body)")
-    if msg["v"] != SCHEMA_VERSION:
+    if type(msg["v"]) is not int or msg["v"] != SCHEMA_VERSION:  # an array, or True, would pass ``!=``
         raise RecordError(f"schema version {msg['v']!r} is not supported (this build reads {SCHEMA_VERSION})")
     cls = KINDS.get(msg["kind"]) if isinstance(msg["kind"], str) else None
     if cls is None:

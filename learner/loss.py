@@ -3,7 +3,7 @@
 Per completion token j of sample i (behaviour log-prob μ_j, token version v_j, learner version V):
 
 - fresh token (v_j = V): ρ_j = π_θ/μ_j, w_j = 1 (PPO/GRPO ratio against the behaviour policy);
-- stale token (v_j < V): ρ_j = π_θ/sg(π_θ) (= 1, gradient ∇log π_θ) and a truncated importance
+- stale token (v_j ≠ V: older, or newer after a learner restore renumbered versions): ρ_j = π_θ/sg(π_θ) (= 1, gradient ∇log π_θ) and a truncated importance
   weight w_j = min(sg(π_θ)/μ_j, tis_cap) — decoupled PPO with the current learner policy as the
   proximal policy, so tokens from old versions are corrected instead of being clipped away;
 - ℓ_j = −w_j · s_j + β · KL_j with the clipped surrogate s_j = min(ρ_j A_i, clip(ρ_j, 1−ε_low,

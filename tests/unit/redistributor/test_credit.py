@@ -33,6 +33,7 @@ from rredcot.redistributor.sigma import prob_rewards, segment_masses, token_sigm
 from rredcot.redistributor.values import branch_logprobs_reference, exit_values, forward_overhead_cells
 from tests.factories import rollout, rollout_group
 from tests.unit.redistributor.cases import TRACES, make_group
+from tests.unit.redistributor.test_sigma import reference_masses, reference_sigma
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +143,9 @@ def test_rredcot_matches_reference_pipeline(qwen_tok, qwen_model) -> None:
 def test_return_equivalent_methods_sum_to_one(
     qwen_tok, qwen_model, method, sign, lam, space, answer_part, k, group_refs
 ) -> None:
+    """Σσ = 1 and σ ≥ 0 for every return-equivalent method; grpo is 1/|o|; rredcot's σ is the formula
+    (tokens outside the span 1/|o|, λ/|o| + (1 − λ)(S/|o|)·m_k/(|seg_k|·Σm) inside) applied to the
+    segment rewards it recorded, so a dropped factor fails here although the sum is renormalised."""
     cfg = Config()
     cfg.credit = CreditConfig(
         method=method,
@@ -155,8 +159,22 @@ def test_return_equivalent_methods_sum_to_one(
     out = redistribute_group(make_group(qwen_tok), cfg, Scorer(qwen_model, qwen_tok, cfg.credit.exit_string))
     for w in out.samples:
         assert np.all(w.sigma >= 0) and abs(float(w.sigma.sum(dtype=np.float64)) - 1) < 1e-5
-        if method == "rredcot":
-            assert len(w.exit_points) - 1 <= k + (answer_part == "terminal")
+        n = len(w.sigma)
+        if method == "grpo":
+            np.testing.assert_allclose(w.sigma, 1 / n, rtol=1e-6)
+        if method != "rredcot":
+            continue
+        exits = w.exit_points.tolist()
+        assert len(exits) - 1 <= k + (answer_part == "terminal")
+        # tokens outside the span keep 1/|o|; a segment's tokens share one σ
+        np.testing.assert_allclose(w.sigma[[*range(exits[0]), *range(exits[-1], n)]], 1 / n, rtol=1e-5)
+        for lo, hi in zip(exits[:-1], exits[1:]):
+            np.testing.assert_allclose(w.sigma[lo:hi], w.sigma[lo], rtol=1e-6)
+        if cfg.credit.value_space != "prob":  # prob rewards (differences of v̂ ≈ e^-167) are 0 in float32
+            # σ from the recorded rewards through the formula written out in test_sigma (float64)
+            rewards = w.segment_rewards.astype(np.float64).tolist()
+            masses = reference_masses(rewards, w.advantage, sign, cfg.credit.softmax_temperature)
+            np.testing.assert_allclose(w.sigma, reference_sigma(n, exits, masses, lam), rtol=1e-5, atol=1e-9)
 
 
 def _answer_tokens(tok, text: str) -> int:

@@ -3,6 +3,9 @@ plain per-exit recomputation on random tiny models."""
 
 from __future__ import annotations
 
+import math
+
+import mpmath
 import numpy as np
 import pytest
 import torch
@@ -49,6 +52,74 @@ def test_values_without_positive_utility() -> None:
     assert list(exit_values(empty, [], "log")) == [-np.inf] * 3
     with pytest.raises(ValueError, match="value space"):
         exit_values(bl, [1.0, 1.0], "logit")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.data(),
+    n_exits=st.integers(1, 4),
+    n_pairs=st.integers(1, 4),
+    base=st.sampled_from([0.0, -1000.0, -1010.5]),
+)
+def test_exit_values_match_high_precision_brute_force(data, n_exits, n_pairs, base) -> None:
+    """v̂(s_t) = Σ_i p(u_i | s_t) p(y_i | u_i, s_t) U_i summed in 50-digit arithmetic (mpmath): ``log``
+    is log v̂ (−inf when v̂ = 0: every utility 0 or every pair impossible), ``prob`` is v̂ = e^{log v̂}
+    (0 in float64 below e^−745, where log space still resolves it), ``mean_token_prob`` is
+    (1/N) Σ_i U_i · mtp_i. log p(u_i) around −1000 (every e^{log p} underflows) and 0, utilities 0,
+    1 or anything ≥ 0."""
+
+    def table(elements) -> np.ndarray:  # [T, N]
+        cells = data.draw(st.lists(elements, min_size=n_exits * n_pairs, max_size=n_exits * n_pairs))
+        return np.array(cells, dtype=np.float64).reshape(n_exits, n_pairs)
+
+    log_u = table(st.one_of(st.floats(-40, 0).map(lambda x: base + x), st.just(-math.inf)))
+    log_y, mtp = table(st.floats(-20, 0)), table(st.floats(0, 1))
+    utilities = data.draw(
+        st.lists(st.one_of(st.just(0.0), st.just(1.0), st.floats(0, 3)), min_size=n_pairs, max_size=n_pairs)
+    )
+    bl = BranchLogprobs(log_u, log_y, mtp)
+    log_v, prob, mean_tp = (exit_values(bl, utilities, space) for space in ("log", "prob", "mean_token_prob"))
+    with mpmath.workdps(50):
+        for t in range(n_exits):
+            v = mpmath.fsum(mpmath.exp(mpmath.mpf(log_u[t, i]) + log_y[t, i]) * utilities[i] for i in range(n_pairs))
+            if v == 0:
+                assert log_v[t] == -math.inf and prob[t] == 0
+            else:
+                assert log_v[t] == pytest.approx(float(mpmath.log(v)), rel=1e-13, abs=1e-9)
+                assert prob[t] == pytest.approx(float(v), rel=1e-9, abs=1e-310)
+            ref_mtp = mpmath.fsum(mpmath.mpf(mtp[t, i]) * utilities[i] for i in range(n_pairs)) / n_pairs
+            assert mean_tp[t] == pytest.approx(float(ref_mtp), rel=1e-12, abs=1e-300)
+    np.testing.assert_allclose(prob, np.exp(log_v), rtol=1e-15, atol=0)
+    assert log_v.shape == prob.shape == mean_tp.shape == (n_exits,)
+
+
+def test_branch_logprobs_are_sums_and_mean_token_prob_of_one_forward(make_lm) -> None:
+    """For each (exit point t, pair i): one plain forward of ``prompt ⊕ o[:e_t] ⊕ exit ⊕ u_i ⊕ y_i``,
+    log p of each scored token read off by hand: log_u = Σ over u_i's tokens, log_y = Σ over y_i's,
+    mean_token_prob = the mean of their probabilities (not of their log-probs; 1 for a pair with no
+    token), for the fast path and the reference path alike."""
+    model = make_lm("qwen3", 7)
+    prompt, comp, exit_ids = [5, 17, 3], [40, 41, 42, 43, 44, 45, 46], [9, 8]
+    exits, refs = [0, 3, 7], [([11, 12, 13], [14]), ([21], []), ([], [])]
+    expected = {name: np.zeros((3, 3)) for name in ("log_u", "log_y", "mtp")}
+    with torch.no_grad():
+        for t, e in enumerate(exits):
+            for i, (u, y) in enumerate(refs):
+                seq = [*prompt, *comp[:e], *exit_ids, *u, *y]
+                logp = model(torch.tensor([seq])).logits[0].double().log_softmax(-1)
+                start = len(prompt) + e + len(exit_ids)  # position of u's first token
+                lp = [float(logp[p - 1, seq[p]]) for p in range(start, len(seq))]
+                expected["log_u"][t, i] = sum(lp[: len(u)])
+                expected["log_y"][t, i] = sum(lp[len(u) :])
+                expected["mtp"][t, i] = np.mean(np.exp(lp)) if lp else 1.0
+    trace = score_trace(model, prompt, comp, chunk=4)
+    for bl in (
+        branch_logprobs_fast(model, trace, exits, refs, exit_ids, 1 << 30),
+        branch_logprobs_reference(model, prompt, comp, exits, refs, exit_ids),
+    ):
+        np.testing.assert_allclose(bl.log_u, expected["log_u"], atol=1e-4, rtol=0)
+        np.testing.assert_allclose(bl.log_y, expected["log_y"], atol=1e-4, rtol=0)
+        np.testing.assert_allclose(bl.mean_token_prob, expected["mtp"], atol=1e-6, rtol=1e-4)
 
 
 def _random_case(seed: int, p: int, n: int, k: int, n_refs: int, vocab: int = 512):
