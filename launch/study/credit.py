@@ -28,8 +28,8 @@ from rredcot.common.sampling import ContinuationSampler, RewardFn
 from rredcot.redistributor.credit import redistribute_group
 from rredcot.redistributor.mc import MCValues, mc_values
 from rredcot.redistributor.scorer import Scorer
+from rredcot.redistributor.values import VALUE_SPACES
 
-VALUE_SPACES = ("log", "prob", "mean_token_prob")
 SIGMA_METHODS = ("grpo", "entropy", "top_entropy", "progress")
 MC = "mc"
 
@@ -128,8 +128,11 @@ def study_group(
 ) -> list[TraceCredit]:
     """Every method on the group's samples that have a non-zero advantage (none when all are 0)."""
     traces: dict[int, TraceCredit] = {}
-    by_space = {v: _run(group, _with_credit(cfg, method="rredcot", value_space=v), scorer) for v in VALUE_SPACES}
-    for i, s in enumerate(by_space["log"][0].samples):
+    # with the terminal answer part, R (a probability) ends the values: no log space (as for training)
+    spaces = [v for v in VALUE_SPACES if v != "log" or cfg.credit.answer_part != "terminal"]
+    by_space = {v: _run(group, _with_credit(cfg, method="rredcot", value_space=v), scorer) for v in spaces}
+    base = by_space[spaces[0]][0]  # its exit points and σ: the same in every space
+    for i, s in enumerate(base.samples):
         if s.advantage and len(s.exit_points) > 1:
             traces[i] = TraceCredit(
                 group.group_id, i, s.advantage, s.rollout.reward, len(s.sigma), s.exit_points.astype(np.int64)
@@ -138,12 +141,12 @@ def study_group(
         for i, tr in traces.items():
             s = wg.samples[i]
             if not np.array_equal(s.exit_points, tr.exits):
-                raise RuntimeError(f"value space {space}: exit points differ from the log space's")
+                raise RuntimeError(f"value space {space}: exit points differ from the {spaces[0]} space's")
             tr.values[f"rredcot:{space}"] = s.exit_values.astype(np.float64)
             tr.segment_scores[f"rredcot:{space}"] = s.segment_rewards.astype(np.float64)
             tr.cost[f"rredcot:{space}"] = cost
     for i, tr in traces.items():
-        tr.segment_scores["rredcot:sigma"] = segment_credit(by_space["log"][0].samples[i].sigma, tr.exits, tr.advantage)
+        tr.segment_scores["rredcot:sigma"] = segment_credit(base.samples[i].sigma, tr.exits, tr.advantage)
     for method in SIGMA_METHODS:
         wg, cost = _run(group, _with_credit(cfg, method=method, settings={}), scorer, sampler, reward_fn)
         for i, tr in traces.items():
