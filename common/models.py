@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -98,23 +99,36 @@ def save_model_dir(model: Any, tokenizer: Any, out: str | Path) -> Path:
     return out
 
 
-def build_once(out: Path, build: Callable[[Path], None]) -> Path:
-    """``out``, made once by ``build(tmp)`` in a temporary directory renamed into place (no reader
-    ever sees half of it). One builder at a time across processes (the Ray actors of a first run,
-    test workers) under a file lock; the others wait and take its result. ``build`` writes the
-    marker ``rredcot.json`` last."""
+def build_once(out: Path, build: Callable[[Path], None], recipe: dict[str, Any]) -> Path:
+    """``out``, made by ``build(tmp)`` in a temporary directory renamed into place (no reader ever
+    sees half of it), then reused while its marker ``rredcot.json`` holds the same ``recipe`` (what
+    the result depends on, as JSON); one built from another recipe (an older rredcot's) is built
+    again and replaces it. One builder at a time across processes (the Ray actors of a first run,
+    test workers) under a file lock; the others wait and take its result."""
     marker = out / "rredcot.json"
-    if marker.exists():
+    if _recipe_of(marker) == recipe:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.with_name(out.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if marker.exists():
+        if _recipe_of(marker) == recipe:
             return out
         tmp = out.with_name(out.name + f".tmp{os.getpid()}")
         build(tmp)
+        (tmp / marker.name).write_text(json.dumps(recipe))
+        if out.exists():  # another recipe's: moved aside first, so the rename below cannot fail on it
+            old = out.with_name(out.name + f".old{os.getpid()}")
+            out.rename(old)
+            shutil.rmtree(old)
         tmp.rename(out)
     return out
+
+
+def _recipe_of(marker: Path) -> Any:
+    try:
+        return json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def materialise_tiny(name: str, seed: int = 0, root: str | Path | None = None) -> Path:
@@ -129,9 +143,13 @@ def materialise_tiny(name: str, seed: int = 0, root: str | Path | None = None) -
 
             model = sft_arith(model, tok, seed=seed)
         save_model_dir(model, tok, tmp)
-        (tmp / "rredcot.json").write_text(json.dumps({"builtin": name, "seed": seed}))
 
-    return build_once(Path(root or cache_dir() / "models") / f"{name}-seed{seed}", build)
+    recipe: dict[str, Any] = {"builtin": name, "seed": seed}
+    if name.endswith("-arith"):
+        from rredcot.common.warmstart import arith_recipe
+
+        recipe["sft"] = arith_recipe(seed)
+    return build_once(Path(root or cache_dir() / "models") / f"{name}-seed{seed}", build, recipe)
 
 
 def resolve_model_path(path: str, seed: int = 0) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from functools import partial
 from pathlib import Path
 
 from rredcot.common.models import build_once, cache_dir
@@ -30,7 +31,7 @@ def gguf_path() -> Path:
 
 def smollm2_dir(root: str | Path | None = None) -> Path:
     """The converted HF directory (created on first use, once, whichever worker asks first)."""
-    return build_once(Path(root or cache_dir() / "models") / "smollm2-135m-instruct", _convert)
+    return build_once(Path(root or cache_dir() / "models") / "smollm2-135m-instruct", _convert, {"source": GGUF_NAME})
 
 
 def _convert(out: Path) -> None:
@@ -49,7 +50,6 @@ def _convert(out: Path) -> None:
     config.update(architectures=[type(model).__name__], tie_word_embeddings=True, torch_dtype="float32")
     (out / "config.json").write_text(json.dumps(config, indent=2))
     tok.save_pretrained(out)
-    (out / "rredcot.json").write_text(json.dumps({"source": GGUF_NAME}))
 
 
 # The credit study's CPU policy (docs/study.md): SmolLM2 after a short format SFT on four-step
@@ -60,21 +60,33 @@ CHAIN_SFT = {"steps": 30, "lr": 5e-5, "batch": 8, "seed": 1}
 
 def smollm2_chain_dir(root: str | Path | None = None) -> Path:
     """``smollm2-135m-chain``: SmolLM2 taught ``CHAIN_TASK``'s lines of working (built once, ~4 min
-    on 2 cores)."""
-    return build_once(Path(root or cache_dir() / "models") / "smollm2-135m-chain", _chain_sft)
+    on 2 cores; again when its training pairs change)."""
+    base = smollm2_dir(root)
+    recipe = {"builtin": "smollm2-135m-chain", "task": CHAIN_TASK, **CHAIN_SFT, "sft": _chain_digest(str(base))}
+    return build_once(Path(root or cache_dir() / "models") / "smollm2-135m-chain", partial(_chain_sft, base), recipe)
 
 
-def _chain_sft(out: Path) -> None:
+def _chain_pairs(base: str) -> list[tuple[list[int], list[int]]]:
+    from rredcot.common.config import DataConfig, TaskConfig
+    from rredcot.common.models import load_tokenizer
+    from rredcot.common.warmstart import sft_pairs
+
+    data = DataConfig(eval_size=0, prompt_style="chat_one_shot")
+    return sft_pairs(load_tokenizer(base), TaskConfig("arith", dict(CHAIN_TASK)), data, CHAIN_SFT["seed"])
+
+
+def _chain_digest(base: str) -> str:
+    from rredcot.common.warmstart import recipe_digest
+
+    return recipe_digest(_chain_pairs(base), CHAIN_SFT)
+
+
+def _chain_sft(base: Path, out: Path) -> None:
     import torch
 
-    from rredcot.common.config import DataConfig, TaskConfig
     from rredcot.common.models import load_causal_lm, load_tokenizer, save_model_dir
     from rredcot.common.warmstart import sft
 
     torch.manual_seed(CHAIN_SFT["seed"])
-    base = smollm2_dir()
-    tok = load_tokenizer(str(base))
-    data = DataConfig(eval_size=0, prompt_style="chat_one_shot")
-    model = sft(load_causal_lm(str(base), "float32"), tok, TaskConfig("arith", dict(CHAIN_TASK)), data, **CHAIN_SFT)
-    save_model_dir(model, tok, out)
-    (out / "rredcot.json").write_text(json.dumps({"builtin": "smollm2-135m-chain", "task": CHAIN_TASK, **CHAIN_SFT}))
+    model = sft(load_causal_lm(str(base), "float32"), load_tokenizer(str(base)), _chain_pairs(str(base)), **CHAIN_SFT)
+    save_model_dir(model, load_tokenizer(str(base)), out)

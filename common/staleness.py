@@ -7,8 +7,9 @@ skipped step (all-zero advantages or a non-finite loss): the step still consumes
 advances admission, or the generators would wait forever for a version that never comes. At most
 ``eta + 1`` steps of prompts are admitted and untrained; groups trained in admission order are at
 most ``eta`` versions old, while a slow group overtaken by later ones (several generators or
-redistributors) can be older: the learner measures it. ``eta = 0`` is synchronous on-policy training. The admission count doubles as the global dataset position, so every admitted prompt is
-a distinct problem and a resumed run continues where it stopped. An admitted prompt that will never
+redistributors) can be older: the learner measures it. ``eta = 0`` is synchronous on-policy
+training. The admission count doubles as the global dataset position, so every admitted prompt is a
+distinct problem and a resumed run continues where it stopped. An admitted prompt that will never
 reach the learner *frees its slot* (it keeps its dataset position): one the generator rejects
 (longer than the context, an invalid record) and one a redistributor or the learner dead-letters.
 The slots in use are ``admitted − |ledger:rejected| − |ledger:dead|``; the ledger's outcomes are

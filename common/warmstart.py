@@ -9,6 +9,9 @@ staying tiny enough for CPU tests. Built once per machine and cached like the ot
 
 from __future__ import annotations
 
+import hashlib
+import json
+from functools import cache
 from typing import Any
 
 from rredcot.common.config import DataConfig, TaskConfig
@@ -19,26 +22,50 @@ ARITH_TASK = TaskConfig("arith", {"op": "mul", "operand_min": 2, "operand_max": 
 CHAT = DataConfig(eval_size=0, prompt_style="chat")
 
 
-def sft_arith(model: Any, tokenizer: Any, steps: int = 150, lr: float = 3e-3, batch: int = 16, seed: int = 0) -> Any:
+ARITH_SFT = {"steps": 150, "lr": 3e-3, "batch": 16}
+
+
+def sft_arith(model: Any, tokenizer: Any, seed: int = 0) -> Any:
     """The tiny model's warm start: ``sft`` on small products with the chat prompt."""
-    return sft(model, tokenizer, ARITH_TASK, CHAT, steps, lr, batch, seed)
+    return sft(model, tokenizer, sft_pairs(tokenizer, ARITH_TASK, CHAT, seed), seed=seed, **ARITH_SFT)
+
+
+@cache
+def arith_recipe(seed: int) -> str:
+    """What ``sft_arith`` depends on, as a digest: a cached model from another recipe is rebuilt."""
+    from rredcot.common.models import load_tokenizer, qwen_tokenizer_dir
+
+    return recipe_digest(sft_pairs(load_tokenizer(qwen_tokenizer_dir()), ARITH_TASK, CHAT, seed), ARITH_SFT)
+
+
+def sft_pairs(tokenizer: Any, task_cfg: TaskConfig, data: DataConfig, seed: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt, reference solution + EOS) token ids of ``task_cfg``'s problems, prompted as
+    ``data.prompt_style``."""
+    task = build_task(task_cfg)
+    return [
+        (
+            tokenizer(prompt_text(p, task, data, tokenizer), add_special_tokens=False)["input_ids"],
+            tokenizer(p.solution + tokenizer.eos_token, add_special_tokens=False)["input_ids"],
+        )
+        for p in task.problems(data, seed)
+    ]
+
+
+def recipe_digest(pairs: list[tuple[list[int], list[int]]], settings: dict[str, Any]) -> str:
+    """A digest of an SFT's training pairs and settings (the prompt's example or template changing
+    changes it)."""
+    return hashlib.sha256(json.dumps([pairs, settings], sort_keys=True).encode()).hexdigest()[:16]
 
 
 def sft(
-    model: Any, tokenizer: Any, task_cfg: TaskConfig, data: DataConfig, steps: int, lr: float, batch: int, seed: int
+    model: Any, tokenizer: Any, pairs: list[tuple[list[int], list[int]]], steps: int, lr: float, batch: int, seed: int
 ) -> Any:
-    """Supervised steps on (prompt, reference solution) pairs of ``task_cfg``'s problems, prompted
-    as ``data.prompt_style``; loss on solution tokens only."""
+    """Supervised steps on (prompt, solution) token id ``pairs`` (``sft_pairs``); loss on solution
+    tokens only."""
     import torch
     import torch.nn.functional as F
 
     gen = torch.Generator().manual_seed(seed)
-    pairs = []
-    task = build_task(task_cfg)
-    for p in task.problems(data, seed):
-        prompt = tokenizer(prompt_text(p, task, data, tokenizer), add_special_tokens=False)["input_ids"]
-        answer = tokenizer(p.solution + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
-        pairs.append((prompt, answer))
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

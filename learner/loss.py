@@ -3,9 +3,10 @@
 Per completion token j of sample i (behaviour log-prob μ_j, token version v_j, learner version V):
 
 - fresh token (v_j = V): ρ_j = π_θ/μ_j, w_j = 1 (PPO/GRPO ratio against the behaviour policy);
-- stale token (v_j ≠ V: older, or newer after a learner restore renumbered versions): ρ_j = π_θ/sg(π_θ) (= 1, gradient ∇log π_θ) and a truncated importance
-  weight w_j = min(sg(π_θ)/μ_j, tis_cap) — decoupled PPO with the current learner policy as the
-  proximal policy, so tokens from old versions are corrected instead of being clipped away;
+- stale token (v_j ≠ V: older, or newer after a learner restore renumbered versions):
+  ρ_j = π_θ/sg(π_θ) (= 1, gradient ∇log π_θ) and a truncated importance weight
+  w_j = min(sg(π_θ)/μ_j, tis_cap) — decoupled PPO with the current learner policy as the proximal
+  policy, so tokens from old versions are corrected instead of being clipped away;
 - ℓ_j = −w_j · s_j + β · KL_j with the clipped surrogate s_j = min(ρ_j A_i, clip(ρ_j, 1−ε_low,
   1+ε_high) A_i), bounded for A_i < 0 by the dual clip s_j ← max(s_j, c·A_i) (c = ``dual_clip``;
   Ye et al. 2020), so a fresh token whose ratio exploded cannot dominate the step; and the k3

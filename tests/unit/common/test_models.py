@@ -20,11 +20,31 @@ def test_build_once_builds_once_and_others_wait(tmp_path):
     def build(out: Path) -> None:
         calls.append(out)
         out.mkdir()
-        (out / "rredcot.json").write_text("{}")
 
     target = tmp_path / "m"
-    assert build_once(target, build) == target == build_once(target, build)
+    assert build_once(target, build, {"v": 1}) == target == build_once(target, build, {"v": 1})
     assert len(calls) == 1 and calls[0] != target and not calls[0].exists()  # built aside, renamed
+    assert json.loads((target / "rredcot.json").read_text()) == {"v": 1}
+
+
+def test_a_directory_built_from_another_recipe_is_built_again(tmp_path):
+    """A cache from an older rredcot (another warm-start prompt, other settings) is replaced, not
+    reused; the new directory holds only the new build's files."""
+
+    def build_with(name: str):
+        def build(out: Path) -> None:
+            out.mkdir()
+            (out / name).write_text(name)
+
+        return build
+
+    target = tmp_path / "m"
+    build_once(target, build_with("old"), {"sft": "aaaa"})
+    build_once(target, build_with("new"), {"sft": "bbbb"})
+    assert sorted(p.name for p in target.iterdir()) == ["new", "rredcot.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "m.lock"]  # nothing left aside
+    build_once(target, build_with("again"), {"sft": "bbbb"})  # the same recipe: reused
+    assert not (target / "again").exists()
 
 
 def test_the_demo_model_converted_by_two_processes_at_once(tmp_path):
