@@ -142,9 +142,14 @@ class WeightedSample:
         _array(self.sigma, np.float32, 1, "sigma", length=n)
         if not np.all(np.isfinite(self.sigma)) or np.any(self.sigma < 0):
             raise RecordError(f"sigma of {self.rollout.id} must be finite and >= 0")
-        _array(self.exit_points, np.int32, 1, "exit_points")
-        _array(self.exit_values, np.float32, 1, "exit_values")
-        _array(self.segment_rewards, np.float32, 1, "segment_rewards")
+        k = _array(self.exit_points, np.int32, 1, "exit_points")
+        e = self.exit_points
+        if k and not (e[0] >= 0 and e[-1] <= n and np.all(np.diff(e) >= 0)):
+            raise RecordError(f"exit_points of {self.rollout.id} must be ascending token indices in [0, {n}]")
+        if _array(self.exit_values, np.float32, 1, "exit_values") not in (0, k):
+            raise RecordError(f"exit_values of {self.rollout.id} must be empty or one per exit point ({k})")
+        if _array(self.segment_rewards, np.float32, 1, "segment_rewards") not in (0, max(k - 1, 0)):
+            raise RecordError(f"segment_rewards of {self.rollout.id} must be empty or one per segment ({k - 1})")
         if _array(self.exit_stderr, np.float32, 1, "exit_stderr") not in (0, len(self.exit_values)):
             raise RecordError(f"exit_stderr of {self.rollout.id} must be empty or match exit_values")
         if not np.isfinite(self.advantage):

@@ -53,7 +53,7 @@ def _convert(out: Path) -> None:
 
 
 # The credit study's CPU policy (docs/study.md): SmolLM2 after a short format SFT on four-step
-# arithmetic chains, measured at 51% sampled accuracy with 23 of 32 groups of 8 mixed.
+# arithmetic chains, measured at 47% sampled accuracy with 20 of 32 groups of 8 mixed (docs/study.md).
 CHAIN_TASK = {"op": "chain", "chain_steps": 4, "operand_min": 1, "operand_max": 5, "size": 300}
 CHAIN_SFT = {"steps": 30, "lr": 5e-5, "batch": 8, "seed": 1}
 

@@ -224,7 +224,7 @@ def weighted_samples(draw, group_id: str) -> WeightedSample:
         rollout=r,
         advantage=draw(FINITE),
         sigma=draw(_f32(len(r.completion_ids), min_value=0.0, allow_infinity=False)),
-        exit_points=draw(hnp.arrays(np.int32, k, elements=INT32)),
+        exit_points=np.sort(draw(hnp.arrays(np.int32, k, elements=st.integers(0, len(r.completion_ids))))),
         exit_values=draw(_f32(k)),  # NaN and ±inf included: v̂ = −inf in log space
         segment_rewards=draw(_f32(max(k - 1, 0))),
         credit_method=draw(TEXT),

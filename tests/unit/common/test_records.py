@@ -106,6 +106,32 @@ WEIGHTED = [
         _set(sample, "exit_stderr", lambda: np.zeros(3)),
         r"exit_stderr must have dtype float32, got float64",
     ),
+    # exit points lie in the completion, ascending; values one per exit point, rewards one per segment
+    (
+        "exit point past the end",
+        _set(sample, "exit_points", lambda: np.array([0, 16, 33], np.int32)),
+        r"exit_points of \w+ must be ascending token indices in \[0, 32\]",
+    ),
+    (
+        "exit points descending",
+        _set(sample, "exit_points", lambda: np.array([0, 20, 16], np.int32)),
+        r"exit_points of \w+ must be ascending",
+    ),
+    (
+        "negative exit point",
+        _set(sample, "exit_points", lambda: np.array([-1, 16, 32], np.int32)),
+        r"exit_points of \w+ must be ascending",
+    ),
+    (
+        "exit_values one short",
+        _set(sample, "exit_values", lambda: np.zeros(2, np.float32)),
+        r"exit_values of \w+ must be empty or one per exit point \(3\)",
+    ),
+    (
+        "segment_rewards one too many",
+        _set(sample, "segment_rewards", lambda: np.zeros(3, np.float32)),
+        r"segment_rewards of \w+ must be empty or one per segment \(2\)",
+    ),
     # the rollout inside is validated too
     ("rollout reward NaN", _set(rollout, "reward", float("nan")), r"reward must be finite"),
     (
@@ -142,7 +168,7 @@ def test_weighted_group_rejects(mutate, reason) -> None:
 def test_weighted_sample_boundaries_are_valid() -> None:
     """What the rules allow: σ of zeros (a method that is not return-equivalent may give any σ ≥ 0),
     no exit values with no standard errors, standard errors (NaN allowed) matching the exit values, an
-    empty completion with an empty σ, an advantage of 0."""
+    empty completion with an empty σ and one exit point, an advantage of 0."""
     group = weighted_group()
     a, b, c, d = group.samples
     a.sigma = np.zeros(L, np.float32)
@@ -158,6 +184,10 @@ def test_weighted_sample_boundaries_are_valid() -> None:
     empty.samples[0].rollout.completion_ids = np.zeros(0, np.int32)
     empty.samples[0].rollout.behaviour_logprobs = np.zeros(0, np.float32)
     empty.samples[0].sigma = np.zeros(0, np.float32)
+    empty.samples[0].exit_points = np.zeros(1, np.int32)  # [lo]: an empty span has one exit point
+    empty.samples[0].exit_values = np.zeros(1, np.float32)
+    empty.samples[0].segment_rewards = np.zeros(0, np.float32)
+    empty.samples[0].exit_stderr = np.zeros(0, np.float32)
     empty.validate()
 
 
