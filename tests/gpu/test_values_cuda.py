@@ -15,16 +15,18 @@ from rredcot.redistributor.values import branch_logprobs_fast, branch_logprobs_r
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
+def _case(seed: int, n: int, refs: int, ref_len: int) -> tuple:
+    """A tiny CUDA scorer, a random prompt of 9 tokens, a completion of ``n`` and ``refs`` references."""
+    model = build_tiny_model("qwen3", seed=0, vocab_size=512).to("cuda")
+    g = torch.Generator().manual_seed(seed)
+    prompt, comp = torch.randint(0, 512, (9,), generator=g).tolist(), torch.randint(0, 512, (n,), generator=g).tolist()
+    return model, prompt, comp, [(torch.randint(0, 512, (ref_len,), generator=g).tolist(), [7, 8]) for _ in range(refs)]
+
+
 @pytest.mark.parametrize("attention", ["dense", "flex"])
 @pytest.mark.parametrize("budget", [1 << 30, 200_000])  # one forward; several forwards and chunked branches
 def test_fast_values_match_reference_on_cuda(budget, attention) -> None:
-    model = build_tiny_model("qwen3", seed=0, vocab_size=512).to("cuda")
-    g = torch.Generator().manual_seed(0)
-    prompt, comp = (
-        torch.randint(0, 512, (9,), generator=g).tolist(),
-        torch.randint(0, 512, (300,), generator=g).tolist(),
-    )
-    refs = [(torch.randint(0, 512, (40,), generator=g).tolist(), [7, 8]) for _ in range(3)]
+    model, prompt, comp, refs = _case(0, 300, 3, 40)
     exits = [0, 50, 120, 200, 300]
     trace = score_trace(model, prompt, comp, chunk=64)
     fast = branch_logprobs_fast(model, trace, exits, refs, [1, 2], memory_bytes=budget, attention=attention)
@@ -45,13 +47,7 @@ def test_compiled_flex_does_not_compile_again_for_new_exits() -> None:
     uncompiled flex, which materialises the scores."""
     from torch._dynamo.utils import counters
 
-    model = build_tiny_model("qwen3", seed=0, vocab_size=512).to("cuda")
-    g = torch.Generator().manual_seed(1)
-    prompt, comp = (
-        torch.randint(0, 512, (9,), generator=g).tolist(),
-        torch.randint(0, 512, (600,), generator=g).tolist(),
-    )
-    refs = [(torch.randint(0, 512, (30,), generator=g).tolist(), [7, 8]) for _ in range(2)]
+    model, prompt, comp, refs = _case(1, 600, 2, 30)
     trace = score_trace(model, prompt, comp, chunk=64)
     for exits in ([0, 100, 200], [50, 150, 250]):  # warm-up: static, then dynamic shapes
         branch_logprobs_fast(model, trace, exits, refs, [1, 2], memory_bytes=200_000, attention="flex")
