@@ -16,6 +16,8 @@ from pathlib import Path
 from rredcot.common.models import build_once, cache_dir
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# builtin name -> its directory under the cache's models folder
+CACHE_DIRS = {"smollm2-135m": "smollm2-135m-instruct", "smollm2-135m-chain": "smollm2-135m-chain"}
 
 
 def gguf_path() -> Path:
@@ -31,7 +33,8 @@ def gguf_path() -> Path:
 
 def smollm2_dir(root: str | Path | None = None) -> Path:
     """The converted HF directory (created on first use, once, whichever worker asks first)."""
-    return build_once(Path(root or cache_dir() / "models") / "smollm2-135m-instruct", _convert, {"source": GGUF_NAME})
+    out = Path(root or cache_dir() / "models") / CACHE_DIRS["smollm2-135m"]
+    return build_once(out, _convert, {"source": GGUF_NAME})
 
 
 def _convert(out: Path) -> None:
@@ -63,7 +66,8 @@ def smollm2_chain_dir(root: str | Path | None = None) -> Path:
     on 2 cores; again when its training pairs change)."""
     base = smollm2_dir(root)
     recipe = {"builtin": "smollm2-135m-chain", "task": CHAIN_TASK, **CHAIN_SFT, "sft": _chain_digest(str(base))}
-    return build_once(Path(root or cache_dir() / "models") / "smollm2-135m-chain", partial(_chain_sft, base), recipe)
+    out = Path(root or cache_dir() / "models") / CACHE_DIRS["smollm2-135m-chain"]
+    return build_once(out, partial(_chain_sft, base), recipe)
 
 
 def _chain_pairs(base: str) -> list[tuple[list[int], list[int]]]:
