@@ -85,7 +85,7 @@ class DataConfig:
     solution_column: str = "solution"
     answer_column: str | None = "answer"  # None or missing: last \boxed{} of the solution
     eval_size: int = bounded(64, 0)  # held out (never trained on)
-    shuffle_seed: int = bounded(0, 0, 2**32 - 1)
+    shuffle_seed: int = bounded(0, 0)
     prompt_style: str = choice("chat_one_shot", "chat_one_shot", "chat", "plain")
     system_prompt: str | None = None
 
@@ -456,8 +456,9 @@ def validate(cfg: Config) -> None:
         cfg.redis.maxlen >= cfg.generation.prompts_per_step,
         "redis.maxlen",
         cfg.redis.maxlen,
-        f">= generation.prompts_per_step ({cfg.generation.prompts_per_step}): the learner keeps a step's "
-        "batches entries unacknowledged until the step ends, so the stream must hold a whole step",
+        f">= generation.prompts_per_step ({cfg.generation.prompts_per_step}) at the least: the learner keeps "
+        "a step's batches entries (and any re-sent copies it reads) unacknowledged until the step ends, so the "
+        "stream must hold a whole step and some room",
     )
     _check(cfg.learner.eps_low < 1.0, "learner.eps_low", cfg.learner.eps_low, "a value in [0, 1)")
     c = cfg.cluster
@@ -475,12 +476,6 @@ def validate(cfg: Config) -> None:
             gpus,
             "a fraction of one GPU (<= 1) or a whole number of GPUs",
         )
-    _check(
-        c.gpus_per_generator > 0 or cfg.generation.kv_block_size % 32 == 0,
-        "generation.kv_block_size",
-        cfg.generation.kv_block_size,
-        "0 (auto) or a multiple of 32 while cluster.gpus_per_generator is 0 (vLLM-CPU's KV blocks)",
-    )
     _check(
         cfg.credit.branch_attention != "flex" or c.gpus_per_redistributor > 0,
         "credit.branch_attention",
@@ -582,6 +577,23 @@ def _validate_extensions(cfg: Config) -> None:
             _validate_fields(typed, settings_key + ".")
             if hasattr(typed, "check"):  # settings that depend on the rest of the config
                 typed.check(cfg)
+    _check_cpu_kv_blocks(cfg)
+
+
+def _check_cpu_kv_blocks(cfg: Config) -> None:
+    """vLLM-CPU takes KV blocks of a multiple of 32: the generators' engines, and the MC engine of a
+    credit method that samples continuations on a redistributor without a GPU."""
+    c, size = cfg.cluster, cfg.generation.kv_block_size
+    if size % 32 == 0:
+        return
+    mc_on_cpu = c.gpus_per_redistributor == 0 and CREDIT_METHODS.get(cfg.credit.method).needs_sampler
+    _check(
+        c.gpus_per_generator > 0 and not mc_on_cpu,
+        "generation.kv_block_size",
+        size,
+        "0 (auto) or a multiple of 32 while a vLLM engine runs on a CPU (cluster.gpus_per_generator is 0, or "
+        "the credit method samples continuations and cluster.gpus_per_redistributor is 0)",
+    )
 
 
 def _validate_fields(node: Any, prefix: str) -> None:

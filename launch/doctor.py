@@ -168,18 +168,7 @@ def check_services(cfg: Config) -> list[Check]:
     if not address:
         out.append(_check_local_ray())
     elif address == "auto":
-        pids = ray_instances_here()
-        out.append(
-            Check("ok", "ray", f"cluster.address=auto: joins the Ray cluster on this node (gcs_server pid {pids[0]})")
-            if pids
-            else Check(
-                "error",
-                "ray",
-                "cluster.address=auto but no Ray runs on this node (no gcs_server process, no RAY_ADDRESS)",
-                "start the head here first (launch/ray_head.sh), set cluster.address=host:port, or unset it for a "
-                "local Ray",
-            )
-        )
+        out.append(_check_auto_ray())
     else:
         parsed = urlparse(address if "://" in address else f"ray://{address}")
         why = _reachable(parsed.hostname or "", parsed.port or 6379)
@@ -207,6 +196,25 @@ def ray_instances_here() -> list[int]:
     import psutil
 
     return [p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "gcs_server"]
+
+
+def ray_node_processes() -> list[str]:
+    """The Ray node processes running here: ``gcs_server`` on a head, ``raylet`` on every node."""
+    import psutil
+
+    return sorted({p.info["name"] for p in psutil.process_iter(["name"])} & {"gcs_server", "raylet"})
+
+
+def _check_auto_ray() -> Check:
+    """``cluster.address=auto``: ``ray.init`` joins the cluster this node belongs to (head or worker),
+    found through the address file Ray writes under its temp folder."""
+    if running := ray_node_processes():
+        return Check("ok", "ray", f"cluster.address=auto: joins the Ray cluster of this node ({', '.join(running)})")
+    current = Path(os.environ.get("RAY_TMPDIR", "/tmp/ray")) / "ray_current_cluster"
+    fix = "start Ray on this node first (launch/ray_head.sh or ray_worker.sh), or set cluster.address=host:port"
+    if current.exists():
+        return Check("warning", "ray", f"cluster.address=auto: no Ray process here, and {current} may be stale", fix)
+    return Check("error", "ray", "cluster.address=auto but no Ray runs on this node (no gcs_server or raylet)", fix)
 
 
 def _check_local_ray() -> Check:

@@ -185,14 +185,20 @@ def test_holding_out_every_row_of_a_long_dataset_is_an_error(tmp_path: Path) -> 
     assert [c.level for c in _math(tmp_path, rows, "data.eval_size=149")] == ["ok"]
 
 
-def test_cluster_address_auto_needs_a_ray_on_this_node(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cluster_address_auto_needs_a_ray_on_this_node(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A head (gcs_server) or a worker node (raylet) is joined; Ray's address file alone may be a dead
+    cluster's (a warning); nothing at all is an error."""
     cfg = load_config("tests", ["cluster.address=auto"])
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setattr(doc, "ray_instances_here", lambda: [])
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    monkeypatch.setattr(doc, "ray_node_processes", lambda: [])
     (ray,) = [c for c in check_services(cfg) if c.topic == "ray"]
     assert ray.level == "error" and "no Ray runs on this node" in ray.found and "ray_head.sh" in ray.fix
-    monkeypatch.setattr(doc, "ray_instances_here", lambda: [4242])
-    assert levels(check_services(cfg), "ray") == ["ok"]
+    (tmp_path / "ray_current_cluster").write_text("10.0.0.1:6379")
+    assert levels(check_services(cfg), "ray") == ["warning"]
+    for running in (["gcs_server", "raylet"], ["raylet"]):  # a head; a worker node
+        monkeypatch.setattr(doc, "ray_node_processes", lambda running=running: running)
+        assert levels(check_services(cfg), "ray") == ["ok"]
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # what auto joins first: probed like cluster.address
     (ray,) = [c for c in check_services(cfg) if c.topic == "ray"]
     assert ray.level == "error" and "127.0.0.1:1 unreachable" in ray.found
