@@ -145,7 +145,7 @@ class WeightedSample:
         k = _array(self.exit_points, np.int32, 1, "exit_points")
         e = self.exit_points
         if k and not (e[0] >= 0 and e[-1] <= n and np.all(np.diff(e) >= 0)):
-            raise RecordError(f"exit_points of {self.rollout.id} must be ascending token indices in [0, {n}]")
+            raise RecordError(f"exit_points of {self.rollout.id} must be non-decreasing token indices in [0, {n}]")
         if _array(self.exit_values, np.float32, 1, "exit_values") not in (0, k):
             raise RecordError(f"exit_values of {self.rollout.id} must be empty or one per exit point ({k})")
         if _array(self.segment_rewards, np.float32, 1, "segment_rewards") not in (0, max(k - 1, 0)):

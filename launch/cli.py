@@ -71,13 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
                 type=int,
                 default=0,
                 metavar="N",
-                help=f"this worker's name {prefix}<N> and rank N (default 0); to add one to a run, "
-                f"N >= cluster.{count}, the driver's being 0..cluster.{count}-1",
+                help=f"this worker's name {prefix}<N>"
+                + (" and rank N" if name == "generate" else "")
+                + f" (default 0); to add one to a run, N >= cluster.{count}, the driver's being 0..cluster.{count}-1",
             )
     _add_debug(doctor := sub.add_parser("doctor", help="check this machine (and a config's needs) and say what to fix"))
     doctor.add_argument("config", nargs="?", default="demo_cpu", help="config to check against (default: demo_cpu)")
     _add_overrides(doctor, "dotlist overrides")
-    config = sub.add_parser("config", help="show the resolved config")
+    _add_debug(config := sub.add_parser("config", help="show the resolved config"))
     config_sub = config.add_subparsers(dest="action", required=True, metavar="ACTION")
     _add_config_args(show := config_sub.add_parser("show", help="print the resolved, validated config as YAML"))
     show.add_argument(
@@ -92,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inspect.add_argument("--out", default="credit_heatmap", help="output path prefix")
     inspect.add_argument("--index", type=int, default=0, help="which sample of the group")
-    study = sub.add_parser("study", help="measure credit methods (docs/study.md)")
+    _add_debug(study := sub.add_parser("study", help="measure credit methods (docs/study.md)"))
     study_sub = study.add_subparsers(dest="action", required=True, metavar="ACTION")
     _add_config_args(credit := study_sub.add_parser("credit", help="every credit method against MC on a policy"))
     credit.add_argument("--checkpoint", default=None, help="the policy: an HF directory (default: model.path)")
@@ -117,6 +118,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args, extra = parser.parse_known_args(argv)
     if args.command == "bench" and "--debug" in args.args:  # ``bench NAME ... --debug``: ours, not the script's
         args.args, args.debug = [a for a in args.args if a != "--debug"], True
+    if args.command == "doctor" and "=" in args.config:  # ``doctor run.steps=1``: an override, not a config
+        args.overrides, args.config = [args.config, *args.overrides], "demo_cpu"
     if extra and hasattr(args, "overrides") and not any(a.startswith("-") for a in extra):
         args.overrides = [*args.overrides, *extra]
     elif extra:

@@ -162,19 +162,26 @@ def load_group(source: str, run: str | None) -> WeightedGroup:
             raise UserError(f"{redact_url(source)} does not answer ({type(e).__name__}): check the URL") from None
         if not entries:
             raise UserError(f"stream {key(run, BATCHES)} at {redact_url(source)} is empty: is --run {run!r} right?")
-        return decode(entries[0][1][b"d"], WeightedGroup)
+        return _decoded(entries[0][1].get(b"d", b""), f"the newest entry of {key(run, BATCHES)}", WeightedGroup)
     try:
-        record = decode(Path(source).read_bytes())
+        data = Path(source).read_bytes()
     except OSError as e:
         raise UserError(f"{source}: {e.strerror or e}") from None
-    except RecordError as e:
-        raise UserError(f"{source} is not a saved record ({e})") from None
+    record = _decoded(data, source)
     if isinstance(record, WeightedSample):
         r = record.rollout
         return WeightedGroup(r.group_id, r.prompt_id, np.zeros(0, np.int32), [record])
     if not isinstance(record, WeightedGroup):
         raise UserError(f"{source} holds a {type(record).__name__}, not a weighted group or sample")
     return record
+
+
+def _decoded(data: bytes, what: str, expect: type | None = None) -> Any:
+    """The record in ``data``; a ``UserError`` naming ``what`` when it is none."""
+    try:
+        return decode(data, expect)
+    except RecordError as e:
+        raise UserError(f"{what} is not a saved record ({e})") from None
 
 
 def inspect_command(args: argparse.Namespace) -> int:

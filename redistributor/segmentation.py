@@ -44,8 +44,11 @@ _TEXTS: weakref.WeakKeyDictionary[Any, dict[int, str]] = weakref.WeakKeyDictiona
 def token_texts(tokenizer: Any, ids: Sequence[int]) -> list[str]:
     """Each token's own text (decoded one by one: offsets without re-tokenising); a token's text is
     decoded once per tokenizer."""
-    known = _TEXTS.setdefault(tokenizer, {})
     ids = [int(i) for i in ids]
+    try:
+        known = _TEXTS.setdefault(tokenizer, {})
+    except TypeError:  # a tokenizer that takes no weak reference: decoded each time
+        known = {}
     new = list(dict.fromkeys(i for i in ids if i not in known))
     if new:
         known.update(zip(new, tokenizer.batch_decode([[i] for i in new], skip_special_tokens=False), strict=True))

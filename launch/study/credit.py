@@ -131,7 +131,7 @@ def study_group(
     # with the terminal answer part, R (a probability) ends the values: no log space (as for training)
     spaces = [v for v in VALUE_SPACES if v != "log" or cfg.credit.answer_part != "terminal"]
     by_space = {v: _run(group, _with_credit(cfg, method="rredcot", value_space=v), scorer) for v in spaces}
-    base = by_space[spaces[0]][0]  # its exit points and σ: the same in every space
+    base = by_space[cfg.credit.value_space][0]  # the run's space: its σ is the rredcot:sigma row
     for i, s in enumerate(base.samples):
         if s.advantage and len(s.exit_points) > 1:
             traces[i] = TraceCredit(
@@ -141,7 +141,7 @@ def study_group(
         for i, tr in traces.items():
             s = wg.samples[i]
             if not np.array_equal(s.exit_points, tr.exits):
-                raise RuntimeError(f"value space {space}: exit points differ from the {spaces[0]} space's")
+                raise RuntimeError(f"value space {space}: exit points differ from the {cfg.credit.value_space} space's")
             tr.values[f"rredcot:{space}"] = s.exit_values.astype(np.float64)
             tr.segment_scores[f"rredcot:{space}"] = s.segment_rewards.astype(np.float64)
             tr.cost[f"rredcot:{space}"] = cost

@@ -110,17 +110,17 @@ WEIGHTED = [
     (
         "exit point past the end",
         _set(sample, "exit_points", lambda: np.array([0, 16, 33], np.int32)),
-        r"exit_points of \w+ must be ascending token indices in \[0, 32\]",
+        r"exit_points of \w+ must be non-decreasing token indices in \[0, 32\]",
     ),
     (
         "exit points descending",
         _set(sample, "exit_points", lambda: np.array([0, 20, 16], np.int32)),
-        r"exit_points of \w+ must be ascending",
+        r"exit_points of \w+ must be non-decreasing",
     ),
     (
         "negative exit point",
         _set(sample, "exit_points", lambda: np.array([-1, 16, 32], np.int32)),
-        r"exit_points of \w+ must be ascending",
+        r"exit_points of \w+ must be non-decreasing",
     ),
     (
         "exit_values one short",

@@ -284,3 +284,12 @@ def test_inspect_mistakes_are_user_errors(
     assert main(["inspect", *argv(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("rredcot: error: ") and says in err and "\n" not in err and "--debug" not in err, err
+
+
+def test_doctor_takes_an_override_without_a_config_and_debug_on_command_groups() -> None:
+    """``doctor run.steps=1`` checks the default config with the override (the optional config must
+    not swallow it); ``--debug`` is accepted right after ``config`` and ``study`` too."""
+    args = cli.parse_args(["doctor", "run.steps=1", "--debug"])
+    assert (args.config, args.overrides, args.debug) == ("demo_cpu", ["run.steps=1"], True)
+    assert cli.parse_args(["config", "--debug", "show", "tests"]).debug
+    assert cli.parse_args(["study", "--debug", "credit", "tests"]).debug

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from rredcot.redistributor.branch_attention import FLEX_COMPILE, BranchRows
+from rredcot.redistributor import branch_attention
+from rredcot.redistributor.branch_attention import BranchRows
 
 
 def _rows(q: int, limit: int, earlier: int) -> BranchRows:
@@ -17,18 +17,28 @@ def _rows(q: int, limit: int, earlier: int) -> BranchRows:
     return BranchRows(torch.full((q,), limit), r // 16, r % 16, limit, earlier)
 
 
-def test_new_exit_prefixes_and_lengths_do_not_compile_again():
+def test_new_exit_prefixes_and_lengths_do_not_compile_again(monkeypatch: pytest.MonkeyPatch):
+    """The module's own mask builder (``flex_mask``) and attention function (``_flex_attention``), with
+    its compile settings, compiled here as on CUDA but counted by torch's compile counter: ten forwards
+    with new prefixes, carried-over tokens and lengths compile each function at most twice (static,
+    then dynamic). The old mask function (Python ints, no dynamic shapes) took 6 compiles here, and the
+    old wiring (a new compiled mask builder per call) 16."""
     torch._dynamo.reset()
-    counter = CompileCounter()
-    build = torch.compile(create_block_mask, backend=counter, **FLEX_COMPILE)
-    attend = torch.compile(flex_attention, backend=counter, **FLEX_COMPILE)
-    for q, limit, earlier in [(32, 256, 0), (48, 384, 16), (64, 512, 0), (80, 640, 32), (96, 768, 0), (112, 896, 8)]:
-        rows = _rows(q, limit, earlier)
-        mask = build(lambda b, h, row, kv, rows=rows: rows.allowed(kv, row), None, None, q, rows.kv_len, "cpu")
-        k = torch.randn(1, 2, rows.kv_len, 16)
-        out = attend(torch.randn(1, 2, q, 16), k, k, block_mask=mask)
-        assert out.shape == (1, 2, q, 16)
-    assert counter.frame_count <= 4  # the mask builder and the attention, each at most once more
+    counter, made = CompileCounter(), {}
+
+    def compiled(fn, device):
+        if fn.__name__ not in made:
+            made[fn.__name__] = torch.compile(fn, backend=counter, **branch_attention.FLEX_COMPILE)
+        return made[fn.__name__]
+
+    monkeypatch.setattr(branch_attention, "compiled", compiled)
+    for i in range(10):
+        q = 32 + 16 * i
+        rows = _rows(q, 256 + 128 * i, (0, 16, 0, 32, 8)[i % 5])
+        query, key = torch.randn(1, 2, q, 16), torch.randn(1, 2, rows.kv_len, 16)
+        out, _ = branch_attention._flex_attention(None, query, key, key, branch_attention.flex_mask(rows))
+        assert out.shape == (1, q, 2, 16)
+    assert set(made) == {"create_block_mask", "flex_attention"} and counter.frame_count <= 4
 
 
 @pytest.mark.parametrize(("limit", "earlier"), [(5, 0), (3, 2)])

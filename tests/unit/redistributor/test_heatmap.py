@@ -59,3 +59,6 @@ def test_inspect_from_file_and_from_redis(qwen_tok, tmp_path, redis_client, redi
     args = argparse.Namespace(source=redis_server.url, run=run_id, tokenizer=None, out=str(tmp_path / "r"), index=2)
     assert inspect_command(args) == 0
     assert group.samples[2].rollout.id in (tmp_path / "r.html").read_text()
+    Producer(redis_client, key(run_id, BATCHES), maxlen=8).put(b"\xc1junk")  # the newest entry: no record
+    with pytest.raises(UserError, match=rf"the newest entry of rredcot:{run_id}:batches is not a saved record"):
+        load_group(redis_server.url, run_id)

@@ -238,3 +238,15 @@ def test_token_texts_are_each_tokens_own_decoding_across_calls(qwen_tok) -> None
     second = first[::3] + rng.integers(0, len(qwen_tok), 50).tolist() + [qwen_tok.eos_token_id] * 3
     for ids in (first, second, []):
         assert token_texts(qwen_tok, ids) == [qwen_tok.decode([i], skip_special_tokens=False) for i in ids]
+
+
+def test_token_texts_of_a_tokenizer_without_weak_references() -> None:
+    """A tokenizer object that takes no weak reference (``__slots__``) is decoded each time, not refused."""
+
+    class Slotted:
+        __slots__ = ()
+
+        def batch_decode(self, seqs: list[list[int]], skip_special_tokens: bool) -> list[str]:
+            return [f"<{s[0]}>" for s in seqs]
+
+    assert token_texts(Slotted(), [3, 1, 3]) == ["<3>", "<1>", "<3>"]
