@@ -2,7 +2,8 @@
 # Submit a training run to a running Ray cluster as a Ray job (from a laptop with a tunnel to the
 # head's dashboard port, or from the head itself). The working dir is shipped to the cluster, and the
 # entrypoint runs on the head inside Ray's copy of it, which is deleted with the Ray session: so the
-# run directory must be an absolute path on a filesystem every node shares (RUN_DIR, or run.dir=...).
+# run directory must be an absolute path on a filesystem every node shares (RUN_DIR, or run.dir=...;
+# a run.dir in the config file is not read here, and RUN_DIR overrides it).
 # `ray job stop` sends SIGTERM, then SIGKILL after RAY_JOB_STOP_WAIT_TIME_S (3 s by default): 60 s
 # here, so the driver can stop the run in order and the learner write its checkpoint.
 #   RUN_DIR=/shared/runs/numina bash launch/job_submit.sh configs/qwen3-4b-numina-25k.yaml cluster.nodes=8
