@@ -586,9 +586,11 @@ def _check_cpu_kv_blocks(cfg: Config) -> None:
     c, size = cfg.cluster, cfg.generation.kv_block_size
     if size % 32 == 0:
         return
-    mc_on_cpu = c.gpus_per_redistributor == 0 and CREDIT_METHODS.get(cfg.credit.method).needs_sampler
+    on_cpu = c.gpus_per_generator == 0 or (  # the method's module is imported only when it matters
+        c.gpus_per_redistributor == 0 and CREDIT_METHODS.get(cfg.credit.method).needs_sampler
+    )
     _check(
-        c.gpus_per_generator > 0 and not mc_on_cpu,
+        not on_cpu,
         "generation.kv_block_size",
         size,
         "0 (auto) or a multiple of 32 while a vLLM engine runs on a CPU (cluster.gpus_per_generator is 0, or "

@@ -99,11 +99,16 @@ def save_model_dir(model: Any, tokenizer: Any, out: str | Path) -> Path:
     return out
 
 
+def digest(value: Any) -> str:
+    """A short digest of a JSON-able ``value`` (a recipe, or a warm start's training pairs)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:12]
+
+
 def recipe_dir(folder: Path, name: str, recipe: dict[str, Any]) -> Path:
     """``folder/<name>-<digest of recipe>``: each recipe (what a built model depends on, e.g. a warm
     start's training pairs) builds into its own directory, so a changed recipe (a newer rredcot)
     builds anew and never replaces a directory another process may be reading."""
-    return folder / f"{name}-{hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]}"
+    return folder / f"{name}-{digest(recipe)}"
 
 
 def build_once(out: Path, build: Callable[[Path], None], recipe: dict[str, Any]) -> Path:

@@ -12,8 +12,9 @@ import importlib.util
 import json
 from functools import cache, partial
 from pathlib import Path
+from typing import Any
 
-from rredcot.common.models import build_once, cache_dir, recipe_dir
+from rredcot.common.models import build_once, cache_dir, digest, recipe_dir
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUILTINS = ("smollm2-135m", "smollm2-135m-chain")  # the chain model is the base after an SFT: same shape
@@ -70,20 +71,20 @@ def smollm2_chain_dir(root: str | Path | None = None) -> Path:
     return build_once(out, partial(_chain_sft, base), recipe)
 
 
-def _chain_pairs(base: str) -> list[tuple[list[int], list[int]]]:
+def _chain_pairs(tokenizer: Any) -> list[tuple[list[int], list[int]]]:
     from rredcot.common.config import DataConfig, TaskConfig
-    from rredcot.common.models import load_tokenizer
     from rredcot.common.warmstart import sft_pairs
 
     data = DataConfig(eval_size=0, prompt_style="chat_one_shot")
-    return sft_pairs(load_tokenizer(base), TaskConfig("arith", dict(CHAIN_TASK)), data, CHAIN_SFT["seed"])
+    return sft_pairs(tokenizer, TaskConfig("arith", dict(CHAIN_TASK)), data, CHAIN_SFT["seed"])
 
 
 @cache
 def _chain_digest(base: str) -> str:
-    from rredcot.common.warmstart import recipe_digest
+    """What the chain model depends on beyond ``CHAIN_TASK`` and ``CHAIN_SFT``: its training pairs."""
+    from rredcot.common.models import load_tokenizer
 
-    return recipe_digest(_chain_pairs(base), CHAIN_SFT)
+    return digest([_chain_pairs(load_tokenizer(base)), CHAIN_SFT])
 
 
 def _chain_sft(base: Path, out: Path) -> None:
@@ -93,5 +94,6 @@ def _chain_sft(base: Path, out: Path) -> None:
     from rredcot.common.warmstart import sft
 
     torch.manual_seed(CHAIN_SFT["seed"])
-    model = sft(load_causal_lm(str(base), "float32"), load_tokenizer(str(base)), _chain_pairs(str(base)), **CHAIN_SFT)
-    save_model_dir(model, load_tokenizer(str(base)), out)
+    tok = load_tokenizer(str(base))
+    model = sft(load_causal_lm(str(base), "float32"), tok, _chain_pairs(tok), **CHAIN_SFT)
+    save_model_dir(model, tok, out)

@@ -9,8 +9,6 @@ staying tiny enough for CPU tests. Built once per machine and cached like the ot
 
 from __future__ import annotations
 
-import hashlib
-import json
 from functools import cache
 from typing import Any
 
@@ -33,9 +31,9 @@ def sft_arith(model: Any, tokenizer: Any, seed: int = 0) -> Any:
 @cache
 def arith_recipe(seed: int) -> str:
     """What ``sft_arith`` depends on, as a digest: a cached model from another recipe is rebuilt."""
-    from rredcot.common.models import load_tokenizer, qwen_tokenizer_dir
+    from rredcot.common.models import digest, load_tokenizer, qwen_tokenizer_dir
 
-    return recipe_digest(sft_pairs(load_tokenizer(qwen_tokenizer_dir()), ARITH_TASK, CHAT, seed), ARITH_SFT)
+    return digest([sft_pairs(load_tokenizer(qwen_tokenizer_dir()), ARITH_TASK, CHAT, seed), ARITH_SFT])
 
 
 def sft_pairs(tokenizer: Any, task_cfg: TaskConfig, data: DataConfig, seed: int) -> list[tuple[list[int], list[int]]]:
@@ -49,12 +47,6 @@ def sft_pairs(tokenizer: Any, task_cfg: TaskConfig, data: DataConfig, seed: int)
         )
         for p in task.problems(data, seed)
     ]
-
-
-def recipe_digest(pairs: list[tuple[list[int], list[int]]], settings: dict[str, Any]) -> str:
-    """A digest of an SFT's training pairs and settings (the prompt's example or template changing
-    changes it)."""
-    return hashlib.sha256(json.dumps([pairs, settings], sort_keys=True).encode()).hexdigest()[:16]
 
 
 def sft(

@@ -14,6 +14,7 @@ import numpy as np
 
 from rredcot.common.config import Config, CreditConfig, bounded
 from rredcot.common.records import RolloutGroup, RolloutRecord, WeightedGroup, WeightedSample
+from rredcot.common.sampling import ContinuationSampler, RewardFn
 from rredcot.redistributor.entropy import TraceScores, halve_on_oom, score_traces
 from rredcot.redistributor.mc import MCValues, mc_values
 from rredcot.redistributor.registry import CreditContext, CreditMethod, SampleCredit, get_method, register
@@ -297,26 +298,49 @@ def rredcot(ctx: CreditContext) -> list[SampleCredit]:
 def mc_exit_values(
     ctx: CreditContext, s: RolloutRecord, exits: np.ndarray, m: int, sample_id: str
 ) -> tuple[np.ndarray, MCValues]:
-    """(exits, their MC estimate): ``mc_values`` of ``s`` from ``ctx.sampler`` at ``exits`` (M = ``m``,
-    seeded by ``sample_id``); with ``answer_part=terminal`` also the end L, valued R exactly
-    (``MCValues.with_outcome``): a finished completion is never continued."""
+    """``outcome_mc_values`` of ``s`` from ``ctx.sampler`` at ``exits`` (M = ``m``, seeded by ``sample_id``)."""
     if ctx.sampler is None or ctx.reward_fn is None:
         raise ValueError(f"credit method {ctx.cfg.credit.method!r} needs a continuation sampler and a reward function")
-    est = mc_values(
-        ctx.sampler,
-        ctx.reward_fn,
-        ctx.group.prompt_ids.tolist(),
-        s.completion_ids.tolist(),
-        exits.tolist(),
-        m,
-        ctx.cfg.generation.max_tokens,
-        ctx.group.answer,
-        sample_id=sample_id,
-        max_len=ctx.cfg.model.max_model_len,
-        opened=_scorer(ctx).opens_thought(ctx.group.prompt_ids.tolist()),
+    prompt = ctx.group.prompt_ids.tolist()
+    opened = _scorer(ctx).opens_thought(prompt)
+    return outcome_mc_values(
+        ctx.sampler, ctx.reward_fn, prompt, s, exits, m, ctx.cfg, ctx.group.answer, sample_id, opened
     )
-    if ctx.cfg.credit.answer_part == "terminal":
-        return np.append(exits, len(s.completion_ids)).astype(np.int32), est.with_outcome(s.reward)
+
+
+def outcome_mc_values(
+    sampler: ContinuationSampler,
+    reward_fn: RewardFn,
+    prompt_ids: list[int],
+    s: RolloutRecord,
+    exits: np.ndarray,
+    m: int,
+    cfg: Config,
+    answer: str,
+    sample_id: str,
+    opened: bool,
+) -> tuple[np.ndarray, MCValues]:
+    """(exits, their MC estimate): ``mc_values`` of completion ``s`` at ``exits``; with
+    ``answer_part=terminal`` the end L is one more exit (or the last one already), valued R exactly
+    (``MCValues.with_outcome``): a finished completion is never continued."""
+    n = len(s.completion_ids)
+    terminal = cfg.credit.answer_part == "terminal"
+    scored = exits[:-1] if terminal and len(exits) and exits[-1] == n else exits
+    est = mc_values(
+        sampler,
+        reward_fn,
+        prompt_ids,
+        s.completion_ids.tolist(),
+        scored.tolist(),
+        m,
+        cfg.generation.max_tokens,
+        answer,
+        sample_id=sample_id,
+        max_len=cfg.model.max_model_len,
+        opened=opened,
+    )
+    if terminal:
+        return np.append(scored, n).astype(np.int32), est.with_outcome(s.reward)
     return exits, est
 
 

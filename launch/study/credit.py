@@ -25,8 +25,8 @@ import numpy as np
 from rredcot.common.config import Config
 from rredcot.common.records import RolloutGroup, WeightedGroup
 from rredcot.common.sampling import ContinuationSampler, RewardFn
-from rredcot.redistributor.credit import redistribute_group
-from rredcot.redistributor.mc import MCValues, mc_values
+from rredcot.redistributor.credit import outcome_mc_values, redistribute_group
+from rredcot.redistributor.mc import MCValues
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.values import VALUE_SPACES
 
@@ -96,26 +96,12 @@ def trace_mc(
     reward_fn: RewardFn,
     m: int,
 ) -> MCValues:
-    """MC values of sample ``i`` at ``exits``, as the ``mc`` method takes them (``mc_exit_values``):
+    """MC values of sample ``i`` at ``exits``, as the ``mc`` method takes them (``outcome_mc_values``):
     with ``answer_part=terminal`` an exit at the end L (RREDCoT's terminal one) is the outcome R,
     never M continuations of a completion that had finished."""
-    s = group.samples[i]
     prompt = group.prompt_ids.tolist()
-    terminal = cfg.credit.answer_part == "terminal" and exits[-1] == len(s.completion_ids)
-    est = mc_values(
-        sampler,
-        reward_fn,
-        prompt,
-        s.completion_ids.tolist(),
-        (exits[:-1] if terminal else exits).tolist(),
-        m,
-        cfg.generation.max_tokens,
-        group.answer,
-        sample_id=s.id,
-        max_len=cfg.model.max_model_len,
-        opened=scorer.opens_thought(prompt),
-    )
-    return est.with_outcome(s.reward) if terminal else est
+    s, opened = group.samples[i], scorer.opens_thought(prompt)
+    return outcome_mc_values(sampler, reward_fn, prompt, s, exits, m, cfg, group.answer, s.id, opened)[1]
 
 
 def study_group(

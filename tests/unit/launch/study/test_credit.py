@@ -12,6 +12,7 @@ from rredcot.common.config import Config, CreditConfig
 from rredcot.common.models import build_tiny_model
 from rredcot.common.sampling import ContinuationRequest, seed_of
 from rredcot.launch.study.credit import MC, segment_credit, study_group
+from rredcot.redistributor.credit import outcome_mc_values
 from rredcot.redistributor.scorer import Scorer
 from tests.unit.redistributor.cases import TRACES, make_group
 
@@ -86,3 +87,20 @@ def test_terminal_mc_never_continues_a_finished_completion(qwen_tok) -> None:
         assert t.cost[MC].tokens == 2 * len(scored)  # one token per continuation, none at L
         assert "rredcot:log" not in t.values and {"rredcot:prob", "rredcot:mean_token_prob"} <= t.values.keys()
     assert not any(r.prefix[-1] == qwen_tok.convert_tokens_to_ids("<|im_end|>") for r in sampler.requests)
+
+
+def test_outcome_mc_values_take_the_end_once_whether_or_not_the_exits_hold_it(qwen_tok) -> None:
+    """``answer_part=terminal``: exits without L (the ``mc`` method's) gain L valued R; exits already
+    ending at L (the study's, or a truncated completion's) keep one L, which MC never continues."""
+    cfg = Config()
+    cfg.generation.max_tokens = 64
+    cfg.credit = CreditConfig(answer_part="terminal")
+    s = make_group(qwen_tok, TRACES[:1], rewards=(1.0,)).samples[0]
+    n = len(s.completion_ids)
+    for exits in ([0, 3], [0, 3, n]):
+        sampler = Scripted()
+        got, est = outcome_mc_values(
+            sampler, lambda ids, gold, opened=False: 0.5, [1, 2], s, np.array(exits, np.int32), 2, cfg, "4", s.id, False
+        )
+        assert got.tolist() == [0, 3, n] and est.values.tolist() == [0.5, 0.5, 1.0]
+        assert [len(r.prefix) - 2 for r in sampler.requests] == [0, 3]  # nothing asked at L
