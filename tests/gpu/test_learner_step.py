@@ -55,3 +55,18 @@ def test_every_tensor_on_the_gpu_with_a_kl_term_and_chunks(stage):
     assert _changed(before, engine.module)
     second = engine.train_step(random_samples(6, seed=1))
     assert second.applied and (second.metrics["kl"] > 0) == (kl > 0)
+
+
+def test_zero3_loads_a_saved_policy_into_partitions_and_steps(tmp_path):
+    """``rredcot train``'s ZeRO-3 path: the saved policy loads inside ``zero.Init`` (transformers
+    needs accelerate for it, which the GPU image may lack: launch/gpu_wheels.sh carries it), every
+    partition lives on the GPU, and a step trains it."""
+    from rredcot.learner.engine import load_policy
+
+    tiny_lm(0).save_pretrained(tmp_path)
+    cfg = LearnerConfig(dtype="bfloat16", lr=1e-5, zero_stage=3, logprob_chunk=8, micro_token_budget=64)
+    policy = load_policy(str(tmp_path), cfg)
+    assert all(hasattr(p, "ds_id") and p.ds_tensor.device.type == "cuda" for p in policy.parameters())
+    engine = _engine(policy, zero_stage=3, logprob_chunk=8, micro_token_budget=64)
+    result = engine.train_step(random_samples(6))
+    assert result.applied and math.isfinite(result.metrics["loss"]) and result.metrics["grad_norm"] > 0

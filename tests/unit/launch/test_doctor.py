@@ -99,6 +99,22 @@ def test_a_generated_task_needs_no_file() -> None:
     assert [c.level for c in check_data(load_config("tests"))] == ["ok"]
 
 
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_3_needs_accelerate_to_load_the_policy(monkeypatch: pytest.MonkeyPatch, stage: int) -> None:
+    """transformers loads a ZeRO-3 policy into its partitions with accelerate; without it the
+    learner would fail after Ray and the generators started."""
+    find_spec = doc.importlib.util.find_spec
+    monkeypatch.setattr(doc.importlib.util, "find_spec", lambda name: None if name == "accelerate" else find_spec(name))
+    packages = [
+        c for c in check_services(load_config("tests", [f"learner.zero_stage={stage}"])) if c.topic == "packages"
+    ]
+    assert [c.found for c in packages] == (
+        ["accelerate is not installed (needed by transformers to load the policy under learner.zero_stage=3)"]
+        if stage == 3
+        else []
+    )
+
+
 def test_ray_address_in_the_environment_without_cluster_address_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     (ray,) = [c for c in check_services(load_config("tests")) if c.topic == "ray"]
