@@ -28,7 +28,7 @@ SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "bf16",
 class DtypeChoice:
     """The dtype to use and, in words, why."""
 
-    dtype: str  # "float32" | "bfloat16"
+    dtype: str  # "float32" | "bfloat16"; "auto" only from planned_dtype
     reason: str
 
 
@@ -125,3 +125,14 @@ def resolve_dtype(requested: str, device: str | None = None) -> DtypeChoice:
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     return _auto_choice(device)
+
+
+def planned_dtype(requested: str, on_gpu: bool) -> DtypeChoice:
+    """The dtype a tier will run in, as the driver can tell: a tier on GPUs resolves ``auto`` for
+    CUDA, one without for this CPU; when the tier has GPUs and this process sees none (a CPU head
+    node), each worker decides on its node."""
+    import torch
+
+    if requested == "auto" and on_gpu and not torch.cuda.is_available():
+        return DtypeChoice("auto", "decided by each GPU worker on its node")
+    return resolve_dtype(requested, "cuda" if on_gpu else "cpu")

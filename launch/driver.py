@@ -29,7 +29,7 @@ from rredcot.common.config import Config, ConfigError, redact_url, redacted, to_
 from rredcot.common.control import RunControl
 from rredcot.common.files import write_text_atomic
 from rredcot.common.ledger import balance_now
-from rredcot.common.precision import cpu_info, resolve_dtype
+from rredcot.common.precision import cpu_info, planned_dtype
 from rredcot.common.streams import BATCHES, ROLLOUTS, connect, key, registered_keys
 from rredcot.common.weight_group import group_key
 from rredcot.common.weight_slots import host_slots_left
@@ -175,8 +175,8 @@ def _write_placement(pg: Any, plan: list[tuple[str, int, dict[str, float]]], out
 
 def first_line(cfg: Config, run_dir: Path) -> str:
     """What starts, with which dtype, and how long it is expected to take."""
-    choice = resolve_dtype(cfg.model.dtype)
-    learner = resolve_dtype(cfg.learner.dtype).dtype
+    choice = planned_dtype(cfg.model.dtype, cfg.cluster.gpus_per_generator > 0)
+    learner = planned_dtype(cfg.learner.dtype, cfg.cluster.gpus_per_learner > 0).dtype
     dtype = choice.dtype if learner == choice.dtype else f"{choice.dtype} (learner {learner})"
     redis = f"Redis at {redact_url(cfg.redis.url)}" if cfg.redis.url else "an embedded Redis"
     ray = f"Ray at {cfg.cluster.address}" if cfg.cluster.address else "a local Ray"

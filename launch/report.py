@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from rredcot.common.config import Config, redacted, to_yaml
 from rredcot.common.ledger import Balance
-from rredcot.common.precision import cpu_info, resolve_dtype
+from rredcot.common.precision import cpu_info, planned_dtype
 
 if TYPE_CHECKING:
     from rredcot.common.control import RunControl
@@ -184,9 +184,9 @@ def summary_json(cfg: Config, outcome: RunOutcome, artefacts: dict[str, str]) ->
         "paired_change": paired,
         "training_reward": training_reward(monitor.history) if monitor else [],
         "dtype": {
-            "model": resolve_dtype(cfg.model.dtype).dtype,
-            "learner": resolve_dtype(cfg.learner.dtype).dtype,
-            "why": resolve_dtype(cfg.model.dtype).reason,
+            "model": planned_dtype(cfg.model.dtype, cfg.cluster.gpus_per_generator > 0).dtype,
+            "learner": planned_dtype(cfg.learner.dtype, cfg.cluster.gpus_per_learner > 0).dtype,
+            "why": planned_dtype(cfg.model.dtype, cfg.cluster.gpus_per_generator > 0).reason,
         },
         "cpu": {"model": info.model, "flags": info.speed_flags()},
         "ledger": None if outcome.ledger is None else outcome.ledger.as_dict(),

@@ -78,6 +78,7 @@ class StageWorker:
         import torch
 
         torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
+        os.environ.update(node_env())
         import ray
 
         from rredcot.common.config import from_dict
@@ -98,12 +99,21 @@ class StageWorker:
         return self.stage.run()
 
 
+def node_env() -> dict[str, str]:
+    """What a worker sets on its own node, not the driver's: DeepSpeed's accelerator follows the GPUs
+    Ray gave this process (a driver on a CPU head node must not put GPU learners on the CPU)."""
+    import torch
+
+    return {} if torch.cuda.is_available() else {"DS_ACCELERATOR": "cpu"}
+
+
 def _threads(cpus: float) -> str:
     return str(max(1, int(cpus)))
 
 
 def stage_env(cfg: Config, tier: str, rank: int, rendezvous: tuple[str, str]) -> dict[str, str]:
-    """The environment of a worker's process. A learner rank's also names its group's rendezvous:
+    """The environment of a worker's process, as the driver decides it (``node_env`` adds what
+    depends on the worker's node). A learner rank's also names its group's rendezvous:
     ``(rank 0's node address, the id of this start of the learner tier)`` (``learner.rendezvous``)."""
     cpus = {
         "generator": cfg.cluster.cpus_per_generator,
@@ -116,6 +126,8 @@ def stage_env(cfg: Config, tier: str, rank: int, rendezvous: tuple[str, str]) ->
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_CACHE_ROOT": str(Path(cfg.run.dir).resolve() / "vllm_cache"),
     }
+    if not getattr(cfg.cluster, f"gpus_per_{tier}"):
+        env["CUDA_VISIBLE_DEVICES"] = ""  # Ray shows a GPU-less actor every GPU of its node: keep it off them
     if heap_trace_period() is not None:
         env[HEAP_TRACE_ENV] = os.environ[HEAP_TRACE_ENV]  # the driver's diagnostic setting, on every node
     if tier == "learner":
@@ -128,8 +140,4 @@ def stage_env(cfg: Config, tier: str, rank: int, rendezvous: tuple[str, str]) ->
             "MASTER_ADDR": rendezvous[0],
             RENDEZVOUS_ENV: rendezvous[1],
         }
-    import torch
-
-    if not torch.cuda.is_available():
-        env["DS_ACCELERATOR"] = "cpu"
     return env

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rredcot.common import precision
-from rredcot.common.precision import CpuInfo, cpu_native_bf16, parse_cpuinfo, resolve_dtype
+from rredcot.common.precision import CpuInfo, cpu_native_bf16, parse_cpuinfo, planned_dtype, resolve_dtype
 
 XEON_SAPPHIRE = (
     "model name\t: Intel(R) Xeon(R) Platinum 8480+\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
@@ -61,3 +61,15 @@ def test_explicit_dtypes_pass_through_and_bad_ones_fail() -> None:
     assert resolve_dtype("float32", "cuda").reason == "set in the config"
     with pytest.raises(ValueError, match="float16"):
         resolve_dtype("float16")
+
+
+def test_a_driver_without_a_gpu_does_not_decide_auto_for_gpu_tiers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU head node (this machine) used to report its own CPU's choice for GPU workers: float32 on an
+    AVX2 head while the H100 workers ran bf16."""
+    precision._auto_choice.cache_clear()
+    monkeypatch.setattr(precision, "cpu_info", lambda: parse_cpuinfo(EPYC_AVX2))
+    assert planned_dtype("auto", on_gpu=False).dtype == "float32"
+    on_gpu = planned_dtype("auto", on_gpu=True)
+    assert (on_gpu.dtype, on_gpu.reason) == ("auto", "decided by each GPU worker on its node")
+    assert planned_dtype("bfloat16", on_gpu=True).dtype == "bfloat16"
+    precision._auto_choice.cache_clear()

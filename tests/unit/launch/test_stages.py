@@ -6,7 +6,7 @@ import pytest
 
 from rredcot.common.config import load_config
 from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
-from rredcot.launch.stages import restart_options, stage_env
+from rredcot.launch.stages import node_env, restart_options, stage_env
 from rredcot.learner.rendezvous import ENV as RENDEZVOUS_ENV
 
 
@@ -34,3 +34,21 @@ def test_the_heap_trace_setting_reaches_every_tier_only_when_set(monkeypatch):
     monkeypatch.setenv(HEAP_TRACE_ENV, "120")
     for tier in ("generator", "redistributor", "learner"):
         assert stage_env(cfg, tier, 0, ("127.0.0.1", "ab12"))[HEAP_TRACE_ENV] == "120"
+
+
+def test_deepspeeds_accelerator_is_chosen_on_the_workers_node_not_the_drivers():
+    """A driver on a CPU-only head node (this machine) used to send DS_ACCELERATOR=cpu to every tier,
+    GPU learners included; each worker now picks it from the GPUs its own process sees."""
+    cfg = load_config("tests", ["cluster.learner_ranks=2"])
+    for tier in ("generator", "redistributor", "learner"):
+        assert "DS_ACCELERATOR" not in stage_env(cfg, tier, 0, ("127.0.0.1", "ab12"))
+    assert node_env() == {"DS_ACCELERATOR": "cpu"}  # what a worker on this CPU machine sets
+
+
+def test_a_tier_planned_without_gpus_sees_none():
+    """Ray 2.60 leaves CUDA_VISIBLE_DEVICES unset for an actor with num_gpus=0 (checked with a local
+    Ray offering a GPU), so a CPU-planned redistributor on a GPU node would take GPU 0 from a learner."""
+    cfg = load_config("tests", ["cluster.gpus_per_learner=1", "cluster.gpus_per_generator=0.5"])
+    envs = {tier: stage_env(cfg, tier, 0, ("127.0.0.1", "ab12")) for tier in ("generator", "redistributor", "learner")}
+    assert envs["redistributor"]["CUDA_VISIBLE_DEVICES"] == ""
+    assert "CUDA_VISIBLE_DEVICES" not in envs["learner"] and "CUDA_VISIBLE_DEVICES" not in envs["generator"]
