@@ -36,7 +36,7 @@ from rredcot.common.weight_slots import host_slots_left
 from rredcot.launch.doctor import preflight
 from rredcot.launch.logs import route_library_loggers, setup_driver_logging, tail
 from rredcot.launch.monitor import Monitor, Phases, Progress, fmt_duration
-from rredcot.launch.plan import bundles, check_plan, local_cores, local_ray_cpus
+from rredcot.launch.plan import Tier, bundles, check_plan, evaluator_tier, local_cores, local_ray_cpus
 from rredcot.launch.report import RunOutcome, write_report
 from rredcot.launch.run_times import expected_seconds, record_seconds
 from rredcot.launch.services import EmbeddedRedis
@@ -170,7 +170,22 @@ def _write_placement(pg: Any, plan: list[tuple[str, int, dict[str, float]]], out
     from ray.util.placement_group import placement_group_table
 
     nodes = placement_group_table(pg)["bundles_to_node_id"]
-    out.write_text(json.dumps({f"{WORKER_PREFIX[t]}{r}": nodes[i] for i, (t, r, _) in enumerate(plan)}, indent=1))
+    names = ["eval" if t == "evaluator" else f"{WORKER_PREFIX[t]}{r}" for t, r, _ in plan]
+    out.write_text(json.dumps({name: nodes[i] for i, name in enumerate(names)}, indent=1))
+
+
+def _evaluator_options(pg: Any, index: int, tier: Tier | None) -> dict[str, Any]:
+    """Ray options of the evaluator: bundle ``index`` of ``pg`` when the plan gives it one (GPU
+    generators), else no resources (on CPU it runs while the tiers wait)."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    if tier is None:
+        return {"num_cpus": 0}
+    return {
+        "num_cpus": tier.cpus,
+        "num_gpus": tier.gpus,
+        "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
+    }
 
 
 def first_line(cfg: Config, run_dir: Path) -> str:
@@ -304,11 +319,12 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     stack.callback(progress.close)
     watch = Watch(cfg, monitor, progress, client, server)
 
-    plan = bundles(cfg)
-    pg = placement_group([b for _, _, b in plan], strategy=cfg.cluster.placement.upper())
+    plan, evaluator_bundle = bundles(cfg), evaluator_tier(cfg)
+    extra = [evaluator_bundle.bundle()] if evaluator_bundle else []
+    pg = placement_group([b for _, _, b in plan] + extra, strategy=cfg.cluster.placement.upper())
     ray.get(pg.ready(), timeout=300)
     stack.callback(remove_placement_group, pg)
-    _write_placement(pg, plan, run_dir / "placement.json")
+    _write_placement(pg, plan + [("evaluator", 0, b) for b in extra], run_dir / "placement.json")
     cfg_dict = to_dict(cfg)
 
     # The workers start (imports, model loading, engine and DeepSpeed set-up: a minute or more on a
@@ -319,7 +335,9 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
 
     evaluator = None
     if cfg.data.eval_size:
-        evaluator = ray.remote(Evaluator).options(num_cpus=0).remote(cfg_dict)
+        evaluator = (
+            ray.remote(Evaluator).options(**_evaluator_options(pg, len(plan), evaluator_bundle)).remote(cfg_dict)
+        )
         stack.callback(ray.kill, evaluator)
         phases.enter("evaluation (before training)")
         before = watch.wait(evaluator.evaluate_latest.remote(), evals_left=1)

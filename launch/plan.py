@@ -1,6 +1,8 @@
 """The resource plan: how many workers each tier gets, and the Ray bundles that hold them.
 
-``cluster.*`` names counts and per-worker GPUs/CPUs for the three tiers. ``check_plan`` compares
+``cluster.*`` names counts and per-worker GPUs/CPUs for the three tiers; a plan whose generators
+have GPUs also holds one bundle like a generator's for the held-out evaluations' engine (on CPU the
+evaluator takes no bundle: it runs while the tiers wait, on every core). ``check_plan`` compares
 the plan with what the Ray cluster offers and fails — before any actor starts — with a message
 that says what to change. On CPU the same plan maps to CPU-only bundles. A local Ray is sized by
 ``local_ray_cpus``, which first checks the plan against this machine's real cores.
@@ -21,7 +23,7 @@ class PlanError(ConfigError):
 
 @dataclass(frozen=True)
 class Tier:
-    name: str  # generator | redistributor | learner
+    name: str  # generator | redistributor | learner | evaluator
     key: str  # the config key of its count
     count: int
     gpus: float
@@ -43,16 +45,31 @@ def tiers(cfg: Config) -> list[Tier]:
     ]
 
 
+def evaluator_tier(cfg: Config) -> Tier | None:
+    """The evaluations' engine when the generators' engines need GPUs (and there are evaluations):
+    Ray would otherwise start it with no GPU of its own, beside whatever runs on GPU 0 of its node."""
+    c = cfg.cluster
+    if not cfg.data.eval_size or not c.gpus_per_generator:
+        return None
+    return Tier("evaluator", "evaluator", 1, c.gpus_per_generator, c.cpus_per_generator)
+
+
+def _resource_tiers(cfg: Config) -> list[Tier]:
+    evaluator = evaluator_tier(cfg)
+    return tiers(cfg) + ([evaluator] if evaluator else [])
+
+
 def bundles(cfg: Config) -> list[tuple[str, int, dict[str, float]]]:
-    """One bundle per worker: (tier, rank within the tier, resources)."""
+    """One bundle per stage worker: (tier, rank within the tier, resources)."""
     return [(t.name, rank, t.bundle()) for t in tiers(cfg) for rank in range(t.count)]
 
 
 def demand(cfg: Config) -> dict[str, float]:
+    """Resources of every bundle, the evaluator's included."""
     total: dict[str, float] = {}
-    for _, _, b in bundles(cfg):
-        for k, v in b.items():
-            total[k] = total.get(k, 0.0) + v
+    for t in _resource_tiers(cfg):
+        for k, v in t.bundle().items():
+            total[k] = total.get(k, 0.0) + t.count * v
     return total
 
 
@@ -82,7 +99,7 @@ def local_ray_cpus(cfg: Config, cores: int) -> int:
     limit = LOCAL_CPUS_PER_CORE * cores
     if need > limit:
         raise PlanError(
-            f"the resource plan needs {need:g} CPUs ({_parts(tiers(cfg), 'CPU')}) but this machine has "
+            f"the resource plan needs {need:g} CPUs ({_parts(_resource_tiers(cfg), 'CPU')}) but this machine has "
             f"{cores} cores, and a local Ray runs at most {LOCAL_CPUS_PER_CORE} per core ({limit}): lower "
             "cluster.generators, cluster.redistributors, cluster.learner_ranks or cluster.cpus_per_<tier>, "
             "or set cluster.address to a Ray cluster"
@@ -92,15 +109,20 @@ def local_ray_cpus(cfg: Config, cores: int) -> int:
 
 def check_plan(cfg: Config, available: dict[str, float], nodes: int = 1) -> None:
     """Raise ``PlanError`` if the cluster (``available`` resources, ``nodes`` alive) cannot hold the plan."""
-    ts = tiers(cfg)  # counts >= 1 are already enforced by the config schema
+    ts = _resource_tiers(cfg)  # counts >= 1 are already enforced by the config schema
     need = demand(cfg)
     for resource in ("GPU", "CPU"):
         want, have = need.get(resource, 0.0), available.get(resource, 0.0)
         if want > have:
             per = "gpus" if resource == "GPU" else "cpus"
+            evaluator = (
+                " (the evaluator's bundle is a generator's; data.eval_size=0 drops it)"
+                if ts[-1].name == "evaluator"
+                else ""
+            )
             raise PlanError(
                 f"the resource plan needs {want:g} {resource}s ({_parts(ts, resource)}) but the cluster has {have:g}: "
-                f"lower cluster.<tier> counts or cluster.{per}_per_<tier>, or add nodes"
+                f"lower cluster.<tier> counts or cluster.{per}_per_<tier>, or add nodes{evaluator}"
             )
     if cfg.cluster.nodes > nodes:
         raise PlanError(

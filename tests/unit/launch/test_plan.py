@@ -1,7 +1,7 @@
 import pytest
 
 from rredcot.common.config import ConfigError, load_config
-from rredcot.launch.plan import PlanError, bundles, check_plan, demand, local_ray_cpus
+from rredcot.launch.plan import PlanError, bundles, check_plan, demand, evaluator_tier, local_ray_cpus
 
 
 def test_bundles_follow_the_plan():
@@ -17,7 +17,7 @@ def test_bundles_follow_the_plan():
     )
     tiers = [t for t, _, _ in bundles(cfg)]
     assert tiers == ["generator"] * 3 + ["redistributor"] * 2 + ["learner"] * 2
-    assert demand(cfg) == {"CPU": 7.0, "GPU": 5.0}
+    assert demand(cfg) == {"CPU": 8.0, "GPU": 6.0}  # and a generator's bundle for the evaluator
     check_plan(cfg, {"CPU": 16, "GPU": 8})
 
 
@@ -26,7 +26,7 @@ def test_too_many_gpus_says_what_to_change():
     with pytest.raises(PlanError) as e:
         check_plan(cfg, {"CPU": 64, "GPU": 4})
     msg = str(e.value)
-    assert "needs 6 GPUs" in msg and "has 4" in msg and "generators 4 x 1" in msg and "gpus_per_<tier>" in msg
+    assert "needs 7 GPUs" in msg and "has 4" in msg and "generators 4 x 1" in msg and "gpus_per_<tier>" in msg
 
 
 def test_cpu_plan_must_fit_cpus():
@@ -56,3 +56,25 @@ def test_a_local_ray_needs_the_plan_to_fit_the_machines_cores():
     assert "needs 6 CPUs (generators 4 x 1 + redistributors 1 x 1 + learner_ranks 1 x 1)" in msg
     assert "has 2 cores" in msg and "at most 2 per core (4)" in msg
     assert "cluster.generators" in msg and "cluster.cpus_per_<tier>" in msg and "cluster.address" in msg
+
+
+def test_a_gpu_plan_gives_the_evaluator_a_generators_bundle():
+    """Ray would start a GPU-less evaluator beside whatever holds GPU 0 of its node (or on a CPU-only
+    head, where vLLM's GPU build cannot run); on CPU it keeps taking no bundle."""
+    cfg = load_config("tests", ["cluster.gpus_per_generator=1", "cluster.cpus_per_generator=3"])
+    assert evaluator_tier(cfg).bundle() == {"CPU": 3.0, "GPU": 1.0}
+    assert demand(cfg) == {"CPU": 8.0, "GPU": 2.0}  # 1 generator + its twin for the evaluations
+    assert [t for t, _, _ in bundles(cfg)] == ["generator", "redistributor", "learner"]  # the stage workers
+    with pytest.raises(PlanError, match=r"needs 2 GPUs \(generators 1 x 1 \+ evaluator 1 x 1\).*data.eval_size=0"):
+        check_plan(cfg, {"CPU": 8, "GPU": 1})
+    check_plan(load_config("tests", ["cluster.gpus_per_generator=1", "data.eval_size=0"]), {"CPU": 8, "GPU": 1})
+    assert evaluator_tier(load_config("tests")) is None
+
+
+@pytest.mark.parametrize("name", ["qwen3-4b-numina-25k", "qwen2.5-1.5b-openrs"])
+def test_the_shipped_gpu_configs_fit_their_nodes_of_8_gpus(name):
+    """Their nodes × 8 GPUs, with 96 cores a node (p4d.24xlarge has 96 vCPUs, a DGX H100 224 threads)."""
+    cfg = load_config(name)
+    nodes = cfg.cluster.nodes
+    check_plan(cfg, {"GPU": 8 * nodes, "CPU": 96 * nodes}, nodes=nodes)
+    assert demand(cfg)["GPU"] == 8 * nodes  # no GPU left idle
