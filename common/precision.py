@@ -128,11 +128,9 @@ def resolve_dtype(requested: str, device: str | None = None) -> DtypeChoice:
 
 
 def planned_dtype(requested: str, on_gpu: bool) -> DtypeChoice:
-    """The dtype a tier will run in, as the driver can tell: a tier on GPUs resolves ``auto`` for
-    CUDA, one without for this CPU; when the tier has GPUs and this process sees none (a CPU head
-    node), each worker decides on its node."""
-    import torch
-
-    if requested == "auto" and on_gpu and not torch.cuda.is_available():
+    """The dtype a tier will run in, as the driver can tell without touching a GPU: ``auto`` on a
+    tier with GPUs is decided by each worker on its node (the driver's node may have other GPUs or
+    none), on a tier without for this CPU."""
+    if requested == "auto" and on_gpu:
         return DtypeChoice("auto", "decided by each GPU worker on its node")
     return resolve_dtype(requested, "cuda" if on_gpu else "cpu")

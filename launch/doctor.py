@@ -22,7 +22,7 @@ from rredcot.common.config import Config
 from rredcot.common.data import DatasetError, count_rows
 from rredcot.common.errors import UserError
 from rredcot.common.models import TINY_MODELS, cache_dir, tiny_config
-from rredcot.common.precision import cpu_info, cpu_native_bf16, resolve_dtype
+from rredcot.common.precision import cpu_info, cpu_native_bf16, planned_dtype
 from rredcot.common.smollm import BASE_DIR, BUILTINS
 from rredcot.common.weight_slots import SHM_DIR
 from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
@@ -49,11 +49,13 @@ def check_cpu(cfg: Config) -> list[Check]:
     info = cpu_info()
     native, why = cpu_native_bf16(info)
     out = [Check("ok", "cpu", f"{info.describe()}; {why}")]
-    import torch
-
-    for key, requested in (("model.dtype", cfg.model.dtype), ("learner.dtype", cfg.learner.dtype)):
-        choice = resolve_dtype(requested)
-        if choice.dtype == "bfloat16" and not native and not torch.cuda.is_available():
+    c = cfg.cluster
+    for key, requested, on_gpu in (
+        ("model.dtype", cfg.model.dtype, c.gpus_per_generator > 0),
+        ("learner.dtype", cfg.learner.dtype, c.gpus_per_learner > 0),
+    ):
+        choice = planned_dtype(requested, on_gpu)
+        if choice.dtype == "bfloat16" and not native and not on_gpu:
             out.append(
                 Check(
                     "warning",

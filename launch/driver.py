@@ -3,7 +3,8 @@
 Order: the doctor's checks (``launch.doctor.preflight``: paths, the dataset's first rows, Redis and
 Ray reachable, cores) → one line saying what starts (services, dtype, expected duration) → Ray (local unless
 ``cluster.address``) and the resource plan check (before any actor starts) → Redis (embedded when
-``redis.url`` is unset) → placement group, one bundle per worker → held-out evaluation of the
+``redis.url`` is unset) → placement group, one bundle per worker (and the evaluator's, when it has
+GPUs) → held-out evaluation of the
 starting model → generator, redistributor and learner actors → progress until the learner has
 taken ``run.steps`` steps → stop flag → final evaluation → report (``summary.md`` and
 ``summary.json``). On SIGTERM or Ctrl-C the workers are asked to stop, the learner checkpoints,

@@ -2,7 +2,8 @@
 # On a GPU machine that has torch and transformers but no network (see launch/gpu_wheels.sh, run
 # beforehand where pip works, for the carried .whl/): install .whl/ into a private folder, run the
 # GPU tests, then the LM-head benchmark and a profiled 25k-token learner step (LM_HEAD_ARGS and
-# LONG_ARGS replace their arguments; SKIP_BENCH=1 skips both). WHEELS names another kit folder.
+# LONG_ARGS replace their arguments; SKIP_BENCH=1 skips both; BENCH_STRICT=1 fails when one fails).
+# WHEELS names another kit folder.
 # Logs go to $LOGS (default: $OUT, else gpu_check/). launch/gpu_rehearsal.sh runs it on a CPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +17,13 @@ python3 -m pytest -v -p no:xdist tests/gpu "$@" 2>&1 | tee "$LOGS/gpu_tests.log"
 rc=${PIPESTATUS[0]}
 if [ -z "${SKIP_BENCH:-}" ]; then
     python3 -P bench/lm_head.py ${LM_HEAD_ARGS:-} 2>&1 | tee "$LOGS/lm_head.log"
+    bench_rc=${PIPESTATUS[0]}
     python3 -P bench/learner_long.py ${LONG_ARGS:---tokens 25000 --logprob-chunk 4096 --profile 25} 2>&1 \
         | tee "$LOGS/learner_long.log"
+    long_rc=${PIPESTATUS[0]}
+    if [ "$bench_rc" != 0 ] || [ "$long_rc" != 0 ]; then
+        echo "gpu_check: a benchmark failed" >&2
+        if [ -n "${BENCH_STRICT:-}" ] && [ "$rc" = 0 ]; then rc=1; fi
+    fi
 fi
 exit "$rc"

@@ -12,8 +12,9 @@ import re
 import sys
 from pathlib import Path
 
-import tomllib
+import pytest
 
+tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
 ROOT = Path(__file__).parents[2]
 PACKAGE_DIRS = ("actors", "common", "learner", "redistributor", "tasks", "launch")
 # the same module from a distribution of its own per platform

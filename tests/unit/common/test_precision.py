@@ -63,9 +63,9 @@ def test_explicit_dtypes_pass_through_and_bad_ones_fail() -> None:
         resolve_dtype("float16")
 
 
-def test_a_driver_without_a_gpu_does_not_decide_auto_for_gpu_tiers(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A CPU head node (this machine) used to report its own CPU's choice for GPU workers: float32 on an
-    AVX2 head while the H100 workers ran bf16."""
+def test_the_driver_does_not_decide_auto_for_gpu_tiers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU head node used to report its own CPU's choice for GPU workers (float32 on an AVX2 head
+    while the H100 workers ran bf16); a GPU head would start CUDA in the driver to decide."""
     precision._auto_choice.cache_clear()
     monkeypatch.setattr(precision, "cpu_info", lambda: parse_cpuinfo(EPYC_AVX2))
     assert planned_dtype("auto", on_gpu=False).dtype == "float32"

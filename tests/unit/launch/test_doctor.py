@@ -143,10 +143,15 @@ def test_preflight_raises_every_error_with_its_fix_and_returns_the_warnings(tmp_
 
 def test_bf16_on_a_cpu_without_it_is_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(doc, "cpu_native_bf16", lambda info: (False, "no bf16 here"))
-    monkeypatch.setattr(doc, "resolve_dtype", lambda d: DtypeChoice("bfloat16" if d == "bfloat16" else "float32", "r"))
+    monkeypatch.setattr(
+        doc, "planned_dtype", lambda d, on_gpu: DtypeChoice("bfloat16" if d == "bfloat16" else "float32", "r")
+    )
     checks = doc.check_cpu(load_config("tests", ["learner.dtype=bfloat16"]))
     warned = [c for c in checks if c.level == "warning"]
     assert len(warned) == 1 and warned[0].fix == "learner.dtype=auto"
+    # a learner on GPUs does not run on this (head node's) CPU
+    on_gpus = doc.check_cpu(load_config("tests", ["learner.dtype=bfloat16", "cluster.gpus_per_learner=1"]))
+    assert [c.level for c in on_gpus if c.topic == "dtype"] == ["ok", "ok"]
 
 
 def test_exit_code_follows_errors(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from rredcot.common.config import load_config
 from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
@@ -36,13 +37,14 @@ def test_the_heap_trace_setting_reaches_every_tier_only_when_set(monkeypatch):
         assert stage_env(cfg, tier, 0, ("127.0.0.1", "ab12"))[HEAP_TRACE_ENV] == "120"
 
 
-def test_deepspeeds_accelerator_is_chosen_on_the_workers_node_not_the_drivers():
-    """A driver on a CPU-only head node (this machine) used to send DS_ACCELERATOR=cpu to every tier,
-    GPU learners included; each worker now picks it from the GPUs its own process sees."""
-    cfg = load_config("tests", ["cluster.learner_ranks=2"])
+def test_deepspeeds_accelerator_is_chosen_on_the_workers_node_not_the_drivers(monkeypatch):
+    """A driver on a CPU-only head node used to send DS_ACCELERATOR=cpu to every tier, GPU learners
+    included; each worker now picks it from the GPUs its own process sees."""
+    cfg = load_config("tests", ["cluster.learner_ranks=2", "cluster.gpus_per_learner=1"])
     for tier in ("generator", "redistributor", "learner"):
         assert "DS_ACCELERATOR" not in stage_env(cfg, tier, 0, ("127.0.0.1", "ab12"))
-    assert node_env() == {"DS_ACCELERATOR": "cpu"}  # what a worker on this CPU machine sets
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a worker on a CPU node
+    assert node_env() == {"DS_ACCELERATOR": "cpu"}
 
 
 def test_a_tier_planned_without_gpus_sees_none():
