@@ -202,6 +202,9 @@ class ClusterConfig:
     gpus_per_generator: float = bounded(0.0, 0.0)
     gpus_per_redistributor: float = bounded(0.0, 0.0)
     gpus_per_learner: float = bounded(0.0, 0.0)
+    # the evaluations' engine: a bundle of its own (with cpus_per_generator CPUs); 0: none, it runs
+    # while the tiers wait, on the GPUs its node shows when the generators have GPUs (one shared GPU)
+    gpus_per_evaluator: float = bounded("${cluster.gpus_per_generator}", 0.0)  # type: ignore[arg-type]
     cpus_per_generator: float = bounded(1.0, 0.0)
     cpus_per_redistributor: float = bounded(1.0, 0.0)
     cpus_per_learner: float = bounded(1.0, 0.0)
@@ -470,6 +473,8 @@ def validate(cfg: Config) -> None:
             cpus,
             f"a number > 0 while cluster.gpus_per_{tier} is 0 (Ray cannot place a worker that asks for nothing)",
         )
+    for tier in ("generator", "redistributor", "learner", "evaluator"):
+        gpus = getattr(c, f"gpus_per_{tier}")
         _check(
             gpus <= 1 or gpus == int(gpus),
             f"cluster.gpus_per_{tier}",

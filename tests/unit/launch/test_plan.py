@@ -71,6 +71,17 @@ def test_a_gpu_plan_gives_the_evaluator_a_generators_bundle():
     assert evaluator_tier(load_config("tests")) is None
 
 
+def test_tiers_sharing_one_gpu_can_share_it_with_the_evaluator_too():
+    """The one-GPU layout (generator and learner on halves of it) has no room for a bundle of its own:
+    ``cluster.gpus_per_evaluator=0`` runs the evaluator on the GPU its node shows, as before."""
+    shared = ["cluster.gpus_per_learner=0.5", "cluster.gpus_per_generator=0.5"]
+    with pytest.raises(PlanError, match=r"needs 1.5 GPUs.*cluster.gpus_per_evaluator=0 shares"):
+        check_plan(load_config("tests", shared), {"CPU": 8, "GPU": 1})
+    cfg = load_config("tests", [*shared, "cluster.gpus_per_evaluator=0"])
+    assert evaluator_tier(cfg) is None and demand(cfg)["GPU"] == 1.0
+    check_plan(cfg, {"CPU": 8, "GPU": 1})
+
+
 @pytest.mark.parametrize("name", ["qwen3-4b-numina-25k", "qwen2.5-1.5b-openrs"])
 def test_the_shipped_gpu_configs_fit_their_nodes_of_8_gpus(name):
     """Their nodes × 8 GPUs, with 96 cores a node (p4d.24xlarge has 96 vCPUs, a DGX H100 224 threads)."""
