@@ -46,7 +46,7 @@ from rredcot.common.precision import cpu_info
 from rredcot.common.streams import BATCHES, ROLLOUTS, connect, key
 from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
 from rredcot.launch.services import EmbeddedRedis
-from rredcot.launch.stages import stage_env
+from rredcot.launch.stages import node_env, stage_env
 
 
 def rss_mib(pid: int, children: bool = True) -> float | None:
@@ -111,7 +111,7 @@ def start_processes(
         cmd = [sys.executable, "-m", "rredcot.launch.cli", command, config, *overrides]
         if memray is not None and tier == "generator":
             cmd[1:1] = ["-m", "memray", "run", "--native", "--force", "-o", str(memray)]
-        stage = env | stage_env(cfg, tier, 0, rendezvous)
+        stage = env | stage_env(cfg, tier, 0, rendezvous) | node_env()
         procs[tier] = subprocess.Popen(
             cmd, stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=stage
         )
