@@ -17,7 +17,7 @@ CPU = torch.device("cpu")
 
 def test_host_buckets_are_staged_on_the_device_and_checked_there():
     cuda = torch.device("cuda", torch.cuda.current_device())
-    _, groups = thread_group(1)
+    _, groups = thread_group(1, backend="gloo")
     host = [flatten([torch.randn(1000)], CPU), flatten([torch.randn(77, 3)], CPU)]
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(receive_buckets, groups[1], [b.numel() for b in host], cuda)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import pytest
 import torch
@@ -91,9 +92,11 @@ def test_a_cpu_bucket_gets_its_crc32_and_a_gpu_bucket_the_weighted_sum():
     assert weighted_sum(buffer).item() != checksum(buffer).item()
 
 
-def thread_group(receivers: int) -> tuple[GroupInfo, list]:
-    """Open a group of 1 + ``receivers`` ranks in threads; (info, groups by rank)."""
+def thread_group(receivers: int, backend: str | None = None) -> tuple[GroupInfo, list]:
+    """Open a group of 1 + ``receivers`` ranks in threads; (info, groups by rank). ``backend``
+    overrides the host's choice (NCCL refuses two ranks on one GPU: threads on a GPU use gloo)."""
     info, store = GroupInfo.host("127.0.0.1", receivers, timeout_s=20)
+    info = replace(info, backend=backend or info.backend)
     with ThreadPoolExecutor(receivers + 1) as pool:
         futures = [pool.submit(open_group, info, r, 20, store if r == 0 else None) for r in range(receivers + 1)]
         return info, [f.result() for f in futures]
