@@ -28,6 +28,7 @@ from rredcot.redistributor.branch_plan import ModelShape, plan_pieces
 from rredcot.redistributor.credit import redistribute_group
 from rredcot.redistributor.entropy import TokenCounter, score_trace
 from rredcot.redistributor.mc import HFContinuationSampler
+from rredcot.redistributor.references import CONTEXT, Tail, U, Y
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.segmentation import segment, token_texts
 from rredcot.redistributor.values import (
@@ -61,6 +62,11 @@ def reasoning_text(tok, n_tokens: int, seed: int = 0) -> list[int]:
     body = "\n".join(lines)
     ids = tok("<think>\n" + body + "\n</think>\n\nAnswer: 42", add_special_tokens=False)["input_ids"]
     return ids
+
+
+def solution_tails(refs: list, exit_ids: list[int], n_exits: int) -> list[list[Tail]]:
+    """``exit ⊕ u ⊕ y`` for every pair at every exit (the ``solution`` construct, template scored)."""
+    return [[Tail.of([(exit_ids, CONTEXT), (u, U), (y, Y)]) for u, y in refs]] * n_exits
 
 
 def timed(fn, repeat: int = 1):
@@ -98,6 +104,7 @@ def bench_values(model, tok, length: int, k: int, n_refs: int, vocab: int | None
     if vocab is not None:
         prompt, comp, exit_ids = ([i % vocab for i in x] for x in (prompt, comp, exit_ids))
         refs = [([i % vocab for i in u], [i % vocab for i in y]) for u, y in refs]
+    tails = solution_tails(refs, exit_ids, len(exits))
 
     t_ent, _ = timed(
         lambda: score_trace(model, prompt, comp, cfg.entropy_chunk, keep_cache=False, forward_chunk=cfg.token_budget)
@@ -108,30 +115,32 @@ def bench_values(model, tok, length: int, k: int, n_refs: int, vocab: int | None
 
     def fast():
         trace = kv_pass()
-        return branch_logprobs_fast(model, trace, exits, refs, exit_ids, cfg.values_memory_mb << 20), trace.counter
+        return branch_logprobs_fast(
+            model, trace, exits, tails, prompt + comp, cfg.values_memory_mb << 20
+        ), trace.counter
 
     t_fast, (bl_fast, counter) = timed(fast, repeat=3)
     trace = kv_pass()
     t_branch, _ = timed(
-        lambda: branch_logprobs_fast(model, trace, exits, refs, exit_ids, cfg.values_memory_mb << 20), 3
+        lambda: branch_logprobs_fast(model, trace, exits, tails, prompt + comp, cfg.values_memory_mb << 20), 3
     )
     sweep = {  # branches alone per credit.values_memory_mb (with the measured waste rule)
         f"branches_s_at_{mb}mb": timed(
-            lambda mb=mb: branch_logprobs_fast(model, trace, exits, refs, exit_ids, mb << 20), 3
+            lambda mb=mb: branch_logprobs_fast(model, trace, exits, tails, prompt + comp, mb << 20), 3
         )[0]
         for mb in (256, 64, 16, 4)
     }
     # what the planner did before the waste rule: as many branches per forward as memory allows
     sweep["branches_s_memory_only"] = timed(
         lambda: branch_logprobs_fast(
-            model, trace, exits, refs, exit_ids, cfg.values_memory_mb << 20, overhead_cells=1 << 62
+            model, trace, exits, tails, prompt + comp, cfg.values_memory_mb << 20, overhead_cells=1 << 62
         ),
         3,
     )[0]
     sweep["overhead_cells"] = forward_overhead_cells(model)
     sweep["forwards"] = len(
         plan_pieces(
-            exit_branches(trace.prompt_len, exits, refs, exit_ids),
+            exit_branches(prompt + comp, trace.prompt_len, exits, tails),
             cfg.values_memory_mb << 20,
             ModelShape.of(model),
             forward_overhead_cells(model),
@@ -140,7 +149,7 @@ def bench_values(model, tok, length: int, k: int, n_refs: int, vocab: int | None
 
     def reference():
         counter = TokenCounter()
-        return branch_logprobs_reference(model, prompt, comp, exits, refs, exit_ids, counter), counter
+        return branch_logprobs_reference(model, prompt, comp, exits, tails, counter), counter
 
     t_ref, (bl_ref, ref_counter) = timed(reference, repeat=2)
     ideal = len(prompt) + len(comp) + len(exits) * sum(len(exit_ids) + len(u) + len(y) for u, y in refs)
@@ -198,11 +207,14 @@ def bench_long(tok, length: int, k: int, n_refs: int, budget_mb: int) -> dict[st
     exits = segment(token_texts(tok, comp), entropy, cfg, "<think>", "</think>").exit_points.tolist()
     prompt, comp, exit_ids = ([i % 1024 for i in x] for x in (prompt, comp, exit_ids))
     refs = [([i % 1024 for i in u], [i % 1024 for i in y]) for u, y in refs]
+    tails = solution_tails(refs, exit_ids, len(exits))
     trace = score_trace(model, prompt, comp, cfg.entropy_chunk, stats=False, forward_chunk=cfg.token_budget)
     bounded_s, bounded_mb, bl = values_peak(
-        lambda: branch_logprobs_fast(model, trace, exits, refs, exit_ids, budget_mb << 20)
+        lambda: branch_logprobs_fast(model, trace, exits, tails, prompt + comp, budget_mb << 20)
     )
-    one_s, one_mb, bl_one = values_peak(lambda: branch_logprobs_fast(model, trace, exits, refs, exit_ids, 1 << 50))
+    one_s, one_mb, bl_one = values_peak(
+        lambda: branch_logprobs_fast(model, trace, exits, tails, prompt + comp, 1 << 50)
+    )
     return {
         "L": len(comp),
         "K": len(exits) - 1,

@@ -52,6 +52,9 @@ class Task:
     Settings: ClassVar[type | None] = None  # dataclass of ``task.settings`` (None: takes none)
     instruction: ClassVar[str] = "Solve the problem. Show your steps, then give the final line as 'Answer: <answer>'."
     example: ClassVar[Problem | None] = None  # the worked example of ``data.prompt_style=chat_one_shot``
+    # what precedes the answer itself on the answer line (``reference``'s y starts with it): RREDCoT's
+    # branches force it without scoring it, and a completion's answer part starts at its last such line
+    answer_template: ClassVar[str] = "Answer: "
     reads_dataset: ClassVar[bool] = False  # True: problems come from ``data.path``; False: generated
 
     def __init__(self, settings: Any = None) -> None:

@@ -24,10 +24,9 @@ FLEX_BLOCK = 128  # torch flex attention's block size: the kernel holds one bloc
 @dataclass
 class Branch:
     exit_index: int
-    prefix_len: int  # trace positions the branch may attend to (P + e_t)
-    ids: list[int]  # exit ⊕ u ⊕ y
-    n_exit: int
-    n_u: int
+    prefix_len: int  # trace positions the branch may attend to (P + e_t, or one less with an anchor)
+    ids: list[int]  # the tail, after the trace's last prefix token (the anchor) when the tail's first token is scored
+    labels: list[int]  # per id: references.CONTEXT (not scored; the first always is), U or Y
 
     @property
     def useful_cells(self) -> int:

@@ -15,15 +15,15 @@ import numpy as np
 from rredcot.common.config import Config, CreditConfig, bounded
 from rredcot.common.records import RolloutGroup, RolloutRecord, WeightedGroup, WeightedSample
 from rredcot.common.sampling import ContinuationSampler, RewardFn
+from rredcot.redistributor.baseline import group_baselines
 from rredcot.redistributor.entropy import TraceScores, halve_on_oom, score_traces
 from rredcot.redistributor.mc import MCValues, mc_values
+from rredcot.redistributor.references import Construct, Pair, Tail, tails
 from rredcot.redistributor.registry import CreditContext, CreditMethod, SampleCredit, get_method, register
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.segmentation import segment, thinking_span, token_texts
 from rredcot.redistributor.sigma import prob_rewards, segment_masses, segment_rewards, token_sigma, uniform_reason
 from rredcot.redistributor.values import branch_logprobs_fast, exit_values
-
-Pair = tuple[Sequence[int], Sequence[int]]
 
 
 def group_advantages(rewards: Sequence[float], std_norm: bool, eps: float = 1e-6) -> np.ndarray:
@@ -156,15 +156,38 @@ def top_entropy(ctx: CreditContext) -> list[SampleCredit]:
 
 def _exits(ctx: CreditContext, s: RolloutRecord, trace: TraceScores) -> np.ndarray:
     """The exit points of the thinking span's segments. A completion that ends with special tokens
-    (EOS) ends before them: no exit point lies past them, where the policy never continues. With
+    (EOS) ends before them: no exit point lies past them, where the policy never continues. Without
+    thinking tags the span ends where the answer line starts (``answer_line_start``): the answer
+    part is the answer, never a segment of working after which the answer would be asked again. With
     ``answer_part=terminal``, less a last one that only end tokens follow (``scored_exits``)."""
     scorer = _scorer(ctx)
     ids = s.completion_ids.tolist()
     body = scorer.content_end(ids)
     texts = token_texts(scorer.tokenizer, ids[:body])
+    if not thinking_span(texts, scorer.think_start, scorer.think_end)[2]:
+        body = answer_line_start(texts, scorer.answer_template)
+        texts = texts[:body]
     entropy = trace.entropy[:body].double().cpu().numpy()
     exits = segment(texts, entropy, ctx.cfg.credit, scorer.think_start, scorer.think_end).exit_points
     return scored_exits(exits, len(ids), body) if ctx.cfg.credit.answer_part == "terminal" else exits
+
+
+def answer_line_start(texts: Sequence[str], template: str) -> int:
+    """The index of the first token of the last line that starts with ``template`` (leading spaces
+    allowed); ``len(texts)`` when no line does (or the template is blank)."""
+    head = template.strip()
+    text = "".join(texts)
+    if not head:
+        return len(texts)
+    at = max((m for m in _line_starts(text) if text[m:].lstrip(" \t").startswith(head)), default=None)
+    if at is None:
+        return len(texts)
+    off = np.cumsum([0, *(len(t) for t in texts)])
+    return int(np.searchsorted(off, at, side="right")) - 1
+
+
+def _line_starts(text: str) -> list[int]:
+    return [0, *(i + 1 for i, ch in enumerate(text) if ch == "\n" and i + 1 < len(text))]
 
 
 def scored_exits(exits: np.ndarray, n_tokens: int, content_end: int) -> np.ndarray:
@@ -210,12 +233,9 @@ def reference_pairs(group: RolloutGroup, scorer: Scorer, c: CreditConfig) -> lis
     tokens — never a sample's own, and only from samples that stopped normally with their thinking
     closed (also when the prompt opened it, DeepSeek-R1-Distill style: a trace's answer read from
     inside its thinking is no reference) and an answer part of more than whitespace and end tokens;
-    at most ``credit.max_refs`` each. With ``credit.reference=answer`` the dataset pairs keep only
-    their answer y (empty u)."""
-    dataset: list[Pair] = [
-        ([] if c.reference == "answer" else u.tolist(), y.tolist())
-        for u, y in zip(group.ref_solution_ids, group.ref_answer_ids)
-    ]
+    at most ``credit.max_refs`` each. What a branch scores of a pair is ``credit.reference``'s
+    (``references.py``)."""
+    dataset: list[Pair] = [(u.tolist(), y.tolist()) for u, y in zip(group.ref_solution_ids, group.ref_answer_ids)]
     answers: list[list[int] | None] = [None] * len(group.samples)
     if c.group_refs:
         opened = scorer.opens_thought(group.prompt_ids.tolist())
@@ -239,10 +259,13 @@ def _sigma(
     advantage: float,
     ctx: CreditContext,
     log_values: np.ndarray | None = None,
+    baseline: np.ndarray | None = None,
 ) -> SampleCredit:
-    """σ from the exit values; ``log_values`` (prob space) gives relu/abs masses that never underflow."""
+    """σ from the exit values; ``log_values`` (prob space) gives relu/abs masses that never underflow;
+    ``baseline`` (one per exit) is subtracted from the values before their changes are taken."""
     c = ctx.cfg.credit
-    rewards = segment_rewards(values) if values.size else np.zeros(max(len(exits) - 1, 0))
+    based = values if baseline is None else values - baseline
+    rewards = segment_rewards(based) if values.size else np.zeros(max(len(exits) - 1, 0))
     scaled = prob_rewards(log_values) if log_values is not None and c.sign != "softmax" else rewards
     masses = segment_masses(scaled, advantage, c.sign, c.softmax_temperature)
     return SampleCredit(
@@ -250,48 +273,74 @@ def _sigma(
         exits.astype(np.int32),
         values.astype(np.float32),
         rewards.astype(np.float32),
-        fallback=uniform_reason(len(exits) - 1, values, scaled, masses),
+        fallback=uniform_reason(len(exits) - 1, based, scaled, masses),
     )
+
+
+def exit_tails(
+    scorer: Scorer, c: CreditConfig, pairs: Sequence[Construct], context: Sequence[int], ends: Sequence[int]
+) -> list[list[Tail]]:
+    """Each exit's tails (``references.tails``); ``ends``: where each exit's prefix ends in
+    ``context`` (prompt ⊕ completion), so its last token is ``context[end - 1]``."""
+    by_line_end = {b: tails(pairs, c.reference, scorer.tail_text, b) for b in (False, True)}
+    return [by_line_end[scorer.ends_line(int(context[e - 1]))] for e in ends]
+
+
+Found = tuple[np.ndarray, np.ndarray, np.ndarray | None]  # exits, values, log values (prob space)
+
+
+def sample_values(
+    ctx: CreditContext, s: RolloutRecord, trace: TraceScores, exits: np.ndarray, pairs: Sequence[Pair]
+) -> Found:
+    """(exits, v̂ at them in ``credit.value_space``, log v̂ when that space is ``prob``); with
+    ``answer_part=terminal`` the end L is one more exit, valued R (``_terminal``). No pair: no values."""
+    scorer, c = _scorer(ctx), ctx.cfg.credit
+    constructs = scorer.constructs(pairs, c.keywords, c.max_suffixes)
+    if not constructs:
+        return exits, np.zeros(0), None
+    context = [*ctx.group.prompt_ids.tolist(), *s.completion_ids.tolist()]
+    per_exit = exit_tails(scorer, c, constructs, context, [trace.prompt_len + int(e) for e in exits])
+    bl = branch_logprobs_fast(
+        scorer.model,
+        trace,
+        exits.tolist(),
+        per_exit,
+        context,
+        c.values_memory_mb << 20,
+        c.entropy_chunk,
+        c.branch_attention,
+    )
+    scorer.tokens.branch += trace.counter.branch
+    prob = c.value_space == "prob"  # computed in log space: σ survives values below e^-745
+    shares = [t.share for t in per_exit[0]]
+    values = exit_values(bl, [1.0] * len(shares), "log" if prob else c.value_space, shares)
+    if c.answer_part == "terminal":
+        exits, values = _terminal(exits, values, len(s.completion_ids), _log(s.reward) if prob else s.reward)
+    return (exits, np.exp(values), values) if prob else (exits, values, None)
 
 
 @register("rredcot", return_equivalent=True, needs_scorer=True)
 def rredcot(ctx: CreditContext) -> list[SampleCredit]:
-    """Entropy → segments → importance-sampled exit values → segment rewards → σ."""
-    scorer, c = _scorer(ctx), ctx.cfg.credit
-    refs = reference_pairs(ctx.group, scorer, c)
-    out: list[SampleCredit] = [SampleCredit(_uniform(0))] * len(ctx.group.samples)
+    """Entropy → segments → importance-sampled exit values → (group baseline) → segment rewards → σ."""
+    c, samples = ctx.cfg.credit, ctx.group.samples
+    refs = reference_pairs(ctx.group, _scorer(ctx), c)
+    found: list[Found] = [(np.zeros(1, np.int32), np.zeros(0), None)] * len(samples)
+    timings: list[dict[str, float]] = [{} for _ in samples]
     for i, s, trace, t_entropy in _scored(ctx, keep_cache=any(refs)):
-        n = len(s.completion_ids)
         t1 = time.perf_counter()
         exits = _exits(ctx, s, trace)
         t2 = time.perf_counter()
-        values, log_values = np.zeros(0), None
-        if refs[i]:
-            bl = branch_logprobs_fast(
-                scorer.model,
-                trace,
-                exits.tolist(),
-                refs[i],
-                scorer.exit_ids,
-                c.values_memory_mb << 20,
-                c.entropy_chunk,
-                c.branch_attention,
-            )
-            scorer.tokens.branch += trace.counter.branch
-            prob = c.value_space == "prob"  # computed in log space: σ survives values below e^-745
-            values = exit_values(bl, [1.0] * len(refs[i]), "log" if prob else c.value_space)
-            if c.answer_part == "terminal":
-                exits, values = _terminal(exits, values, n, _log(s.reward) if prob else s.reward)
-            if prob:
-                log_values, values = values, np.exp(values)
+        found[i] = sample_values(ctx, s, trace, exits, refs[i])
+        timings[i] = {"entropy": t_entropy, "segment": t2 - t1, "values": time.perf_counter() - t2}
+    grouped = c.baseline == "group"
+    baselines = group_baselines([v for _, v, _ in found]) if grouped else [None] * len(samples)
+    out = []
+    for i, ((exits, values, log_values), baseline) in enumerate(zip(found, baselines)):
         t3 = time.perf_counter()
-        out[i] = _sigma(exits, values, n, float(ctx.advantages[i]), ctx, log_values)
-        out[i].timings = {
-            "entropy": t_entropy,
-            "segment": t2 - t1,
-            "values": t3 - t2,
-            "sigma": time.perf_counter() - t3,
-        }
+        # a baseline is taken in the value space itself: prob values then lose their log-space masses
+        n, adv = len(samples[i].completion_ids), float(ctx.advantages[i])
+        out.append(_sigma(exits, values, n, adv, ctx, None if grouped else log_values, baseline))
+        out[i].timings = timings[i] | {"sigma": time.perf_counter() - t3}
     return out
 
 

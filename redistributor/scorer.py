@@ -9,6 +9,8 @@ from typing import Any
 from rredcot.common.prompts import opens_thought
 from rredcot.common.records import RolloutGroup, check_vocabulary
 from rredcot.redistributor.entropy import TokenCounter
+from rredcot.redistributor.references import Construct, Pair, TailText, split_pair
+from rredcot.redistributor.segmentation import keyword_boundaries, token_texts
 
 
 @dataclass
@@ -21,13 +23,34 @@ class Scorer:
     think_start: str = "<think>"
     think_end: str = "</think>"
     version: int = 0
+    answer_template: str = "Answer: "  # the task's (``Task.answer_template``)
     tokens: TokenCounter = field(default_factory=TokenCounter)  # running total, for metrics
     exit_ids: list[int] = field(init=False)
     end_ids: frozenset[int] = field(init=False)  # special tokens (EOS, end of turn): a completion ends there
+    tail_text: TailText = field(init=False)
 
     def __post_init__(self) -> None:
-        self.exit_ids = list(self.tokenizer(self.exit_string, add_special_tokens=False)["input_ids"])
+        encode = lambda text: list(self.tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+        self.exit_ids = encode(self.exit_string)
         self.end_ids = frozenset(self.tokenizer.all_special_ids)
+        self.tail_text = TailText(tuple(self.exit_ids), tuple(encode(self.exit_string.lstrip("\n"))), self.ends_line)
+
+    def ends_line(self, token_id: int) -> bool:
+        """Whether the token's text ends with a newline."""
+        return token_texts(self.tokenizer, [token_id])[0].endswith("\n")
+
+    def constructs(self, pairs: Sequence[Pair], keywords: Sequence[str], max_suffixes: int) -> list[Construct]:
+        """Each non-empty pair (u, y) split for the branches (``references.split_pair``): at the
+        answer template, with suffix starts at u's line and keyword starts."""
+        out = []
+        for u, y in pairs:
+            ids = [*u, *y]
+            texts = token_texts(self.tokenizer, ids)
+            bounds = keyword_boundaries(texts, 0, len(ids), keywords)
+            split = split_pair(ids, texts, self.answer_template, bounds, max_suffixes)
+            if split is not None:
+                out.append(split)
+        return out
 
     def check_ids(self, group: RolloutGroup) -> None:
         """``RecordError`` when a token id of ``group`` lies outside the scorer's vocabulary."""

@@ -1,8 +1,10 @@
-"""Exit-point values, importance-sampled over the reference pairs ("PR-style").
+"""Exit-point values, importance-sampled over the reference pairs.
 
-At exit point t the scorer reads, teacher-forced after ``x ⊕ o[:e_t] ⊕ exit``, log p(u_i | s_t)
-and log p(y_i | u_i, s_t) for every reference pair (u_i, y_i). With a uniform proposal q = 1/N,
-v̂(s_t) = (1/N) Σ_i [p(u_i, y_i | s_t) / q] · U(y_i) = Σ_i p(u_i, y_i | s_t) · U(y_i).
+At exit point t the scorer teacher-forces each branch tail after ``x ⊕ o[:e_t]`` (what a tail holds
+is the value construct: ``references.py``) and reads the summed log-probs of its reference-step
+tokens (log p(u)) and of its answer tokens (log p(y)). With a uniform proposal over the pairs,
+v̂(s_t) = Σ_i s_i · p(u_i, y_i | s_t) · U(y_i), s_i the tail's share of its pair (1/S for each of a
+reference's S suffixes, else 1).
 
 Two ways to get the log-probs, equal up to float rounding:
 - ``branch_logprobs_fast``: the trace's KV cache from ``score_trace`` is reused; the branches of
@@ -12,7 +14,7 @@ Two ways to get the log-probs, equal up to float rounding:
   branches as fit a memory budget in bytes and cost less together than apart (``branch_plan``),
   so its peak is bounded whatever the trace length; a branch too long for the budget alone is
   forwarded in chunks on its own cache.
-- ``branch_logprobs_reference``: one full forward per (exit point, pair), recomputing the prefix.
+- ``branch_logprobs_reference``: one full forward per (exit point, tail), recomputing the prefix.
 """
 
 from __future__ import annotations
@@ -31,47 +33,64 @@ from transformers.cache_utils import DynamicLayer
 from rredcot.redistributor.branch_attention import BranchRows, dense_mask, flex_attention_on, flex_mask, resolve
 from rredcot.redistributor.branch_plan import Branch, ModelShape, Piece, plan_pieces
 from rredcot.redistributor.entropy import TokenCounter, TraceScores, halve_on_oom, head_stats, is_oom, score_trace
+from rredcot.redistributor.references import CONTEXT, Tail, U, Y
 
 VALUE_SPACES = ("log", "prob", "mean_token_prob")
 
 
 @dataclass
 class BranchLogprobs:
-    """Per exit point t and reference pair i (arrays [T, N])."""
+    """Per exit point t and tail i (arrays [T, N])."""
 
-    log_u: np.ndarray  # Σ log p(u_i tokens | s_t ⊕ exit)
-    log_y: np.ndarray  # Σ log p(y_i tokens | s_t ⊕ exit ⊕ u_i)
-    mean_token_prob: np.ndarray  # mean over the u_i ⊕ y_i tokens of p(token | ...)
+    log_u: np.ndarray  # Σ log p(reference-step tokens of tail i | s_t, the tail before them)
+    log_y: np.ndarray  # Σ log p(answer tokens of tail i | ...)
+    mean_token_prob: np.ndarray  # mean over the tail's scored tokens of p(token | ...); 1 with none
 
 
 def exit_branches(
-    prompt_len: int,
-    exit_points: Sequence[int],
-    refs: Sequence[tuple[Sequence[int], Sequence[int]]],
-    exit_ids: Sequence[int],
+    context_ids: Sequence[int], prompt_len: int, exit_points: Sequence[int], tails: Sequence[Sequence[Tail]]
 ) -> list[Branch]:
-    """The branch ``exit ⊕ u_i ⊕ y_i`` of every (exit point, reference pair), exit-major."""
-    if not exit_ids:
-        raise ValueError("the exit string must tokenise to at least one token")
-    return [
-        Branch(t, prompt_len + int(e), [*exit_ids, *u, *y], len(exit_ids), len(u))
-        for t, e in enumerate(exit_points)
-        for u, y in refs
-    ]
+    """The branch of every (exit point, tail), exit-major; ``tails[t]``: exit t's tails (as many for
+    every exit). ``context_ids``: prompt ⊕ completion. A tail whose first token is scored is preceded
+    by its anchor, the prefix's last token forwarded again (same position, same keys and values as
+    in the trace), whose output predicts it; otherwise the tail's first token (context) does that."""
+    out = []
+    for t, e in enumerate(exit_points):
+        end = prompt_len + int(e)
+        for tail in tails[t]:
+            if tail.labels and tail.labels[0] != CONTEXT:
+                out.append(Branch(t, end - 1, [int(context_ids[end - 1]), *tail.ids], [CONTEXT, *tail.labels]))
+            else:
+                out.append(Branch(t, end, list(tail.ids), list(tail.labels)))
+    return out
 
 
-def _collect(branches: list[Branch], lps: list[torch.Tensor], n_exits: int, n_refs: int) -> BranchLogprobs:
-    """Split each branch's scored log-probs (tokens after the exit string) into the u and y parts."""
-    log_u = np.zeros((n_exits, n_refs), dtype=np.float64)
+def _scored_labels(b: Branch) -> np.ndarray:
+    """The labels of a branch's scored tokens (ids[1:] not labelled CONTEXT), in order."""
+    labels = np.asarray(b.labels[1:], dtype=np.int64)
+    return labels[labels != CONTEXT]
+
+
+def _collect(labels: list[np.ndarray], lps: list[torch.Tensor], n_exits: int, n_tails: int) -> BranchLogprobs:
+    """Sum each branch's scored log-probs (exit-major; ``labels``: theirs) into step and answer parts."""
+    log_u = np.zeros((n_exits, n_tails), dtype=np.float64)
     log_y = np.zeros_like(log_u)
-    mtp = np.zeros_like(log_u)
-    for k, (b, lp) in enumerate(zip(branches, lps)):
-        t, i = divmod(k, n_refs)
-        lp = lp.double().cpu()
-        log_u[t, i] = lp[: b.n_u].sum().item()
-        log_y[t, i] = lp[b.n_u :].sum().item()
-        mtp[t, i] = lp.exp().mean().item() if lp.numel() else 1.0
+    mtp = np.ones_like(log_u)
+    for k, (lp, lab) in enumerate(zip(lps, labels, strict=True)):
+        t, i = divmod(k, n_tails)
+        lp = lp.double().cpu().numpy()
+        log_u[t, i] = lp[lab == U].sum()
+        log_y[t, i] = lp[lab == Y].sum()
+        if lp.size:
+            mtp[t, i] = np.exp(lp).mean()
     return BranchLogprobs(log_u, log_y, mtp)
+
+
+def _tails_per_exit(tails: Sequence[Sequence[Tail]], n_exits: int) -> int:
+    counts = {len(x) for x in tails}
+    if len(tails) != n_exits or len(counts) > 1:
+        raise ValueError(f"each of the {n_exits} exit points needs as many tails, got {[len(x) for x in tails]}")
+    return counts.pop() if counts else 0
 
 
 class _PrefixLayer(DynamicLayer):
@@ -109,14 +128,15 @@ def branch_logprobs_fast(
     model: Any,
     trace: TraceScores,
     exit_points: Sequence[int],
-    refs: Sequence[tuple[Sequence[int], Sequence[int]]],
-    exit_ids: Sequence[int],
+    tails: Sequence[Sequence[Tail]],
+    context_ids: Sequence[int],
     memory_bytes: int,
     chunk: int = 1024,
     attention: str = "auto",
     overhead_cells: int | None = None,
 ) -> BranchLogprobs:
-    """Branch log-probs on top of the cached trace (``trace.cache`` must hold the whole trace).
+    """Branch log-probs on top of the cached trace (``trace.cache`` must hold the whole trace);
+    ``tails[t]``: exit t's tails, ``context_ids``: prompt ⊕ completion (``exit_branches``).
 
     Each forward's peak (``ModelShape.forward_bytes``) stays within ``memory_bytes``, whatever the
     trace length; a failed allocation retries the whole computation with half the budget.
@@ -125,15 +145,24 @@ def branch_logprobs_fast(
     """
     if trace.cache is None:
         raise ValueError("branch_logprobs_fast needs the trace KV cache (score_trace(keep_cache=True))")
-    branches = exit_branches(trace.prompt_len, exit_points, refs, exit_ids)
+    n_tails = _tails_per_exit(tails, len(exit_points))
+    branches = exit_branches(context_ids, trace.prompt_len, exit_points, tails)
     flex = resolve(attention, model) == "flex"
     shape = ModelShape.of(model, sparse=flex)
     if overhead_cells is None:  # flex computes no waste: only memory splits its forwards
         overhead_cells = 0 if flex else forward_overhead_cells(model)
 
+    labels = [_scored_labels(b) for b in branches]
+    live = [k for k, lab in enumerate(labels) if lab.size]  # a tail that scores nothing is not forwarded
+
     def run(budget: int) -> BranchLogprobs:
-        pieces = plan_pieces(branches, budget, shape, overhead_cells)
-        return _collect(branches, _run_pieces(model, trace, branches, pieces, chunk, flex), len(exit_points), len(refs))
+        some = [branches[k] for k in live]
+        lps: list[torch.Tensor] = [torch.zeros(0)] * len(branches)
+        for k, lp in zip(
+            live, _run_pieces(model, trace, some, plan_pieces(some, budget, shape, overhead_cells), chunk, flex)
+        ):
+            lps[k] = lp
+        return _collect(labels, lps, len(exit_points), n_tails)
 
     floor = shape.forward_bytes(1, trace.cache.get_seq_length())
     return halve_on_oom(run, memory_bytes, floor, trace.counter)[0]
@@ -169,15 +198,15 @@ def _run_pieces(
                 hidden = _forward(base, ids, pos, flex_mask(rows), cache)
         else:
             hidden = _forward(base, ids, pos, dense_mask(rows, model, dtype), cache)
-        # scored rows: branch position l (n_exit-1 <= l <= n-2) predicts token l+1
+        # scored rows: branch position l predicts token l + 1, read where that token is not context
         scored, targets, owners = [], [], []
         start = 0
         for k, a, b in piece.items:
             br = branches[k]
-            lo, hi = max(a, br.n_exit - 1), min(b, len(br.ids) - 1)
-            scored += range(start + lo - a, start + hi - a)
-            targets += br.ids[lo + 1 : hi + 1]
-            owners += [k] * max(hi - lo, 0)
+            rows = [r for r in range(a, min(b, len(br.ids) - 1)) if br.labels[r + 1] != CONTEXT]
+            scored += [start + r - a for r in rows]
+            targets += [br.ids[r + 1] for r in rows]
+            owners += [k] * len(rows)
             start += b - a
         _, lp = head_stats(head, hidden[scored], torch.tensor(targets, device=device), chunk, entropy=False)
         owners_t = torch.tensor(owners)
@@ -218,7 +247,7 @@ def forward_overhead_cells(model: Any, repeat: int = 3) -> int:
     sync = torch.cuda.synchronize if _on_cuda(model) else lambda: None
 
     def seconds(trace: TraceScores, prefix: int, length: int) -> float:
-        branch = Branch(0, prefix, ids[n : n + length], 1, length - 1)
+        branch = Branch(0, prefix, ids[n : n + length], [CONTEXT] + [U] * (length - 1))
         best = float("inf")
         for _ in range(repeat):
             sync()
@@ -250,25 +279,25 @@ def branch_logprobs_reference(
     prompt_ids: Sequence[int],
     completion_ids: Sequence[int],
     exit_points: Sequence[int],
-    refs: Sequence[tuple[Sequence[int], Sequence[int]]],
-    exit_ids: Sequence[int],
+    tails: Sequence[Sequence[Tail]],
     counter: TokenCounter | None = None,
 ) -> BranchLogprobs:
-    """Plain per-exit-point, per-pair recomputation of the whole prefix (the tests' reference)."""
-    branches = exit_branches(len(prompt_ids), exit_points, refs, exit_ids)
+    """Plain per-exit-point, per-tail recomputation of ``x ⊕ o[:e_t] ⊕ tail`` (the tests' reference)."""
+    n_tails = _tails_per_exit(tails, len(exit_points))
     device = model.get_output_embeddings().weight.device
-    out = []
-    for b in branches:
-        e = b.prefix_len - len(prompt_ids)
-        ids = torch.tensor([*prompt_ids, *completion_ids[:e], *b.ids], device=device)
-        n_scored = len(b.ids) - b.n_exit
-        logits = model(input_ids=ids[None], logits_to_keep=n_scored + 1).logits[0, :-1].float()
-        targets = ids[ids.numel() - n_scored :]
-        out.append(torch.log_softmax(logits, -1).gather(-1, targets[:, None]).squeeze(-1))
-        if counter is not None:
-            counter.trace += b.prefix_len
-            counter.branch += len(b.ids)
-    return _collect(branches, out, len(exit_points), len(refs))
+    labels, out = [], []
+    for t, e in enumerate(exit_points):
+        for tail in tails[t]:
+            ids = torch.tensor([*prompt_ids, *completion_ids[:e], *tail.ids], device=device)
+            n, scored = len(tail.ids), np.asarray(tail.labels, dtype=np.int64) != CONTEXT
+            logits = model(input_ids=ids[None], logits_to_keep=n + 1).logits[0, :-1].float()
+            lp = torch.log_softmax(logits, -1).gather(-1, ids[ids.numel() - n :, None]).squeeze(-1)
+            out.append(lp[torch.from_numpy(scored).to(device)])
+            labels.append(np.asarray(tail.labels, dtype=np.int64)[scored])
+            if counter is not None:
+                counter.trace += len(prompt_ids) + e
+                counter.branch += n
+    return _collect(labels, out, len(exit_points), n_tails)
 
 
 def importance_weights(log_u: np.ndarray, log_y: np.ndarray) -> np.ndarray:
@@ -277,21 +306,26 @@ def importance_weights(log_u: np.ndarray, log_y: np.ndarray) -> np.ndarray:
     return np.exp(log_u + log_y + np.log(n))
 
 
-def exit_values(bl: BranchLogprobs, utilities: Sequence[float], space: str) -> np.ndarray:
-    """v̂ per exit point in ``space``: ``log`` (log v̂, via logsumexp), ``prob`` (v̂) or
-    ``mean_token_prob`` ((1/N) Σ_i U_i · mean token probability of u_i ⊕ y_i).
+def exit_values(
+    bl: BranchLogprobs, utilities: Sequence[float], space: str, shares: Sequence[float] | None = None
+) -> np.ndarray:
+    """v̂ per exit point in ``space``: ``log`` (log Σ_i s_i U_i p_i, via logsumexp), ``prob``
+    (Σ_i s_i U_i p_i) or ``mean_token_prob`` (Σ_i s_i U_i · mean token probability of tail i, over
+    Σ_i s_i). One utility U_i per tail; ``shares`` s_i: the tail's share of its pair (1/S for each of
+    a reference's S suffixes; default 1 each).
 
-    With no pair of positive utility, ``log`` gives −inf and the others 0.
+    With no tail of positive utility, ``log`` gives −inf and the others 0.
     """
     if space not in VALUE_SPACES:
         raise ValueError(f"value space {space!r} not in {VALUE_SPACES}")
     u = np.asarray(utilities, dtype=np.float64)
+    s = np.ones_like(u) if shares is None else np.asarray(shares, dtype=np.float64)
     if u.size == 0:
         return np.full(bl.log_u.shape[0], -np.inf if space == "log" else 0.0)
     if space == "mean_token_prob":
-        return (bl.mean_token_prob * u).mean(axis=-1)
+        return (bl.mean_token_prob * u * s).sum(axis=-1) / s.sum()
     with np.errstate(divide="ignore"):
-        terms = bl.log_u + bl.log_y + np.log(u)
+        terms = bl.log_u + bl.log_y + np.log(u * s)
         top = np.max(terms, axis=-1, keepdims=True)
         top = np.where(np.isfinite(top), top, 0.0)
         log_v = np.log(np.exp(terms - top).sum(axis=-1)) + top[..., 0]

@@ -34,6 +34,7 @@ from rredcot.common.onednn import bound_primitive_cache
 from rredcot.common.records import RecordError, RolloutGroup, WeightedGroup, WeightedSample
 from rredcot.common.sampling import ContinuationSampler, RewardFn
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Entry, Producer, connect, run_key
+from rredcot.common.task import build_task
 from rredcot.common.verifier import Verifier
 from rredcot.common.weight_slots import SlotReader
 from rredcot.common.weight_sync import latest_manifest, load_tensors
@@ -122,7 +123,10 @@ def build_scorer(cfg: Config) -> Scorer:
             "credit.branch_attention = 'flex' needs a CUDA scorer (compiled flex attention); "
             "this redistributor has no GPU: use 'auto' or 'dense'"
         )
-    return Scorer(model, tok, cfg.credit.exit_string, cfg.model.think_start, cfg.model.think_end)
+    template = build_task(cfg.task).answer_template
+    return Scorer(
+        model, tok, cfg.credit.exit_string, cfg.model.think_start, cfg.model.think_end, answer_template=template
+    )
 
 
 def verifier_reward(verifier: Verifier, tokenizer: Any) -> RewardFn:

@@ -18,6 +18,7 @@ from rredcot.common.records import RecordError
 from rredcot.learner.loss import sample_coefficients
 from rredcot.learner.packing import collate, samples_from_group
 from rredcot.redistributor.credit import (
+    answer_line_start,
     budget_batches,
     group_advantages,
     redistribute_group,
@@ -30,7 +31,7 @@ from rredcot.redistributor.mc import HFContinuationSampler
 from rredcot.redistributor.registry import CREDIT_METHODS
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.sigma import prob_rewards, segment_masses, token_sigma
-from rredcot.redistributor.values import branch_logprobs_reference, exit_values, forward_overhead_cells
+from rredcot.redistributor.values import forward_overhead_cells
 from tests.factories import rollout, rollout_group
 from tests.unit.redistributor.cases import TRACES, make_group
 from tests.unit.redistributor.test_sigma import reference_masses, reference_sigma
@@ -108,26 +109,84 @@ def test_uniform_methods_by_hand(qwen_tok) -> None:
     assert not CREDIT_METHODS.get("drgrpo").return_equivalent and CREDIT_METHODS.get("bnpo").return_equivalent
 
 
-def test_rredcot_matches_reference_pipeline(qwen_tok, qwen_model) -> None:
-    """Exit values from the worker path equal the plain recomputation; σ follows from them."""
+REFERENCE = ("12*7 = 70 + 14.\n70 + 14 = 84.\n", "Answer: ", "84")  # u, the template, the answer
+
+
+def brute_log_value(model, tok, prefix: list[int], construct: str, exit_string: str) -> float:
+    """log v̂ after ``prefix`` (prompt ⊕ o[:e_t]) for ``REFERENCE``, written out from text: every
+    branch tokenised part by part and forwarded whole, without the trace's cache, the anchors or the
+    tail builder; log Σ_i share_i · p(scored tokens of branch i)."""
+    u, template, answer = REFERENCE
+    lines = u.splitlines(keepends=True)
+
+    def exit_after(text_ends_line: bool) -> str:
+        return exit_string.lstrip("\n") if text_ends_line else exit_string
+
+    after = tok.decode(prefix[-1:]).endswith("\n")
+    if construct == "suffix":
+        rests = ["".join(lines[j:]) for j in range(len(lines) + 1)]
+        branches = [[(r, True), (exit_after(r.endswith("\n") if r else after), False)] for r in rests]
+    else:
+        branches = [[(exit_after(after), False), (u if construct == "solution" else "", True)]]
+    terms = []
+    for parts in branches:
+        ids, scored = list(prefix), []
+        for text, is_scored in [*parts, (template, False), (answer, True)]:
+            part = tok(text, add_special_tokens=False)["input_ids"] if text else []
+            scored += [len(ids) + k for k in range(len(part))] if is_scored else []
+            ids += part
+        with torch.no_grad():
+            logp = model(torch.tensor([ids])).logits[0].double().log_softmax(-1)
+        terms.append(math.log(1 / len(branches)) + sum(float(logp[p - 1, ids[p]]) for p in scored))
+    return float(torch.logsumexp(torch.tensor(terms), 0))
+
+
+@pytest.mark.parametrize("construct", ["solution", "answer", "suffix"])
+def test_each_construct_matches_a_brute_force_recomputation(qwen_tok, qwen_model, construct) -> None:
+    """Exit values from the worker path (trace KV, anchors, tails, log-sum-exp) equal the values
+    written out from text for every construct; σ follows from them."""
     cfg = Config()
-    cfg.credit = CreditConfig(segments=3, min_segment_tokens=1, value_space="log")
+    cfg.credit = CreditConfig(segments=3, min_segment_tokens=1, value_space="log", reference=construct)
     scorer = Scorer(qwen_model, qwen_tok, cfg.credit.exit_string)
     group = make_group(qwen_tok)
+    enc = lambda t: np.array(qwen_tok(t, add_special_tokens=False)["input_ids"], dtype=np.int32)  # noqa: E731
+    group.ref_solution_ids, group.ref_answer_ids = [enc(REFERENCE[0])], [enc(REFERENCE[1] + REFERENCE[2])]
     out = redistribute_group(group, cfg, scorer)
-    refs = reference_pairs(group, scorer, cfg.credit)
-    for w, s, r in zip(out.samples, group.samples, refs, strict=True):
+    prompt = group.prompt_ids.tolist()
+    for w, s in zip(out.samples, group.samples, strict=True):
         comp = s.completion_ids.tolist()
-        bl = branch_logprobs_reference(
-            qwen_model, group.prompt_ids.tolist(), comp, w.exit_points.tolist(), r, scorer.exit_ids
-        )
-        np.testing.assert_allclose(w.exit_values, exit_values(bl, [1.0], "log"), atol=1e-4, rtol=0)
+        brute = [
+            brute_log_value(qwen_model, qwen_tok, prompt + comp[:e], construct, cfg.credit.exit_string)
+            for e in w.exit_points
+        ]
+        np.testing.assert_allclose(w.exit_values, brute, atol=1e-4, rtol=0)
         np.testing.assert_allclose(w.segment_rewards, np.diff(w.exit_values), atol=1e-4)
         masses = segment_masses(w.segment_rewards.astype(np.float64), w.advantage, "relu")
         np.testing.assert_allclose(w.sigma, token_sigma(len(comp), w.exit_points, masses, 0.0), atol=1e-6)
         assert 1 <= len(w.exit_points) - 1 <= 3 and set(w.timings) == {"entropy", "segment", "values", "sigma"}
     assert scorer.tokens.total > 0
     out.validate()
+
+
+def test_the_group_baseline_takes_the_other_traces_curves_away(qwen_tok, qwen_model) -> None:
+    """``baseline=group``: the same exit values, and segment rewards from v − b with b the other
+    traces' curves averaged at the same relative position (recomputed here by hand)."""
+    group = make_group(qwen_tok)
+    outs = {}
+    for baseline in ("none", "group"):
+        cfg = Config()
+        cfg.credit = CreditConfig(segments=3, min_segment_tokens=1, reference="suffix", baseline=baseline)
+        outs[baseline] = redistribute_group(group, cfg, Scorer(qwen_model, qwen_tok, cfg.credit.exit_string)).samples
+    values = [w.exit_values.astype(np.float64) for w in outs["none"]]
+    for i, (plain, based) in enumerate(zip(outs["none"], outs["group"], strict=True)):
+        np.testing.assert_array_equal(plain.exit_values, based.exit_values)
+        at = np.linspace(0, 1, len(values[i]))
+        others = [np.interp(at, np.linspace(0, 1, len(v)), v) for j, v in enumerate(values) if j != i]
+        np.testing.assert_allclose(based.segment_rewards, np.diff(values[i] - np.mean(others, axis=0)), atol=1e-5)
+        masses = segment_masses(based.segment_rewards.astype(np.float64), based.advantage, "relu")
+        np.testing.assert_allclose(
+            based.sigma, token_sigma(len(based.sigma), based.exit_points, masses, 0.0), atol=1e-6
+        )
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -202,16 +261,19 @@ def test_terminal_answer_part_takes_the_outcome_never_a_scored_end_state(qwen_to
     cfg.credit = CreditConfig(answer_part="terminal", value_space="prob", min_segment_tokens=1, segments=3)
     scorer = Scorer(qwen_model, qwen_tok, cfg.credit.exit_string)
     group = make_group(qwen_tok)
+    enc = lambda t: np.array(qwen_tok(t, add_special_tokens=False)["input_ids"], dtype=np.int32)  # noqa: E731
+    group.ref_solution_ids, group.ref_answer_ids = [enc(REFERENCE[0])], [enc(REFERENCE[1] + REFERENCE[2])]
     out = redistribute_group(group, cfg, scorer)
-    refs = reference_pairs(group, scorer, cfg.credit)
-    for w, s, r, text in zip(out.samples[:3], group.samples, refs, TRACES[:3]):
+    prompt = group.prompt_ids.tolist()
+    for w, s, text in zip(out.samples[:3], group.samples, TRACES[:3]):
         n = len(w.sigma)
         scored = w.exit_points[:-1].tolist()
         assert w.exit_points[-1] == n and scored[-1] == n - _answer_tokens(qwen_tok, text)
-        bl = branch_logprobs_reference(
-            qwen_model, group.prompt_ids.tolist(), s.completion_ids.tolist(), scored, r, scorer.exit_ids
-        )
-        np.testing.assert_allclose(w.exit_values[:-1], exit_values(bl, [1.0], "prob"), rtol=1e-4, atol=1e-12)
+        comp = s.completion_ids.tolist()
+        brute = [
+            brute_log_value(qwen_model, qwen_tok, prompt + comp[:e], "solution", cfg.credit.exit_string) for e in scored
+        ]
+        np.testing.assert_allclose(w.exit_values[:-1], np.exp(brute), rtol=1e-4, atol=1e-12)
         assert w.exit_values[-1] == s.reward
         assert w.segment_rewards[-1] == pytest.approx(s.reward - w.exit_values[-2], rel=1e-5)
         # the rewards telescope: Σ r_k = R − v̂(s_0)
@@ -348,7 +410,7 @@ def test_prob_space_sigma_survives_values_below_e_minus_745(qwen_tok, qwen_model
         assert w_log.exit_values.max() < -745 and not w_prob.exit_values.any()  # e^-1000 = 0 in float64
         masses = segment_masses(prob_rewards(w_log.exit_values), w_prob.advantage, "abs")
         expected = token_sigma(len(w_prob.sigma), w_prob.exit_points, masses, 0.0)
-        np.testing.assert_allclose(w_prob.sigma, expected, rtol=1e-2)  # the log values were stored in float32
+        np.testing.assert_allclose(w_prob.sigma, expected, rtol=1e-2, atol=1e-5)  # log values stored in float32
         assert w_prob.sigma_fallback == "" and np.ptp(w_prob.sigma) > 0
 
 
@@ -417,8 +479,6 @@ def test_group_references_never_include_a_samples_own_answer_nor_an_unclosed_tra
     assert refs[0][1:] == [(whole_3, [])] and refs[3][1:] == [(answer_0, [])]  # never its own
     assert refs[1][1:] == refs[2][1:] == [(answer_0, []), (whole_3, [])]
     assert reference_pairs(group, scorer, CreditConfig(group_refs=False)) == [[dataset]] * 4
-    # credit.reference=answer: the dataset pair keeps its answer line only (no restated solution)
-    assert reference_pairs(group, scorer, CreditConfig(reference="answer")) == [[([], dataset[1])]] * 4
 
 
 def test_no_group_reference_from_a_thought_the_prompt_opened_and_never_closed(qwen_tok) -> None:
@@ -606,3 +666,26 @@ def test_scorer_weight_update(qwen_tok, qwen_model) -> None:
     after = score_trace(scorer.model, [1, 2], [3, 4], 8).logprob
     assert scorer.version == 5 and not np.allclose(before, after)
     np.testing.assert_allclose(after, score_trace(other, [1, 2], [3, 4], 8).logprob)
+
+
+def test_answer_line_start_by_hand() -> None:
+    texts = ["2 + 3", " = 5.\n", "Answer", ":", " 5", "\n", "  Answer", ": 6"]
+    assert answer_line_start(texts, "Answer: ") == 6  # the last line that starts with the template
+    assert answer_line_start(texts[:6], "Answer: ") == 2
+    assert answer_line_start(["The Answer: 5"], "Answer: ") == 1  # not at a line start: none
+    assert answer_line_start(["Answer: 5"], "") == 1
+
+
+def test_a_completion_without_thinking_ends_its_segments_where_its_answer_line_starts(qwen_tok, qwen_model) -> None:
+    """Without thinking tags the working lines are the segments and the answer line is the answer
+    part: no exit after it (no branch asks for the answer again), and it keeps 1/|o| per token."""
+    text = "12*7 = 70 + 14.\n70 + 14 = 84.\nAnswer: 84<|im_end|>"
+    group = make_group(qwen_tok, [text, text.replace("84", "83")], rewards=(1.0, 0.0))
+    cfg = Config()
+    cfg.credit = CreditConfig(segments=4, min_segment_tokens=1, reference="suffix")
+    out = redistribute_group(group, cfg, Scorer(qwen_model, qwen_tok, cfg.credit.exit_string))
+    answer_at = len(qwen_tok("12*7 = 70 + 14.\n70 + 14 = 84.\n", add_special_tokens=False)["input_ids"])
+    for w in out.samples:
+        n = len(w.sigma)
+        assert w.exit_points[0] == 0 and w.exit_points[-1] == answer_at and len(w.exit_points) == 3  # two lines
+        np.testing.assert_allclose(w.sigma[answer_at:], 1 / n, rtol=1e-5)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from rredcot.redistributor.branch_attention import resolve
 from rredcot.redistributor.branch_plan import Branch, ModelShape, plan_pieces
 from rredcot.redistributor.entropy import TokenCounter, score_trace, score_traces
+from rredcot.redistributor.references import CONTEXT, Tail, U, Y
 from rredcot.redistributor.values import (
     DEFAULT_OVERHEAD_CELLS,
     BranchLogprobs,
@@ -24,6 +25,16 @@ from rredcot.redistributor.values import (
     forward_overhead_cells,
     importance_weights,
 )
+
+
+def _tails(refs, exit_ids, exits, shape: str = "solution") -> list[list[Tail]]:
+    """The same tails at every exit: exit ⊕ u ⊕ y (``solution``: the first token is context) or
+    u ⊕ exit ⊕ y (``suffix``: the first token is scored, so the branch gets an anchor)."""
+    if shape == "solution":
+        tails = [Tail.of([(exit_ids, CONTEXT), (u, U), (y, Y)]) for u, y in refs]
+    else:
+        tails = [Tail.of([(u, U), (exit_ids, CONTEXT), (y, Y)], 1 / len(refs)) for u, y in refs]
+    return [tails] * len(exits)
 
 
 def _hand_pairs() -> BranchLogprobs:
@@ -114,8 +125,8 @@ def test_branch_logprobs_are_sums_and_mean_token_prob_of_one_forward(make_lm) ->
                 expected["mtp"][t, i] = np.mean(np.exp(lp)) if lp else 1.0
     trace = score_trace(model, prompt, comp, chunk=4)
     for bl in (
-        branch_logprobs_fast(model, trace, exits, refs, exit_ids, 1 << 30),
-        branch_logprobs_reference(model, prompt, comp, exits, refs, exit_ids),
+        branch_logprobs_fast(model, trace, exits, _tails(refs, exit_ids, exits), prompt + comp, 1 << 30),
+        branch_logprobs_reference(model, prompt, comp, exits, _tails(refs, exit_ids, exits)),
     ):
         np.testing.assert_allclose(bl.log_u, expected["log_u"], atol=1e-4, rtol=0)
         np.testing.assert_allclose(bl.log_y, expected["log_y"], atol=1e-4, rtol=0)
@@ -133,6 +144,7 @@ def _random_case(seed: int, p: int, n: int, k: int, n_refs: int, vocab: int = 51
     return r(p), r(n), exits, refs, r(3)
 
 
+@pytest.mark.parametrize("shape", ["solution", "suffix"])
 @pytest.mark.parametrize("attention", ["dense", "flex"])
 @pytest.mark.parametrize(
     "arch,seed,n,k,n_refs,budget,overhead",
@@ -144,20 +156,23 @@ def _random_case(seed: int, p: int, n: int, k: int, n_refs: int, vocab: int = 51
         ("qwen3", 3, 64, 1, 4, 1, 1 << 30),  # every branch in one-token chunks on its own cache
     ],
 )
-def test_fast_matches_reference(make_lm, arch, seed, n, k, n_refs, budget, overhead, attention) -> None:
-    """Dense (sdpa) and block-sparse flex (uncompiled on CPU) masks give the reference's values."""
+def test_fast_matches_reference(make_lm, arch, seed, n, k, n_refs, budget, overhead, attention, shape) -> None:
+    """Dense (sdpa) and block-sparse flex (uncompiled on CPU) masks give the reference's values, for
+    tails that start with context and for tails whose first token is scored (an anchor before it)."""
     model = make_lm(arch, seed)
     prompt, comp, exits, refs, exit_ids = _random_case(seed, 5, n, k, n_refs)
     trace = score_trace(model, prompt, comp, chunk=16)
+    tails = _tails(refs, exit_ids, exits, shape)
     fast = branch_logprobs_fast(
-        model, trace, exits, refs, exit_ids, budget, chunk=7, attention=attention, overhead_cells=overhead
+        model, trace, exits, tails, prompt + comp, budget, chunk=7, attention=attention, overhead_cells=overhead
     )
-    ref = branch_logprobs_reference(model, prompt, comp, exits, refs, exit_ids)
+    ref = branch_logprobs_reference(model, prompt, comp, exits, tails)
     for a, b in [(fast.log_u, ref.log_u), (fast.log_y, ref.log_y), (fast.mean_token_prob, ref.mean_token_prob)]:
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
     assert trace.cache.get_seq_length() == len(prompt) + len(comp)  # branch KV dropped
-    ideal = len(prompt) + len(comp) + sum(len(exit_ids) + len(u) + len(y) for u, y in refs) * len(exits)
-    assert trace.counter.total == ideal
+    anchors = shape == "suffix"  # one token per branch: the prefix's last, forwarded again
+    branch = sum(len(exit_ids) + len(u) + len(y) + anchors for u, y in refs) * len(exits)
+    assert trace.counter.total == len(prompt) + len(comp) + branch
 
 
 def test_trace_entropy_and_logprob_match_full_logits(make_lm) -> None:
@@ -176,7 +191,8 @@ def test_fast_values_change_with_prefix(make_lm) -> None:
     model = make_lm("qwen3", 5)
     prompt, comp, _, refs, exit_ids = _random_case(5, 4, 60, 2, 1)
     trace = score_trace(model, prompt, comp, chunk=64)
-    fast = branch_logprobs_fast(model, trace, [0, 30, 60], refs, exit_ids, memory_bytes=4096)
+    tails = _tails(refs, exit_ids, [0, 30, 60])
+    fast = branch_logprobs_fast(model, trace, [0, 30, 60], tails, prompt + comp, memory_bytes=4096)
     assert len(set(np.round(fast.log_u[:, 0], 6))) == 3
 
 
@@ -186,12 +202,14 @@ def test_degenerate_trace_inputs(make_lm) -> None:
     assert empty.entropy.numel() == 0 and empty.counter.total == 2
     with pytest.raises(ValueError, match="prompt"):
         score_trace(model, [], [1, 2], chunk=8)
-    with pytest.raises(ValueError, match="exit string"):
-        branch_logprobs_fast(model, empty, [0], [([1], [2])], [], memory_bytes=64)
-    no_refs = branch_logprobs_fast(model, empty, [0], [], [9], memory_bytes=64)
+    with pytest.raises(ValueError, match="as many tails"):
+        branch_logprobs_fast(model, empty, [0], [], [1, 2], memory_bytes=64)
+    no_refs = branch_logprobs_fast(model, empty, [0], [[]], [1, 2], memory_bytes=64)
     assert no_refs.log_u.shape == (1, 0)
+    nothing_scored = branch_logprobs_fast(model, empty, [0], [[Tail.of([([9], CONTEXT)])]], [1, 2], 64)
+    assert (nothing_scored.log_u, nothing_scored.mean_token_prob) == (0.0, 1.0) and empty.counter.branch == 0
     counter = TokenCounter()
-    branch_logprobs_reference(model, [1, 2], [3, 4], [0, 2], [([5], [6])], [9], counter)
+    branch_logprobs_reference(model, [1, 2], [3, 4], [0, 2], _tails([([5], [6])], [9], [0, 2]), counter)
     assert counter.trace == 2 + 4 and counter.branch == 2 * 3
 
 
@@ -205,8 +223,8 @@ def test_batched_traces_match_single_traces(make_lm) -> None:
         single = score_trace(model, prompt, comp, chunk=64)
         torch.testing.assert_close(trace.entropy, single.entropy, atol=1e-5, rtol=0)
         torch.testing.assert_close(trace.logprob, single.logprob, atol=1e-5, rtol=0)
-        fast = branch_logprobs_fast(model, trace, exits, refs, exit_ids, memory_bytes=40)
-        ref = branch_logprobs_reference(model, prompt, comp, exits, refs, exit_ids)
+        fast = branch_logprobs_fast(model, trace, exits, _tails(refs, exit_ids, exits), prompt + comp, 40)
+        ref = branch_logprobs_reference(model, prompt, comp, exits, _tails(refs, exit_ids, exits))
         np.testing.assert_allclose(fast.log_u, ref.log_u, atol=1e-5, rtol=0)
         np.testing.assert_allclose(fast.log_y, ref.log_y, atol=1e-5, rtol=0)
     assert {t.row for t in batched} == {0, 1, 2}
@@ -227,8 +245,9 @@ def test_shared_prompt_is_forwarded_once_and_changes_nothing(make_lm, prompt_len
         torch.testing.assert_close(trace.entropy, single.entropy, atol=1e-5, rtol=0)
         torch.testing.assert_close(trace.logprob, single.logprob, atol=1e-5, rtol=0)
         exits = [0, len(comp) // 2, len(comp)]
-        fast = branch_logprobs_fast(model, trace, exits, [([5, 6], [7])], [9], memory_bytes=40)
-        ref = branch_logprobs_reference(model, prompt, comp, exits, [([5, 6], [7])], [9])
+        tails = _tails([([5, 6], [7])], [9], exits, "suffix")
+        fast = branch_logprobs_fast(model, trace, exits, tails, prompt + comp, memory_bytes=40)
+        ref = branch_logprobs_reference(model, prompt, comp, exits, tails)
         np.testing.assert_allclose(fast.log_u, ref.log_u, atol=1e-5, rtol=0)
         np.testing.assert_allclose(fast.log_y, ref.log_y, atol=1e-5, rtol=0)
     width = prompt_len + max(map(len, comps))
@@ -243,14 +262,15 @@ def test_fast_matches_reference_under_eager_attention(make_lm) -> None:
     model.set_attn_implementation("eager")
     prompt, comp, exits, refs, exit_ids = _random_case(1, 5, 60, 4, 2)
     trace = score_trace(model, prompt, comp, chunk=16)
+    tails = _tails(refs, exit_ids, exits)
     for budget in (1 << 30, 1):
-        fast = branch_logprobs_fast(model, trace, exits, refs, exit_ids, memory_bytes=budget)
-        ref = branch_logprobs_reference(model, prompt, comp, exits, refs, exit_ids)
+        fast = branch_logprobs_fast(model, trace, exits, tails, prompt + comp, memory_bytes=budget)
+        ref = branch_logprobs_reference(model, prompt, comp, exits, tails)
         np.testing.assert_allclose(fast.log_u, ref.log_u, atol=1e-5, rtol=0)
         np.testing.assert_allclose(fast.log_y, ref.log_y, atol=1e-5, rtol=0)
     model.config._attn_implementation = "flash_attention_2"  # what a GPU scorer could be set to
     with pytest.raises(ValueError, match="sdpa or eager attention.*flash_attention_2"):
-        branch_logprobs_fast(model, trace, exits, refs, exit_ids, memory_bytes=1 << 30, attention="dense")
+        branch_logprobs_fast(model, trace, exits, tails, prompt + comp, memory_bytes=1 << 30, attention="dense")
 
 
 SHAPE = ModelShape(heads=4, kv_heads=2, head_dim=16, hidden=64, intermediate=128, dtype_bytes=4, mask_bytes=1)
@@ -273,7 +293,9 @@ def test_plan_stays_within_the_budget_and_covers_every_token_once(spec, budget, 
     the waste it added was at most ``overhead`` cells, and when it started a forward of its own, the
     forward before could not take it (memory or waste)."""
     shape = FLEX_SHAPE if sparse else SHAPE
-    branches = [Branch(t, prefix, list(range(n)), 1, n - 1) for t, (prefix, n) in enumerate(sorted(spec))]
+    branches = [
+        Branch(t, prefix, list(range(n)), [CONTEXT] + [U] * (n - 1)) for t, (prefix, n) in enumerate(sorted(spec))
+    ]
     pieces = plan_pieces(branches, budget, shape, overhead)
     seen: dict[int, list[int]] = {}
     for piece in pieces:
@@ -310,7 +332,8 @@ def test_waste_rule_by_hand() -> None:
     """Two 10-token branches over prefixes 100 and 200: together they compute 20·(200 + 20) = 4400
     cells for 10·110 + 10·210 = 3200 needed, 1200 wasted; apart, none. They share a forward iff one
     forward costs more than 1200 cells; flex computes no waste and always joins them."""
-    branches = [Branch(0, 100, list(range(10)), 1, 9), Branch(1, 200, list(range(10)), 1, 9)]
+    labels = [CONTEXT] + [U] * 9
+    branches = [Branch(0, 100, list(range(10)), labels), Branch(1, 200, list(range(10)), labels)]
     assert [len(p.items) for p in plan_pieces(branches, 1 << 30, SHAPE, 1200)] == [2]
     assert [len(p.items) for p in plan_pieces(branches, 1 << 30, SHAPE, 1199)] == [1, 1]
     assert [len(p.items) for p in plan_pieces(branches, 1 << 30, FLEX_SHAPE, 0)] == [2]
@@ -341,11 +364,12 @@ def test_failed_allocation_retries_with_a_smaller_budget(make_lm) -> None:
 
     hook = model.get_decoder().register_forward_pre_hook(refuse_large, with_kwargs=True)
     try:
-        fast = branch_logprobs_fast(model, trace, exits, refs, exit_ids, memory_bytes=1 << 30, overhead_cells=1 << 30)
+        tails = _tails(refs, exit_ids, exits)
+        fast = branch_logprobs_fast(model, trace, exits, tails, prompt + comp, 1 << 30, overhead_cells=1 << 30)
         assert forward_overhead_cells(model) == DEFAULT_OVERHEAD_CELLS  # its own forwards refused too
     finally:
         hook.remove()
     assert forward_overhead_cells(model) != DEFAULT_OVERHEAD_CELLS  # not cached: measured once memory allows
-    ref = branch_logprobs_reference(model, prompt, comp, exits, refs, exit_ids)
+    ref = branch_logprobs_reference(model, prompt, comp, exits, tails)
     np.testing.assert_allclose(fast.log_u, ref.log_u, atol=1e-5, rtol=0)
     assert trace.counter.oom_retries >= 2
