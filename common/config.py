@@ -150,9 +150,10 @@ class CreditConfig:
     group_refs: bool = False  # add the group's correct completions as reference pairs
     # what a branch scores (docs/credit.md): the whole reference, the answer alone, or the reference's
     # remaining steps from each of its step boundaries, then the answer
-    reference: str = choice("solution", "solution", "answer", "suffix")
+    reference: str = choice("suffix", "solution", "answer", "suffix")
     max_suffixes: int = bounded(8, 2)  # reference=suffix: step boundaries per reference pair (0 and |u| kept)
-    baseline: str = choice("none", "none", "group")  # group: less the other traces' values at the same relative segment
+    # group: less the other traces' values at the same relative segment position
+    baseline: str = choice("group", "none", "group")
     max_refs: int = bounded(4, 1)
     scorer: str = choice("reference", "reference", "policy")
     token_budget: int = bounded(8192, 64)  # scorer batch size in tokens

@@ -160,10 +160,10 @@ def resolve_model_path(path: str, seed: int = 0) -> str:
         from rredcot.common.smollm import smollm2_dir
 
         return str(smollm2_dir())
-    if path == "smollm2-135m-chain":
+    if path in ("smollm2-135m-chain", "smollm2-135m-chain-think"):
         from rredcot.common.smollm import smollm2_chain_dir
 
-        return str(smollm2_chain_dir())
+        return str(smollm2_chain_dir(name=path))
     return path
 
 

@@ -17,7 +17,8 @@ from typing import Any
 from rredcot.common.models import build_once, cache_dir, digest, recipe_dir
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-BUILTINS = ("smollm2-135m", "smollm2-135m-chain")  # the chain model is the base after an SFT: same shape
+# the chain models are the base after an SFT: same shape
+BUILTINS = ("smollm2-135m", "smollm2-135m-chain", "smollm2-135m-chain-think")
 BASE_DIR = "smollm2-135m-instruct"  # the converted base, under the cache's models folder
 
 
@@ -56,38 +57,40 @@ def _convert(out: Path) -> None:
     tok.save_pretrained(out)
 
 
-# The credit study's CPU policy (docs/study.md): SmolLM2 after a short format SFT on four-step
-# arithmetic chains, measured at 47% sampled accuracy with 20 of 32 groups of 8 mixed (docs/study.md).
+# The credit study's CPU policies (docs/study.md): SmolLM2 after a short format SFT on four-step
+# arithmetic chains, measured at 47% sampled accuracy with 20 of 32 groups of 8 mixed (docs/study.md);
+# the -think one writes its working inside <think> tags, then the answer line (the paper's regime).
 CHAIN_TASK = {"op": "chain", "chain_steps": 4, "operand_min": 1, "operand_max": 5, "size": 300}
+CHAIN_TASKS = {"smollm2-135m-chain": CHAIN_TASK, "smollm2-135m-chain-think": {**CHAIN_TASK, "think": True}}
 CHAIN_SFT = {"steps": 30, "lr": 5e-5, "batch": 8, "seed": 1}
 
 
-def smollm2_chain_dir(root: str | Path | None = None) -> Path:
-    """``smollm2-135m-chain``: SmolLM2 taught ``CHAIN_TASK``'s lines of working (built on first use,
-    ~4 min on 2 cores; a changed recipe builds into a directory of its own)."""
+def smollm2_chain_dir(root: str | Path | None = None, name: str = "smollm2-135m-chain") -> Path:
+    """A chain builtin (``CHAIN_TASKS``): SmolLM2 taught its task's lines of working (built on first
+    use, ~4 min on 2 cores; a changed recipe builds into a directory of its own)."""
     base = smollm2_dir(root)
-    recipe = {"builtin": "smollm2-135m-chain", "task": CHAIN_TASK, **CHAIN_SFT, "sft": _chain_digest(str(base))}
-    out = recipe_dir(Path(root or cache_dir() / "models"), "smollm2-135m-chain", recipe)
-    return build_once(out, partial(_chain_sft, base), recipe)
+    recipe = {"builtin": name, "task": CHAIN_TASKS[name], **CHAIN_SFT, "sft": _chain_digest(str(base), name)}
+    out = recipe_dir(Path(root or cache_dir() / "models"), name, recipe)
+    return build_once(out, partial(_chain_sft, base, name), recipe)
 
 
-def _chain_pairs(tokenizer: Any) -> list[tuple[list[int], list[int]]]:
+def _chain_pairs(tokenizer: Any, name: str) -> list[tuple[list[int], list[int]]]:
     from rredcot.common.config import DataConfig, TaskConfig
     from rredcot.common.warmstart import sft_pairs
 
     data = DataConfig(eval_size=0, prompt_style="chat_one_shot")
-    return sft_pairs(tokenizer, TaskConfig("arith", dict(CHAIN_TASK)), data, CHAIN_SFT["seed"])
+    return sft_pairs(tokenizer, TaskConfig("arith", dict(CHAIN_TASKS[name])), data, CHAIN_SFT["seed"])
 
 
 @cache
-def _chain_digest(base: str) -> str:
-    """What the chain model depends on beyond ``CHAIN_TASK`` and ``CHAIN_SFT``: its training pairs."""
+def _chain_digest(base: str, name: str) -> str:
+    """What a chain model depends on beyond its task and ``CHAIN_SFT``: its training pairs."""
     from rredcot.common.models import load_tokenizer
 
-    return digest([_chain_pairs(load_tokenizer(base)), CHAIN_SFT])
+    return digest([_chain_pairs(load_tokenizer(base), name), CHAIN_SFT])
 
 
-def _chain_sft(base: Path, out: Path) -> None:
+def _chain_sft(base: Path, name: str, out: Path) -> None:
     import torch
 
     from rredcot.common.models import load_causal_lm, load_tokenizer, save_model_dir
@@ -95,5 +98,5 @@ def _chain_sft(base: Path, out: Path) -> None:
 
     torch.manual_seed(CHAIN_SFT["seed"])
     tok = load_tokenizer(str(base))
-    model = sft(load_causal_lm(str(base), "float32"), tok, _chain_pairs(tok), **CHAIN_SFT)
+    model = sft(load_causal_lm(str(base), "float32"), tok, _chain_pairs(tok, name), **CHAIN_SFT)
     save_model_dir(model, tok, out)

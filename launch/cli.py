@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     credit.add_argument("--checkpoint", default=None, help="the policy: an HF directory (default: model.path)")
     credit.add_argument("--traces", default=None, help="a run's traces/ folder (default: sample --problems groups)")
     credit.add_argument("--problems", type=int, default=16, help="groups to sample when --traces is not given")
-    credit.add_argument("--mc-samples", type=int, default=8, help="MC continuations per exit point")
+    credit.add_argument("--mc-samples", type=int, default=16, help="MC continuations per exit point")
     credit.add_argument("--out", default=None, help="report folder (default: <run.dir>/study)")
     _add_config_args(compare := study_sub.add_parser("compare", help="train once per (method, seed); curves, paired"))
     compare.add_argument("--methods", default="grpo,rredcot", help="comma-separated credit methods (first: baseline)")

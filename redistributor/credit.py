@@ -332,15 +332,24 @@ def rredcot(ctx: CreditContext) -> list[SampleCredit]:
         t2 = time.perf_counter()
         found[i] = sample_values(ctx, s, trace, exits, refs[i])
         timings[i] = {"entropy": t_entropy, "segment": t2 - t1, "values": time.perf_counter() - t2}
-    grouped = c.baseline == "group"
-    baselines = group_baselines([v for _, v, _ in found]) if grouped else [None] * len(samples)
+    out = credit_from_values(ctx, found)
+    for i, credit in enumerate(out):
+        credit.timings = timings[i] | credit.timings
+    return out
+
+
+def credit_from_values(ctx: CreditContext, found: Sequence[Found]) -> list[SampleCredit]:
+    """RREDCoT's last stage for every sample of the group: its exit values (less the group baseline
+    with ``credit.baseline=group``), segment rewards, masses and σ."""
+    grouped = ctx.cfg.credit.baseline == "group"
+    baselines = group_baselines([v for _, v, _ in found]) if grouped else [None] * len(found)
     out = []
-    for i, ((exits, values, log_values), baseline) in enumerate(zip(found, baselines)):
-        t3 = time.perf_counter()
+    for i, ((exits, values, log_values), baseline) in enumerate(zip(found, baselines, strict=True)):
+        t = time.perf_counter()
         # a baseline is taken in the value space itself: prob values then lose their log-space masses
-        n, adv = len(samples[i].completion_ids), float(ctx.advantages[i])
+        n, adv = len(ctx.group.samples[i].completion_ids), float(ctx.advantages[i])
         out.append(_sigma(exits, values, n, adv, ctx, None if grouped else log_values, baseline))
-        out[i].timings = timings[i] | {"sigma": time.perf_counter() - t3}
+        out[i].timings = {"sigma": time.perf_counter() - t}
     return out
 
 

@@ -11,6 +11,7 @@ held-out split shares none with training, and the prompt's example is none of th
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,7 @@ _PROBLEM_STREAM = 7919  # problems: default_rng([seed, 7919])
 _EXAMPLE_STREAM = [0, 7907]  # chain's one-shot example: not [seed, 7919], so never a problem stream
 _MINUS = "\u2212"  # the unicode minus sign, as some models write it
 _INTEGER = re.compile(r"[-\u2212]?(?:\d{1,3}(?:,\d{3})+|\d+)")  # 56, -5, 1,024
+_STEP = re.compile(r"(-?\d+) ?([-+*]) ?(-?\d+) ?= ?(-?\d+)\.?")  # one line of chain working
 
 Draw = tuple[tuple[str, ...], tuple[int, ...]]  # one problem: its operations and its operands
 
@@ -38,6 +40,7 @@ class ArithSettings:
     operand_min: int = bounded(2, 0)
     operand_max: int = bounded(12, 1)
     chain_steps: int = bounded(2, 1, 8)  # operations per problem for op=chain
+    think: bool = False  # solutions (and the one-shot example) write their working inside <think> tags
     size: int = bounded(2000, 1)  # distinct problems generated (fewer if the settings make fewer)
 
 
@@ -78,15 +81,59 @@ def distinct_problems(s: ArithSettings) -> int:
     return space - int(example_is_one)
 
 
-def make_problem(problem_id: str, ops: tuple[str, ...], operands: tuple[int, ...]) -> Problem:
-    expr, value, steps = str(operands[0]), operands[0], []
+def chain_lines(
+    ops: Sequence[str], operands: Sequence[int], slip_at: int | None = None, delta: int = 0
+) -> tuple[list[str], int]:
+    """The lines of working ``a op b = c.`` of a problem and the value they end at; with
+    ``slip_at`` = j, line j's result is off by ``delta`` and every later line works on from the slip
+    (what a chain looks like when one step goes wrong)."""
+    value, lines = operands[0], []
     for i, (op, b) in enumerate(zip(ops, operands[1:])):
-        new = _OPS[op](value, b)
-        steps.append(f"{value} {op} {b} = {new}.")
-        expr = f"({expr}) {op} {b}" if i else f"{expr} {op} {b}"
+        new = _OPS[op](value, b) + (delta if i == slip_at else 0)
+        lines.append(f"{value} {op} {b} = {new}.")
         value = new
-    solution = "\n".join(steps) + f"\nAnswer: {value}"
-    return Problem(id=problem_id, problem=f"What is {expr}?", solution=solution, answer=str(value))
+    return lines, value
+
+
+def solution_text(lines: Sequence[str], value: int, think: bool) -> str:
+    """The lines of working and the answer line; inside ``<think>`` tags with ``think``."""
+    body = "\n".join(lines)
+    return f"<think>\n{body}\n</think>\n\nAnswer: {value}" if think else f"{body}\nAnswer: {value}"
+
+
+def make_problem(problem_id: str, ops: tuple[str, ...], operands: tuple[int, ...], think: bool = False) -> Problem:
+    expr = str(operands[0])
+    for i, (op, b) in enumerate(zip(ops, operands[1:])):
+        expr = f"({expr}) {op} {b}" if i else f"{expr} {op} {b}"
+    lines, value = chain_lines(ops, operands)
+    return Problem(
+        id=problem_id, problem=f"What is {expr}?", solution=solution_text(lines, value, think), answer=str(value)
+    )
+
+
+def parse_chain(problem: Problem) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """A chain problem's operations and operands, read back from its question."""
+    tokens = re.findall(r"\d+|[-+*]", problem.problem)
+    return tuple(tokens[1::2]), tuple(int(t) for t in tokens[0::2])
+
+
+def first_slip(problem: Problem, lines: Sequence[str]) -> int | None:
+    """The index of the first working line that is not the chain's next step done right, the step
+    taken from the trace's own previous result (so lines that carry a slip forward are no new slip):
+    a line that does not read ``a op b = c.``, the wrong operation or operand, or a wrong result.
+    ``len(lines)`` when every line is right but steps are missing; None when every step is there and
+    right (a wrong answer then lies in the answer line, not the working)."""
+    ops, operands = parse_chain(problem)
+    value = operands[0]
+    for i, line in enumerate(lines):
+        m = _STEP.fullmatch(line.strip())
+        if i >= len(ops) or m is None:
+            return i
+        a, op, b, c = int(m[1]), m[2], int(m[3]), int(m[4])
+        if (a, op, b) != (value, ops[i], operands[i + 1]) or c != _OPS[op](a, b):
+            return i
+        value = c
+    return len(lines) if len(lines) < len(ops) else None
 
 
 def generate(s: ArithSettings, seed: int) -> list[Problem]:
@@ -100,7 +147,7 @@ def generate(s: ArithSettings, seed: int) -> list[Problem]:
         ops, operands = draw(rng, s)
         if key(ops, operands) not in seen:
             seen.add(key(ops, operands))
-            out.append(make_problem(f"{s.op}-{len(out)}", ops, operands))
+            out.append(make_problem(f"{s.op}-{len(out)}", ops, operands, s.think))
     return out
 
 
@@ -121,7 +168,15 @@ class Arith(MathVerified):
     @property
     def example(self) -> Problem | None:  # type: ignore[override]
         """The one-shot example in the family's own format (``example_draw``), never a problem."""
-        return make_problem("example", *example_draw(self.settings))
+        return make_problem("example", *example_draw(self.settings), self.settings.think)
+
+    def reference(self, problem: Problem) -> tuple[str, str]:
+        """(u, y) as ``Task.reference``; with ``think`` u is the working inside the tags (a branch
+        continues the thinking with it, then closes the thought: docs/credit.md)."""
+        u, y = super().reference(problem)
+        if self.settings.think:
+            u = u.removeprefix("<think>\n").split("\n</think>")[0] + "\n"
+        return u, y
 
     def answers_match(self, predicted: str, gold: str) -> bool:
         """Equal integers, the prediction written as a number (``as_integer``)."""

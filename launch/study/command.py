@@ -35,7 +35,7 @@ def credit_study(
     out: Path,
     traces_dir: Path | None = None,
     problems: int = 16,
-    mc_samples: int = 8,
+    mc_samples: int = 16,
 ) -> Path:
     """Traces of the policy at ``checkpoint`` (saved under ``traces_dir``, or ``problems`` groups
     sampled now), every credit method and MC on each, and the report under ``out``; returns the

@@ -2,7 +2,8 @@
 
 For each sample of a group with a non-zero advantage, on the exit points of RREDCoT's
 segmentation (the scorer's entropy, `credit.*`):
-- exit values and segment rewards of RREDCoT in each value space;
+- exit values and segment rewards of RREDCoT for each value construct (``credit.reference``) in the
+  run's value space, and its segment rewards with the group baseline (``credit.baseline=group``);
 - each σ method's signed segment credit sgn(A)·Σ_{j∈seg} σ_j (what the learner multiplies A by):
   `grpo` (segment length), `entropy`, `top_entropy`, RREDCoT's own σ, and `progress` (its prover
   is the study's engine, the policy at the checkpoint, with seeds apart from MC's);
@@ -19,16 +20,18 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from rredcot.common.config import Config
 from rredcot.common.records import RolloutGroup, WeightedGroup
 from rredcot.common.sampling import ContinuationSampler, RewardFn
-from rredcot.redistributor.credit import outcome_mc_values, redistribute_group
+from rredcot.redistributor.credit import credit_from_values, outcome_mc_values, redistribute_group
 from rredcot.redistributor.mc import MCValues
+from rredcot.redistributor.references import CONSTRUCTS
+from rredcot.redistributor.registry import CreditContext
 from rredcot.redistributor.scorer import Scorer
-from rredcot.redistributor.values import VALUE_SPACES
 
 SIGMA_METHODS = ("grpo", "entropy", "top_entropy", "progress")
 MC = "mc"
@@ -104,6 +107,47 @@ def trace_mc(
     return outcome_mc_values(sampler, reward_fn, prompt, s, exits, m, cfg, group.answer, s.id, opened)[1]
 
 
+def rredcot_variants(group: RolloutGroup, cfg: Config, scorer: Scorer) -> dict[str, tuple[list[Any], Cost]]:
+    """RREDCoT in the run's value space for every construct (``references.CONSTRUCTS``), keyed
+    ``<construct>`` and ``<construct>+group``: each sample's credit (σ, exit points and values,
+    segment rewards) and the cost. The group baseline re-weighs the same exit values
+    (``credit_from_values``), so it costs nothing more."""
+    out: dict[str, tuple[list[Any], Cost]] = {}
+    for construct in CONSTRUCTS:
+        wg, cost = _run(group, _with_credit(cfg, method="rredcot", reference=construct, baseline="none"), scorer)
+        based_cfg = _with_credit(cfg, method="rredcot", reference=construct, baseline="group")
+        ctx = CreditContext(group, np.array([s.advantage for s in wg.samples]), based_cfg, scorer)
+        found = [(s.exit_points, s.exit_values.astype(np.float64), None) for s in wg.samples]
+        out[construct] = wg.samples, cost
+        out[f"{construct}+group"] = credit_from_values(ctx, found), cost
+    return out
+
+
+def _rredcot_rows(group: RolloutGroup, cfg: Config, scorer: Scorer) -> dict[int, TraceCredit]:
+    """The traces (samples with a non-zero advantage and a segment) with every RREDCoT row: exit
+    values and segment rewards per construct, baselined segment rewards, and the run's own σ."""
+    variants = rredcot_variants(group, cfg, scorer)
+    first = next(iter(variants.values()))[0]
+    traces = {
+        i: TraceCredit(group.group_id, i, s.advantage, s.rollout.reward, len(s.sigma), s.exit_points.astype(np.int64))
+        for i, s in enumerate(first)
+        if s.advantage and len(s.exit_points) > 1
+    }
+    own = cfg.credit.reference + ("+group" if cfg.credit.baseline == "group" else "")
+    for name, (credits, cost) in variants.items():
+        for i, tr in traces.items():
+            c = credits[i]
+            if not np.array_equal(c.exit_points, tr.exits):
+                raise RuntimeError(f"construct {name}: exit points differ from the first construct's")
+            tr.segment_scores[f"rredcot:{name}"] = c.segment_rewards.astype(np.float64)
+            if "+" not in name:
+                tr.values[f"rredcot:{name}"] = c.exit_values.astype(np.float64)
+                tr.cost[f"rredcot:{name}"] = cost
+            if name == own:
+                tr.segment_scores["rredcot:sigma"] = segment_credit(c.sigma, tr.exits, tr.advantage)
+    return traces
+
+
 def study_group(
     group: RolloutGroup,
     cfg: Config,
@@ -113,26 +157,7 @@ def study_group(
     mc_samples: int,
 ) -> list[TraceCredit]:
     """Every method on the group's samples that have a non-zero advantage (none when all are 0)."""
-    traces: dict[int, TraceCredit] = {}
-    # with the terminal answer part, R (a probability) ends the values: no log space (as for training)
-    spaces = [v for v in VALUE_SPACES if v != "log" or cfg.credit.answer_part != "terminal"]
-    by_space = {v: _run(group, _with_credit(cfg, method="rredcot", value_space=v), scorer) for v in spaces}
-    base = by_space[cfg.credit.value_space][0]  # the run's space: its σ is the rredcot:sigma row
-    for i, s in enumerate(base.samples):
-        if s.advantage and len(s.exit_points) > 1:
-            traces[i] = TraceCredit(
-                group.group_id, i, s.advantage, s.rollout.reward, len(s.sigma), s.exit_points.astype(np.int64)
-            )
-    for space, (wg, cost) in by_space.items():
-        for i, tr in traces.items():
-            s = wg.samples[i]
-            if not np.array_equal(s.exit_points, tr.exits):
-                raise RuntimeError(f"value space {space}: exit points differ from the {cfg.credit.value_space} space's")
-            tr.values[f"rredcot:{space}"] = s.exit_values.astype(np.float64)
-            tr.segment_scores[f"rredcot:{space}"] = s.segment_rewards.astype(np.float64)
-            tr.cost[f"rredcot:{space}"] = cost
-    for i, tr in traces.items():
-        tr.segment_scores["rredcot:sigma"] = segment_credit(base.samples[i].sigma, tr.exits, tr.advantage)
+    traces = _rredcot_rows(group, cfg, scorer)
     for method in SIGMA_METHODS:
         wg, cost = _run(group, _with_credit(cfg, method=method, settings={}), scorer, sampler, reward_fn)
         for i, tr in traces.items():

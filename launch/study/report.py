@@ -14,23 +14,63 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from rredcot.launch.study.credit import MC, TraceCredit  # noqa: E402
-from rredcot.launch.study.stats import Interval, mean_interval, rank_agreement, subsample_std  # noqa: E402
+from rredcot.launch.study.stats import (  # noqa: E402
+    Interval,
+    clustered_interval,
+    noise_ceiling,
+    paired_interval,
+    rank_agreement,
+    split_half_reliability,
+    subsample_std,
+)
 
 POSITION_BINS = 5  # relative exit position quintiles for the correlation-vs-position plot
 
 
+SIGNS = ("all", "A>0", "A<0")  # every trace, the credited (correct) ones, the blamed (wrong) ones
+PAIRED_AGAINST = "entropy"  # the method every other is compared with, trace by trace
+
+
 @dataclass
 class Agreement:
-    """A method against MC over traces: Spearman and Kendall, each a mean with its interval."""
+    """A method against MC over traces: Spearman and Kendall, each a mean with its interval
+    clustered by group (a group's traces share a prompt and a policy sample)."""
 
     spearman: Interval
     kendall: Interval
 
 
+def with_sign(traces: list[TraceCredit], sign: str) -> list[TraceCredit]:
+    """The traces of ``sign`` (``SIGNS``)."""
+    return [t for t in traces if sign == "all" or (t.advantage > 0) == (sign == "A>0")]
+
+
+def _per_trace(traces: list[TraceCredit], method: str, attribute: str) -> list[tuple[float, float]]:
+    return [rank_agreement(getattr(t, attribute)[method], getattr(t, attribute)[MC]) for t in traces]
+
+
 def agreement(traces: list[TraceCredit], method: str, attribute: str) -> Agreement:
     """Per-trace rank agreement of ``method``'s ``segment_scores`` or ``values`` with MC's."""
-    pairs = [rank_agreement(getattr(t, attribute)[method], getattr(t, attribute)[MC]) for t in traces]
-    return Agreement(mean_interval([p[0] for p in pairs]), mean_interval([p[1] for p in pairs]))
+    pairs, groups = _per_trace(traces, method, attribute), [t.group_id for t in traces]
+    return Agreement(
+        clustered_interval([p[0] for p in pairs], groups), clustered_interval([p[1] for p in pairs], groups)
+    )
+
+
+def paired_agreement(traces: list[TraceCredit], method: str, against: str) -> Interval:
+    """Per trace, ``method``'s Spearman with MC's segment rewards less ``against``'s, clustered."""
+    a, b = (_per_trace(traces, m, "segment_scores") for m in (method, against))
+    return paired_interval([x[0] for x in a], [x[0] for x in b], [t.group_id for t in traces])
+
+
+def half_agreement(traces: list[TraceCredit]) -> Interval:
+    """Test-retest of the ground truth: per trace, the Spearman between the segment rewards of two
+    disjoint halves of its MC continuations (``split_half_reliability``), clustered by group."""
+    rhos = []
+    for t in traces:
+        a, b = split_half_reliability(t.mc_rewards)
+        rhos.append(rank_agreement(np.diff(a), np.diff(b))[0])
+    return clustered_interval(rhos, [t.group_id for t in traces])
 
 
 def methods_of(traces: list[TraceCredit], attribute: str) -> list[str]:
@@ -61,6 +101,24 @@ def costs(traces: list[TraceCredit]) -> dict[str, dict[str, float]]:
     }
 
 
+def _by_sign(traces: list[TraceCredit]) -> dict[str, Any]:
+    """The agreement tables of one subset of traces: every method against MC, paired against
+    ``PAIRED_AGAINST``, the MC test-retest agreement and the ceiling it implies."""
+    methods = methods_of(traces, "segment_scores")
+    halves = half_agreement(traces)
+    return {
+        "traces": len(traces),
+        "groups": len({t.group_id for t in traces}),
+        "segment_rewards": {m: asdict(agreement(traces, m, "segment_scores")) for m in methods},
+        "paired": {
+            m: asdict(paired_agreement(traces, m, PAIRED_AGAINST)) for m in methods if PAIRED_AGAINST in methods
+        },
+        "half_agreement": asdict(halves),
+        "ceiling": noise_ceiling(halves.mean),
+        "by_position": {m: position_correlation(traces, m) for m in methods},
+    }
+
+
 def summarize(traces: list[TraceCredit], meta: dict[str, Any]) -> dict[str, Any]:
     """Everything the report shows, as plain data (also written as ``study.json``)."""
     m_max = max(t.mc_rewards.shape[1] for t in traces)
@@ -71,11 +129,8 @@ def summarize(traces: list[TraceCredit], meta: dict[str, Any]) -> dict[str, Any]
         "mean_length": float(np.mean([t.length for t in traces])),
         "mean_segments": float(np.mean([len(t.exits) - 1 for t in traces])),
         "mc_stderr_mean": float(np.mean(np.concatenate([t.mc_stderr for t in traces]))),
-        "segment_rewards": {
-            m: asdict(agreement(traces, m, "segment_scores")) for m in methods_of(traces, "segment_scores")
-        },
+        "by_sign": {sign: _by_sign(with_sign(traces, sign)) for sign in SIGNS if with_sign(traces, sign)},
         "exit_values": {m: asdict(agreement(traces, m, "values")) for m in methods_of(traces, "values")},
-        "by_position": {m: position_correlation(traces, m) for m in methods_of(traces, "segment_scores")},
         "mc_std_by_m": {
             m: float(np.nanmean([subsample_std(t.mc_rewards, m) for t in traces]))
             for m in range(1, m_max // 2 + 1)
@@ -85,21 +140,30 @@ def summarize(traces: list[TraceCredit], meta: dict[str, Any]) -> dict[str, Any]
     }
 
 
-def _row(method: str, a: dict[str, Any]) -> str:
-    rho, tau = Interval(**a["spearman"]), Interval(**a["kendall"])
-    return f"| {method} | {rho} | {tau} | {rho.excluded} |"
+def _row(method: str, table: dict[str, Any], ceiling: float) -> str:
+    rho, tau = (
+        Interval(**table["segment_rewards"][method]["spearman"]),
+        Interval(**table["segment_rewards"][method]["kendall"]),
+    )
+    share = f"{rho.mean / ceiling:.2f}" if np.isfinite(ceiling) and rho.n else "n/a"
+    paired = table["paired"].get(method)
+    diff = str(Interval(**paired)) if paired and method != PAIRED_AGAINST else "—"
+    return f"| {method} | {rho} | {share} | {tau} | {diff} | {rho.excluded} |"
 
 
 def plot(traces: list[TraceCredit], summary: dict[str, Any], out: Path) -> list[str]:
-    """correlation_by_position.png, mc_std.png and value_curves.png; returns their names."""
-    fig, ax = plt.subplots(figsize=(7, 4))
+    """correlation_by_position.png (a panel per sign of A), mc_std.png and value_curves.png; returns
+    their names."""
+    signs = [s for s in SIGNS[1:] if s in summary["by_sign"]]
+    fig, axes = plt.subplots(1, max(len(signs), 1), figsize=(6 * max(len(signs), 1), 4), squeeze=False)
     centers = (np.arange(POSITION_BINS) + 0.5) / POSITION_BINS
-    for m, rhos in summary["by_position"].items():
-        ax.plot(centers, rhos, marker="o", label=m)
-    ax.axhline(0, color="grey", lw=0.5)
-    ax.set(xlabel="segment start / completion length", ylabel="Spearman vs MC segment reward")
-    ax.set_title("Agreement with MC by position")
-    ax.legend(fontsize=7)
+    for ax, sign in zip(axes[0], signs):
+        for m, rhos in summary["by_sign"][sign]["by_position"].items():
+            ax.plot(centers, rhos, marker="o", label=m)
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.set(xlabel="segment start / completion length", ylabel="Spearman vs MC segment reward")
+        ax.set_title(f"Agreement with MC by position, {sign} ({summary['by_sign'][sign]['traces']} traces)")
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "correlation_by_position.png", dpi=110)
     plt.close(fig)
@@ -153,19 +217,31 @@ def write_report(traces: list[TraceCredit], meta: dict[str, Any], out: Path) -> 
         f"mean standard error of an exit value {s['mc_stderr_mean']:.3f}",
         f"- machine: {s['machine']}",
         "",
-        "Per trace, Spearman ρ and Kendall τ-b of a method's segment scores (RREDCoT: r_k in its value space; "
-        "σ methods: sgn(A)·Σσ over the segment) against MC's segment rewards v_k − v_(k−1); mean over traces with "
-        "its 95% t-interval. Traces where either series is constant are excluded (counted).",
+        "Per trace, Spearman ρ and Kendall τ-b of a method's segment scores (RREDCoT: r_k for each value "
+        "construct, `+group` with the group baseline; σ methods: sgn(A)·Σσ over the segment) against MC's segment "
+        "rewards v_k − v_(k−1); mean over traces with its 95% interval clustered by group (a group's traces share "
+        "a prompt and a policy sample). Traces where either series is constant are excluded (counted). "
+        "**Ceiling**: two disjoint halves of each exit's continuations agree with ρ_half (test-retest); a method "
+        "that knew the true segment rewards would reach √(2ρ_half / (1 + ρ_half)) against the full MC "
+        f"(Spearman–Brown); `÷ ceiling` is a method's ρ over it. **Paired**: per trace, ρ less `{PAIRED_AGAINST}`'s.",
         "",
-        "## Segment rewards vs MC",
-        "",
-        "| method | Spearman | Kendall | excluded |",
-        "|---|---|---|---:|",
     ]
-    for m, a in s["segment_rewards"].items():
-        lines.append(_row(m, a))
-    lines += ["", "## Exit values vs MC", "", "| method | Spearman | Kendall | excluded |", "|---|---|---|---:|"]
-    lines += [_row(m, a) for m, a in s["exit_values"].items()]
+    for sign, table in s["by_sign"].items():
+        half = Interval(**table["half_agreement"])
+        lines += [
+            f"## Segment rewards vs MC: {sign} ({table['traces']} traces, {table['groups']} groups)",
+            "",
+            f"MC test-retest ρ_half {half}; ceiling {table['ceiling']:.3f}.",
+            "",
+            f"| method | Spearman | ÷ ceiling | Kendall | Spearman − {PAIRED_AGAINST} (paired) | excluded |",
+            "|---|---|---:|---|---|---:|",
+        ]
+        lines += [_row(m, table, table["ceiling"]) for m in table["segment_rewards"]]
+        lines.append("")
+    lines += ["## Exit values vs MC", "", "| method | Spearman | Kendall | excluded |", "|---|---|---|---:|"]
+    for m, a in s["exit_values"].items():
+        rho, tau = Interval(**a["spearman"]), Interval(**a["kendall"])
+        lines.append(f"| {m} | {rho} | {tau} | {rho.excluded} |")
     lines += ["", "## Cost per trace", "", "| method | tokens | seconds | MC ÷ method (seconds) |"]
     lines += ["|---|---:|---:|---:|"]
     for m, c in s["cost"].items():

@@ -20,32 +20,73 @@ def rank_agreement(a: Sequence[float], b: Sequence[float]) -> tuple[float, float
 
 @dataclass(frozen=True)
 class Interval:
-    """Mean over traces with its 95% t-interval; ``n`` traces counted, ``excluded`` undefined ones."""
+    """Mean with its 95% interval; ``n`` values counted, ``excluded`` undefined ones, ``groups`` the
+    clusters the interval treats as independent (0: every value is its own)."""
 
     mean: float
     low: float
     high: float
     n: int
     excluded: int
+    groups: int = 0
 
     def __str__(self) -> str:
         if not self.n:
             return f"n/a (0 of {self.excluded})"
-        return f"{self.mean:+.3f} [{self.low:+.3f}, {self.high:+.3f}] (n={self.n})"
+        unit = f", {self.groups} groups" if self.groups else ""
+        return f"{self.mean:+.3f} [{self.low:+.3f}, {self.high:+.3f}] (n={self.n}{unit})"
 
 
 def mean_interval(values: Sequence[float]) -> Interval:
-    """Mean of the finite values with a 95% Student-t interval (traces are the unit)."""
+    """Mean of the finite values with a 95% Student-t interval (every value independent)."""
+    return clustered_interval(values, range(len(values)), grouped=False)
+
+
+def clustered_interval(values: Sequence[float], clusters: Sequence[object], grouped: bool = True) -> Interval:
+    """Mean of the finite values with a cluster-robust 95% interval: values of one cluster (the
+    traces of one group share a prompt and a policy sample) are not independent, so the variance of
+    the mean is G/(G−1) · Σ_g (Σ_{i∈g} (x_i − x̄))² / n², with a t quantile on G − 1 degrees of freedom.
+    With one value per cluster this is the usual Student-t interval."""
     v = np.asarray(values, dtype=np.float64)
-    ok = v[np.isfinite(v)]
+    keep = np.isfinite(v)
+    ok, labels = v[keep], [c for c, k in zip(clusters, keep, strict=True) if k]
     n, excluded = int(ok.size), int(v.size - ok.size)
     if n == 0:
         return Interval(float("nan"), float("nan"), float("nan"), 0, excluded)
     m = float(ok.mean())
-    if n == 1:
-        return Interval(m, m, m, 1, excluded)
-    half = float(stats.t.ppf(0.975, n - 1) * ok.std(ddof=1) / np.sqrt(n))
-    return Interval(m, m - half, m + half, n, excluded)
+    sums: dict[object, float] = {}
+    for c, x in zip(labels, ok - m, strict=True):
+        sums[c] = sums.get(c, 0.0) + float(x)
+    g = len(sums)
+    if g < 2:
+        return Interval(m, m, m, n, excluded, g if grouped else 0)
+    var = g / (g - 1) * sum(x * x for x in sums.values()) / n**2
+    half = float(stats.t.ppf(0.975, g - 1) * np.sqrt(var))
+    return Interval(m, m - half, m + half, n, excluded, g if grouped else 0)
+
+
+def paired_interval(a: Sequence[float], b: Sequence[float], clusters: Sequence[object]) -> Interval:
+    """The mean per-item difference a − b over items where both are finite, clustered as
+    ``clustered_interval``."""
+    return clustered_interval(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64), clusters)
+
+
+def split_half_reliability(rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """An MC estimate's two halves: the means of the first and the second half of each exit's
+    continuations ([T, M] → two [T]), disjoint and equally noisy (M // 2 each; an odd last one is
+    left out)."""
+    half = rewards.shape[1] // 2
+    return rewards[:, :half].mean(axis=1), rewards[:, half : 2 * half].mean(axis=1)
+
+
+def noise_ceiling(half_agreement: float) -> float:
+    """The correlation a method that knew the true segment rewards would reach against the full-M
+    MC estimate, from the agreement r of two independent M/2 halves: Spearman–Brown gives the
+    reliability of the full estimate, R = 2r / (1 + r), and a perfect method correlates √R with it.
+    NaN for r ≤ 0 (the halves do not agree: no ceiling to speak of)."""
+    if not np.isfinite(half_agreement) or half_agreement <= 0:
+        return float("nan")
+    return float(np.sqrt(2 * half_agreement / (1 + half_agreement)))
 
 
 def subsample_std(rewards: np.ndarray, m: int) -> float:

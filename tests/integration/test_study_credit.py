@@ -19,15 +19,23 @@ def test_study_credit_writes_the_report(tmp_path) -> None:
     out = path.parent
     summary = json.loads((out / "study.json").read_text())
     assert summary["traces"] >= 2 and summary["checkpoint"] == "tiny-qwen3-arith" and summary["mc_samples"] == 4
-    methods = set(summary["segment_rewards"])
-    assert {"rredcot:log", "rredcot:prob", "rredcot:mean_token_prob", "rredcot:sigma", "grpo", "entropy"} <= methods
+    table = summary["by_sign"]["all"]
+    methods = set(table["segment_rewards"])
+    constructs = {"rredcot:solution", "rredcot:answer", "rredcot:suffix"}
+    assert constructs | {f"{c}+group" for c in constructs} | {"rredcot:sigma", "grpo", "entropy"} <= methods
     assert {"top_entropy", "progress"} <= methods
-    assert set(summary["exit_values"]) == {"rredcot:log", "rredcot:prob", "rredcot:mean_token_prob"}
-    for agreement in [*summary["segment_rewards"].values(), *summary["exit_values"].values()]:
+    assert set(summary["exit_values"]) == constructs
+    for agreement in [*table["segment_rewards"].values(), *summary["exit_values"].values()]:
         for stat in agreement.values():
             assert stat["n"] + stat["excluded"] == summary["traces"]
             assert math.isnan(stat["mean"]) or -1 <= stat["mean"] <= 1
-    assert summary["cost"]["mc"]["tokens"] > 0 and summary["cost"]["rredcot:log"]["tokens"] > 0
+    entropy_vs_itself = table["paired"]["entropy"]
+    assert set(table["paired"]) == methods and (entropy_vs_itself["n"] == 0 or entropy_vs_itself["mean"] == 0)
+    assert {t for t in summary["by_sign"]} <= {"all", "A>0", "A<0"} and len(summary["by_sign"]) >= 2
+    assert sum(summary["by_sign"][s]["traces"] for s in ("A>0", "A<0") if s in summary["by_sign"]) == summary["traces"]
+    half = table["half_agreement"]
+    assert half["n"] + half["excluded"] == summary["traces"]
+    assert summary["cost"]["mc"]["tokens"] > 0 and summary["cost"]["rredcot:suffix"]["tokens"] > 0
     # progress samples its prover's continuations: its cost is more than the entropy pass alone
     assert summary["cost"]["progress"]["tokens"] > summary["cost"]["entropy"]["tokens"]
     assert 0 <= summary["mc_stderr_mean"] <= 0.5 + 1e-9  # a mean of M rewards in {0, 1}

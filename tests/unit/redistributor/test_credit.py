@@ -146,7 +146,7 @@ def test_each_construct_matches_a_brute_force_recomputation(qwen_tok, qwen_model
     """Exit values from the worker path (trace KV, anchors, tails, log-sum-exp) equal the values
     written out from text for every construct; σ follows from them."""
     cfg = Config()
-    cfg.credit = CreditConfig(segments=3, min_segment_tokens=1, value_space="log", reference=construct)
+    cfg.credit = CreditConfig(segments=3, min_segment_tokens=1, value_space="log", reference=construct, baseline="none")
     scorer = Scorer(qwen_model, qwen_tok, cfg.credit.exit_string)
     group = make_group(qwen_tok)
     enc = lambda t: np.array(qwen_tok(t, add_special_tokens=False)["input_ids"], dtype=np.int32)  # noqa: E731
@@ -258,7 +258,14 @@ def test_terminal_answer_part_takes_the_outcome_never_a_scored_end_state(qwen_to
     """Issue 13.2: ``answer_part=terminal`` ends the answer part at the outcome R: its reward is
     R − v̂(s_K) and no branch runs after the full completion (a state the policy never visits)."""
     cfg = Config()
-    cfg.credit = CreditConfig(answer_part="terminal", value_space="prob", min_segment_tokens=1, segments=3)
+    cfg.credit = CreditConfig(
+        answer_part="terminal",
+        value_space="prob",
+        min_segment_tokens=1,
+        segments=3,
+        reference="solution",
+        baseline="none",
+    )
     scorer = Scorer(qwen_model, qwen_tok, cfg.credit.exit_string)
     group = make_group(qwen_tok)
     enc = lambda t: np.array(qwen_tok(t, add_special_tokens=False)["input_ids"], dtype=np.int32)  # noqa: E731
@@ -404,7 +411,9 @@ def test_prob_space_sigma_survives_values_below_e_minus_745(qwen_tok, qwen_model
     outs = {}
     for space in ("log", "prob"):
         cfg = Config()
-        cfg.credit = CreditConfig(value_space=space, segments=3, min_segment_tokens=1, sign="abs")
+        cfg.credit = CreditConfig(
+            value_space=space, segments=3, min_segment_tokens=1, sign="abs", reference="solution", baseline="none"
+        )
         outs[space] = redistribute_group(group, cfg, scorer).samples
     for w_log, w_prob in zip(outs["log"][:3], outs["prob"][:3]):
         assert w_log.exit_values.max() < -745 and not w_prob.exit_values.any()  # e^-1000 = 0 in float64

@@ -131,3 +131,39 @@ def test_eval_size_must_leave_some_of_the_distinct_problems_to_train_on():
     with pytest.raises(ConfigError) as e:
         load_config("tests", [*defaults, "data.eval_size=65"])
     assert "data.eval_size = 65 is not allowed; expected < 65, the distinct problems task.settings" in str(e.value)
+
+
+def test_the_thinking_format_puts_the_working_inside_the_tags_and_u_without_them():
+    task = arith(op="chain", chain_steps=3, operand_max=5, size=20, think=True)
+    for p in [*task.problems(DATA, seed=0), task.example]:
+        u, y = task.reference(p)
+        assert p.solution == f"<think>\n{u.rstrip()}\n</think>\n\nAnswer: {p.answer}"
+        assert y == f"Answer: {p.answer}" and "think>" not in u and len(u.splitlines()) == 3
+        assert task.extract_answer(p.solution.split("</think>")[1]) == p.answer
+
+
+def test_chain_lines_carry_a_slip_forward_and_the_checker_finds_it():
+    from rredcot.tasks.arith import chain_lines, first_slip, parse_chain
+
+    p = arith(op="chain", chain_steps=4, operand_max=5, size=30).problems(DATA, seed=0)[0]
+    ops, operands = parse_chain(p)
+    assert p.problem.count("(") == 3 and len(ops) == 4 and len(operands) == 5
+    right, value = chain_lines(ops, operands)
+    assert str(value) == p.answer and first_slip(p, right) is None
+    for j in range(4):
+        slipped, wrong = chain_lines(ops, operands, slip_at=j, delta=2)
+        assert wrong != value and slipped[:j] == right[:j] and first_slip(p, slipped) == j
+    assert first_slip(p, right[:3]) == 3  # a missing step: no line to blame
+    assert first_slip(p, [right[0], "so far so good", *right[2:]]) == 1  # not a step
+    copied = right[1].split(" ", 1)  # the previous result copied wrong: "9 * 4 = 36." after "... = 8."
+    assert first_slip(p, [right[0], f"{int(copied[0]) + 1} {copied[1]}", *right[2:]]) == 1
+    assert first_slip(p, [*right, right[-1]]) == 4  # a line past the last step
+
+
+def test_chain_problems_and_texts_by_hand():
+    from rredcot.tasks.arith import chain_lines, make_problem, solution_text
+
+    p = make_problem("x", ("+", "*"), (2, 3, 4))
+    assert (p.problem, p.answer) == ("What is (2 + 3) * 4?", "20")
+    assert chain_lines(("+", "*"), (2, 3, 4), slip_at=0, delta=-1) == (["2 + 3 = 4.", "4 * 4 = 16."], 16)
+    assert solution_text(["a.", "b."], 7, think=False) == "a.\nb.\nAnswer: 7"

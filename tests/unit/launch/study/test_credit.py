@@ -59,8 +59,8 @@ def test_terminal_mc_never_continues_a_finished_completion(qwen_tok) -> None:
     """``answer_part=terminal``: RREDCoT's last exit is the end L of a completion that ended in EOS.
     MC asks for M = 2 continuations at every exit before it, within max_tokens − e, and none at L
     (the old study asked at L, a prefix ending in EOS); every sampled continuation scores 0.5, and L
-    takes the sample's outcome R (1 and 0 here) exactly: rewards [R, R], standard error 0. RREDCoT has
-    no log-space row: R, a probability, ends its values (the config refuses that pair for training)."""
+    takes the sample's outcome R (1 and 0 here) exactly: rewards [R, R], standard error 0. RREDCoT's
+    rows (one per value construct) are in the run's prob space, and R ends their values too."""
     cfg = Config()
     cfg.generation.max_tokens = 64
     cfg.credit = CreditConfig(answer_part="terminal", value_space="prob", segments=2, min_segment_tokens=1)
@@ -85,7 +85,8 @@ def test_terminal_mc_never_continues_a_finished_completion(qwen_tok) -> None:
         assert t.mc_rewards.tolist() == [[0.5, 0.5]] * len(scored) + [[s.reward] * 2]
         assert t.mc_stderr.tolist() == [0.0] * len(t.exits)
         assert t.cost[MC].tokens == 2 * len(scored)  # one token per continuation, none at L
-        assert "rredcot:log" not in t.values and {"rredcot:prob", "rredcot:mean_token_prob"} <= t.values.keys()
+        assert t.values.keys() - {MC} == {"rredcot:solution", "rredcot:answer", "rredcot:suffix"}
+        assert all(t.values[f"rredcot:{c}"][-1] == s.reward for c in ("solution", "answer", "suffix"))
     assert not any(r.prefix[-1] == qwen_tok.convert_tokens_to_ids("<|im_end|>") for r in sampler.requests)
 
 

@@ -8,7 +8,16 @@ import numpy as np
 import pytest
 
 from rredcot.launch.study.credit import MC, Cost, TraceCredit
-from rredcot.launch.study.report import agreement, costs, position_correlation, summarize, write_report
+from rredcot.launch.study.report import (
+    agreement,
+    costs,
+    half_agreement,
+    paired_agreement,
+    position_correlation,
+    summarize,
+    with_sign,
+    write_report,
+)
 
 
 def _trace(i: int, mc: np.ndarray, length: int = 100) -> TraceCredit:
@@ -69,7 +78,33 @@ def test_summary_and_report_files(traces, tmp_path):
     assert summary["traces"] == 6 and summary["groups"] == 3 and summary["mean_segments"] == 10
     assert summary["mc_stderr_mean"] == pytest.approx(0.1)
     assert summary["mc_std_by_m"][1] == pytest.approx(np.std([0, 1, 0, 1, 0, 1, 0, 1], ddof=1))
-    assert summary["segment_rewards"]["same"]["spearman"]["mean"] == pytest.approx(1)
+    table = summary["by_sign"]["all"]
+    assert table["segment_rewards"]["same"]["spearman"]["mean"] == pytest.approx(1)
+    assert table["segment_rewards"]["same"]["spearman"]["groups"] == 3  # clustered by group
+    assert set(summary["by_sign"]) == {"all", "A>0"}  # no blamed trace: no table for A < 0
     text = write_report(traces, META, tmp_path).read_text()
     assert "| reversed | -1.000" in text and "| same | +1.000" in text
     assert sorted(p.name for p in tmp_path.glob("*.png")) and (tmp_path / "study.json").exists()
+
+
+def test_signs_pairs_and_the_test_retest_agreement_by_hand():
+    """Traces 0, 2, 4 credited and 1, 3, 5 blamed; a method that copies MC on credited traces and
+    reverses it on blamed ones is +1 and −1 by sign; against ``entropy`` (all zeros but one) the
+    paired difference is its own ρ. MC halves that repeat each other agree perfectly."""
+    rng = np.random.default_rng(1)
+    traces = [_trace(i, rng.permutation(6).astype(float)) for i in range(6)]
+    for t in traces:
+        t.advantage = 1.0 if t.sample_index == 0 else -1.0
+        mc = t.segment_scores[MC]
+        t.segment_scores["signed"] = mc if t.advantage > 0 else -mc
+        t.segment_scores["entropy"] = np.r_[1.0, np.zeros(len(mc) - 1)]  # ρ with MC: whatever it is, per trace
+        hits = np.round(np.cumsum(np.r_[0.0, mc]) / 15 * 4).astype(int)  # 0..4 successes of 4 per exit
+        half = np.array([[1.0] * h + [0.0] * (4 - h) for h in hits])
+        t.mc_rewards = np.hstack([half, half])  # the two halves of the 8 continuations agree exactly
+    plus, minus = with_sign(traces, "A>0"), with_sign(traces, "A<0")
+    assert agreement(plus, "signed", "segment_scores").spearman.mean == pytest.approx(1)
+    assert agreement(minus, "signed", "segment_scores").spearman.mean == pytest.approx(-1)
+    entropy = agreement(plus, "entropy", "segment_scores").spearman
+    assert paired_agreement(plus, "signed", "entropy").mean == pytest.approx(1 - entropy.mean)
+    halves = half_agreement(traces)
+    assert halves.n > 0 and halves.mean == pytest.approx(1)

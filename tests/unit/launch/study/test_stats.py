@@ -9,7 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rredcot.launch.study.stats import mean_interval, rank_agreement, subsample_std
+from rredcot.launch.study.stats import (
+    clustered_interval,
+    mean_interval,
+    noise_ceiling,
+    paired_interval,
+    rank_agreement,
+    split_half_reliability,
+    subsample_std,
+)
 
 
 def test_rank_agreement_by_hand() -> None:
@@ -49,3 +57,43 @@ def test_subsample_std_by_hand() -> None:
 def test_interval_contains_its_mean(values) -> None:
     iv = mean_interval(values)
     assert iv.low <= iv.mean + 1e-12 and iv.mean <= iv.high + 1e-12 and iv.n == len(values)
+
+
+def test_clustered_interval_by_hand() -> None:
+    """[1, 2 | 3, 6]: mean 3, deviations −2, −1 | 0, 3, cluster sums −3 and 3; variance of the mean
+    2/1 · (9 + 9) / 4² = 2.25, so half-width t(0.975, 1 df) · 1.5 = 12.706 · 1.5."""
+    iv = clustered_interval([1.0, 2.0, 3.0, 6.0, float("nan")], ["a", "a", "b", "b", "b"])
+    half = 12.7062047 * 1.5
+    assert (iv.mean, iv.n, iv.excluded, iv.groups) == (3.0, 4, 1, 2)
+    assert iv.low == pytest.approx(3 - half, rel=1e-6) and iv.high == pytest.approx(3 + half, rel=1e-6)
+    assert "2 groups" in str(iv)
+
+
+@given(st.lists(st.floats(-10, 10), min_size=2, max_size=30))
+def test_one_value_per_cluster_is_the_plain_t_interval(values) -> None:
+    a, b = clustered_interval(values, list(range(len(values)))), mean_interval(values)
+    assert (a.low, a.high) == pytest.approx((b.low, b.high), rel=1e-9, abs=1e-12)
+
+
+def test_clustering_widens_the_interval_of_correlated_values() -> None:
+    """Eight values, four pairs of equal ones: as independent they claim n = 8; as four clusters the
+    interval is that of the four pair means (t on 3 df), wider."""
+    values = [0.1, 0.1, 0.5, 0.5, -0.2, -0.2, 0.9, 0.9]
+    plain, clustered = mean_interval(values), clustered_interval(values, [0, 0, 1, 1, 2, 2, 3, 3])
+    pairs = mean_interval([0.1, 0.5, -0.2, 0.9])
+    assert clustered.high - clustered.low > plain.high - plain.low
+    assert (clustered.low, clustered.high) == pytest.approx((pairs.low, pairs.high), rel=1e-9)
+
+
+def test_paired_interval_is_the_clustered_mean_of_the_differences() -> None:
+    iv = paired_interval([1.0, 2.0, float("nan"), 4.0], [0.5, 2.5, 1.0, 1.0], ["g", "g", "h", "h"])
+    assert iv.mean == pytest.approx((0.5 - 0.5 + 3.0) / 3) and iv.n == 3 and iv.excluded == 1 and iv.groups == 2
+
+
+def test_split_halves_and_the_noise_ceiling_by_hand() -> None:
+    rewards = np.array([[1, 0, 1, 1, 0], [0, 0, 1, 0, 1]], dtype=float)  # M = 5: the odd last one left out
+    a, b = split_half_reliability(rewards)
+    np.testing.assert_allclose(a, [0.5, 0.0])
+    np.testing.assert_allclose(b, [1.0, 0.5])
+    assert noise_ceiling(0.5) == pytest.approx(np.sqrt(2 / 3))  # Spearman–Brown 2/3, then its root
+    assert noise_ceiling(1.0) == 1.0 and np.isnan(noise_ceiling(0.0)) and np.isnan(noise_ceiling(float("nan")))
