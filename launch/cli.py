@@ -102,7 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     credit.add_argument("--mc-samples", type=int, default=16, help="MC continuations per exit point")
     credit.add_argument("--out", default=None, help="report folder (default: <run.dir>/study)")
     _add_config_args(compare := study_sub.add_parser("compare", help="train once per (method, seed); curves, paired"))
-    compare.add_argument("--methods", default="grpo,rredcot", help="comma-separated credit methods (first: baseline)")
+    compare.add_argument(
+        "--methods",
+        default="grpo,rredcot",
+        help="comma-separated arms: a credit method, or METHOD@key=value[@...] (first: baseline)",
+    )
     compare.add_argument("--seeds", type=int, default=3, help="sampling seeds per method (run.sampling_seed 1..N)")
     compare.add_argument("--out", default=None, help="report folder (default: runs/compare-<run.name>)")
     _add_debug(bench := sub.add_parser("bench", help="run a benchmark from bench/ (prints a table and a JSON line)"))
@@ -229,15 +233,15 @@ def _call_study(args: argparse.Namespace) -> int:
 
 
 def _call_compare(args: argparse.Namespace, cfg: Config) -> int:
-    from rredcot.launch.study.compare import compare_study
+    from rredcot.launch.study.compare import arm_overrides, compare_study
 
     methods = [m for m in args.methods.split(",") if m]
     if len(methods) < 2 or args.seeds < 1:
         raise UserError(
             f"--methods needs two or more methods (got {args.methods!r}) and --seeds >= 1 (got {args.seeds})"
         )
-    for m in methods:  # every method's config must load (its rules checked) before any run starts
-        load_config(args.config, [*args.overrides, f"credit.method={m}"])
+    for m in methods:  # every arm's config must load (its rules checked) before any run starts
+        load_config(args.config, [*args.overrides, *arm_overrides(m)])
     out = Path(args.out) if args.out else Path("runs") / f"compare-{cfg.run.name}"
     print(f"rredcot: comparison report {compare_study(args.config, args.overrides, methods, args.seeds, out)}")
     return 0

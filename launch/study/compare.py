@@ -1,5 +1,6 @@
-"""``rredcot study compare CONFIG --methods grpo,rredcot --seeds N``: one training run per (method,
-sampling seed) of the same config (same problems, data order and step budget), then learning curves
+"""``rredcot study compare CONFIG --methods grpo,rredcot --seeds N``: one training run per (arm,
+sampling seed) of the same config (an arm is a credit method, or ``METHOD@key=value...`` with its own
+overrides) (same problems, data order and step budget), then learning curves
 with bands over seeds, steps to reach the first method's final held-out accuracy, and the paired
 held-out change of each method against the first, with the training run (seed) as the unit.
 
@@ -43,12 +44,24 @@ class Run:
         return self.summary["evaluations"]
 
 
-def run_name(method: str, seed: int) -> str:
-    return f"{method.replace('.', '_')}-s{seed}"
+def arm_overrides(arm: str) -> list[str]:
+    """An arm ``METHOD[@key=value...]`` (e.g. ``rredcot@credit.uniform_mix=1.0``: the whole RREDCoT
+    pipeline with GRPO's σ) as config overrides, ``credit.method`` first."""
+    method, *extra = arm.split("@")
+    bad = [e for e in extra if "=" not in e]
+    if not method or bad:
+        raise UserError(
+            f"arm {arm!r}: expected METHOD or METHOD@key=value[@key=value...], e.g. rredcot@credit.uniform_mix=1.0"
+        )
+    return [f"credit.method={method}", *extra]
+
+
+def run_name(arm: str, seed: int) -> str:
+    return f"{arm.replace('.', '_').replace('@', '+').replace('=', '-')}-s{seed}"
 
 
 def train_once(config: str, overrides: list[str], method: str, seed: int, out: Path) -> Run:
-    """``rredcot train`` for one (method, seed), unless its report says it already finished."""
+    """``rredcot train`` for one (arm, seed), unless its report says it already finished."""
     folder = out / run_name(method, seed)
     summary_path = folder / "report" / "summary.json"
     if summary_path.exists() and json.loads(summary_path.read_text())["status"] == "finished":
@@ -56,7 +69,7 @@ def train_once(config: str, overrides: list[str], method: str, seed: int, out: P
         return Run(method, seed, json.loads(summary_path.read_text()))
     args = [
         *overrides,
-        f"credit.method={method}",
+        *arm_overrides(method),
         f"run.sampling_seed={seed}",
         f"run.name={run_name(method, seed)}",
         f"run.dir={folder}",

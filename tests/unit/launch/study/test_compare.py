@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from rredcot.launch.study.compare import Run, paired_cell, steps_to_reach, summarize
+from rredcot.common.errors import UserError
+from rredcot.launch.study.compare import Run, arm_overrides, paired_cell, run_name, steps_to_reach, summarize
 
 T_975_DF2 = 4.302652729749462  # Student t, 97.5% quantile, 2 degrees of freedom (tables: 4.303)
 
@@ -63,3 +64,16 @@ def test_equal_finals_reach_their_own_mean() -> None:
     assert s["target_accuracy"] > 27 / 40
     assert s["methods"]["grpo"]["steps_to_target"] == [24, 24, 24]
     assert steps_to_reach(run("grpo", 4, [1.0] * 26 + [0.0] * 14), s["target_accuracy"]) is None
+
+
+def test_an_arm_is_a_method_with_its_own_overrides() -> None:
+    assert arm_overrides("grpo") == ["credit.method=grpo"]
+    assert arm_overrides("rredcot@credit.uniform_mix=1.0@credit.baseline=none") == [
+        "credit.method=rredcot",
+        "credit.uniform_mix=1.0",
+        "credit.baseline=none",
+    ]
+    assert run_name("rredcot@credit.uniform_mix=1.0", 3) == "rredcot+credit_uniform_mix-1_0-s3"
+    for bad in ("rredcot@uniform", "@credit.x=1"):
+        with pytest.raises(UserError, match="METHOD@key=value"):
+            arm_overrides(bad)
