@@ -22,11 +22,13 @@ import dataclasses
 import json
 import os
 import time
+from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import numpy as np  # noqa: E402
 
+from rredcot.common.codec import encode  # noqa: E402
 from rredcot.common.config import Config, load_config  # noqa: E402
 from rredcot.common.data import train_and_held_out  # noqa: E402
 from rredcot.common.precision import cpu_info  # noqa: E402
@@ -118,6 +120,12 @@ def main() -> None:
     parser.add_argument("--config", default="study_cpu")
     parser.add_argument("--problems", type=int, default=8, help="constructed groups (one per problem)")
     parser.add_argument("--sampled", type=int, default=16, help="problems sampled from the policy (0: none)")
+    parser.add_argument(
+        "--save",
+        default=None,
+        help="write the first constructed group under the config's rredcot here "
+        "(an encoded WeightedGroup: `rredcot inspect FILE --index I` draws its heatmap)",
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = parser.parse_args()
     start = time.perf_counter()
@@ -127,6 +135,9 @@ def main() -> None:
     sources = {"constructed": constructed(cfg, scorer.tokenizer, fmt, args.problems)}
     if args.sampled:
         sources["sampled"] = sampled(cfg, scorer.tokenizer, fmt, args.sampled)
+    if args.save:
+        first = sources["constructed"][0][0]
+        Path(args.save).write_bytes(encode(redistribute_group(first, cfg, scorer)))
     per_group = {src: [group_sigmas(g, cfg, scorer) for g in groups] for src, (groups, _) in sources.items()}
     results = {
         name: {src: score([gs[name] for gs in per_group[src]], sources[src][1]) for src in sources}

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from rredcot.common.config import Config, CreditConfig
 from rredcot.common.models import build_tiny_model
 from rredcot.common.sampling import ContinuationRequest, seed_of
-from rredcot.launch.study.credit import MC, segment_credit, study_group
-from rredcot.redistributor.credit import outcome_mc_values
+from rredcot.launch.study.credit import MC, rredcot_variants, segment_credit, study_group
+from rredcot.redistributor.credit import outcome_mc_values, redistribute_group
 from rredcot.redistributor.scorer import Scorer
 from tests.unit.redistributor.cases import TRACES, make_group
 
@@ -105,3 +105,26 @@ def test_outcome_mc_values_take_the_end_once_whether_or_not_the_exits_hold_it(qw
         )
         assert got.tolist() == [0, 3, n] and est.values.tolist() == [0.5, 0.5, 1.0]
         assert [len(r.prefix) - 2 for r in sampler.requests] == [0, 3]  # nothing asked at L
+
+
+def test_rredcot_variants_equal_the_configured_runs(qwen_tok) -> None:
+    """A construct with the group baseline as the study and the slip benchmark take it (the baseline
+    re-weighing the stored exit values of the plain run) equals a run configured that way."""
+    group = make_group(qwen_tok)
+    scorer = Scorer(build_tiny_model("qwen3", seed=3), qwen_tok, CreditConfig().exit_string)
+    cfg = Config()
+    cfg.credit = CreditConfig(segments=3, min_segment_tokens=1)
+    variants = rredcot_variants(group, cfg, scorer)
+    assert set(variants) == {"solution", "answer", "suffix", "solution+group", "answer+group", "suffix+group"}
+    for name, (credits, cost) in variants.items():
+        construct, _, baseline = name.partition("+")
+        configured = Config()
+        configured.credit = CreditConfig(
+            segments=3, min_segment_tokens=1, reference=construct, baseline=baseline or "none"
+        )
+        expected = redistribute_group(group, configured, scorer).samples
+        for got, want in zip(credits, expected, strict=True):
+            # the re-weighed values were stored in float32 (values near −25: steps of 2e-6)
+            np.testing.assert_allclose(got.sigma, want.sigma, atol=1e-5)
+            np.testing.assert_allclose(got.segment_rewards, want.segment_rewards, atol=1e-4)
+        assert cost.tokens > 0
