@@ -151,22 +151,32 @@ def _row(method: str, table: dict[str, Any], ceiling: float) -> str:
     return f"| {method} | {rho} | {share} | {tau} | {diff} | {rho.excluded} |"
 
 
+def plot_positions(summary: dict[str, Any], path: Path) -> None:
+    """Agreement with MC by relative segment position, a panel per sign of A (one colour and marker
+    per method; the legend beside the panels)."""
+    signs = [s for s in SIGNS[1:] if s in summary["by_sign"]]
+    fig, axes = plt.subplots(1, max(len(signs), 1), figsize=(5.5 * max(len(signs), 1) + 2.2, 4.2), squeeze=False)
+    centers = (np.arange(POSITION_BINS) + 0.5) / POSITION_BINS
+    colours, markers = plt.get_cmap("tab20").colors, "osD^vP*Xh<>p"
+    for ax, sign in zip(axes[0], signs):
+        table = summary["by_sign"][sign]
+        for k, (m, rhos) in enumerate(sorted(table["by_position"].items())):
+            ax.plot(centers, rhos, marker=markers[k % len(markers)], color=colours[(2 * k) % 20], label=m)
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.set(xlabel="segment start / completion length", ylabel="Spearman vs MC segment reward")
+        ax.set_title(f"{sign}: {table['traces']} traces", fontsize=10)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center right", fontsize=8)
+    fig.suptitle("Agreement with MC by position (pooled over traces per quintile)", fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1 - 2.1 / fig.get_figwidth(), 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot(traces: list[TraceCredit], summary: dict[str, Any], out: Path) -> list[str]:
     """correlation_by_position.png (a panel per sign of A), mc_std.png and value_curves.png; returns
     their names."""
-    signs = [s for s in SIGNS[1:] if s in summary["by_sign"]]
-    fig, axes = plt.subplots(1, max(len(signs), 1), figsize=(6 * max(len(signs), 1), 4), squeeze=False)
-    centers = (np.arange(POSITION_BINS) + 0.5) / POSITION_BINS
-    for ax, sign in zip(axes[0], signs):
-        for m, rhos in summary["by_sign"][sign]["by_position"].items():
-            ax.plot(centers, rhos, marker="o", label=m)
-        ax.axhline(0, color="grey", lw=0.5)
-        ax.set(xlabel="segment start / completion length", ylabel="Spearman vs MC segment reward")
-        ax.set_title(f"Agreement with MC by position, {sign} ({summary['by_sign'][sign]['traces']} traces)")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "correlation_by_position.png", dpi=110)
-    plt.close(fig)
+    plot_positions(summary, out / "correlation_by_position.png")
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ms = sorted(int(m) for m in summary["mc_std_by_m"])
