@@ -95,10 +95,17 @@ def render_html(sample: WeightedSample, texts: list[str]) -> str:
         f"<style>{CSS}</style></head><body><h2>Credit heatmap</h2><p>{summary}</p>"
         f"<p class='legend'>σ: 0 {legend} max ({'credit' if positive else 'blame'}); "
         f"dark tags mark exit points with their value v̂.</p>"
-        "<table><tr><th>segment</th><th>tokens</th><th>length</th><th>v̂ start → end</th><th>reward r_k</th>"
+        "<table><tr><th>segment</th><th>tokens</th><th>length</th><th>v̂ start → end</th>"
+        f"<th>reward r_k{' (less the group baseline)' if baselined(sample) else ''}</th>"
         f"<th>σ mass</th></tr>{''.join(_segment_rows(sample))}</table>"
         f"<div class='trace'>{''.join(parts)}</div></body></html>"
     )
+
+
+def baselined(sample: WeightedSample) -> bool:
+    """Whether the sample's segment rewards are not its exit values' changes (a baseline took part)."""
+    v, r = sample.exit_values, sample.segment_rewards
+    return len(v) == len(r) + 1 and len(r) > 0 and not np.allclose(np.diff(v.astype(np.float64)), r, atol=1e-4)
 
 
 def render_png(sample: WeightedSample, out_png: str | Path) -> None:
@@ -129,7 +136,10 @@ def render_png(sample: WeightedSample, out_png: str | Path) -> None:
             ha="center",
         )
     ax_v.set_ylabel("exit value v̂")
-    ax_v.set_title(f"{sample.credit_method}: reward {sample.rollout.reward:g}, advantage {sample.advantage:+.3f}")
+    title = f"{sample.credit_method}: reward {sample.rollout.reward:g}, advantage {sample.advantage:+.3f}"
+    if baselined(sample):
+        title += "\nlabels: segment rewards less the group's (credit.baseline=group), not v̂'s own changes"
+    ax_v.set_title(title, fontsize=10)
     n = len(sample.sigma)
     ax_s.bar(np.arange(n), sample.sigma * n, width=1.0, color="#2a5" if sample.advantage >= 0 else "#c33")
     ax_s.axhline(1.0, color="#888", lw=0.8, ls="--")

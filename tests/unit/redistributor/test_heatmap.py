@@ -14,7 +14,7 @@ from rredcot.common.errors import UserError
 from rredcot.common.models import build_tiny_model
 from rredcot.common.streams import BATCHES, Producer, key
 from rredcot.redistributor.credit import redistribute_group
-from rredcot.redistributor.heatmap import inspect_command, load_group, render_heatmap
+from rredcot.redistributor.heatmap import baselined, inspect_command, load_group, render_heatmap
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.segmentation import token_texts
 from tests.unit.redistributor.cases import make_group
@@ -39,6 +39,16 @@ def test_render_heatmap(qwen_tok, tmp_path) -> None:
     assert page.count("<tr><td>") == len(sample.exit_points) - 1  # one row per segment
     top = int(np.argmax(sample.sigma))
     assert f"token {top}: σ={sample.sigma[top]:.3g}" in page
+    assert "(less the group baseline)" in page  # the default baseline: rewards are not v̂'s changes
+
+
+def test_a_baseline_is_named_only_where_rewards_differ_from_the_value_changes(qwen_tok) -> None:
+    sample = _weighted(qwen_tok).samples[0]
+    assert baselined(sample)
+    sample.segment_rewards = np.diff(sample.exit_values).astype(np.float32)
+    assert not baselined(sample)
+    sample.exit_values = np.zeros(0, np.float32)  # a method without values
+    assert not baselined(sample)
 
 
 def test_inspect_from_file_and_from_redis(qwen_tok, tmp_path, redis_client, redis_server, run_id) -> None:
