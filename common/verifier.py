@@ -6,22 +6,28 @@ Checkers can hang: math-verify's own timeouts are signal-based and work only in 
 thread, and sympy can hang on pathological input. So each check runs in the main thread of a
 dedicated child process; if the child does not answer within ``timeout_s`` it is killed and
 replaced, the sample gets reward 0 with verdict ``timeout``, and ``Verifier.timeouts`` counts it; a
-checker that raises, or kills its process, gives reward 0 with verdict ``error``
-(``Verifier.errors``). The generator, the evaluator and Monte-Carlo credit all use this one class.
-Everything crossing the pipe is msgpack (no pickle): first the task (name and settings), then [pred,
-gold] pairs.
+checker that raises, kills its process, or answers with anything but a bool (NaN, 0.3, ``"no"``:
+truthy values that once scored 1) gives reward 0 with verdict ``error`` (``Verifier.errors``),
+and the worker's log names the task and what it returned. The generator, the evaluator and
+Monte-Carlo credit all use this one class. Everything crossing the pipe is msgpack (no pickle):
+first the task (name and settings), then [pred, gold] pairs.
 """
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 
 import msgpack
+import numpy as np
 
 from rredcot.common.config import Config, ModelConfig, TaskConfig
 from rredcot.common.task import answer_text, build_task
+
+log = logging.getLogger(__name__)
+LOGGED_ERRORS = 5  # a broken checker fails every sample: its first errors are logged, then every 1000th
 
 
 @dataclass(frozen=True)
@@ -30,18 +36,27 @@ class Verdict:
     verdict: str  # correct | wrong | no_answer | timeout | error
 
 
+def checked(task: str, value: object) -> tuple[bool, str | None]:
+    """(ok, error) from what a task's ``answers_match`` returned: a bool is the verdict; anything
+    else is the task's error, never a truthy "correct"."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value), None
+    return False, f"task {task!r}: answers_match returned {value!r} ({type(value).__name__}), not a bool"
+
+
 def _serve(conn: Connection) -> None:
     """Child process loop: the task spec, then msgpack [pred, gold] in, msgpack [ok, error] out."""
-    task = build_task(TaskConfig(**msgpack.unpackb(conn.recv_bytes())))
+    spec = TaskConfig(**msgpack.unpackb(conn.recv_bytes()))
+    task = build_task(spec)
     while True:
         try:
             pred, gold = msgpack.unpackb(conn.recv_bytes())
         except EOFError:
             return
         try:
-            conn.send_bytes(msgpack.packb([task.answers_match(pred, gold), None]))
+            conn.send_bytes(msgpack.packb(checked(spec.name, task.answers_match(pred, gold))))
         except Exception as e:  # a parse failure is a wrong answer, reported as such
-            conn.send_bytes(msgpack.packb([False, f"{type(e).__name__}: {e}"]))
+            conn.send_bytes(msgpack.packb([False, f"task {spec.name!r}: {type(e).__name__}: {e}"]))
 
 
 class Verifier:
@@ -104,6 +119,8 @@ class Verifier:
             error = "the verifier process died"
         if error is not None:
             self.errors += 1
+            if self.errors <= LOGGED_ERRORS or self.errors % 1000 == 0:
+                log.warning("verifier error %d (reward 0): %s", self.errors, error)
             return Verdict(0.0, "error")
         return Verdict(1.0 if ok else 0.0, "correct" if ok else "wrong")
 

@@ -1,9 +1,10 @@
 import time
 
+import numpy as np
 import pytest
 
 from rredcot.common.config import TaskConfig, load_config
-from rredcot.common.verifier import Verdict, Verifier
+from rredcot.common.verifier import Verdict, Verifier, checked
 
 
 @pytest.fixture(scope="module")
@@ -63,3 +64,20 @@ def test_a_checker_that_crashes_hangs_or_raises_gives_reward_0_and_the_next_chec
         assert v.score("Answer: raise", "1") == Verdict(0.0, "error")
         assert v.score("Answer: 2", "1") == Verdict(0.0, "wrong")
         assert (v.errors, v.timeouts) == (2, 1)
+
+
+@pytest.mark.parametrize("answer", ["nan", "-inf", "0.3", "no", "yes"])
+def test_a_checker_that_answers_with_anything_but_a_bool_is_an_error_not_correct(answer, caplog):
+    """NaN, -inf, 0.3 and the strings "no" and "yes" are truthy or not, never verdicts: each is a
+    verifier error with reward 0, and the log names the task and the value."""
+    with Verifier(TaskConfig("tests.extensions.fragile"), timeout_s=5.0) as v, caplog.at_level("WARNING"):
+        assert v.score(f"Answer: {answer}", "1") == Verdict(0.0, "error")
+        assert v.errors == 1 and v.score("Answer: 1", "1") == Verdict(1.0, "correct")
+    assert "'tests.extensions.fragile'" in caplog.text and "not a bool" in caplog.text
+
+
+def test_checked_takes_bools_of_both_kinds_and_nothing_else():
+    assert checked("t", True) == (True, None) and checked("t", np.bool_(False)) == (False, None)
+    for value in (1, 1.0, "True", None):
+        ok, error = checked("t", value)
+        assert not ok and error is not None and repr(value) in error
