@@ -73,6 +73,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
+    for name in ("records", "tokens", "batch", "repeats"):
+        if getattr(args, name) < 1:  # --records 0 used to end in a ZeroDivisionError
+            ap.error(f"--{name} must be >= 1 (got {getattr(args, name)})")
 
     groups = [make_group(args.tokens, i) for i in range(args.records)]
     t0 = time.perf_counter()

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rredcot.common.config import bounded
+from rredcot.common.config import COUNT_MAX, bounded
 from rredcot.redistributor.credit import _exits, _scored, _uniform, entropy_weights, mc_exit_values
 from rredcot.redistributor.registry import CreditContext, SampleCredit, register
 from rredcot.redistributor.sigma import segment_rewards
@@ -29,9 +29,9 @@ from rredcot.redistributor.sigma import segment_rewards
 class ProgressSettings:
     """``credit.settings`` of ``progress``."""
 
-    alpha: float = bounded(1.0, 0.0)  # weight of the prover's progress against the outcome advantage
+    alpha: float = bounded(1.0, 0.0, 1e6)  # weight of the prover's progress against the outcome advantage
     prover: str = "initial"  # "initial" (model.path's weights, frozen), "policy" (follows them), or a model path
-    samples: int = bounded(4, 1)  # M: prover continuations per exit point
+    samples: int = bounded(4, 1, COUNT_MAX)  # M: prover continuations per exit point
 
 
 def progress_sigma(

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rredcot.common.config import Config, ConfigError, DataConfig, bounded, choice
+from rredcot.common.config import COUNT_MAX, PROBLEMS_MAX, Config, ConfigError, DataConfig, bounded, choice
 from rredcot.common.data import Problem
 from rredcot.common.registry import TASKS
 from rredcot.common.task import check_eval_fits
@@ -37,11 +37,11 @@ Draw = tuple[tuple[str, ...], tuple[int, ...]]  # one problem: its operations an
 @dataclass
 class ArithSettings:
     op: str = choice("mul", "mul", "add", "chain")
-    operand_min: int = bounded(2, 0)
-    operand_max: int = bounded(12, 1)
+    operand_min: int = bounded(2, 0, COUNT_MAX)
+    operand_max: int = bounded(12, 1, COUNT_MAX)
     chain_steps: int = bounded(2, 1, 8)  # operations per problem for op=chain
     think: bool = False  # solutions (and the one-shot example) write their working inside <think> tags
-    size: int = bounded(2000, 1)  # distinct problems generated (fewer if the settings make fewer)
+    size: int = bounded(2000, 1, PROBLEMS_MAX)  # distinct problems generated (fewer if the settings make fewer)
 
 
 def draw(rng: np.random.Generator, s: ArithSettings) -> Draw:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rredcot.common.config import Config, DataConfig, bounded
+from rredcot.common.config import COUNT_MAX, PROBLEMS_MAX, Config, DataConfig, bounded
 from rredcot.common.data import Problem
 from rredcot.common.registry import TASKS
 from rredcot.common.task import Task, answer_line, check_eval_fits
@@ -26,8 +26,8 @@ _LETTER = re.compile(r"\b([A-Za-z])\b")  # a letter standing alone: C, (C), C) 3
 @dataclass
 class ChoiceSettings:
     options: int = bounded(4, 2, 8)  # choices per question
-    value_max: int = bounded(99, 9)  # choices are distinct integers in [0, value_max]
-    size: int = bounded(2000, 1)
+    value_max: int = bounded(99, 9, COUNT_MAX)  # choices are distinct integers in [0, value_max]
+    size: int = bounded(2000, 1, PROBLEMS_MAX)
 
 
 def make_question(index: int, rng: np.random.Generator, s: ChoiceSettings) -> Problem:

@@ -17,7 +17,7 @@ from rredcot.common.task import Task
 
 @dataclass
 class DoubleSettings:
-    largest: int = bounded(30, 1)  # N runs over 1..largest
+    largest: int = bounded(30, 1, 10**6)  # N runs over 1..largest
 
 
 @TASKS.register("double")

@@ -29,7 +29,7 @@ def blob_key(run_id: str, version: int) -> str:
 
 @dataclass
 class RedisBlobSettings:
-    keep: int = bounded(2, 1)  # versions kept in Redis
+    keep: int = bounded(2, 1, 1000)  # versions kept in Redis
 
 
 class RedisBlobPublisher(FilePublisher):

@@ -30,7 +30,7 @@ def test_overrides_apply_and_interpolate():
         ("learner.zero_stage=5", ["learner.zero_stage", "5", "[0, 3]"]),
         ("generation.top_p=1.5", ["generation.top_p", "1.5", "[0.0, 1.0]"]),
         ("generation.temperature=2.5", ["generation.temperature", "2.5", "[0.0, 2.0]"]),
-        ("generation.group_size=1", ["generation.group_size", ">= 2"]),
+        ("generation.group_size=1", ["generation.group_size", "[2, 1000000000]"]),
         ("redis.url=http://x", ["redis.url", "redis://"]),
         ("generation.max_tokens=5000", ["generation.max_tokens", "model.max_model_len"]),
         ("learner.micro_token_budget=100", ["learner.micro_token_budget", "100", "model.max_model_len (512)"]),
@@ -153,12 +153,15 @@ def test_good_redis_urls_and_run_names_load(url):
         (["model.think_end=''"], "model.think_end = '' is not allowed; expected a non-empty string"),
         (["model.think_start=''"], "model.think_start = '' is not allowed; expected a non-empty string"),
         (["model.think_start=</think>"], "model.think_end = '</think>' is not allowed; expected a tag other than"),
-        (["learner.lr=inf"], "learner.lr = inf is not allowed; expected a finite number >= 0.0"),
+        (["learner.lr=inf"], "learner.lr = inf is not allowed; expected a finite number in [0.0, 10.0]"),
         (["learner.checkpoint_every_s=inf"], "learner.checkpoint_every_s = inf is not allowed; expected a finite"),
-        (["learner.eps_high=inf"], "learner.eps_high = inf is not allowed; expected a finite number >= 0.0"),
+        (["learner.eps_high=inf"], "learner.eps_high = inf is not allowed; expected a finite number in [0.0, 10.0]"),
         (["run.seed=-1"], "run.seed = -1 is not allowed; expected a number in [0, 4294967293]"),
         (["run.seed=4294967294"], "run.seed = 4294967294 is not allowed"),
-        (["data.shuffle_seed=-1"], "data.shuffle_seed = -1 is not allowed; expected a number >= 0"),
+        (
+            ["data.shuffle_seed=-1"],
+            "data.shuffle_seed = -1 is not allowed; expected a number in [0, 9223372036854775807]",
+        ),
         (["generation.stop=['Q:', '']"], "generation.stop = ['Q:', ''] is not allowed; expected a list of non-empty"),
         (["generation.kv_block_size=48"], "generation.kv_block_size = 48 is not allowed; expected 0 (auto) or a mult"),
         (
@@ -239,3 +242,53 @@ def test_only_a_bare_name_falls_back_to_a_bundled_config(tmp_path, monkeypatch):
     assert load_config("demo_cpu").run.name == load_config("demo_cpu.yaml").run.name
     (tmp_path / "tests").write_text("task:\n  name: arith\nrun:\n  name: mine\n")
     assert load_config("tests").run.name == "mine"  # an existing file path wins over a bundled name
+
+
+def bounded_fields(cls: type, prefix: str = "") -> list[tuple[str, tuple]]:
+    """(dotted key, (lo, hi)) of every ranged number of a settings dataclass tree."""
+    import dataclasses
+
+    out = []
+    for f in dataclasses.fields(cls):
+        if "range" in f.metadata:
+            out.append((prefix + f.name, f.metadata["range"]))
+        elif dataclasses.is_dataclass(f.type if isinstance(f.type, type) else None):
+            out += bounded_fields(f.type, f"{prefix}{f.name}.")
+    return out
+
+
+def test_every_number_of_the_config_and_the_builtin_settings_has_an_upper_bound():
+    """A probe set redis.maxlen=1e23 and cluster.max_restarts=1e20: they passed the config and failed,
+    if at all, deep inside a library. Every ranged number now has an upper bound."""
+    import dataclasses
+
+    from rredcot.redistributor.credit import TopEntropySettings
+    from rredcot.redistributor.progress import ProgressSettings
+    from rredcot.tasks.arith import ArithSettings
+    from rredcot.tasks.choice import ChoiceSettings
+
+    sections = [(f.name, f.default_factory) for f in dataclasses.fields(Config)]
+    keys = [(f"{name}.{k}", r) for name, cls in sections for k, r in bounded_fields(cls)]
+    for cls in (TopEntropySettings, ProgressSettings, ArithSettings, ChoiceSettings):
+        keys += bounded_fields(cls, f"{cls.__name__}.")
+    assert len(keys) > 60
+    assert [k for k, (_, hi) in keys if hi is None] == []
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "redis.maxlen=100000000000",
+        "redis.maxlen=1e23",
+        "generation.verifier_timeout_s=1e300",
+        "redis.block_timeout_s=1e300",
+        "cluster.max_restarts=100000000000000000000",
+        "redis.claim_idle_ms=1000000000000",
+    ],
+)
+def test_absurd_numbers_are_refused_before_anything_starts(override):
+    """Each names its key and the allowed range (``redis.maxlen=1e23``, a float for an integer key,
+    is refused by OmegaConf's type check, also naming the key)."""
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"{key}\b.*(not allowed|could not be converted)"):
+        load_config("tests", [override])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -293,3 +294,12 @@ def test_doctor_takes_an_override_without_a_config_and_debug_on_command_groups()
     assert (args.config, args.overrides, args.debug) == ("demo_cpu", ["run.steps=1"], True)
     assert cli.parse_args(["config", "--debug", "show", "tests"]).debug
     assert cli.parse_args(["study", "--debug", "credit", "tests"]).debug
+
+
+def test_bench_queue_refuses_zero_records_with_a_usage_error() -> None:
+    """``rredcot bench queue --records 0`` ended in a ZeroDivisionError after the benchmark ran."""
+    out = subprocess.run(
+        [sys.executable, "-m", "rredcot.launch.cli", "bench", "queue", "--records", "0"], capture_output=True, text=True
+    )
+    assert out.returncode == 2 and "--records must be >= 1 (got 0)" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -16,7 +16,9 @@ def test_config_names_the_module_and_its_settings_are_checked():
     probs = task.problems(cfg.data, seed=0)
     assert len(probs) == 12 and probs[3].problem == "What is twice 4?" and probs[3].answer == "8"
     assert messages(probs[3], task, DataConfig())[0]["content"].endswith("What is twice 7?")  # its own example
-    with pytest.raises(ConfigError, match=r"task.settings.largest = 0 is not allowed; expected a number >= 1"):
+    with pytest.raises(
+        ConfigError, match=r"task.settings.largest = 0 is not allowed; expected a number in \[1, 1000000\]"
+    ):
         load_config("tests", [*OVERRIDES[:1], "task.settings={largest: 0}"])
 
 
