@@ -95,6 +95,8 @@ class DataConfig:
     shuffle_seed: int = bounded(0, 0, 2**63 - 1)  # numpy's generators take any non-negative int
     prompt_style: str = choice("chat_one_shot", "chat_one_shot", "chat", "plain")
     system_prompt: str | None = None
+    max_file_bytes: int = bounded(2**32, 1, BYTES_MAX)  # a jsonl/parquet file larger than this is refused
+    max_row_bytes: int = bounded(2**20, 1, BYTES_MAX)  # a row whose problem, solution and answer exceed this is refused
 
 
 @dataclass

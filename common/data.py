@@ -21,6 +21,7 @@ import numpy as np
 
 from rredcot.common.config import DataConfig
 from rredcot.common.errors import UserError
+from rredcot.common.files import unreadable_file
 
 
 class DatasetError(UserError):
@@ -70,6 +71,12 @@ def problems_from_rows(rows: Iterable[tuple[int, Mapping[str, Any]]], source: st
                 )
         if not answer.strip():
             raise DatasetError(f"{where}: answer is empty (an empty \\boxed{{}} in the solution)")
+        size = sum(len(text.encode("utf-8", "surrogatepass")) for text in (problem, solution, answer))
+        if size > cfg.max_row_bytes:
+            raise DatasetError(
+                f"{where}: {size:,} bytes of problem, solution and answer, over data.max_row_bytes = "
+                f"{cfg.max_row_bytes:,}"
+            )
         out.append(
             Problem(
                 id=str(row.get("id", f"{Path(source).stem}-{row_no}")),
@@ -117,10 +124,10 @@ def _unicode(value: str, column: str, where: str) -> str:
     return value
 
 
-def read_jsonl(path: str | Path) -> Iterator[tuple[int, Mapping[str, Any]]]:
+def read_jsonl(path: str | Path, max_bytes: int) -> Iterator[tuple[int, Mapping[str, Any]]]:
     """``(line number, row)`` of a JSON-lines file, blank lines skipped; a line that is not UTF-8 or
     not JSON raises ``DatasetError`` with its number."""
-    with _open_data(path) as f:
+    with _open_data(path, max_bytes) as f:
         for row_no, raw in enumerate(f, start=1):
             try:
                 line = raw.decode("utf-8")
@@ -137,8 +144,13 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, Mapping[str, Any]]]:
                 raise DatasetError(f"{path}: row {row_no}: invalid JSON ({e.msg})") from None
 
 
-def _open_data(path: str | Path) -> BinaryIO:
-    """``path`` opened for reading, or a ``DatasetError`` that names ``data.path``."""
+def _open_data(path: str | Path, max_bytes: int) -> BinaryIO:
+    """``path`` opened for reading, or a ``DatasetError`` that names ``data.path``: it must be a
+    regular file of at most ``max_bytes`` (``data.max_file_bytes``)."""
+    problem = unreadable_file(path, max_bytes)
+    if problem is not None:
+        bound = "; raise data.max_file_bytes or" if "over the bound" in problem else ";"
+        raise DatasetError(f"data.path {path}: {problem}{bound} fix data.path")
     try:
         return open(path, "rb")  # noqa: SIM115 - the caller closes it
     except OSError as e:
@@ -146,20 +158,20 @@ def _open_data(path: str | Path) -> BinaryIO:
 
 
 @contextmanager
-def _reading_parquet(path: str) -> Iterator[Any]:
+def _reading_parquet(path: str, max_bytes: int) -> Iterator[Any]:
     """``pyarrow.parquet``, for reading ``path``: a file it cannot read raises ``DatasetError``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    _open_data(path).close()
+    _open_data(path, max_bytes).close()
     try:
         yield pq
     except pa.ArrowException as e:
         raise DatasetError(f"data.path {path}: not a readable parquet file ({e})") from None
 
 
-def _parquet_rows(path: str, limit: int | None) -> list[dict[str, Any]]:
-    with _reading_parquet(path) as pq:
+def _parquet_rows(path: str, limit: int | None, max_bytes: int) -> list[dict[str, Any]]:
+    with _reading_parquet(path, max_bytes) as pq:
         if limit is None:
             return pq.read_table(path).to_pylist()
         first = next(pq.ParquetFile(path).iter_batches(batch_size=limit), None)
@@ -172,8 +184,10 @@ def _hf_dataset(cfg: DataConfig) -> Any:
     import datasets
 
     path = str(cfg.path)
+    if Path(path).exists() and not Path(path).is_dir() and not Path(path).is_file():  # a FIFO, a device
+        raise DatasetError(f"data.path {path}: {unreadable_file(path, cfg.max_file_bytes)}; fix data.path")
     if Path(path).is_file():
-        with _open_data(path) as f:
+        with _open_data(path, cfg.max_file_bytes) as f:
             head = f.read(4)
         looks = "parquet" if head == b"PAR1" else "jsonl" if head.lstrip().startswith(b"{") else None
         raise DatasetError(
@@ -204,9 +218,9 @@ def load_rows(cfg: DataConfig, limit: int | None = None) -> list[Problem]:
     order: all of them, or the first ``limit`` rows (checked the same way)."""
     path = str(cfg.path)
     if cfg.source == "jsonl":
-        return problems_from_rows(islice(read_jsonl(path), limit), path, cfg)
+        return problems_from_rows(islice(read_jsonl(path, cfg.max_file_bytes), limit), path, cfg)
     if cfg.source == "parquet":
-        return problems_from_rows(enumerate(_parquet_rows(path, limit), start=1), path, cfg)
+        return problems_from_rows(enumerate(_parquet_rows(path, limit, cfg.max_file_bytes), start=1), path, cfg)
     return problems_from_rows(enumerate(islice(_hf_dataset(cfg), limit), start=1), f"{path}[{cfg.split}]", cfg)
 
 
@@ -215,10 +229,10 @@ def count_rows(cfg: DataConfig) -> int:
     file's metadata, a Hugging Face dataset's length (a hub id is downloaded)."""
     path = str(cfg.path)
     if cfg.source == "jsonl":
-        with _open_data(path) as f:
+        with _open_data(path, cfg.max_file_bytes) as f:
             return sum(1 for line in f if line.strip())
     if cfg.source == "parquet":
-        with _reading_parquet(path) as pq:
+        with _reading_parquet(path, cfg.max_file_bytes) as pq:
             return int(pq.ParquetFile(path).metadata.num_rows)
     return len(_hf_dataset(cfg))
 

@@ -14,6 +14,7 @@ import redis
 from rredcot.common.codec import decode
 from rredcot.common.config import redact_url
 from rredcot.common.errors import UserError
+from rredcot.common.files import unreadable_file
 from rredcot.common.models import load_tokenizer, qwen_tokenizer_dir
 from rredcot.common.records import RecordError, WeightedGroup, WeightedSample
 from rredcot.common.streams import BATCHES, connect, key
@@ -160,6 +161,9 @@ def render_heatmap(sample: WeightedSample, tokenizer: Any, out_html: str | Path,
     render_png(sample, out_png)
 
 
+RECORD_MAX_BYTES = 2**30  # a saved group of 16 samples × 25k tokens is about 10 MB
+
+
 def load_group(source: str, run: str | None) -> WeightedGroup:
     """A saved msgpack ``WeightedGroup``/``WeightedSample`` file, or the newest entry of a run's batches
     stream; ``UserError`` for a source that is none of these."""
@@ -173,6 +177,9 @@ def load_group(source: str, run: str | None) -> WeightedGroup:
         if not entries:
             raise UserError(f"stream {key(run, BATCHES)} at {redact_url(source)} is empty: is --run {run!r} right?")
         return _decoded(entries[0][1].get(b"d", b""), f"the newest entry of {key(run, BATCHES)}", WeightedGroup)
+    problem = unreadable_file(source, RECORD_MAX_BYTES)
+    if problem is not None:
+        raise UserError(f"{source}: {problem}")
     try:
         data = Path(source).read_bytes()
     except OSError as e:

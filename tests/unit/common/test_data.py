@@ -1,4 +1,5 @@
 import json
+import os
 import re
 
 import pyarrow as pa
@@ -234,3 +235,37 @@ def test_holding_out_every_problem_names_data_eval_size_and_the_file(tmp_path):
         train_and_held_out(task, data, 0)
     data.eval_size = 1
     assert [len(part) for part in train_and_held_out(task, data, 0)] == [1, 1]
+
+
+@pytest.mark.timeout(30)  # opening a FIFO without a writer blocks: this would hang, not fail
+@pytest.mark.parametrize("source", ["jsonl", "parquet", "hf"])
+def test_a_fifo_or_a_device_is_refused_without_being_opened(tmp_path, source):
+    fifo = tmp_path / "rows.fifo"
+    os.mkfifo(fifo)
+    for path, kind in ((fifo, r"a FIFO \(named pipe\)"), ("/dev/zero", "a character device")):
+        cfg = DataConfig(source=source, path=str(path))
+        with pytest.raises(DatasetError, match=rf"data.path {path}: is {kind}, not a regular file"):
+            load_rows(cfg)
+        if source != "hf":
+            with pytest.raises(DatasetError, match=rf"is {kind}"):
+                count_rows(cfg)
+
+
+@pytest.mark.parametrize("source", ["jsonl", "parquet"])
+def test_a_file_over_data_max_file_bytes_is_refused(tmp_path, source):
+    rows = [{"problem": "1+1?", "solution": "2", "answer": "2"}] * 20
+    path = tmp_path / f"rows.{source}"
+    _jsonl(path, rows) if source == "jsonl" else pq.write_table(pa.Table.from_pylist(rows), path)
+    size = path.stat().st_size
+    with pytest.raises(DatasetError, match=rf"is {size:,} bytes, over the bound of 100; raise data.max_file_bytes"):
+        load_rows(DataConfig(source=source, path=str(path), max_file_bytes=100))
+    assert len(load_rows(DataConfig(source=source, path=str(path), max_file_bytes=size))) == 20
+
+
+def test_a_row_over_data_max_row_bytes_names_file_and_row(tmp_path):
+    """A row with a 10 MB answer made a generator grow to 4 GB without a word."""
+    small = {"problem": "1+1?", "solution": "2", "answer": "2"}
+    path = _jsonl(tmp_path / "rows.jsonl", [small, small, {**small, "answer": "9" * 200}])
+    with pytest.raises(DatasetError, match=rf"{path}: row 3: 205 bytes of problem, solution and answer, over "):
+        load_rows(DataConfig(source="jsonl", path=str(path), max_row_bytes=100))
+    assert len(load_rows(DataConfig(source="jsonl", path=str(path), max_row_bytes=205))) == 3

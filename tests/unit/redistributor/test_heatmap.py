@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import html
+import os
 
 import numpy as np
 import pytest
@@ -72,3 +73,19 @@ def test_inspect_from_file_and_from_redis(qwen_tok, tmp_path, redis_client, redi
     Producer(redis_client, key(run_id, BATCHES), maxlen=8).put(b"\xc1junk")  # the newest entry: no record
     with pytest.raises(UserError, match=rf"the newest entry of rredcot:{run_id}:batches is not a saved record"):
         load_group(redis_server.url, run_id)
+
+
+@pytest.mark.timeout(30)  # reading a FIFO without a writer blocks: this would hang, not fail
+def test_inspect_refuses_a_fifo_a_device_and_a_file_over_the_bound(tmp_path, monkeypatch) -> None:
+    """``rredcot inspect`` on a FIFO blocked, and on /dev/zero read until memory ran out."""
+    from rredcot.redistributor import heatmap
+
+    os.mkfifo(fifo := tmp_path / "r.fifo")
+    with pytest.raises(UserError, match=r"r.fifo: is a FIFO \(named pipe\), not a regular file"):
+        load_group(str(fifo), None)
+    with pytest.raises(UserError, match="/dev/zero: is a character device, not a regular file"):
+        load_group("/dev/zero", None)
+    (big := tmp_path / "big.msgpack").write_bytes(b"\x00" * 2048)
+    monkeypatch.setattr(heatmap, "RECORD_MAX_BYTES", 1024)
+    with pytest.raises(UserError, match="big.msgpack: is 2,048 bytes, over the bound of 1,024"):
+        load_group(str(big), None)
