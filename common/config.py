@@ -146,10 +146,11 @@ class CreditConfig:
             "However",
         ]
     )
-    split_keywords: bool = True  # (a)
-    merge: bool = True  # (b)
-    stop_at_k: bool = True  # (c)
-    homogenise: bool = True  # (d)
+    # the segmentation's four stages, each switchable (docs/credit.md, "The computation", step 3)
+    split_keywords: bool = True  # a boundary before each new line and each keyword
+    merge: bool = True  # merge the adjacent pieces of lowest total entropy
+    stop_at_k: bool = True  # merging stops at K = segments pieces
+    homogenise: bool = True  # re-place boundaries so that the largest segment entropy is minimal
     exit_string: str = "\n</think>\n\n"
     value_space: str = choice("log", "log", "prob", "mean_token_prob")
     sign: str = choice("relu", "relu", "abs", "softmax")

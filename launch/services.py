@@ -12,7 +12,6 @@ import ctypes
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ from urllib.parse import quote
 import redis
 
 from rredcot.common.config import ConfigError
+from rredcot.common.net import free_port
 
 
 def find_server_binary(kind: str = "auto") -> str:
@@ -48,12 +48,6 @@ def _die_with_parent() -> None:
     """Linux: the server gets SIGTERM if the launcher dies without cleaning up (e.g. SIGKILL)."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class EmbeddedRedis:

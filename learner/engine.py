@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 import math
 import os
-import socket
 import time
 from dataclasses import dataclass, field
 
@@ -25,18 +24,13 @@ import torch.distributed as dist
 
 from rredcot.common.config import LearnerConfig
 from rredcot.common.models import load_causal_lm
+from rredcot.common.net import free_port
 from rredcot.common.onednn import bound_primitive_cache
 from rredcot.common.precision import resolve_dtype
 from rredcot.learner.extensions import await_build_locks, extensions_dir
 from rredcot.learner.logprobs import TokenLogProbs, model_inputs
 from rredcot.learner.loss import LossSettings, Stats, policy_loss, sample_coefficients
 from rredcot.learner.packing import BudgetError, MicroBatch, TrainSample, micro_batches
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def init_distributed(store: dist.Store | None = None) -> tuple[int, int]:

@@ -133,7 +133,7 @@ def test_a_run_beside_another_local_ray_starts_its_own(tmp_path):
     """A Ray started with ``ray start --head`` (it records itself in /tmp/ray/ray_current_cluster,
     where a bare ``ray.init`` finds it and then refuses the driver's ``num_cpus``): the run's checks
     warn in one line and the driver starts a local Ray of its own."""
-    from rredcot.launch.services import free_port
+    from rredcot.common.net import free_port
 
     recorded = Path("/tmp/ray/ray_current_cluster")
     had_record = recorded.exists()

@@ -207,8 +207,8 @@ def test_a_version_newer_than_the_learners_is_stale(make_samples):
 
 
 def reference_loss_and_grad(logp, mu, ref, sigma, adv, versions, sample_of, coef, version, s: LossSettings):
-    """The loss and ∂loss/∂log π_θ per token, written out from the loss definition (loss.py, DESIGN.md
-    "The learner") in float64 Python: a token of another version than the learner's (older or newer)
+    """The loss and ∂loss/∂log π_θ per token, written out from the loss definition (loss.py, docs/learner.md
+    "The loss") in float64 Python: a token of another version than the learner's (older or newer)
     has ρ = π_θ/sg(π_θ) (value 1, derivative 1) and weight w = min(π_θ/μ, tis_cap) with no gradient;
     a fresh one ρ = π_θ/μ, w = 1. s = min(ρA, clip(ρ)A), then max(s, c·A) for A < 0 when the dual clip
     c > 0; ℓ = −w·s + β·(e^r − r − 1), r = log π_ref − log π_θ; loss = Σ coef_i σ_j ℓ_j."""

@@ -1,5 +1,5 @@
 """σ from segment rewards: hand cases, degenerate inputs, and Σσ = 1, σ ≥ 0 as properties; σ against an
-independent float64 restatement of the formula (docs/credit.md §5, DESIGN.md "Segment rewards and σ")."""
+independent float64 restatement of the formula (docs/credit.md, "The computation")."""
 
 from __future__ import annotations
 
