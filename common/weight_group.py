@@ -46,6 +46,7 @@ import redis
 import torch
 import torch.distributed as dist
 
+from rredcot.common.net import hosted_store
 from rredcot.common.streams import registry_key
 from rredcot.common.weight_sync import WeightSyncError
 
@@ -68,7 +69,7 @@ class GroupInfo:
     @classmethod
     def host(cls, address: str, receivers: int, timeout_s: float) -> tuple[GroupInfo, dist.TCPStore]:
         """Rank 0: start the group's store on a free port of ``address``; (its info, the store)."""
-        store = dist.TCPStore(address, 0, receivers + 1, True, timedelta(seconds=timeout_s), wait_for_workers=False)
+        store = hosted_store(address, receivers + 1, timedelta(seconds=timeout_s))
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         return cls(address, store.port, receivers + 1, backend, uuid.uuid4().hex), store
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import inspect
+import ipaddress
 import json
 import os
 import shutil
@@ -169,6 +170,7 @@ def check_services(cfg: Config) -> list[Check]:
         address = os.environ["RAY_ADDRESS"]  # what ray.init(address="auto") joins
     if not address:
         out.append(_check_local_ray())
+        out += _check_dashboard_host(cfg)
     elif address == "auto":
         out.append(_check_auto_ray())
     else:
@@ -193,6 +195,27 @@ def check_services(cfg: Config) -> list[Check]:
                 Check("error", "packages", f"{package} is not installed (needed by {why})", "bash launch/setup.sh")
             )
     return out
+
+
+def _check_dashboard_host(cfg: Config) -> list[Check]:
+    """A local Ray's dashboard beyond loopback: a warning saying what it exposes."""
+    host = cfg.cluster.dashboard_host
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if loopback:
+        return []
+    state = "listens" if cfg.cluster.dashboard else "would listen (cluster.dashboard is off now)"
+    return [
+        Check(
+            "warning",
+            "ray",
+            f"cluster.dashboard_host = {host!r}: Ray's dashboard {state} beyond loopback, and its job API runs "
+            "code on this machine as you for anyone who reaches its port (8265)",
+            "keep 127.0.0.1 and reach it through an SSH tunnel (ssh -L 8265:127.0.0.1:8265 host)",
+        )
+    ]
 
 
 def vllm_build() -> str | None:

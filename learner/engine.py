@@ -24,7 +24,6 @@ import torch.distributed as dist
 
 from rredcot.common.config import LearnerConfig
 from rredcot.common.models import load_causal_lm
-from rredcot.common.net import free_port
 from rredcot.common.onednn import bound_primitive_cache
 from rredcot.common.precision import resolve_dtype
 from rredcot.learner.extensions import await_build_locks, extensions_dir
@@ -36,8 +35,9 @@ from rredcot.learner.packing import BudgetError, MicroBatch, TrainSample, micro_
 def init_distributed(store: dist.Store | None = None) -> tuple[int, int]:
     """Initialise torch.distributed (gloo on CPU, nccl on GPU); returns (rank, world).
 
-    With ``store`` (``learner.rendezvous``) the group forms on it; otherwise DeepSpeed forms it from
-    ``env://``, by default a single rank on a free local port.
+    With ``store`` (``learner.rendezvous``) the group forms on it; a single rank forms it on an
+    in-process store; otherwise DeepSpeed forms it from ``env://`` (``MASTER_ADDR``/``MASTER_PORT``
+    set by the launcher, e.g. torchrun).
     """
     import deepspeed
 
@@ -46,7 +46,8 @@ def init_distributed(store: dist.Store | None = None) -> tuple[int, int]:
     await_build_locks(extensions_dir())
     for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
         os.environ.setdefault(k, v)
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    if store is None and os.environ["WORLD_SIZE"] == "1":
+        store = dist.HashStore()  # one rank: an in-process store, no socket (env:// would listen on every interface)
     if torch.cuda.is_available():  # the rank's GPU, before anything picks one (NCCL, ZeRO-3's loading, comm_device)
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     from deepspeed.utils import groups

@@ -1,6 +1,7 @@
 """How the learner ranks of a driver-launched run find each other: through the run's Redis.
 
-Rank 0 starts the group's ``TCPStore`` on a port the kernel gives it (port 0), so the port is bound
+Rank 0 starts the group's ``TCPStore`` on ``MASTER_ADDR`` alone (``common.net.hosted_store``), on a
+port the kernel gives it (port 0), so the port is bound
 before anyone learns of it, then publishes the port under a key unique to this start of the learner
 tier (the driver's rendezvous id). The other ranks wait for the key and connect. A port picked
 beforehand (by the driver) stays free only by luck until rank 0 binds it seconds later: another
@@ -19,6 +20,7 @@ from datetime import timedelta
 import redis
 import torch.distributed as dist
 
+from rredcot.common.net import hosted_store
 from rredcot.common.streams import run_key
 
 ENV = "RREDCOT_RENDEZVOUS"  # the rendezvous id the driver gives one start of the learner tier
@@ -44,7 +46,7 @@ def learner_store(
     timeout = timedelta(seconds=timeout_s)
     name = rendezvous_key(client, run_id, rendezvous_id)
     if rank == 0:
-        store = dist.TCPStore(address, 0, world, True, timeout, wait_for_workers=False)
+        store = hosted_store(address, world, timeout)  # listening on address only, not every interface
         client.set(name, store.port)
         return store
     deadline = time.monotonic() + timeout_s

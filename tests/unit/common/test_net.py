@@ -1,10 +1,17 @@
-"""A free local port: bindable right after, on loopback by default."""
+"""A free local port, and stores that listen on their own address only."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
+from datetime import timedelta
 
-from rredcot.common.net import free_port
+import psutil
+import torch.distributed as dist
+
+from rredcot.common.net import free_port, hosted_store
 
 
 def test_the_port_is_free_and_bindable_on_loopback() -> None:
@@ -13,3 +20,34 @@ def test_the_port_is_free_and_bindable_on_loopback() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))  # raises if someone held it
         assert s.getsockname() == ("127.0.0.1", port)
+
+
+def _listening(pid: int) -> list[tuple[str, int]]:
+    return [(c.laddr.ip, c.laddr.port) for c in psutil.Process(pid).net_connections("tcp") if c.status == "LISTEN"]
+
+
+def test_a_hosted_store_listens_on_its_address_only() -> None:
+    """torch's TCPStore server binds every interface (``*:<port>``) whatever host it is given; the
+    learner's rendezvous store and the weight group's store listen on their address alone."""
+    store = hosted_store("127.0.0.1", 2, timedelta(seconds=10))
+    assert _listening(os.getpid()) == [("127.0.0.1", store.port)]
+    member = dist.TCPStore("127.0.0.1", store.port, 2, False, timedelta(seconds=10))
+    member.set("k", "v")
+    assert store.get("k") == b"v"
+
+
+def test_a_single_learner_rank_listens_on_no_wildcard_address() -> None:
+    """One rank forms its group on an in-process store: env:// hosted a TCPStore on every interface
+    (``*:<port>``). What is left listening is gloo's own device, on the address the host name
+    resolves to (127.0.0.1 here)."""
+    script = (
+        "import os, psutil\n"
+        "from rredcot.learner.engine import init_distributed\n"
+        "print(init_distributed())\n"
+        "print(sorted({c.laddr.ip for c in psutil.Process().net_connections('tcp') if c.status == 'LISTEN'}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "WORLD_SIZE", "RANK")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ranks, addresses = done.stdout.splitlines()[-2:]
+    assert ranks == "(0, 1)" and "'::'" not in addresses and "'0.0.0.0'" not in addresses, addresses

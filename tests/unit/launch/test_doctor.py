@@ -301,3 +301,14 @@ def test_the_gpu_build_of_vllm_needs_a_gpu_for_every_engine(monkeypatch: pytest.
     assert "credit.method=mc's continuations" in red.found and "cluster.gpus_per_redistributor > 0" in red.fix
     assert check_engines(load_config("tests", [*mc, "cluster.gpus_per_redistributor=1"])) == []
     assert check_engines(load_config("tests", ["cluster.gpus_per_generator=1"])) == []  # rredcot: no engine
+
+
+@pytest.mark.parametrize("dashboard", [True, False])
+def test_a_dashboard_host_beyond_loopback_is_a_warning_that_says_what_it_exposes(dashboard: bool) -> None:
+    cfg = load_config("tests", ["cluster.dashboard_host=0.0.0.0", f"cluster.dashboard={dashboard}"])
+    (warning,) = [c for c in check_services(cfg) if c.level == "warning" and "dashboard_host" in c.found]
+    assert "cluster.dashboard_host = '0.0.0.0'" in warning.found and "job API runs code" in warning.found
+    assert ("is off now" in warning.found) == (not dashboard) and "SSH tunnel" in warning.fix
+    for host in ("127.0.0.1", "localhost", "::1"):
+        quiet = load_config("tests", [f"cluster.dashboard_host={host}", "cluster.dashboard=true"])
+        assert not [c for c in check_services(quiet) if "dashboard_host" in c.found]
