@@ -60,9 +60,13 @@ def run_key(client: redis.Redis, run_id: str, name: str) -> str:
 
 
 def registered_keys(client: redis.Redis, run_id: str) -> list[str]:
-    """The keys in the run's registry, then the registry itself: what clearing the run deletes. Only
-    registered keys, never a pattern, so other runs' keys and keys the run did not write stay."""
-    return [*sorted(k.decode() for k in client.smembers(registry_key(run_id))), registry_key(run_id)]
+    """The keys in the run's registry under the run's own prefix (``rredcot:<run>:``), then the
+    registry itself: what clearing the run deletes. Only registered keys, never a pattern, so other
+    runs' keys and keys the run did not write stay; a name outside the prefix that someone else put
+    in the registry is never trusted."""
+    prefix = key(run_id, "")
+    names = sorted(k.decode("utf-8", "replace") for k in client.smembers(registry_key(run_id)))
+    return [*(n for n in names if n.startswith(prefix)), registry_key(run_id)]
 
 
 def connect(url: str, retries: int = 20, cap_s: float = 2.0) -> redis.Redis:

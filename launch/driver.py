@@ -39,6 +39,7 @@ from rredcot.launch.logs import route_library_loggers, setup_driver_logging, tai
 from rredcot.launch.monitor import Monitor, Phases, Progress, fmt_duration
 from rredcot.launch.plan import Tier, bundles, check_plan, evaluator_tier, local_cores, local_ray_cpus
 from rredcot.launch.report import RunOutcome, write_report
+from rredcot.launch.run_lock import hold as hold_run_lock
 from rredcot.launch.run_times import expected_seconds, record_seconds
 from rredcot.launch.services import EmbeddedRedis
 from rredcot.launch.stages import WORKER_PREFIX
@@ -218,6 +219,7 @@ def train(cfg: Config, verbose: bool = False) -> Path:
     outcome = RunOutcome(status="failed", phases=phases)
     _received.clear()
     with contextlib.ExitStack() as stack:
+        stack.callback(hold_run_lock(run_dir, cfg.run.name))  # before anything in run_dir is touched
         fresh = cfg.run.resume == "never"  # an earlier run's driver.log is overwritten
         stack.callback(setup_driver_logging(run_dir / "logs" / "driver.log", verbose, append=not fresh))
         log.info(first_line(cfg, run_dir))

@@ -110,6 +110,19 @@ def test_clearing_a_run_deletes_only_the_keys_it_registered(redis_client, run_id
     assert all(redis_client.exists(k) for k in [*theirs, *foreign])
 
 
+def test_clearing_a_run_never_deletes_a_key_outside_its_prefix(redis_client, run_id):
+    """Anyone who can write to Redis can add a name to a run's registry (``SADD rredcot:<run>:keys
+    myapp:important``): clearing the run checks each name against the run's own prefix."""
+    mine = _run_keys(redis_client, run_id)
+    planted = [f"myapp:{run_id}:important", f"rredcot:{run_id}2:stop"]
+    for name in planted:
+        redis_client.set(name, "keep me")
+        redis_client.sadd(f"rredcot:{run_id}:keys", name)
+    _clear_run_keys(redis_client, run_id)
+    assert not any(redis_client.exists(k) for k in mine)
+    assert all(redis_client.get(k) == b"keep me" for k in planted)
+
+
 def test_a_glob_in_a_run_id_reaches_no_other_run(redis_client, run_id):
     """Even a run id with glob characters (refused by the config) clears only its registry."""
     theirs = _run_keys(redis_client, run_id)
