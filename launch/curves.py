@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -85,14 +86,29 @@ def _eval_panel(ax: Any, evals: list[dict[str, Any]]) -> None:
     ax.set_ylim(0, 1)
 
 
+def rate_ceiling(values: list[float]) -> float | None:
+    """The top of a rate panel's axis when a few steps would flatten the rest (None: show all). A
+    step whose groups needed no credit (every sample equally rewarded) passes through the
+    redistributor almost without work, and its samples/s is hundreds of times the steady rate."""
+    if len(values) < 4:
+        return None
+    typical = float(np.percentile(values, 75))
+    return 3.0 * typical if typical > 0 and max(values) > 5.0 * typical else None
+
+
 def _draw(ax: Any, panel: Panel) -> None:
     for worker, pts in panel.lines.items():
         ax.plot([s for s, _ in pts], [v for _, v in pts], label=worker)
-    note = flat_note(panel.key, [v for pts in panel.lines.values() for _, v in pts])
-    if note:
-        ax.text(0.5, 0.5, note, transform=ax.transAxes, ha="center", va="center", fontsize=9, wrap=True)
+    points = [p for pts in panel.lines.values() for p in pts]
+    note = flat_note(panel.key, [v for _, v in points])
     if panel.zero_based:
-        ax.set_ylim(bottom=0)
+        ceiling = rate_ceiling([v for _, v in points])
+        ax.set_ylim(0, ceiling)
+        if ceiling is not None:
+            above = ", ".join(f"{v:,.0f} at step {s}" for s, v in points if v > ceiling)
+            note = f"off the scale: {above}"
+    if note:
+        ax.text(0.5, 0.97, note, transform=ax.transAxes, ha="center", va="top", fontsize=8, wrap=True)
     ax.set_title(panel.title)
     if len(panel.lines) > 1:
         ax.legend(loc="best", fontsize=8)

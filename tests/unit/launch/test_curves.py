@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from rredcot.launch.curves import flat_note, panels, plot_curves, rate_per_step
+from rredcot.launch.curves import flat_note, panels, plot_curves, rate_ceiling, rate_per_step
 
 
 def test_rate_per_step_leaves_out_the_warm_up_and_sums_within_a_step() -> None:
@@ -52,3 +53,12 @@ def test_panels_draw_rates_from_counters_and_skip_absent_metrics(tmp_path: Path)
         (3, pytest.approx(3.0)),
     ]
     assert plot_curves(history, [], tmp_path / "curves.png").exists()
+
+
+def test_a_rate_spike_is_put_off_the_scale_not_the_steady_state() -> None:
+    """A step of groups that needed no credit passes through the redistributor at ~1,500 samples/s
+    against a steady ~1: the axis stops at 3 × the upper quartile, and the spike is named instead."""
+    steady = [0.8, 1.0, 1.1, 0.9, 1.2, 1.0, 0.95, 1.05]
+    assert rate_ceiling([*steady, 1575.0]) == pytest.approx(3 * np.percentile([*steady, 1575.0], 75))
+    assert rate_ceiling(steady) is None  # nothing to hide
+    assert rate_ceiling([5.0, 900.0]) is None  # too few steps to tell a spike from a trend
