@@ -265,9 +265,9 @@ def test_bench_lists_runnable_benchmarks_only(capsys: pytest.CaptureFixture[str]
 
 
 INSPECT_MISTAKES: list[tuple[str, Callable[[Path], list[str]], str]] = [
-    ("missing file", lambda t: [str(t / "nope.msgpack")], "nope.msgpack: No such file or directory"),
+    ("missing file", lambda t: [str(t / "nope.msgpack")], "nope.msgpack: no such file or directory"),
     ("not a record", lambda t: [str(_write(t / "r.msgpack", b"\xc1junk"))], "r.msgpack is not a saved record"),
-    ("a directory", lambda t: [str(t)], "Is a directory"),
+    ("a directory", lambda t: [str(t)], "is a directory, not a file"),
     ("--out folder missing", lambda t: [str(t / "r.msgpack"), "--out", str(t / "no" / "h")], "no folder"),
     ("Redis without --run", lambda t: ["redis://127.0.0.1:1/0"], "reading from Redis needs --run"),
 ]
