@@ -161,23 +161,20 @@ class CreditConfig:
     # what a branch scores (docs/credit.md): the whole reference, the answer alone, or the reference's
     # remaining steps from each of its step boundaries, then the answer
     reference: str = choice("suffix", "solution", "answer", "suffix")
-    max_suffixes: int = bounded(
-        8, 2, COUNT_MAX
-    )  # reference=suffix: step boundaries per reference pair (0 and |u| kept)
+    # reference=suffix: step boundaries per reference pair (0 and |u| kept)
+    max_suffixes: int = bounded(8, 2, COUNT_MAX)
     # group: less the other traces' values at the same relative segment position
     baseline: str = choice("group", "none", "group")
     max_refs: int = bounded(4, 1, COUNT_MAX)
     scorer: str = choice("reference", "reference", "policy")
     token_budget: int = bounded(8192, 64, COUNT_MAX)  # scorer batch size in tokens
-    values_memory_mb: int = bounded(
-        1024, 1, BYTES_MAX // 2**20
-    )  # peak of one exit-value forward (mask, scores, one layer's KV)
+    # peak of one exit-value forward (mask, scores, one layer's KV)
+    values_memory_mb: int = bounded(1024, 1, BYTES_MAX // 2**20)
     branch_attention: str = choice("auto", "auto", "dense", "flex")  # flex: block-sparse, CUDA scorers
     entropy_chunk: int = bounded(1024, 16, COUNT_MAX)
     mc_samples: int = bounded(4, 1, COUNT_MAX)  # M, for method=mc
-    save_traces: int = bounded(
-        3, 0, COUNT_MAX
-    )  # weighted groups (with a non-zero advantage) each worker saves for heatmaps
+    # weighted groups (with a non-zero advantage) each worker saves for heatmaps
+    save_traces: int = bounded(3, 0, COUNT_MAX)
 
 
 @dataclass
@@ -230,9 +227,8 @@ class ClusterConfig:
     cpus_per_redistributor: float = bounded(1.0, 0.0, NODES_MAX)
     cpus_per_learner: float = bounded(1.0, 0.0, NODES_MAX)
     placement: str = choice("pack", "pack", "spread")  # placement-group strategy across nodes
-    max_restarts: int = bounded(
-        3, 0, COUNT_MAX
-    )  # per generator / redistributor worker, and for the learner tier (reliability.md)
+    # per generator / redistributor worker, and for the learner tier (reliability.md)
+    max_restarts: int = bounded(3, 0, COUNT_MAX)
     dashboard: bool = False  # start Ray's dashboard with a local Ray (bound to dashboard_host)
     dashboard_host: str = "127.0.0.1"
 
@@ -259,9 +255,8 @@ class LoggingConfig:
     wandb_project: str = "rredcot"
     every: int = bounded(1, 1, COUNT_MAX)
     progress: bool = True
-    progress_every_s: float = bounded(
-        15.0, 0.5, SECONDS_MAX
-    )  # a plain progress line this often when stdout is no terminal
+    # a plain progress line this often when stdout is no terminal
+    progress_every_s: float = bounded(15.0, 0.5, SECONDS_MAX)
     eval_every: int = bounded(0, 0, COUNT_MAX)  # learner steps between held-out evaluations (0: start and end)
 
 

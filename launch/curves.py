@@ -37,6 +37,16 @@ FLAT_REASONS = {
 }
 
 
+@dataclass(frozen=True)
+class Panel:
+    """One panel: its title, the metric key, one line of (learner step, value) per worker."""
+
+    title: str
+    key: str
+    lines: dict[str, list[tuple[int, float]]]
+    zero_based: bool = False  # rates: the axis starts at 0
+
+
 def rate_per_step(points: list[tuple[int, float, float]]) -> list[tuple[int, float]]:
     """One worker's rate within each learner step: Δcount / Δseconds summed over the reports that
     fall in the step. ``points``: (learner step, cumulative count, cumulative seconds) in report order.
@@ -112,16 +122,6 @@ def _draw(ax: Any, panel: Panel) -> None:
     ax.set_title(panel.title)
     if len(panel.lines) > 1:
         ax.legend(loc="best", fontsize=8)
-
-
-@dataclass(frozen=True)
-class Panel:
-    """One panel: its title, the metric key, one line of (learner step, value) per worker."""
-
-    title: str
-    key: str
-    lines: dict[str, list[tuple[int, float]]]
-    zero_based: bool = False  # rates: the axis starts at 0
 
 
 def panels(history: list[dict[str, Any]]) -> list[Panel]:
