@@ -455,6 +455,12 @@ def validate(cfg: Config) -> None:
         f"embedded server; this one {url_problem}",
     )
     _check(
+        cfg.redis.password is None or (cfg.redis.password != "" and cfg.redis.password.isprintable()),
+        "redis.password",
+        "***",
+        "null (the embedded server makes a random one) or a non-empty string of printable characters",
+    )
+    _check(
         cfg.credit.exit_string != "",
         "credit.exit_string",
         cfg.credit.exit_string,

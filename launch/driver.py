@@ -150,7 +150,7 @@ def _init_ray(cfg: Config, stack: contextlib.ExitStack) -> None:
 
 def embedded_redis(cfg: Config, run_dir: Path, nodes: int) -> EmbeddedRedis:
     """The run's own Redis (``redis.url`` unset): on 127.0.0.1 on one node; on a cluster of ``nodes``
-    > 1, on this node's address, always with a password (EmbeddedRedis generates one if unset)."""
+    > 1, on this node's address; always with a password (``redis.password``, or a random one per run)."""
     import ray
 
     host = "127.0.0.1" if nodes <= 1 else ray.util.get_node_ip_address()
@@ -161,7 +161,7 @@ def embedded_redis_line(url: str, password: str | None) -> str:
     """The embedded server's URL as the driver logs it: the password as ``***``, and where it is."""
     if "@" not in url:
         return url
-    where = "redis.password" if password else "generated for this run, not saved: set redis.password to reach it"
+    where = "redis.password" if password else "random for this run, not saved: set redis.password to reach it"
     return f"{redact_url(url)} (password: {where})"
 
 

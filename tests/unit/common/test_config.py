@@ -32,6 +32,7 @@ def test_overrides_apply_and_interpolate():
         ("generation.temperature=2.5", ["generation.temperature", "2.5", "[0.0, 2.0]"]),
         ("generation.group_size=1", ["generation.group_size", "[2, 1000000000]"]),
         ("redis.url=http://x", ["redis.url", "redis://"]),
+        ("redis.password=a\tb", ["redis.password", "***", "printable"]),
         ("generation.max_tokens=5000", ["generation.max_tokens", "model.max_model_len"]),
         ("learner.micro_token_budget=100", ["learner.micro_token_budget", "100", "model.max_model_len (512)"]),
     ],

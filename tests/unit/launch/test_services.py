@@ -4,6 +4,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import redis
 
@@ -34,10 +35,25 @@ def test_a_password_with_url_characters_works(tmp_path):
         assert connect(server.url).get("k") == b"v"
 
 
-def test_routable_address_always_gets_a_password(tmp_path):
-    server = EmbeddedRedis(tmp_path, host="0.0.0.0")
-    assert server.password and len(server.password) >= 24
-    assert f":{server.password}@" in server.url
+def test_every_server_gets_a_random_password_kept_out_of_its_command_line(tmp_path):
+    """Loopback too: any local user could otherwise write the run's key list (which decides what
+    ``run.resume=never`` deletes). The password goes in on stdin, not argv, which ``ps`` shows to all."""
+    assert EmbeddedRedis(tmp_path, host="0.0.0.0").password != EmbeddedRedis(tmp_path).password
+    with EmbeddedRedis(tmp_path) as server:
+        assert len(server.password) >= 24 and f":{server.password}@" in server.url
+        assert connect(server.url).ping()
+        try:
+            redis.Redis(host=server.host, port=server.port).set("k", "v")
+            raise AssertionError("server accepted a client without the password")
+        except (redis.AuthenticationError, redis.ResponseError) as e:
+            assert "auth" in str(e).lower()
+        cmdline = Path(f"/proc/{server.proc.pid}/cmdline").read_bytes().decode()
+        assert server.password not in cmdline
+
+
+def test_a_password_with_quotes_and_backslashes_reaches_the_server(tmp_path):
+    with EmbeddedRedis(tmp_path, password='a"b\\c d') as server:
+        assert connect(server.url).ping()
 
 
 def test_stop_is_idempotent_and_frees_the_port(tmp_path):
@@ -46,7 +62,7 @@ def test_stop_is_idempotent_and_frees_the_port(tmp_path):
     server.stop()
     server.stop()
     try:
-        redis.Redis(port=port, socket_connect_timeout=0.5).ping()
+        redis.Redis(port=port, password=server.password, socket_connect_timeout=0.5).ping()
         raise AssertionError("server still answers after stop()")
     except redis.ConnectionError:
         pass
@@ -56,21 +72,21 @@ _LAUNCHER = textwrap.dedent("""
     import sys, time
     from rredcot.launch.services import EmbeddedRedis
     s = EmbeddedRedis(sys.argv[1]).start()
-    print(s.port, flush=True)
+    print(s.url, flush=True)
     time.sleep(60)
 """)
 
 
 def test_server_dies_with_a_killed_launcher(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
-    port = int(proc.stdout.readline())
-    assert redis.Redis(port=port).ping()
+    url = proc.stdout.readline().strip()
+    assert connect(url).ping()
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:
-            redis.Redis(port=port, socket_connect_timeout=0.2).ping()
+            redis.Redis.from_url(url, socket_connect_timeout=0.2).ping()
             time.sleep(0.1)
         except redis.ConnectionError:
             return
@@ -87,10 +103,10 @@ def test_a_ctrl_c_to_the_launchers_process_group_leaves_the_server_up(tmp_path):
         [sys.executable, "-c", launcher, str(tmp_path)], stdout=subprocess.PIPE, text=True, start_new_session=True
     )
     try:
-        port = int(proc.stdout.readline())
+        url = proc.stdout.readline().strip()
         os.killpg(proc.pid, signal.SIGINT)
         time.sleep(1.0)
-        assert redis.Redis(port=port, socket_connect_timeout=1).ping()
+        assert redis.Redis.from_url(url, socket_connect_timeout=1).ping()
     finally:
         proc.kill()
         proc.wait()
