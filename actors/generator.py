@@ -25,6 +25,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from rredcot.actors.engine import Engine, EngineSpec, GroupOutput, PromptTooLong, Sampling
+from rredcot.actors.prompt_fit import PromptFit
 from rredcot.actors.rollouts import rollout_group
 from rredcot.common.codec import encode
 from rredcot.common.config import Config, ConfigError
@@ -98,6 +99,7 @@ class Generator:
         self.task = self.verifier.task
         train, _ = train_and_held_out(self.task, cfg.data, cfg.run.seed)
         self.order = ProblemOrder(train, cfg.data.shuffle_seed)
+        self.prompt_fit = PromptFit(len({p.id for p in train}), cfg.model.max_model_len)
         self.engine = engine or Engine(EngineSpec.from_config(cfg))
         g = cfg.generation
         self.sampling = Sampling(
@@ -181,7 +183,9 @@ class Generator:
         except PromptTooLong as e:
             self.metrics.rejected_too_long += 1
             self._reject(index, problem, e, "too_long")
+            self.prompt_fit.too_long(problem.id, len(ids))  # raises when every training prompt is too long
             return 0
+        self.prompt_fit.fits()
         self._problems[rid] = (index, problem)
         return 1
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rredcot.common.config import Config, available_configs, load_config, redacted, to_yaml
 from rredcot.common.errors import UserError
-from rredcot.launch.logs import headline
+from rredcot.launch.logs import WorkerFailed, headline, own_error
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -190,15 +190,17 @@ def _stage_options(args: argparse.Namespace, cfg: Config) -> dict[str, object]:
 
 
 def shown_error(e: BaseException) -> BaseException:
-    """The exception to show: a worker's own when Ray wraps it (``RayTaskError.cause``)."""
-    cause = getattr(e, "cause", None)
-    return cause if isinstance(cause, BaseException) else e
+    """The exception whose kind decides the label and the exit code: a failed worker's own error,
+    or the one Ray wraps (``RayTaskError.cause``)."""
+    return e.error if isinstance(e, WorkerFailed) else own_error(e)
 
 
 def one_line(e: BaseException) -> str:
-    """An error as the one line the user sees: a ``UserError``'s message, or any other error's type
-    and first line with where the full story is."""
+    """An error as the one line the user sees: a ``UserError``'s message, a failed worker's name, error
+    and log, or any other error's type and first line with where the full story is."""
     shown = shown_error(e)
+    if isinstance(e, WorkerFailed):
+        return f"{shown.label if isinstance(shown, UserError) else 'failed'}: {e}"
     if isinstance(shown, UserError):
         return f"{shown.label}: {shown}"
     where = "a run's logs are in <run.dir>/logs; rerun with --debug for the traceback"

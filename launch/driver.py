@@ -23,6 +23,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,22 @@ from rredcot.common.streams import BATCHES, ROLLOUTS, connect, key, registered_k
 from rredcot.common.weight_group import group_key
 from rredcot.common.weight_slots import host_slots_left
 from rredcot.launch.doctor import preflight
-from rredcot.launch.logs import route_library_loggers, setup_driver_logging, tail
+from rredcot.launch.interrupts import (
+    catch_interrupts,
+    hurried,
+    raise_if_interrupted,
+    raise_interrupt,
+    received,
+    stopping,
+)
+from rredcot.launch.logs import (
+    WorkerFailed,
+    headline,
+    route_library_loggers,
+    route_ray_errors_to_log,
+    setup_driver_logging,
+    tail,
+)
 from rredcot.launch.monitor import Monitor, Phases, Progress, fmt_duration
 from rredcot.launch.plan import Tier, bundles, check_plan, evaluator_tier, local_cores, local_ray_cpus
 from rredcot.launch.report import RunOutcome, write_report
@@ -127,6 +143,7 @@ def _init_ray(cfg: Config, stack: contextlib.ExitStack) -> None:
     if ray.is_initialized():
         return
     route_library_loggers("ray")
+    route_ray_errors_to_log()
     stack.callback(ray.shutdown)  # before init: a Ctrl-C during it still stops what it started
     if cfg.cluster.address:
         ray.init(address=cfg.cluster.address, log_to_driver=False)
@@ -217,7 +234,7 @@ def train(cfg: Config, verbose: bool = False) -> Path:
     claim_run_dir(run_dir, cfg.run.name, cfg.run.resume)
     phases = Phases()
     outcome = RunOutcome(status="failed", phases=phases)
-    _received.clear()
+    received.clear()
     with contextlib.ExitStack() as stack:
         stack.callback(hold_run_lock(run_dir, cfg.run.name))  # before anything in run_dir is touched
         fresh = cfg.run.resume == "never"  # an earlier run's driver.log is overwritten
@@ -228,35 +245,49 @@ def train(cfg: Config, verbose: bool = False) -> Path:
         try:
             _run(cfg, run_dir, phases, outcome, stack)
         except KeyboardInterrupt as e:
-            outcome.status = f"interrupted ({_received[-1] if _received else str(e) or 'SIGINT'})"
+            outcome.status = f"interrupted ({received[-1] if received else str(e) or 'SIGINT'})"
             log.warning("stopping: %s; the learner checkpoints and the report is written", outcome.status)
-            _stop(outcome)
+            with stopping():
+                _stop(outcome)
             raise  # after the report and the teardown: the command exits with 130
         except BaseException as e:
-            outcome.status = f"failed: {type(e).__name__}: {e}"
+            # one line: a failed worker names itself and its log; any other error its type and first line
+            outcome.status = (
+                f"failed: {e}" if isinstance(e, WorkerFailed) else f"failed: {type(e).__name__}: {headline(e)}"
+            )
             log.error("the run failed", exc_info=True, extra={"console": False})  # the traceback, in driver.log
-            _stop(outcome)
+            with stopping():
+                _stop(outcome)
             raise
         finally:
-            if outcome.control is not None:
-                _close_ledger(outcome)
-            if outcome.monitor is not None:
-                phases.enter("report")
-                try:
-                    artefacts = write_report(outcome.cfg or cfg, run_dir, outcome)
-                except Exception:  # noqa: BLE001 - never hide the run's own outcome behind a report error
-                    log.exception("could not write the report")
-                    artefacts = {}
-                log.info(
-                    "run %s after %s: report in %s (%s)",
-                    outcome.status,
-                    fmt_duration(phases.elapsed()),
-                    run_dir / "report",
-                    ", ".join(artefacts),
-                )
+            with stopping():
+                _finish(cfg, run_dir, outcome, phases)
     if outcome.status == "finished":
         record_seconds(cfg, phases.elapsed())
     return run_dir / "report"
+
+
+def _finish(cfg: Config, run_dir: Path, outcome: RunOutcome, phases: Phases) -> None:
+    """Close the ledger and write the report, whatever ended the run."""
+    if outcome.control is not None:
+        _close_ledger(outcome)
+    if outcome.monitor is None:  # stopped before anything ran
+        return
+    phases.enter("report")
+    try:
+        artefacts = write_report(outcome.cfg or cfg, run_dir, outcome)
+    except Exception:  # noqa: BLE001 - never hide the run's own outcome behind a report error
+        log.exception("could not write the report")
+        artefacts = {}
+    word, _, why = outcome.status.partition(": ")  # "failed: gen0: …" -> failed (gen0: …)
+    log.info(
+        "run %s after %s%s: report in %s (%s)",
+        word,
+        fmt_duration(phases.elapsed()),
+        f" ({why})" if why else "",
+        run_dir / "report",
+        ", ".join(artefacts),
+    )
 
 
 def _close_ledger(outcome: RunOutcome) -> None:
@@ -296,7 +327,7 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     _init_ray(cfg, stack)
     raise_if_interrupted()
     # after ray.init, which installs its own SIGTERM handler: ours tears the run down cleanly
-    stack.callback(signal.signal, signal.SIGTERM, signal.signal(signal.SIGTERM, _raise_interrupt))
+    stack.callback(signal.signal, signal.SIGTERM, signal.signal(signal.SIGTERM, raise_interrupt))
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     check_plan(cfg, ray.cluster_resources(), nodes=len(nodes))  # fails before any actor starts
     if cfg.run.resume == "never":
@@ -453,7 +484,10 @@ def _stop(outcome: RunOutcome) -> None:
     try:
         outcome.control.request_stop(outcome.status)
         learners = [r for r, (tier, _) in outcome.refs.items() if tier == "learner"]
-        done, _ = ray.wait(learners, num_returns=len(learners), timeout=STOP_GRACE_S) if learners else ([], [])
+        done: list[Any] = []
+        deadline = time.monotonic() + STOP_GRACE_S
+        while learners and len(done) < len(learners) and time.monotonic() < deadline and not hurried.is_set():
+            done, _ = ray.wait(learners, num_returns=len(learners), timeout=0.5)  # a second Ctrl-C: stop waiting
         outcome.learner_stopped = bool(learners) and len(done) == len(learners)
         for r in done:
             with contextlib.suppress(Exception):
@@ -468,43 +502,3 @@ def _stop(outcome: RunOutcome) -> None:
             if path.name != "driver.log" and "Error" in (end := tail(path, 15)):
                 log.error("%s ended with an error: see its end in %s", path.stem, logs / "driver.log")
                 log.error("the end of %s:\n%s", path, end, extra={"console": False})
-
-
-_received: list[str] = []  # signals that stopped the run (Ray may re-raise a KeyboardInterrupt of its own)
-# logging's module-lock functions, which run as at-fork hooks too: an exception raised in them leaves
-# the lock held (every other thread's getLogger would then wait forever)
-_LOGGING_LOCK_FUNCTIONS = {"_acquireLock", "_releaseLock", "_prepareFork", "_afterFork"}
-
-
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    _received.append(signal.Signals(signum).name)
-    if (
-        frame is not None
-        and frame.f_globals.get("__name__") == "logging"
-        and frame.f_code.co_name in _LOGGING_LOCK_FUNCTIONS
-    ):
-        return  # let it release the lock: the next raise_if_interrupted raises the signal
-    raise KeyboardInterrupt(_received[-1])
-
-
-def catch_interrupts(stack: contextlib.ExitStack) -> None:
-    """Until ``stack`` closes: SIGINT raises a recorded ``KeyboardInterrupt``, and one that lands
-    where Python can only print it (an at-fork hook as a subprocess starts, a ``__del__``) prints
-    no traceback: it goes to driver.log, and ``raise_if_interrupted`` raises it again."""
-    stack.callback(signal.signal, signal.SIGINT, signal.signal(signal.SIGINT, _raise_interrupt))
-    previous = sys.unraisablehook
-
-    def quiet_dropped_interrupt(unraisable: Any) -> None:
-        if isinstance(unraisable.exc_value, KeyboardInterrupt) and _received:
-            log.debug("a %s landed in %r, which drops exceptions; raised again later", _received[-1], unraisable.object)
-            return
-        previous(unraisable)
-
-    sys.unraisablehook = quiet_dropped_interrupt
-    stack.callback(setattr, sys, "unraisablehook", previous)
-
-
-def raise_if_interrupted() -> None:
-    """Raise the ``KeyboardInterrupt`` of a stop signal that library code caught and dropped."""
-    if _received:
-        raise KeyboardInterrupt(_received[-1])

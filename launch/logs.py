@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+from rredcot.common.errors import UserError
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -67,6 +71,20 @@ def route_library_loggers(*names: str) -> None:
         lib.propagate = True
 
 
+def route_ray_errors_to_log() -> None:
+    """Ray's driver prints what its raylet publishes ("A worker died or was killed …") straight to
+    stdout, past logging and ``log_to_driver=False``: send it to driver.log instead (the run's own
+    line says which worker failed and where its log is)."""
+    import ray._private.worker as ray_worker
+
+    def to_log(data: dict[str, Any], ignore_prefix: bool = False) -> None:
+        for line in data.get("lines", []):
+            logging.getLogger("ray").info("(%s) %s", data.get("pid"), line, extra={"console": False})
+
+    if hasattr(ray_worker, "print_to_stdstream"):  # the name Ray's error listener calls at each message
+        ray_worker.print_to_stdstream = to_log
+
+
 def redirect_output(log_file: Path) -> None:
     """This process's stdout and stderr (Python and C++ alike) → ``log_file`` (appended); Python
     logging at INFO to it as well."""
@@ -91,3 +109,29 @@ def tail(log_file: Path, lines: int = 20) -> str:
 def headline(error: BaseException) -> str:
     """The first non-empty line of an error's message ("" when it has none)."""
     return next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+
+
+def own_error(error: BaseException) -> BaseException:
+    """A worker's own exception where Ray wraps it (``RayTaskError.cause``), else ``error``."""
+    cause = getattr(error, "cause", None)
+    return cause if isinstance(cause, BaseException) else error
+
+
+def what_failed(error: BaseException) -> str:
+    """A worker's failure in a few words: its process's death, or its exception's type and first line."""
+    if type(error).__name__ == "ActorDiedError" and not getattr(error, "actor_init_failed", False):
+        exit_type = re.search(r"Worker exit type: (\w+)", str(error))
+        how = f"; Ray says {exit_type[1]}" if exit_type else ""
+        return f"its process died (killed by a signal, the out-of-memory killer or a crash{how})"
+    if isinstance(error, UserError):
+        return headline(error)
+    return f"{type(error).__name__}: {headline(error)}"
+
+
+class WorkerFailed(RuntimeError):
+    """A stage worker's ``run()`` failed: which worker, its own error in one line, where its log is
+    (Ray's tracebacks stay in the logs)."""
+
+    def __init__(self, worker: str, error: BaseException, log_path: Path) -> None:
+        self.worker, self.error, self.log_path = worker, own_error(error), log_path
+        super().__init__(f"{worker}: {what_failed(self.error)}; its log: {log_path}")

@@ -20,12 +20,13 @@ import contextlib
 import logging
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from rredcot.common.config import Config, to_dict
 from rredcot.common.control import RunControl
-from rredcot.launch.logs import headline
-from rredcot.launch.stages import StageWorker, restart_options, stage_env
+from rredcot.launch.logs import WorkerFailed, headline
+from rredcot.launch.stages import WORKER_PREFIX, StageWorker, restart_options, stage_env
 
 log = logging.getLogger(__name__)
 
@@ -104,11 +105,10 @@ class StageActors:
         try:
             ray.get(ref)
         except Exception as e:
-            if tier != "learner":
-                raise
-            died = self._learner_death(rank, e)
+            died = self._learner_death(rank, e) if tier == "learner" else None
             if died is None:
-                raise
+                name = f"{WORKER_PREFIX[tier]}{rank}"
+                raise WorkerFailed(name, e, Path(self.cfg.run.dir).resolve() / "logs" / f"{name}.log") from e
             self.restart_learners(died)
 
     def _learner_death(self, rank: int, error: Exception) -> str | None:

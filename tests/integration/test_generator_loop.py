@@ -12,6 +12,7 @@ import torch
 
 from rredcot.actors.engine import Engine, EngineSpec
 from rredcot.actors.generator import Generator
+from rredcot.actors.prompt_fit import NoPromptFits
 from rredcot.common.codec import decode
 from rredcot.common.config import load_config
 from rredcot.common.ledger import Ledger, group_id, inflight_key
@@ -107,6 +108,26 @@ def test_records_on_redis_decode_validate_and_long_prompt_is_rejected(
     stored = redis_client.hgetall(key(run_id, "metrics:g0"))
     assert stored[b"tier"] == b"generator"
     assert float(stored[b"finished_groups"]) == 5 and float(stored[b"tokens_per_s"]) > 0
+
+
+def test_a_pool_of_prompts_that_are_all_too_long_stops_the_generator_with_one_line(
+    setup, redis_server, redis_client, run_id, tmp_path
+):
+    """Every prompt is rejected as too long: the generator says so after trying each once, not
+    cycling through the pool for ever (the console used to stay at ``training step 0``)."""
+    path, engines, _, _ = setup
+    _reset(engines)
+    long = "What is " + " + ".join(["1"] * 400) + "?"
+    rows = [{"problem": f"{long} ({i})", "solution": "Answer: 400", "answer": "400"} for i in range(3)]
+    data = tmp_path / "long.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    extra = ("task.name=math", "data.source=jsonl", f"data.path={data}", "data.eval_size=0", "run.steps=2")
+    cfg = _cfg(path, redis_server.url, run_id, *extra, "generation.prompts_per_step=2")
+    gen = Generator(cfg, "g0", engine=engines[0])
+    with pytest.raises(NoPromptFits, match=rf"all 3 were rejected .* model.max_model_len = {MAX_LEN}\)") as e:
+        gen.run(timeout_s=60, linger=False)
+    gen.close()
+    assert "\n" not in str(e.value) and gen.metrics.rejected_too_long == 3 and gen.metrics.finished_groups == 0
 
 
 def test_a_group_with_a_nan_log_prob_is_rejected_and_its_slot_freed(setup, redis_server, redis_client, run_id):

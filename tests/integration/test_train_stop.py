@@ -115,3 +115,48 @@ def test_ctrl_c_during_start_up_ends_in_seconds_with_one_line(tmp_path: Path) ->
     assert console.rstrip().splitlines()[-1] == "rredcot: interrupted" and "Traceback" not in console, console
     time.sleep(2)
     assert not ray_daemons(proc.pid), "the run left Ray daemons behind"
+
+
+def test_ctrl_c_twice_stops_at_once_and_still_writes_the_report(tmp_path: Path) -> None:
+    """A second Ctrl-C while the run stops cuts the learner's grace period short; it used to end the
+    run without its ``summary.json``."""
+    run_dir = tmp_path / "run"
+    proc = start_train(tmp_path, "run.name=twice", "run.steps=400", "data.eval_size=0", "logging.progress_every_s=1")
+    driver_log = run_dir / "logs" / "driver.log"
+    deadline = time.monotonic() + 300
+    while learner_step(driver_log) < 1:
+        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "console.log").read_text()[-3000:]
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)  # the first Ctrl-C; the second once the stop has begun
+    stopping = lambda: "stopping: interrupted" in driver_log.read_text()
+    took = signal_when(proc, stopping, signal.SIGINT, tmp_path, wait_s=30)
+    console = (tmp_path / "console.log").read_text()
+    assert proc.returncode == 130 and took <= GRACE_S, console[-3000:]
+    assert "SIGINT again: not waiting for the learner's checkpoint" in console and "Traceback" not in console
+    summary = json.loads((run_dir / "report" / "summary.json").read_text())
+    assert summary["status"] == "interrupted (SIGINT)" and summary["steps"] >= 1
+
+
+def test_a_worker_that_fails_says_its_own_error_in_one_line(tmp_path: Path) -> None:
+    """Every prompt longer than the context: the generator stops the run, and the console's last
+    line names it, its own error and its log (no Ray traceback, no raylet lines); exit 2, a user error."""
+    long = "What is " + " + ".join(["1"] * 400) + "?"
+    data = tmp_path / "long.jsonl"
+    data.write_text(
+        "\n".join(
+            json.dumps({"problem": f"{long} ({i})", "solution": "Answer: 400", "answer": "400"}) for i in range(4)
+        )
+    )
+    proc = start_train(
+        tmp_path, "run.name=toolong", "task.name=math", "data.source=jsonl", f"data.path={data}", "data.eval_size=0"
+    )
+    proc.wait(timeout=300)
+    console = (tmp_path / "console.log").read_text()
+    last = console.rstrip().splitlines()[-1]
+    log = tmp_path / "run" / "logs" / "gen0.log"
+    assert proc.returncode == 2, console[-3000:]
+    assert last.startswith("rredcot: error: gen0: no training prompt fits the context: all 4 were rejected"), last
+    assert last.endswith(f"its log: {log}") and log.exists()
+    assert "Traceback" not in console and "(raylet)" not in console and "ActorDiedError" not in console, console
+    summary = json.loads((tmp_path / "run" / "report" / "summary.json").read_text())
+    assert summary["status"].startswith("failed: gen0: no training prompt fits")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from rredcot.common.config import load_config
+from rredcot.common.errors import UserError
 from rredcot.launch import cli, driver
 from rredcot.launch.cli import build_parser, main
 
@@ -171,6 +172,17 @@ def test_other_errors_are_one_line_unless_debug(
         main(["--debug", *command])
 
 
+def test_a_failed_worker_is_one_line_naming_it_and_a_user_error_in_it_exits_2() -> None:
+    from rredcot.actors.prompt_fit import NoPromptFits
+    from rredcot.launch.logs import WorkerFailed
+
+    crashed = WorkerFailed("gen0", RuntimeError("engine gone\ntraceback ..."), Path("/r/logs/gen0.log"))
+    assert cli.one_line(crashed) == "failed: gen0: RuntimeError: engine gone; its log: /r/logs/gen0.log"
+    too_long = WorkerFailed("gen0", NoPromptFits("no training prompt fits"), Path("/r/logs/gen0.log"))
+    assert cli.one_line(too_long) == "error: gen0: no training prompt fits; its log: /r/logs/gen0.log"
+    assert isinstance(cli.shown_error(too_long), UserError)  # exit 2, a mistake in the input
+
+
 def _parse(argv: list[str]) -> tuple[object, ...]:
     args = cli.parse_args(argv)
     return args.config, args.overrides
@@ -225,7 +237,7 @@ def test_the_driver_never_shows_a_redis_password() -> None:
     assert "Redis at redis://:***@10.0.0.1:6379/0" in driver.first_line(cfg, Path("run"))
     assert driver.embedded_redis_line("redis://127.0.0.1:7000/0", None) == "redis://127.0.0.1:7000/0"
     line = driver.embedded_redis_line("redis://:gen%2Fpw@10.0.0.1:7000/0", None)
-    assert line.startswith("redis://:***@10.0.0.1:7000/0 (password: generated") and "gen" not in line[:30]
+    assert line.startswith("redis://:***@10.0.0.1:7000/0 (password: random") and "gen" not in line[:30]
     assert "(password: redis.password)" in driver.embedded_redis_line("redis://:pw@10.0.0.1:7000/0", "pw")
 
 

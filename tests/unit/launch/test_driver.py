@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import signal
-import sys
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
@@ -17,7 +13,6 @@ from rredcot.common.control import RunControl
 from rredcot.common.ledger import inflight_key
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Producer, run_key
-from rredcot.launch import driver
 from rredcot.launch.driver import (
     RUN_MARKER,
     RunDirError,
@@ -26,7 +21,6 @@ from rredcot.launch.driver import (
     _init_ray,
     claim_run_dir,
     next_eval_step,
-    raise_if_interrupted,
     train,
 )
 from rredcot.launch.plan import PlanError, local_cores
@@ -144,80 +138,6 @@ def test_a_local_plan_beyond_the_cores_fails_before_ray_starts():
     assert not ray.is_initialized()
     assert f"needs {generators + 2} CPUs (generators {generators} x 1" in str(e.value)
     assert f"has {local_cores()} cores" in str(e.value) and "cluster.generators" in str(e.value)
-
-
-def test_a_stop_signal_that_library_code_swallowed_still_stops_the_run() -> None:
-    """Ray's start-up can catch the KeyboardInterrupt of a Ctrl-C and carry on; the driver's handler
-    records the signal, and the next check raises it again."""
-    driver._received.clear()
-    raise_if_interrupted()  # no signal: nothing
-    with contextlib.suppress(KeyboardInterrupt):  # what the library did
-        driver._raise_interrupt(signal.SIGINT, None)
-    with pytest.raises(KeyboardInterrupt, match="SIGINT"):
-        raise_if_interrupted()
-    driver._received.clear()
-
-
-class _DropsInterrupt:
-    """Raises a stop signal inside ``__del__``, where Python can only print the exception, as it
-    does in the at-fork hooks that run while a subprocess starts."""
-
-    def __init__(self, raise_: Any) -> None:
-        self.raise_ = raise_
-
-    def __del__(self) -> None:
-        self.raise_()
-
-
-def test_an_interrupt_python_can_only_print_prints_no_traceback_and_still_stops_the_run(monkeypatch) -> None:
-    """CI saw ``Exception ignored in: <function _releaseLock ...> Traceback ... KeyboardInterrupt`` on
-    the console of a Ctrl-C'd run: the signal landed in logging's at-fork hook."""
-    printed: list[BaseException] = []
-    monkeypatch.setattr(sys, "unraisablehook", lambda u: printed.append(u.exc_value))
-    driver._received.clear()
-    with contextlib.ExitStack() as stack:
-        driver.catch_interrupts(stack)
-        _DropsInterrupt(lambda: signal.raise_signal(signal.SIGINT))
-        assert printed == []  # not shown ...
-        with pytest.raises(KeyboardInterrupt, match="SIGINT"):
-            raise_if_interrupted()  # ... but not lost
-        _DropsInterrupt(lambda: 1 / 0)
-        assert [type(e) for e in printed] == [ZeroDivisionError]  # anything else is printed as before
-    assert signal.getsignal(signal.SIGINT) is not driver._raise_interrupt
-    sys.unraisablehook(SimpleNamespace(exc_value=KeyboardInterrupt()))  # the hook before is back
-    assert isinstance(printed[-1], KeyboardInterrupt)
-    driver._received.clear()
-
-
-def test_a_signal_inside_loggings_lock_functions_waits_until_they_release_the_lock() -> None:
-    """Raised inside ``logging._releaseLock`` (an at-fork hook as well), the interrupt would leave
-    logging's module lock held; the handler records it there, and the next check raises it."""
-    frames = {}
-
-    def keep(frame, event, arg):
-        if event == "call" and frame.f_globals.get("__name__") in ("logging", __name__):
-            frames.setdefault(frame.f_code.co_name, frame)
-
-    def elsewhere() -> None:
-        pass
-
-    sys.setprofile(keep)
-    try:
-        logging.getLogger("rredcot.test.driver")  # takes and releases the module lock
-        elsewhere()
-    finally:
-        sys.setprofile(None)
-    in_logging = [f for name, f in frames.items() if name in driver._LOGGING_LOCK_FUNCTIONS]
-    assert in_logging, sorted(frames)
-    driver._received.clear()
-    for frame in in_logging:
-        driver._raise_interrupt(signal.SIGINT, frame)  # recorded, not raised
-    assert driver._received == ["SIGINT"] * len(in_logging)
-    with pytest.raises(KeyboardInterrupt, match="SIGINT"):
-        raise_if_interrupted()
-    with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
-        driver._raise_interrupt(signal.SIGTERM, frames["elsewhere"])  # anywhere else: raised at once
-    driver._received.clear()
 
 
 def test_the_next_periodic_evaluation_is_the_next_multiple():

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rredcot.launch.logs import ConsoleFilter, tail
+from rredcot.launch.logs import ConsoleFilter, WorkerFailed, route_ray_errors_to_log, tail
 
 
 def record(name: str, level: int, **extra: object) -> logging.LogRecord:
@@ -59,3 +59,33 @@ def test_setup_returns_the_previous_handlers(tmp_path: Path) -> None:
     assert root.handlers != before and len(root.handlers) == 2
     restore()
     assert root.handlers == before
+
+
+def test_a_failed_worker_is_one_line_with_its_own_error_and_its_log() -> None:
+    """Ray wraps a worker's exception (``RayTaskError.cause``) and a dead process (``ActorDiedError``,
+    whose message runs to a dozen lines); the line names the worker, its own error and its log."""
+    from ray.exceptions import ActorDiedError
+
+    from rredcot.actors.prompt_fit import NoPromptFits
+
+    class Wrapped(Exception):  # what RayTaskError exposes: the worker's exception as .cause
+        cause = ValueError("bad shape\n  (3, 4) vs (4, 3)")
+
+    log = Path("/runs/x/logs/red0.log")
+    assert str(WorkerFailed("red0", Wrapped(), log)) == f"red0: ValueError: bad shape; its log: {log}"
+    died = WorkerFailed("gen0", ActorDiedError(), Path("gen0.log"))
+    assert str(died).startswith("gen0: its process died (killed by a signal") and "\n" not in str(died)
+    user = WorkerFailed("gen0", NoPromptFits("no training prompt fits"), Path("gen0.log"))
+    assert str(user) == "gen0: no training prompt fits; its log: gen0.log" and isinstance(user.error, NoPromptFits)
+
+
+def test_rays_error_printer_writes_to_the_log_not_the_console(caplog, capsys) -> None:
+    import ray._private.worker as ray_worker
+
+    route_ray_errors_to_log()
+    with caplog.at_level(logging.INFO, logger="ray"):
+        ray_worker.print_to_stdstream({"lines": ["A worker died or was killed"], "pid": "raylet", "is_err": False})
+    out = capsys.readouterr()
+    assert out.out == out.err == ""
+    assert [r.getMessage() for r in caplog.records] == ["(raylet) A worker died or was killed"]
+    assert all(r.console is False for r in caplog.records)
