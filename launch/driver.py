@@ -44,6 +44,7 @@ from rredcot.launch.interrupts import (
     received,
     stopping,
 )
+from rredcot.launch.leftovers import end_leftovers, record_session
 from rredcot.launch.logs import (
     WorkerFailed,
     headline,
@@ -240,6 +241,7 @@ def train(cfg: Config, verbose: bool = False) -> Path:
         fresh = cfg.run.resume == "never"  # an earlier run's driver.log is overwritten
         stack.callback(setup_driver_logging(run_dir / "logs" / "driver.log", verbose, append=not fresh))
         log.info(first_line(cfg, run_dir))
+        end_leftovers(run_dir)  # the Ray processes of an earlier driver of this run that was killed
         for warning in warnings:
             log.warning(warning.line())
         try:
@@ -324,6 +326,7 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     # run went on to the end); ours records the signal, so that the run stops as soon as it returns
     catch_interrupts(stack)
     stack.callback(_say_slots_left, cfg.run.name)  # after Ray's shutdown: what a failed learner left in /dev/shm
+    stack.callback(end_leftovers, run_dir)  # after Ray's shutdown: any of its processes that outlived it
     _init_ray(cfg, stack)
     raise_if_interrupted()
     # after ray.init, which installs its own SIGTERM handler: ours tears the run down cleanly
@@ -332,6 +335,8 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     check_plan(cfg, ray.cluster_resources(), nodes=len(nodes))  # fails before any actor starts
     if cfg.run.resume == "never":
         _clear_run_dir(run_dir, keep=run_dir / "logs" / "driver.log")
+    if not cfg.cluster.address:  # a local Ray of the run's own: a later start ends what a killed driver left
+        record_session(run_dir, ray._private.worker._global_node.get_session_dir_path())
     (run_dir / "report").mkdir(parents=True, exist_ok=True)
     server = None
     if not cfg.redis.url:

@@ -1,7 +1,8 @@
 """The whole ``rredcot train`` killed with SIGKILL mid-run (its embedded Redis and local Ray go with
 it), then ``rredcot train ... run.resume=auto``: the run restores the newest checkpoint, trains
 again what was trained after it, finishes, and its ledger balances: every admitted prompt trained,
-none lost (the streams, the ledger and the replay log come back from Redis' append-only file)."""
+none lost (the streams, the ledger and the replay log come back from Redis' append-only file); and
+the killed driver's Ray processes that outlived it (its agents) are ended by the resumed run's start."""
 
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ import signal
 import time
 from pathlib import Path
 
-import psutil
-
-from tests.integration.test_train_stop import learner_step, ray_daemons, signal_when, start_train
+from rredcot.launch.leftovers import SESSION_FILE, session_processes
+from tests.integration.test_train_stop import learner_step, signal_when, start_train
 
 OVERRIDES = (
     "run.name=drvkill",
@@ -26,22 +26,12 @@ OVERRIDES = (
 )
 
 
-def _kill_tree(pids: set[int]) -> None:
-    """What a killed driver left behind (its Ray daemons and their workers)."""
-    procs = [
-        p for pid in pids if psutil.pid_exists(pid) for p in [psutil.Process(pid), *psutil.Process(pid).children(True)]
-    ]
-    for p in procs:
-        p.kill()
-    psutil.wait_procs(procs, timeout=30)
-
-
 def test_killed_driver_resumes_and_loses_nothing(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = start_train(tmp_path, *OVERRIDES)
     signal_when(proc, lambda: learner_step(run_dir / "logs" / "driver.log") >= 3, signal.SIGKILL, tmp_path, 400)
-    _kill_tree(ray_daemons(proc.pid))
     assert not (run_dir / "report" / "summary.json").exists()  # killed: no report
+    session = (run_dir / SESSION_FILE).read_text()  # its local Ray, whose agents outlive the driver
     assert [p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step-")]
     time.sleep(1)
     resumed = start_train(tmp_path, *OVERRIDES, "run.resume=auto")
@@ -52,3 +42,5 @@ def test_killed_driver_resumes_and_loses_nothing(tmp_path: Path) -> None:
     assert ledger["balanced"] and ledger["missing"] == [] and ledger["admitted"] == prompts, ledger
     assert (ledger["trained"], ledger["dead"], ledger["rejected"], ledger["in_flight"]) == (prompts, 0, 0, 0)
     assert "resumed from" in (run_dir / "logs" / "learner0.log").read_text()  # not a fresh start
+    assert session_processes(session) == []  # the resumed run ended what the killed driver left running
+    assert "an earlier driver of this run left behind" in (tmp_path / "console.log").read_text()
