@@ -7,9 +7,12 @@ the killed driver's Ray processes that outlived it (its agents) are ended by the
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from pathlib import Path
+
+from omegaconf import OmegaConf
 
 from rredcot.launch.leftovers import SESSION_FILE, session_processes
 from tests.integration.test_train_stop import learner_step, signal_when, start_train
@@ -42,5 +45,11 @@ def test_killed_driver_resumes_and_loses_nothing(tmp_path: Path) -> None:
     assert ledger["balanced"] and ledger["missing"] == [] and ledger["admitted"] == prompts, ledger
     assert (ledger["trained"], ledger["dead"], ledger["rejected"], ledger["in_flight"]) == (prompts, 0, 0, 0)
     assert "resumed from" in (run_dir / "logs" / "learner0.log").read_text()  # not a fresh start
+    # the resumed learner trained nothing more than η versions older than the weights it held
+    eta = OmegaConf.load(run_dir / "config.yaml").staleness.eta
+    stalest = re.search(
+        r"\| learner0 \| learner \|.*staleness_max=(\d+)", (run_dir / "report" / "summary.md").read_text()
+    )
+    assert stalest is not None and int(stalest[1]) <= eta
     assert session_processes(session) == []  # the resumed run ended what the killed driver left running
     assert "an earlier driver of this run left behind" in (tmp_path / "console.log").read_text()
