@@ -17,22 +17,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import ipaddress
 import logging
 import os
-import shutil
 import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from rredcot.common.config import Config, ConfigError, redact_url, redacted, to_dict, to_yaml
+from rredcot.common.config import Config, redact_url, redacted, to_dict, to_yaml
 from rredcot.common.control import RunControl
 from rredcot.common.files import write_text_atomic
 from rredcot.common.ledger import balance_now
 from rredcot.common.precision import cpu_info, dtype_settings, planned_dtype
-from rredcot.common.streams import BATCHES, ROLLOUTS, connect, key, registered_keys
+from rredcot.common.streams import connect
 from rredcot.common.weight_group import group_key
 from rredcot.common.weight_slots import host_slots_left
 from rredcot.launch.doctor import preflight
@@ -45,22 +43,23 @@ from rredcot.launch.interrupts import (
     stopping,
 )
 from rredcot.launch.leftovers import end_leftovers, record_session
+from rredcot.launch.local_ray import init_ray, local_ray_env
 from rredcot.launch.logs import (
     WorkerFailed,
     headline,
-    route_library_loggers,
-    route_ray_errors_to_log,
     setup_driver_logging,
     tail,
 )
 from rredcot.launch.monitor import Monitor, Phases, Progress, fmt_duration
-from rredcot.launch.plan import Tier, bundles, check_plan, evaluator_tier, local_cores, local_ray_cpus
+from rredcot.launch.plan import Tier, bundles, check_plan, evaluator_tier
 from rredcot.launch.report import RunOutcome, write_report
+from rredcot.launch.run_dir import claim_run_dir, clear_run_dir, clear_run_keys
 from rredcot.launch.run_lock import hold as hold_run_lock
 from rredcot.launch.run_times import expected_seconds, record_seconds
-from rredcot.launch.services import EmbeddedRedis
+from rredcot.launch.services import embedded_redis, embedded_redis_line
 from rredcot.launch.stages import WORKER_PREFIX
 from rredcot.launch.supervisor import StageActors
+from rredcot.launch.watch import Watch
 
 log = logging.getLogger(__name__)
 
@@ -69,118 +68,6 @@ STOP_GRACE_S = 18.0  # on SIGTERM / Ctrl-C: how long the learner gets to finish 
 
 def _with_redis_url(cfg: Config, url: str) -> Config:
     return dataclasses.replace(cfg, redis=dataclasses.replace(cfg.redis, url=url))
-
-
-# what ``run.resume=never`` clears in a run directory that carries this run's marker
-RUN_DIR_OUTPUTS = ("logs", "redis", "checkpoints", "weights", "traces", "tensorboard", "report", "placement.json")
-RUN_MARKER = ".rredcot-run"  # written by rredcot into each run directory it creates: the run's name
-
-
-class RunDirError(ConfigError):
-    """A run directory this run may not clear: it holds files rredcot did not write for this run."""
-
-
-def claim_run_dir(run_dir: Path, name: str, resume: str) -> None:
-    """Create ``run_dir`` with this run's marker, or find the marker there.
-
-    ``run.resume=never`` on a directory that has content but no marker naming ``name`` raises
-    ``RunDirError`` (nothing is deleted); ``auto`` resumes from such a directory without marking it.
-    """
-    marker = run_dir / RUN_MARKER
-    if marker.is_file() and marker.read_text().strip() == name:
-        return
-    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
-        if resume == "never":
-            raise RunDirError(
-                f"run.dir {run_dir} is not empty and has no {RUN_MARKER} file naming run {name!r}, so "
-                "run.resume=never will not clear it: pick another run.dir or run.name, or continue it "
-                "with run.resume=auto"
-            )
-        return
-    run_dir.mkdir(parents=True, exist_ok=True)
-    marker.write_text(name + "\n")
-
-
-def _clear_run_dir(run_dir: Path, keep: Path) -> None:
-    """``run.resume=never`` starts afresh: list, then remove, what an earlier run of this name left
-    in its (marked) directory; ``keep`` is the driver's new log file."""
-    doomed: list[Path] = []
-    for path in (run_dir / name for name in RUN_DIR_OUTPUTS):
-        if path == keep.parent and path.is_dir() and not path.is_symlink():
-            doomed += [p for p in sorted(path.iterdir()) if p != keep]
-        elif path.exists() or path.is_symlink():
-            doomed.append(path)
-    if doomed:
-        log.info("run.resume=never: deleting the earlier run's %s", ", ".join(map(str, doomed)))
-    for path in doomed:
-        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-
-
-def _clear_run_keys(client: Any, run_id: str) -> None:
-    """``run.resume=never`` on a shared server: list, then delete, the keys an earlier run of this
-    name registered (its streams, counters, metrics); nothing else."""
-    names = registered_keys(client, run_id)
-    if client.exists(names[-1]):  # the registry: an earlier run of this name wrote keys here
-        log.info("run.resume=never: deleting the earlier run's Redis keys %s", ", ".join(names))
-        client.delete(*names)
-
-
-def local_ray_env(cfg: Config) -> None:
-    """Before ``import ray``: a local Ray (no ``cluster.address``) listens on 127.0.0.1 only."""
-    if not cfg.cluster.address:
-        # Ray reads this when it is imported: with clusters "disabled" every Ray server of a local
-        # instance (GCS, raylet, agents, workers) binds 127.0.0.1 instead of the node's network IP.
-        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-        # If the local GCS dies first (a signal sent to the whole process group), give up on it in
-        # seconds rather than Ray's default minute, so that a stop still ends within 30 s.
-        os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", "5")
-
-
-def _init_ray(cfg: Config, stack: contextlib.ExitStack) -> None:
-    """Connect to ``cluster.address``, or start a local Ray that listens on 127.0.0.1 only."""
-    local_ray_env(cfg)
-    import ray
-
-    if ray.is_initialized():
-        return
-    route_library_loggers("ray")
-    route_ray_errors_to_log()
-    stack.callback(ray.shutdown)  # before init: a Ctrl-C during it still stops what it started
-    if cfg.cluster.address:
-        ray.init(address=cfg.cluster.address, log_to_driver=False)
-    else:
-        num_cpus = local_ray_cpus(cfg, local_cores())  # fails first if the plan cannot fit this machine
-        if not ipaddress.ip_address(ray.util.get_node_ip_address()).is_loopback:
-            raise RuntimeError(
-                "a local Ray would listen on this machine's network address because ray was imported "
-                "before rredcot could set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: set it in the environment, "
-                "or set cluster.address to a Ray cluster you started"
-            )
-        ray.init(
-            address="local",  # a Ray of its own even when another instance runs here (the doctor warns)
-            num_cpus=num_cpus,
-            include_dashboard=cfg.cluster.dashboard,
-            dashboard_host=cfg.cluster.dashboard_host,
-            log_to_driver=False,
-            logging_level=logging.WARNING,
-        )
-
-
-def embedded_redis(cfg: Config, run_dir: Path, nodes: int) -> EmbeddedRedis:
-    """The run's own Redis (``redis.url`` unset): on 127.0.0.1 on one node; on a cluster of ``nodes``
-    > 1, on this node's address; always with a password (``redis.password``, or a random one per run)."""
-    import ray
-
-    host = "127.0.0.1" if nodes <= 1 else ray.util.get_node_ip_address()
-    return EmbeddedRedis(run_dir / "redis", host=host, password=cfg.redis.password, server=cfg.redis.server)
-
-
-def embedded_redis_line(url: str, password: str | None) -> str:
-    """The embedded server's URL as the driver logs it: the password as ``***``, and where it is."""
-    if "@" not in url:
-        return url
-    where = "redis.password" if password else "random for this run, not saved: set redis.password to reach it"
-    return f"{redact_url(url)} (password: {where})"
 
 
 def _write_placement(pg: Any, plan: list[tuple[str, int, dict[str, float]]], out: Path) -> None:
@@ -327,14 +214,14 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     catch_interrupts(stack)
     stack.callback(_say_slots_left, cfg.run.name)  # after Ray's shutdown: what a failed learner left in /dev/shm
     stack.callback(end_leftovers, run_dir)  # after Ray's shutdown: any of its processes that outlived it
-    _init_ray(cfg, stack)
+    init_ray(cfg, stack)
     raise_if_interrupted()
     # after ray.init, which installs its own SIGTERM handler: ours tears the run down cleanly
     stack.callback(signal.signal, signal.SIGTERM, signal.signal(signal.SIGTERM, raise_interrupt))
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     check_plan(cfg, ray.cluster_resources(), nodes=len(nodes))  # fails before any actor starts
     if cfg.run.resume == "never":
-        _clear_run_dir(run_dir, keep=run_dir / "logs" / "driver.log")
+        clear_run_dir(run_dir, keep=run_dir / "logs" / "driver.log")
     if not cfg.cluster.address:  # a local Ray of the run's own: a later start ends what a killed driver left
         record_session(run_dir, ray._private.worker._global_node.get_session_dir_path())
     (run_dir / "report").mkdir(parents=True, exist_ok=True)
@@ -348,7 +235,7 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     write_text_atomic(run_dir / "config.yaml", to_yaml(redacted(cfg)))  # polled for by tools and tests
     client = connect(cfg.redis.url)
     if cfg.run.resume == "never":
-        _clear_run_keys(client, cfg.run.name)
+        clear_run_keys(client, cfg.run.name)
     control = outcome.control = RunControl(client, cfg.run.name)
     control.clear_stop()
     monitor = outcome.monitor = Monitor(cfg, control, run_dir / "tensorboard", to_dict(redacted(cfg)))
@@ -395,72 +282,6 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     outcome.status = "finished"
 
 
-class Watch:
-    """The driver's waiting: polls metrics, shows progress, and surfaces any actor's failure at once."""
-
-    def __init__(
-        self, cfg: Config, monitor: Monitor, progress: Progress, client: Any, server: EmbeddedRedis | None
-    ) -> None:
-        self.cfg, self.monitor, self.progress, self.client, self.server = cfg, monitor, progress, client, server
-        self.redis_restarts = 0
-
-    def tick(self, evals_left: int) -> None:
-        raise_if_interrupted()
-        self._keep_redis()
-        self.monitor.poll()
-        depths = {s: self.client.xlen(key(self.cfg.run.name, s)) for s in (ROLLOUTS, BATCHES)}
-        self.progress.update(self.monitor, depths, evals_left)
-
-    def _keep_redis(self) -> None:
-        """Restart the embedded Redis if it died: same port, its append-only file replayed (every
-        acknowledged write survives a killed process), so the workers' clients, which retry with
-        back-off, carry on; at most ``cluster.max_restarts`` times."""
-        if self.server is None or self.server.alive():
-            return
-        code = self.server.proc.returncode if self.server.proc is not None else None
-        if self.redis_restarts >= self.cfg.cluster.max_restarts:
-            raise RuntimeError(
-                f"the embedded Redis server died (exit {code}) after {self.redis_restarts} restart(s); "
-                "resume the run with run.resume=auto"
-            )
-        self.redis_restarts += 1
-        log.warning(
-            "the embedded Redis server died (exit %s); restarting it on port %d from its append-only file (%d/%d)",
-            code,
-            self.server.port,
-            self.redis_restarts,
-            self.cfg.cluster.max_restarts,
-        )
-        self.server.start()
-        self.monitor.control.publish_metrics("driver", "driver", {"redis_restarts": float(self.redis_restarts)})
-
-    def wait(self, ref: Any, evals_left: int) -> Any:
-        """The result of ``ref`` (an evaluation), with progress while it runs."""
-        import ray
-
-        while not ray.wait([ref], timeout=1.0)[0]:
-            self.tick(evals_left)
-        self.tick(evals_left)
-        return ray.get(ref)
-
-    def training(self, actors: StageActors, next_eval: int, evaluate: Any) -> None:
-        """Until every learner rank returns (a lost learner tier is restarted on the way);
-        evaluations every ``next_eval`` steps when set."""
-        import ray
-
-        every = next_eval
-        next_eval = next_eval_step(self.monitor.step, every) if every else 0  # a resumed run: after its step
-        final_eval = int(evaluate is not None)
-        while actors.learning():
-            done, _ = ray.wait(actors.pending(), num_returns=1, timeout=1.0)
-            for r in done:
-                actors.collect(r)  # raises a worker's failure (the error path tears everything down)
-            self.tick(final_eval)
-            if next_eval and self.monitor.step >= next_eval and actors.learning():
-                self.monitor.add_eval(self.wait(evaluate(), final_eval), self.monitor.step)
-                next_eval = next_eval_step(self.monitor.step, every)
-
-
 def _say_slots_left(run_id: str) -> None:
     """Say that a killed or failed learner's ``ipc`` slots stay in ``/dev/shm``, and how to free them."""
     if left := host_slots_left(run_id):
@@ -471,12 +292,6 @@ def _say_slots_left(run_id: str) -> None:
             mib,
             " ".join(map(str, left)),
         )
-
-
-def next_eval_step(step: int, every: int) -> int:
-    """The step of the next periodic evaluation after one at ``step``: the next multiple of ``every``
-    (a resumed run far past ``every`` evaluates once, not once per multiple it skipped)."""
-    return (step // every + 1) * every
 
 
 def _stop(outcome: RunOutcome) -> None:

@@ -23,7 +23,7 @@ from urllib.parse import quote
 
 import redis
 
-from rredcot.common.config import ConfigError
+from rredcot.common.config import Config, ConfigError, redact_url
 from rredcot.common.net import free_port
 
 
@@ -168,3 +168,20 @@ class EmbeddedRedis:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def embedded_redis(cfg: Config, run_dir: Path, nodes: int) -> EmbeddedRedis:
+    """The run's own Redis (``redis.url`` unset): on 127.0.0.1 on one node; on a cluster of ``nodes``
+    > 1, on this node's address; always with a password (``redis.password``, or a random one per run)."""
+    import ray
+
+    host = "127.0.0.1" if nodes <= 1 else ray.util.get_node_ip_address()
+    return EmbeddedRedis(run_dir / "redis", host=host, password=cfg.redis.password, server=cfg.redis.server)
+
+
+def embedded_redis_line(url: str, password: str | None) -> str:
+    """The embedded server's URL as the driver logs it: the password as ``***``, and where it is."""
+    if "@" not in url:
+        return url
+    where = "redis.password" if password else "random for this run, not saved: set redis.password to reach it"
+    return f"{redact_url(url)} (password: {where})"

@@ -22,11 +22,12 @@ SCRIPT = textwrap.dedent(
     from pathlib import Path
 
     from rredcot.common.config import load_config
-    from rredcot.launch.driver import _init_ray, embedded_redis
+    from rredcot.launch.local_ray import init_ray
+    from rredcot.launch.services import embedded_redis
 
     cfg = load_config("tests")
     with contextlib.ExitStack() as stack:
-        _init_ray(cfg, stack)
+        init_ray(cfg, stack)
         import ray
 
         nodes = [n for n in ray.nodes() if n.get("Alive")]
@@ -97,9 +98,9 @@ def test_a_local_ray_is_refused_when_ray_was_imported_too_early():
         "if ipaddress.ip_address(ray.util.get_node_ip_address()).is_loopback:\n"
         "    raise SystemExit('no network address')\n"
         "from rredcot.common.config import load_config\n"
-        "from rredcot.launch.driver import _init_ray\n"
+        "from rredcot.launch.local_ray import init_ray\n"
         "with contextlib.ExitStack() as stack:\n"
-        "    _init_ray(load_config('tests'), stack)\n"
+        "    init_ray(load_config('tests'), stack)\n"
         "print('initialized', ray.is_initialized())\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
@@ -116,12 +117,12 @@ BESIDE = textwrap.dedent(
     import contextlib
     from rredcot.common.config import load_config
     from rredcot.launch.doctor import preflight
-    from rredcot.launch.driver import _init_ray
+    from rredcot.launch.local_ray import init_ray
 
     cfg = load_config("tests")
     print("warned", any("another Ray instance" in w.found for w in preflight(cfg)), flush=True)
     with contextlib.ExitStack() as stack:
-        _init_ray(cfg, stack)
+        init_ray(cfg, stack)
         import ray
 
         print("gcs", ray.get_runtime_context().gcs_address, flush=True)

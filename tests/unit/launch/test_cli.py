@@ -11,7 +11,7 @@ import pytest
 
 from rredcot.common.config import load_config
 from rredcot.common.errors import UserError
-from rredcot.launch import cli, driver
+from rredcot.launch import cli, driver, services
 from rredcot.launch.cli import build_parser, main
 
 
@@ -235,10 +235,10 @@ def test_config_show_hides_the_redis_password(capsys: pytest.CaptureFixture[str]
 def test_the_driver_never_shows_a_redis_password() -> None:
     cfg = load_config("tests", ["redis.url=redis://:s3cret@10.0.0.1:6379/0"])
     assert "Redis at redis://:***@10.0.0.1:6379/0" in driver.first_line(cfg, Path("run"))
-    assert driver.embedded_redis_line("redis://127.0.0.1:7000/0", None) == "redis://127.0.0.1:7000/0"
-    line = driver.embedded_redis_line("redis://:gen%2Fpw@10.0.0.1:7000/0", None)
+    assert services.embedded_redis_line("redis://127.0.0.1:7000/0", None) == "redis://127.0.0.1:7000/0"
+    line = services.embedded_redis_line("redis://:gen%2Fpw@10.0.0.1:7000/0", None)
     assert line.startswith("redis://:***@10.0.0.1:7000/0 (password: random") and "gen" not in line[:30]
-    assert "(password: redis.password)" in driver.embedded_redis_line("redis://:pw@10.0.0.1:7000/0", "pw")
+    assert "(password: redis.password)" in services.embedded_redis_line("redis://:pw@10.0.0.1:7000/0", "pw")
 
 
 def test_a_stage_run_by_hand_takes_its_index(

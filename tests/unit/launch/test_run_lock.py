@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from rredcot.common.config import load_config
-from rredcot.launch.driver import RUN_MARKER, train
+from rredcot.launch.driver import train
+from rredcot.launch.run_dir import RUN_MARKER
 from rredcot.launch.run_lock import RunLocked, hold
 
 HOLDER = "import sys, time\nfrom pathlib import Path\nfrom rredcot.launch.run_lock import hold\n"

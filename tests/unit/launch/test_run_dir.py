@@ -1,8 +1,7 @@
-"""The driver never deletes what its run did not create: run directories and Redis keys."""
+"""A run never deletes what it did not create: run directories and Redis keys."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from pathlib import Path
 
@@ -13,17 +12,8 @@ from rredcot.common.control import RunControl
 from rredcot.common.ledger import inflight_key
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Producer, run_key
-from rredcot.launch.driver import (
-    RUN_MARKER,
-    RunDirError,
-    _clear_run_dir,
-    _clear_run_keys,
-    _init_ray,
-    claim_run_dir,
-    next_eval_step,
-    train,
-)
-from rredcot.launch.plan import PlanError, local_cores
+from rredcot.launch.driver import train
+from rredcot.launch.run_dir import RUN_MARKER, RunDirError, claim_run_dir, clear_run_dir, clear_run_keys
 
 EARLIER_RUN = ("logs/gen0.log", "checkpoints/step-1/x", "report/summary.md", "tensorboard/ev", "redis/aof", "traces/t")
 
@@ -78,8 +68,8 @@ def test_a_run_dir_created_by_the_run_is_cleared_and_every_path_logged(tmp_path,
     assert (run_dir / RUN_MARKER).read_text() == "exp\n"
     _fill(run_dir, (*EARLIER_RUN, "logs/driver.log", "notes.txt", "placement.json"))
     claim_run_dir(run_dir, "exp", "never")  # the same run again: its own directory, no error
-    with caplog.at_level(logging.INFO, logger="rredcot.launch.driver"):
-        _clear_run_dir(run_dir, keep=run_dir / "logs" / "driver.log")
+    with caplog.at_level(logging.INFO, logger="rredcot.launch.run_dir"):
+        clear_run_dir(run_dir, keep=run_dir / "logs" / "driver.log")
     doomed = [run_dir / p for p in ("checkpoints", "logs/gen0.log", "placement.json", "redis", "report")]
     doomed += [run_dir / p for p in ("tensorboard", "traces")]
     assert not any(p.exists() for p in doomed)
@@ -99,7 +89,7 @@ def test_clearing_a_run_deletes_only_the_keys_it_registered(redis_client, run_id
     foreign = [f"rredcot:{run_id}-other:x", f"rredcot:{run_id}:notes"]
     for name in foreign:
         redis_client.set(name, "not exp's")
-    _clear_run_keys(redis_client, run_id)
+    clear_run_keys(redis_client, run_id)
     assert not any(redis_client.exists(k) for k in mine)
     assert all(redis_client.exists(k) for k in [*theirs, *foreign])
 
@@ -112,7 +102,7 @@ def test_clearing_a_run_never_deletes_a_key_outside_its_prefix(redis_client, run
     for name in planted:
         redis_client.set(name, "keep me")
         redis_client.sadd(f"rredcot:{run_id}:keys", name)
-    _clear_run_keys(redis_client, run_id)
+    clear_run_keys(redis_client, run_id)
     assert not any(redis_client.exists(k) for k in mine)
     assert all(redis_client.get(k) == b"keep me" for k in planted)
 
@@ -122,24 +112,5 @@ def test_a_glob_in_a_run_id_reaches_no_other_run(redis_client, run_id):
     theirs = _run_keys(redis_client, run_id)
     other = f"rredcot:{run_id}-other:x"
     redis_client.set(other, "x")
-    _clear_run_keys(redis_client, f"{run_id}*")
+    clear_run_keys(redis_client, f"{run_id}*")
     assert all(redis_client.exists(k) for k in [*theirs, other])
-
-
-def test_a_local_plan_beyond_the_cores_fails_before_ray_starts():
-    """The local Ray used to be sized to the plan, so no plan could fail; now it is checked against
-    the real cores first."""
-    import ray
-
-    generators = 2 * local_cores() + 1
-    cfg = load_config("tests", [f"cluster.generators={generators}"])
-    with contextlib.ExitStack() as stack, pytest.raises(PlanError) as e:
-        _init_ray(cfg, stack)
-    assert not ray.is_initialized()
-    assert f"needs {generators + 2} CPUs (generators {generators} x 1" in str(e.value)
-    assert f"has {local_cores()} cores" in str(e.value) and "cluster.generators" in str(e.value)
-
-
-def test_the_next_periodic_evaluation_is_the_next_multiple():
-    assert next_eval_step(50, 50) == 100 and next_eval_step(51, 50) == 100
-    assert next_eval_step(600, 50) == 650  # resumed at 600: one evaluation, not twelve in a row
