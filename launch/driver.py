@@ -278,7 +278,7 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     monitor.poll()
     if evaluator is not None and monitor.evals[-1]["step"] != monitor.step:
         phases.enter("final evaluation")
-        monitor.add_eval(watch.wait(evaluator.evaluate_latest.remote(), evals_left=0), monitor.step)
+        monitor.add_eval(watch.wait(evaluator.evaluate_latest.remote(monitor.version), evals_left=0), monitor.step)
     outcome.status = "finished"
 
 

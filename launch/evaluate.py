@@ -25,6 +25,8 @@ from rredcot.common.verifier import Verifier
 
 log = logging.getLogger(__name__)
 
+WEIGHTS_WAIT_S = 60.0  # how long an evaluation waits for the learner's newest version to be published
+
 
 def mean_ci(
     values: list[float],
@@ -154,9 +156,22 @@ class Evaluator:
             self._published = now
             self.control.publish_metrics("eval", "evaluator", {"samples_done": done, "samples_total": total})
 
-    def evaluate_latest(self) -> dict[str, Any]:
-        """Load the newest published weights (if newer) and evaluate the held-out problems."""
+    def evaluate_latest(self, at_least: int = 0) -> dict[str, Any]:
+        """Load the newest published weights, waiting up to ``WEIGHTS_WAIT_S`` for version ``at_least``
+        (the learner's step may be reported before its version is published), and evaluate the
+        held-out problems."""
         self._progress(0, len(self.problems) * (self.cfg.generation.group_size + 1))  # not the last one's count
         if self.receiver is not None:
+            deadline = time.monotonic() + WEIGHTS_WAIT_S
             self.receiver.poll()
+            while self.engine.version < at_least and time.monotonic() < deadline:
+                time.sleep(0.2)
+                self.receiver.poll()
+            if self.engine.version < at_least:
+                log.warning(
+                    "evaluation: v%d not published within %.0f s; evaluating v%d",
+                    at_least,
+                    WEIGHTS_WAIT_S,
+                    self.engine.version,
+                )
         return evaluate(self.engine, self.problems, self.cfg, self.verifier, self._progress).as_dict()

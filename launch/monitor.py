@@ -33,6 +33,7 @@ class Monitor:
         self.last: dict[str, dict[str, Any]] = {}  # the latest snapshot of every worker
         self._last_step: dict[str, float] = {}
         self.step = 0  # the slowest learner rank's step at the last poll
+        self.version = 0  # and the weights version it trained to
         self.writer = self.wandb = None
         if cfg.logging.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -48,8 +49,9 @@ class Monitor:
     def poll(self) -> dict[str, dict[str, Any]]:
         snaps = self.control.all_metrics()
         self.last = snaps
-        learners = [v.get("step", 0.0) for v in snaps.values() if v.get("tier") == "learner"]
-        step = self.step = int(min(learners, default=0))
+        learners = [v for v in snaps.values() if v.get("tier") == "learner"]
+        step = self.step = int(min((v.get("step", 0.0) for v in learners), default=0))
+        self.version = int(min((v.get("version", 0.0) for v in learners), default=0))  # its newest weights
         now = time.time()
         for worker, values in snaps.items():
             nums = {k: v for k, v in values.items() if isinstance(v, float)}

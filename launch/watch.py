@@ -77,8 +77,11 @@ class Watch:
             for r in done:
                 actors.collect(r)  # raises a worker's failure (the error path tears everything down)
             self.tick(final_eval)
-            if next_eval and self.monitor.step >= next_eval and actors.learning():
-                self.monitor.add_eval(self.wait(evaluate(), final_eval), self.monitor.step)
+            # the last step's evaluation is the final one, after the learner has published its last version
+            final_step = self.monitor.step >= self.cfg.run.steps
+            if next_eval and self.monitor.step >= next_eval and actors.learning() and not final_step:
+                step = self.monitor.step  # labelled with the step whose weights it evaluates, not the step it ends at
+                self.monitor.add_eval(self.wait(evaluate(self.monitor.version), final_eval), step)
                 next_eval = next_eval_step(self.monitor.step, every)
 
 
