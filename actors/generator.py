@@ -29,16 +29,15 @@ from rredcot.actors.prompt_fit import PromptFit
 from rredcot.actors.rollouts import rollout_group
 from rredcot.common.codec import encode
 from rredcot.common.config import Config, ConfigError
-from rredcot.common.control import RunControl
 from rredcot.common.data import Problem, ProblemOrder, train_and_held_out
 from rredcot.common.heap import trim_heap
-from rredcot.common.ledger import Ledger, group_id, inflight_key
-from rredcot.common.lineage import VersionLineage
+from rredcot.common.ledger import group_id, inflight_key
 from rredcot.common.prompts import prompt_ids
 from rredcot.common.records import RecordError, RolloutGroup
 from rredcot.common.registry import WEIGHT_TRANSPORTS
+from rredcot.common.run_context import RunContext
 from rredcot.common.staleness import Admission
-from rredcot.common.streams import ROLLOUTS, Producer, connect, key, registered_keys, run_key
+from rredcot.common.streams import ROLLOUTS, Producer, key, registered_keys, run_key
 from rredcot.common.verifier import Verifier
 
 log = logging.getLogger(__name__)
@@ -79,10 +78,9 @@ class Generator:
 
     def __init__(self, cfg: Config, name: str = "gen0", rank: int = 0, engine: Engine | None = None) -> None:
         """``rank``: this generator's index in its tier (its weight receiver's rank)."""
-        if not cfg.redis.url:
-            raise ConfigError("redis.url is not set: a generator needs the run's Redis server (redis.url=redis://...)")
-        self.cfg, self.name, self.rank, self.run_id = cfg, name, rank, cfg.run.name
-        self.client = connect(cfg.redis.url)
+        run = RunContext.connect(cfg, "a generator")
+        self.cfg, self.name, self.rank, self.run_id = cfg, name, rank, run.run_id
+        self.client, self.control, self.ledger, self.lineage = run.client, run.control, run.ledger, run.lineage
         self.admission = Admission(
             self.client,
             self.run_id,
@@ -90,11 +88,9 @@ class Generator:
             cfg.staleness.eta,
             budget=cfg.run.steps * cfg.generation.prompts_per_step,
         )
-        self.control = RunControl(self.client, self.run_id)
         rollouts = run_key(self.client, self.run_id, ROLLOUTS)
         self.producer = Producer(self.client, rollouts, cfg.redis.maxlen, cfg.redis.block_timeout_s)
         self.inflight_key = inflight_key(self.client, self.run_id, name)
-        self.ledger = Ledger(self.client, self.run_id)
         self.verifier = Verifier.from_config(cfg)
         self.task = self.verifier.task
         train, _ = train_and_held_out(self.task, cfg.data, cfg.run.seed)
@@ -109,7 +105,6 @@ class Generator:
         self._problems: dict[str, tuple[int, Problem]] = {}
         transport = WEIGHT_TRANSPORTS.get(g.weight_transport)
         self.receiver = transport.receiver_class().from_config(cfg, self.client, self.engine, rank)
-        self.lineage = VersionLineage(self.client, self.run_id)
 
     # ----- weights -----
     def sync_weights(self) -> bool:

@@ -21,15 +21,13 @@ import numpy as np
 import redis
 
 from rredcot.common.codec import decode
-from rredcot.common.config import Config, ConfigError
-from rredcot.common.control import RunControl
-from rredcot.common.ledger import Ledger
-from rredcot.common.lineage import VersionLineage
+from rredcot.common.config import Config
 from rredcot.common.models import load_tokenizer, resolve_model_path
 from rredcot.common.records import WeightedGroup
 from rredcot.common.registry import WEIGHT_TRANSPORTS
+from rredcot.common.run_context import RunContext
 from rredcot.common.staleness import Admission
-from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, connect, key, run_key
+from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, key, run_key
 from rredcot.common.weight_sync import version_key
 from rredcot.learner.batches import Batch, BatchReader, Gather, group_length
 from rredcot.learner.broadcast import FilePublisher
@@ -48,18 +46,15 @@ class Trainer:
     """One learner rank (the driver makes one per rank; ``rredcot learn`` runs rank 0 alone)."""
 
     def __init__(self, cfg: Config, name: str = "learner0", rank: int = 0) -> None:
-        if not cfg.redis.url:
-            raise ConfigError("redis.url is not set: the learner needs the run's Redis server (redis.url=redis://...)")
-        self.cfg, self.name, self.run_id = cfg, name, cfg.run.name
+        run = RunContext.connect(cfg, "the learner")
+        self.cfg, self.name, self.run_id = cfg, name, run.run_id
         self.run_dir = Path(cfg.run.dir).resolve()
-        self.client = connect(cfg.redis.url)
-        self.control = RunControl(self.client, self.run_id)
+        self.client, self.control, self.ledger, self.lineage = run.client, run.control, run.ledger, run.lineage
         self.admission = Admission(self.client, self.run_id, cfg.generation.prompts_per_step, cfg.staleness.eta)
         batches, dead = run_key(self.client, self.run_id, BATCHES), run_key(self.client, self.run_id, DEAD)
         self.consumer = Consumer(self.client, batches, GROUP, name, dead, cfg.redis.claim_idle_ms)
         self.trained_key = run_key(self.client, self.run_id, "trained_ids")
         self.replay = ReplayLog(self.client, self.run_id, rank)
-        self.lineage = VersionLineage(self.client, self.run_id)
         path = resolve_model_path(cfg.model.path, seed=cfg.run.seed)
         self.tokenizer = load_tokenizer(cfg.model.tokenizer or path)
         init_distributed(join_from_env(self.client, self.run_id))
@@ -70,7 +65,6 @@ class Trainer:
             total_steps=cfg.run.steps,
         )
         self.rank, self.world = self.engine.rank, self.engine.world
-        self.ledger = Ledger(self.client, self.run_id)
         self.reader = BatchReader(
             self.client,
             self.consumer,

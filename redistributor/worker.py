@@ -26,14 +26,13 @@ import torch
 
 from rredcot.common.codec import decode, encode
 from rredcot.common.config import Config, ConfigError
-from rredcot.common.control import RunControl
-from rredcot.common.ledger import Ledger, length_bucket, mean_length
-from rredcot.common.lineage import VersionLineage
+from rredcot.common.ledger import length_bucket, mean_length
 from rredcot.common.models import load_causal_lm, load_tokenizer, resolve_model_path
 from rredcot.common.onednn import bound_primitive_cache
 from rredcot.common.records import RecordError, RolloutGroup, WeightedGroup, WeightedSample
+from rredcot.common.run_context import RunContext
 from rredcot.common.sampling import ContinuationSampler, RewardFn
-from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Entry, Producer, connect, run_key
+from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Entry, Producer, run_key
 from rredcot.common.task import build_task
 from rredcot.common.verifier import Verifier
 from rredcot.common.weight_slots import SlotReader
@@ -173,17 +172,13 @@ class Redistributor:
         scorer: Scorer | None = None,
         sampler: ContinuationSampler | None = None,
     ) -> None:
-        if not cfg.redis.url:
-            raise ConfigError("redis.url is not set: a redistributor needs the run's Redis server")
-        self.cfg, self.name, self.run_id = cfg, name, cfg.run.name
+        run = RunContext.connect(cfg, "a redistributor")
+        self.cfg, self.name, self.run_id = cfg, name, run.run_id
         self.method = get_method(cfg.credit.method)
-        self.client = connect(cfg.redis.url)
+        self.client, self.control, self.ledger, self.lineage = run.client, run.control, run.ledger, run.lineage
         rollouts, dead, batches = (run_key(self.client, self.run_id, k) for k in (ROLLOUTS, DEAD, BATCHES))
         self.consumer = Consumer(self.client, rollouts, GROUP, name, dead, cfg.redis.claim_idle_ms)
-        self.ledger = Ledger(self.client, self.run_id)
         self.producer = Producer(self.client, batches, cfg.redis.maxlen, cfg.redis.block_timeout_s)
-        self.control = RunControl(self.client, self.run_id)
-        self.lineage = VersionLineage(self.client, self.run_id)
         self.scorer = scorer if scorer is not None or not self.method.needs_scorer else build_scorer(cfg)
         self.slots = SlotReader(self.client, self.run_id, name)  # the ipc transport's, for credit.scorer=policy
         self.extra: dict[str, Any] = {"settings": self.method.typed_settings(cfg)}
