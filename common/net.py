@@ -1,5 +1,6 @@
-"""Ports and stores: a free local port for a server the run starts (Redis), and the torch
-``TCPStore`` a group forms on, listening on its own address only.
+"""Ports, stores and interfaces: a free local port for a server the run starts (Redis), the torch
+``TCPStore`` a group forms on, listening on its own address only, and the loopback interface that
+gloo's devices use on one machine.
 
 torch's ``TCPStore`` server binds every interface (``*:<port>``) whatever host it is given; a store
 built on a socket bound to the group's address (``master_listen_fd``) listens there alone: loopback
@@ -11,6 +12,7 @@ from __future__ import annotations
 import socket
 from datetime import timedelta
 
+import psutil
 import torch.distributed as dist
 
 
@@ -19,6 +21,15 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def loopback_interface() -> str:
+    """The name of the network interface that holds 127.0.0.1 (``lo`` on Linux): gloo, told it in
+    ``GLOO_SOCKET_IFNAME``, listens there instead of on the address the host name resolves to."""
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == "127.0.0.1" for a in addresses):
+            return name
+    raise RuntimeError("no network interface holds 127.0.0.1: a one-machine run needs the loopback interface")
 
 
 def hosted_store(address: str, world: int, timeout: timedelta) -> dist.TCPStore:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rredcot.common.config import Config
+from rredcot.common.net import loopback_interface
 from rredcot.common.registry import CREDIT_METHODS
 from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
 from rredcot.launch.heap_trace import HeapTrace, heap_trace_period
@@ -126,6 +127,8 @@ def stage_env(cfg: Config, tier: str, rank: int, rendezvous: tuple[str, str]) ->
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_CACHE_ROOT": str(Path(cfg.run.dir).resolve() / "vllm_cache"),
     }
+    if not cfg.cluster.address:  # one machine: gloo's devices (learner ranks, weight group) on loopback, not
+        env["GLOO_SOCKET_IFNAME"] = loopback_interface()  # the address the host name resolves to (often the LAN's)
     if not getattr(cfg.cluster, f"gpus_per_{tier}"):
         env["CUDA_VISIBLE_DEVICES"] = ""  # Ray shows a GPU-less actor every GPU of its node: keep it off them
     if heap_trace_period() is not None:

@@ -11,7 +11,7 @@ from datetime import timedelta
 import psutil
 import torch.distributed as dist
 
-from rredcot.common.net import free_port, hosted_store
+from rredcot.common.net import free_port, hosted_store, loopback_interface
 
 
 def test_the_port_is_free_and_bindable_on_loopback() -> None:
@@ -37,10 +37,16 @@ def test_a_hosted_store_listens_on_its_address_only() -> None:
     assert store.get("k") == b"v"
 
 
-def test_a_single_learner_rank_listens_on_no_wildcard_address() -> None:
+def test_the_loopback_interface_holds_127_0_0_1() -> None:
+    addresses = psutil.net_if_addrs()[loopback_interface()]
+    assert "127.0.0.1" in [a.address for a in addresses if a.family == socket.AF_INET]
+
+
+def test_a_single_learner_rank_listens_on_loopback_only() -> None:
     """One rank forms its group on an in-process store: env:// hosted a TCPStore on every interface
-    (``*:<port>``). What is left listening is gloo's own device, on the address the host name
-    resolves to (127.0.0.1 here)."""
+    (``*:<port>``). What is left listening is gloo's own device: on the loopback interface a local
+    run names (``GLOO_SOCKET_IFNAME``, set by ``launch.stages.stage_env``), not on the address the
+    host name resolves to (127.0.0.1 on this machine, a network address on many)."""
     script = (
         "import os, psutil\n"
         "from rredcot.learner.engine import init_distributed\n"
@@ -48,7 +54,8 @@ def test_a_single_learner_rank_listens_on_no_wildcard_address() -> None:
         "print(sorted({c.laddr.ip for c in psutil.Process().net_connections('tcp') if c.status == 'LISTEN'}))\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "WORLD_SIZE", "RANK")}
+    env["GLOO_SOCKET_IFNAME"] = loopback_interface()
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     ranks, addresses = done.stdout.splitlines()[-2:]
-    assert ranks == "(0, 1)" and "'::'" not in addresses and "'0.0.0.0'" not in addresses, addresses
+    assert ranks == "(0, 1)" and addresses == "['127.0.0.1']", addresses

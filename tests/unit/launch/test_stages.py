@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rredcot.common.config import load_config
+from rredcot.common.net import loopback_interface
 from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
 from rredcot.launch.stages import node_env, restart_options, stage_env
 from rredcot.learner.rendezvous import ENV as RENDEZVOUS_ENV
@@ -54,3 +55,13 @@ def test_a_tier_planned_without_gpus_sees_none():
     envs = {tier: stage_env(cfg, tier, 0, ("127.0.0.1", "ab12")) for tier in ("generator", "redistributor", "learner")}
     assert envs["redistributor"]["CUDA_VISIBLE_DEVICES"] == ""
     assert "CUDA_VISIBLE_DEVICES" not in envs["learner"] and "CUDA_VISIBLE_DEVICES" not in envs["generator"]
+
+
+def test_gloo_listens_on_loopback_on_one_machine_and_where_it_chooses_on_a_cluster():
+    """A local run names the loopback interface for gloo (learner ranks, the weight group); on a
+    cluster the node's own address is the one the other nodes reach."""
+    local = load_config("tests", [])
+    for tier in ("generator", "redistributor", "learner"):
+        assert stage_env(local, tier, 0, ("127.0.0.1", "ab12"))["GLOO_SOCKET_IFNAME"] == loopback_interface()
+    cluster = load_config("tests", ["cluster.address=10.0.0.1:6379"])
+    assert "GLOO_SOCKET_IFNAME" not in stage_env(cluster, "learner", 0, ("10.0.0.1", "ab12"))
