@@ -25,6 +25,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from rredcot.actors.engine import Engine, EngineSpec, GroupOutput, PromptTooLong, Sampling
+from rredcot.actors.group_filter import UniformGroups
 from rredcot.actors.prompt_fit import PromptFit
 from rredcot.actors.rollouts import rollout_group
 from rredcot.common.codec import encode
@@ -51,6 +52,7 @@ class GeneratorMetrics:
     finished_groups: int = 0
     rejected_too_long: int = 0
     rejected_invalid: int = 0  # groups whose record failed validation (NaN/inf log-probs)
+    dropped_uniform: int = 0  # groups whose samples all got one reward (generation.drop_uniform_groups)
     samples: int = 0
     truncated: int = 0
     verifier_timeouts: int = 0  # samples whose check outlived generation.verifier_timeout_s: reward 0
@@ -95,7 +97,9 @@ class Generator:
         self.task = self.verifier.task
         train, _ = train_and_held_out(self.task, cfg.data, cfg.run.seed)
         self.order = ProblemOrder(train, cfg.data.shuffle_seed)
-        self.prompt_fit = PromptFit(len({p.id for p in train}), cfg.model.max_model_len)
+        pool = len({p.id for p in train})  # distinct problems
+        self.uniform_groups = UniformGroups(cfg.generation.drop_uniform_groups, pool, name)
+        self.prompt_fit = PromptFit(pool, cfg.model.max_model_len)
         self.engine = engine or Engine(EngineSpec.from_config(cfg))
         g = cfg.generation
         self.sampling = Sampling(
@@ -184,11 +188,12 @@ class Generator:
         self._problems[rid] = (index, problem)
         return 1
 
-    def _reject(self, index: int, problem: Problem, why: Exception, reason: str) -> None:
+    def _reject(self, index: int, problem: Problem, why: Exception | None, reason: str) -> None:
         """An admitted prompt that yields no group: free its slot, so the learner still gets a full step."""
         self.ledger.record("rejected", {group_id(self.run_id, index): 0}, reason)  # frees its admission slot
         self.admission.reopen()
-        log.warning("generator %s: rejected problem %s: %s", self.name, problem.id, why)
+        if why is not None:  # a fault to look at, not a dropped uniform group (dynamic sampling's routine)
+            log.warning("generator %s: rejected problem %s: %s", self.name, problem.id, why)
         self.client.srem(self.inflight_key, index)
 
     # ----- output -----
@@ -196,10 +201,15 @@ class Generator:
         for group in groups:
             index, problem = self._problems.pop(group.request_id)
             try:
-                data = encode(self._record(group, index, problem))
+                record = self._record(group, index, problem)
+                data = encode(record)
             except RecordError as e:  # e.g. a NaN log-prob from the engine: the learner cannot use it
                 self.metrics.rejected_invalid += 1
                 self._reject(index, problem, e, "invalid")
+                continue
+            if self.uniform_groups.drop([s.reward for s in record.samples]):
+                self.metrics.dropped_uniform += 1
+                self._reject(index, problem, None, "uniform")
                 continue
             before = self.producer.blocked_s
             self.producer.put(data)

@@ -114,6 +114,9 @@ class GenerationConfig:
     in_flight: str = choice("finish", "finish", "pause")  # running requests on a weight update
     verifier_timeout_s: float = bounded(5.0, 0.01, SECONDS_MAX)
     max_in_flight_groups: int = bounded(16, 1, COUNT_MAX)  # groups one generator keeps in its engine at once
+    # DAPO's dynamic sampling: a group whose samples all got one reward (no advantage) is dropped at the
+    # generator and another prompt admitted in its place, so each step trains on groups with a signal
+    drop_uniform_groups: bool = False
     idle_poll_s: float = bounded(0.05, 0.001, SECONDS_MAX)  # wait between admission retries while staleness blocks
     weight_transport: str = "file"  # a registered transport (file, collective, ipc: common.transports) or a module path
     transport_settings: dict[str, Any] = field(default_factory=dict)  # the transport's own settings, if it declares any

@@ -130,6 +130,34 @@ def test_a_pool_of_prompts_that_are_all_too_long_stops_the_generator_with_one_li
     assert "\n" not in str(e.value) and gen.metrics.rejected_too_long == 3 and gen.metrics.finished_groups == 0
 
 
+def test_uniform_groups_are_dropped_and_their_slots_refilled(setup, redis_server, redis_client, run_id, tmp_path):
+    """The tiny random model answers nothing right: every group's rewards are uniform (all 0).
+    With ``drop_uniform_groups`` none reaches the stream until ``pool`` were dropped in a row; then one
+    passes, so the step still gets its 2 groups: 10 dropped (two runs of 5), 12 admitted."""
+    path, engines, _, _ = setup
+    _reset(engines)
+    rows = [{"problem": f"What is {i} * 3?", "solution": f"Answer: {3 * i}", "answer": str(3 * i)} for i in range(5)]
+    data = tmp_path / "p.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    task = ("task.name=math", "data.source=jsonl", f"data.path={data}", "data.eval_size=0")
+    cfg = _cfg(
+        path,
+        redis_server.url,
+        run_id,
+        *task,
+        "run.steps=1",
+        "generation.prompts_per_step=2",
+        "staleness.eta=0",
+        "generation.drop_uniform_groups=true",
+    )
+    gen = Generator(cfg, "g0", engine=engines[0])
+    metrics = gen.run(timeout_s=120, linger=False)
+    gen.close()
+    assert metrics["dropped_uniform"] == 10 and metrics["finished_groups"] == 2 and metrics["admitted"] == 12
+    assert redis_client.scard(key(run_id, "ledger:rejected")) == 10  # each freed its slot
+    assert redis_client.xlen(key(run_id, ROLLOUTS)) == 2
+
+
 def test_a_group_with_a_nan_log_prob_is_rejected_and_its_slot_freed(setup, redis_server, redis_client, run_id):
     """Fault injection on the real engine's output: the first finished group gets a NaN log-prob.
     The generator refuses to write it (the learner's ratio would be NaN), counts it, and admits a
