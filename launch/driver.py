@@ -214,7 +214,7 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     catch_interrupts(stack)
     stack.callback(_say_slots_left, cfg.run.name)  # after Ray's shutdown: what a failed learner left in /dev/shm
     stack.callback(end_leftovers, run_dir)  # after Ray's shutdown: any of its processes that outlived it
-    init_ray(cfg, stack)
+    session = init_ray(cfg, stack)
     raise_if_interrupted()
     # after ray.init, which installs its own SIGTERM handler: ours tears the run down cleanly
     stack.callback(signal.signal, signal.SIGTERM, signal.signal(signal.SIGTERM, raise_interrupt))
@@ -222,8 +222,8 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     check_plan(cfg, ray.cluster_resources(), nodes=len(nodes))  # fails before any actor starts
     if cfg.run.resume == "never":
         clear_run_dir(run_dir, keep=run_dir / "logs" / "driver.log")
-    if not cfg.cluster.address:  # a local Ray of the run's own: a later start ends what a killed driver left
-        record_session(run_dir, ray._private.worker._global_node.get_session_dir_path())
+    if session is not None:  # a local Ray of the run's own: a later start ends what a killed driver left
+        record_session(run_dir, session)
     (run_dir / "report").mkdir(parents=True, exist_ok=True)
     server = None
     if not cfg.redis.url:

@@ -23,18 +23,20 @@ def local_ray_env(cfg: Config) -> None:
         os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", "5")
 
 
-def init_ray(cfg: Config, stack: contextlib.ExitStack) -> None:
-    """Connect to ``cluster.address``, or start a local Ray that listens on 127.0.0.1 only."""
+def init_ray(cfg: Config, stack: contextlib.ExitStack) -> str | None:
+    """Connect to ``cluster.address``, or start a local Ray that listens on 127.0.0.1 only; returns the
+    session directory of a local Ray it started (None for a cluster's, or a Ray this process had)."""
     local_ray_env(cfg)
     import ray
 
     if ray.is_initialized():
-        return
+        return None
     route_library_loggers("ray")
     route_ray_errors_to_log()
     stack.callback(ray.shutdown)  # before init: a Ctrl-C during it still stops what it started
     if cfg.cluster.address:
         ray.init(address=cfg.cluster.address, log_to_driver=False)
+        return None
     else:
         num_cpus = local_ray_cpus(cfg, local_cores())  # fails first if the plan cannot fit this machine
         if not ipaddress.ip_address(ray.util.get_node_ip_address()).is_loopback:
@@ -51,3 +53,4 @@ def init_ray(cfg: Config, stack: contextlib.ExitStack) -> None:
             log_to_driver=False,
             logging_level=logging.WARNING,
         )
+    return ray._private.worker._global_node.get_session_dir_path()

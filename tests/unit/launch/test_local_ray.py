@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 import pytest
 
@@ -23,3 +24,21 @@ def test_a_local_plan_beyond_the_cores_fails_before_ray_starts():
     assert not ray.is_initialized()
     assert f"needs {generators + 2} CPUs (generators {generators} x 1" in str(e.value)
     assert f"has {local_cores()} cores" in str(e.value) and "cluster.generators" in str(e.value)
+
+
+@pytest.mark.slow
+def test_a_ray_this_process_already_has_is_not_claimed_as_the_runs_own():
+    """``train`` in a process that has a Ray (tests, notebooks) must not record that Ray's session as
+    the run's: the run's next start would end its processes (``launch.leftovers``)."""
+    import ray
+
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        with contextlib.ExitStack() as stack:
+            assert init_ray(load_config("tests"), stack) is None
+        assert ray.is_initialized()  # and left running: not the run's to shut down
+    finally:
+        ray.shutdown()
+    with contextlib.ExitStack() as stack:
+        session = init_ray(load_config("tests"), stack)
+        assert session is not None and Path(session).is_dir()  # one it started: its own
