@@ -6,6 +6,7 @@ import json
 import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -54,6 +55,13 @@ def _cfg(path: str, url: str, run_id: str, *overrides: str):
     )
 
 
+def _rows_cfg(path: str, url: str, run_id: str, rows: list[dict], data: Path, *overrides: str):
+    """The config of a math-task run on ``rows`` (written to ``data`` as JSON lines), none held out."""
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    task = ("task.name=math", "data.source=jsonl", f"data.path={data}", "data.eval_size=0")
+    return _cfg(path, url, run_id, *task, *overrides)
+
+
 def _reset(engines) -> None:
     for e in engines:
         e.version = 0  # each test starts a fresh run whose first manifest is version 1
@@ -69,21 +77,8 @@ def test_records_on_redis_decode_validate_and_long_prompt_is_rejected(
         for i in range(5)
     ]
     rows[2]["problem"] = "What is " + " + ".join(["1"] * 400) + "?"  # far beyond the 256-token context
-    data = tmp_path / "p.jsonl"
-    data.write_text("\n".join(json.dumps(r) for r in rows))
-    cfg = _cfg(
-        path,
-        redis_server.url,
-        run_id,
-        "task.name=math",
-        "data.source=jsonl",
-        f"data.path={data}",
-        "data.eval_size=0",
-        "data.shuffle_seed=3",
-        "run.steps=1",
-        "generation.prompts_per_step=5",
-        "staleness.eta=0",
-    )
+    steps = ("data.shuffle_seed=3", "run.steps=1", "generation.prompts_per_step=5", "staleness.eta=0")
+    cfg = _rows_cfg(path, redis_server.url, run_id, rows, tmp_path / "p.jsonl", *steps)
     gen = Generator(cfg, "g0", engine=engines[0])
     metrics = gen.run(timeout_s=60, linger=False)
     gen.close()
@@ -119,10 +114,8 @@ def test_a_pool_of_prompts_that_are_all_too_long_stops_the_generator_with_one_li
     _reset(engines)
     long = "What is " + " + ".join(["1"] * 400) + "?"
     rows = [{"problem": f"{long} ({i})", "solution": "Answer: 400", "answer": "400"} for i in range(3)]
-    data = tmp_path / "long.jsonl"
-    data.write_text("\n".join(json.dumps(r) for r in rows))
-    extra = ("task.name=math", "data.source=jsonl", f"data.path={data}", "data.eval_size=0", "run.steps=2")
-    cfg = _cfg(path, redis_server.url, run_id, *extra, "generation.prompts_per_step=2")
+    steps = ("run.steps=2", "generation.prompts_per_step=2")
+    cfg = _rows_cfg(path, redis_server.url, run_id, rows, tmp_path / "long.jsonl", *steps)
     gen = Generator(cfg, "g0", engine=engines[0])
     with pytest.raises(NoPromptFits, match=rf"all 3 were rejected .* model.max_model_len = {MAX_LEN}\)") as e:
         gen.run(timeout_s=60, linger=False)
@@ -137,19 +130,8 @@ def test_uniform_groups_are_dropped_and_their_slots_refilled(setup, redis_server
     path, engines, _, _ = setup
     _reset(engines)
     rows = [{"problem": f"What is {i} * 3?", "solution": f"Answer: {3 * i}", "answer": str(3 * i)} for i in range(5)]
-    data = tmp_path / "p.jsonl"
-    data.write_text("\n".join(json.dumps(r) for r in rows))
-    task = ("task.name=math", "data.source=jsonl", f"data.path={data}", "data.eval_size=0")
-    cfg = _cfg(
-        path,
-        redis_server.url,
-        run_id,
-        *task,
-        "run.steps=1",
-        "generation.prompts_per_step=2",
-        "staleness.eta=0",
-        "generation.drop_uniform_groups=true",
-    )
+    steps = ("run.steps=1", "generation.prompts_per_step=2", "staleness.eta=0", "generation.drop_uniform_groups=true")
+    cfg = _rows_cfg(path, redis_server.url, run_id, rows, tmp_path / "p.jsonl", *steps)
     gen = Generator(cfg, "g0", engine=engines[0])
     metrics = gen.run(timeout_s=120, linger=False)
     gen.close()
