@@ -213,7 +213,7 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     # run went on to the end); ours records the signal, so that the run stops as soon as it returns
     catch_interrupts(stack)
     stack.callback(_say_slots_left, cfg.run.name)  # after Ray's shutdown: what a failed learner left in /dev/shm
-    stack.callback(end_leftovers, run_dir)  # after Ray's shutdown: any of its processes that outlived it
+    stack.callback(end_leftovers, run_dir, after_own_stop=True)  # after Ray's shutdown: what outlived it
     session = init_ray(cfg, stack)
     raise_if_interrupted()
     # after ray.init, which installs its own SIGTERM handler: ours tears the run down cleanly

@@ -43,8 +43,9 @@ def session_processes(session_dir: str) -> list[psutil.Process]:
     return found
 
 
-def end_leftovers(run_dir: Path) -> list[int]:
-    """End (SIGKILL) what is left of the session recorded in ``run_dir``; returns their PIDs."""
+def end_leftovers(run_dir: Path, after_own_stop: bool = False) -> list[int]:
+    """End (SIGKILL) what is left of the session recorded in ``run_dir``; returns their PIDs.
+    ``after_own_stop``: the run's own driver, after its Ray's shutdown (a debug line, not a warning)."""
     recorded = run_dir / SESSION_FILE
     if not recorded.exists():
         return []
@@ -58,9 +59,13 @@ def end_leftovers(run_dir: Path) -> list[int]:
     psutil.wait_procs(procs, timeout=5)
     recorded.unlink(missing_ok=True)
     if procs:
-        log.warning(
-            "ended %d process(es) an earlier driver of this run left behind, of Ray session %s (pids %s)",
+        whose = (
+            "that outlived this run's Ray shutdown" if after_own_stop else "an earlier driver of this run left behind"
+        )
+        (log.debug if after_own_stop else log.warning)(
+            "ended %d process(es) %s, of Ray session %s (pids %s)",
             len(procs),
+            whose,
             session,
             ", ".join(str(p.pid) for p in procs),
         )

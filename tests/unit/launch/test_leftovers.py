@@ -74,3 +74,17 @@ def test_a_sigkilled_drivers_ray_agents_are_ended_by_the_next_start(tmp_path: Pa
         driver.kill()
         for p in session_processes(session) if session else []:
             p.kill()
+
+
+def test_after_the_runs_own_stop_what_is_ended_is_a_debug_line_not_a_warning(tmp_path: Path, caplog) -> None:
+    session = tmp_path / "session_3_44"
+    (session / "logs").mkdir(parents=True)
+    slow = _start(HOLD_OPEN, str(session / "logs" / "agent.log"))  # an agent still exiting after ray.shutdown
+    try:
+        record_session(tmp_path, str(session))
+        with caplog.at_level("DEBUG", logger="rredcot.launch.leftovers"):
+            assert end_leftovers(tmp_path, after_own_stop=True) == [slow.pid]
+        assert [r.levelname for r in caplog.records] == ["DEBUG"] and "outlived this run" in caplog.text
+    finally:
+        slow.kill()
+        slow.wait()
