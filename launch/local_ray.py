@@ -37,20 +37,19 @@ def init_ray(cfg: Config, stack: contextlib.ExitStack) -> str | None:
     if cfg.cluster.address:
         ray.init(address=cfg.cluster.address, log_to_driver=False)
         return None
-    else:
-        num_cpus = local_ray_cpus(cfg, local_cores())  # fails first if the plan cannot fit this machine
-        if not ipaddress.ip_address(ray.util.get_node_ip_address()).is_loopback:
-            raise RuntimeError(
-                "a local Ray would listen on this machine's network address because ray was imported "
-                "before rredcot could set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: set it in the environment, "
-                "or set cluster.address to a Ray cluster you started"
-            )
-        ray.init(
-            address="local",  # a Ray of its own even when another instance runs here (the doctor warns)
-            num_cpus=num_cpus,
-            include_dashboard=cfg.cluster.dashboard,
-            dashboard_host=cfg.cluster.dashboard_host,
-            log_to_driver=False,
-            logging_level=logging.WARNING,
+    num_cpus = local_ray_cpus(cfg, local_cores())  # fails first if the plan cannot fit this machine
+    if not ipaddress.ip_address(ray.util.get_node_ip_address()).is_loopback:
+        raise RuntimeError(
+            "a local Ray would listen on this machine's network address because ray was imported "
+            "before rredcot could set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: set it in the environment, "
+            "or set cluster.address to a Ray cluster you started"
         )
+    ray.init(
+        address="local",  # a Ray of its own even when another instance runs here (the doctor warns)
+        num_cpus=num_cpus,
+        include_dashboard=cfg.cluster.dashboard,
+        dashboard_host=cfg.cluster.dashboard_host,
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+    )
     return ray._private.worker._global_node.get_session_dir_path()
