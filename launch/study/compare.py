@@ -10,8 +10,10 @@ a run whose report says it finished is not run again, so an interrupted comparis
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -57,7 +59,12 @@ def arm_overrides(arm: str) -> list[str]:
 
 
 def run_name(arm: str, seed: int) -> str:
-    return f"{arm.replace('.', '_').replace('@', '+').replace('=', '-')}-s{seed}"
+    """The run (and folder) name of ``arm`` at ``seed``, within ``run.name``'s characters and length:
+    ``rredcot@credit.uniform_mix=1.0`` at seed 3 is ``rredcot__credit.uniform_mix-1.0-s3``."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", arm.replace("@", "__").replace("=", "-"))
+    if len(name) > 52:  # run.name holds 64 characters: keep a readable head and a digest of the whole arm
+        name = f"{name[:43]}-{hashlib.sha1(arm.encode()).hexdigest()[:8]}"
+    return f"{name}-s{seed}"
 
 
 def train_once(config: str, overrides: list[str], method: str, seed: int, out: Path) -> Run:

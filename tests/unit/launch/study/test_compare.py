@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from rredcot.common.config import RUN_NAME, load_config
 from rredcot.common.errors import UserError
 from rredcot.launch.study.compare import Run, arm_overrides, paired_cell, run_name, steps_to_reach, summarize
 
@@ -73,7 +74,13 @@ def test_an_arm_is_a_method_with_its_own_overrides() -> None:
         "credit.uniform_mix=1.0",
         "credit.baseline=none",
     ]
-    assert run_name("rredcot@credit.uniform_mix=1.0", 3) == "rredcot+credit_uniform_mix-1_0-s3"
+    assert run_name("rredcot@credit.uniform_mix=1.0", 3) == "rredcot__credit.uniform_mix-1.0-s3"
+    long = "rredcot@generation.drop_uniform_groups=true@credit.uniform_mix=0.5@learner.lr=4e-5"
+    for arm in ("grpo", "rredcot@credit.uniform_mix=1.0", "rredcot@generation.drop_uniform_groups=true", long):
+        name = run_name(arm, 12)
+        assert RUN_NAME.fullmatch(name), name  # a name run.name accepts (the '+' of an earlier version was not)
+        load_config("tests", [f"run.name={name}"])
+    assert run_name(long, 1) != run_name(long.replace("0.5", "0.6"), 1)  # long arms stay apart
     for bad in ("rredcot@uniform", "@credit.x=1"):
         with pytest.raises(UserError, match="METHOD@key=value"):
             arm_overrides(bad)
