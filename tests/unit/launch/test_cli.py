@@ -315,3 +315,12 @@ def test_bench_queue_refuses_zero_records_with_a_usage_error() -> None:
     )
     assert out.returncode == 2 and "--records must be >= 1 (got 0)" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_compare_arm_with_a_bad_value_stops_before_any_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "cmp"
+    argv = ["study", "compare", "tests", "--methods", "grpo,rredcot@credit.uniform_mix=2", "--out", str(out)]
+    assert main(argv) == 2
+    assert "credit.uniform_mix" in capsys.readouterr().err and not out.exists()  # no run started
