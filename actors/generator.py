@@ -202,14 +202,14 @@ class Generator:
             index, problem = self._problems.pop(group.request_id)
             try:
                 record = self._record(group, index, problem)
+                if self.uniform_groups.drop([s.reward for s in record.samples]):  # before paying for its encoding
+                    self.metrics.dropped_uniform += 1
+                    self._reject(index, problem, None, "uniform")
+                    continue
                 data = encode(record)
             except RecordError as e:  # e.g. a NaN log-prob from the engine: the learner cannot use it
                 self.metrics.rejected_invalid += 1
                 self._reject(index, problem, e, "invalid")
-                continue
-            if self.uniform_groups.drop([s.reward for s in record.samples]):
-                self.metrics.dropped_uniform += 1
-                self._reject(index, problem, None, "uniform")
                 continue
             before = self.producer.blocked_s
             self.producer.put(data)

@@ -80,8 +80,7 @@ class EmbeddedRedis:
 
     @property
     def url(self) -> str:
-        auth = f":{quote(self.password, safe='')}@" if self.password else ""  # '/', '#', '%' survive the URL
-        return f"redis://{auth}{self.host}:{self.port}/0"
+        return f"redis://:{quote(self.password, safe='')}@{self.host}:{self.port}/0"  # '/', '#', '%' survive
 
     def start(self, timeout_s: float = 15.0) -> EmbeddedRedis:
         self.data_dir.mkdir(parents=True, exist_ok=True)
