@@ -109,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compare.add_argument("--seeds", type=int, default=3, help="sampling seeds per method (run.sampling_seed 1..N)")
     compare.add_argument("--out", default=None, help="report folder (default: runs/compare-<run.name>)")
+    compare.add_argument(
+        "--keep-checkpoints", action="store_true", help="keep each finished run's optimizer state (GBs per run)"
+    )
     _add_debug(bench := sub.add_parser("bench", help="run a benchmark from bench/ (prints a table and a JSON line)"))
     bench.add_argument("name", help=" | ".join(benchmarks()) or "none here: run from a source checkout")
     bench.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own arguments (--debug is rredcot's)")
@@ -245,7 +248,8 @@ def _call_compare(args: argparse.Namespace, cfg: Config) -> int:
     for m in methods:  # every arm's config (its rules, its runs' names) must load before any run starts
         load_config(args.config, [*args.overrides, *arm_overrides(m), f"run.name={run_name(m, args.seeds)}"])
     out = Path(args.out) if args.out else Path("runs") / f"compare-{cfg.run.name}"
-    print(f"rredcot: comparison report {compare_study(args.config, args.overrides, methods, args.seeds, out)}")
+    report = compare_study(args.config, args.overrides, methods, args.seeds, out, args.keep_checkpoints)
+    print(f"rredcot: comparison report {report}")
     return 0
 
 

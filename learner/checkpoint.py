@@ -10,7 +10,8 @@ Layout of ``<root>/step-<version:08d>/``:
   dataloader position, staleness counters, ...) and the RNG states of python, numpy and torch.
 
 A checkpoint is written to ``step-<v>.partial`` and renamed into place once every rank is done,
-so it exists only complete; ``resume=auto`` picks the newest. Only the newest ``keep`` are kept.
+so it exists only complete; ``resume=auto`` picks the newest. Only the newest ``keep`` are kept;
+a finished run that will not resume (a comparison's) can keep just its model (``drop_training_state``).
 A write that fails (a full disk) removes its partial directory and raises ``CheckpointError``, on
 every rank when it fails on one: a rank whose write failed still goes through every collective of
 the save, and the ranks then agree on the outcome, so none is left waiting in a collective that the
@@ -81,6 +82,18 @@ def complete_checkpoints(root: str | Path) -> list[Path]:
 def latest_checkpoint(root: str | Path) -> Path | None:
     found = complete_checkpoints(root)
     return found[-1] if found else None
+
+
+def drop_training_state(root: str | Path) -> int:
+    """Keep only what a finished run is used for: the newest checkpoint's ``hf/`` model and its
+    ``pipeline.json``. Older checkpoints and the newest one's DeepSpeed state (optimizer and fp32
+    weights, about 14 bytes per parameter) go, so the run can no longer resume. Returns bytes freed."""
+    found = complete_checkpoints(root)
+    doomed = [*found[:-1], found[-1] / "ds"] if found else []
+    freed = sum(f.stat().st_size for d in doomed for f in d.rglob("*") if f.is_file())
+    for d in doomed:
+        shutil.rmtree(d)
+    return freed
 
 
 def save_checkpoint(
@@ -202,9 +215,12 @@ def load_checkpoint(engine: LearnerEngine, path: str | Path) -> dict[str, Any]:
     """Restore weights, optimizer, version, counters and RNG from ``path``; returns the pipeline state."""
     path = Path(path)
     record = json.loads((path / PIPELINE_FILE).read_text())
+    missing = FileNotFoundError(f"no DeepSpeed state in {path / 'ds'}: this checkpoint holds a model only")
+    if not (path / "ds").is_dir():  # DeepSpeed would fail on a bare assertion
+        raise missing
     loaded, _ = engine.engine.load_checkpoint(str(path / "ds"), tag="state")
     if loaded is None:
-        raise FileNotFoundError(f"no DeepSpeed state in {path / 'ds'}")
+        raise missing
     engine.version = int(record["version"])
     engine.counters = dict(record["counters"])
     set_rng_state(record["rng"])

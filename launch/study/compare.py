@@ -5,7 +5,9 @@ with bands over seeds, steps to reach the first method's final held-out accuracy
 held-out change of each method against the first, with the training run (seed) as the unit.
 
 Each run is its own ``rredcot train`` process under ``out/<method>-s<seed>`` (logs and report there);
-a run whose report says it finished is not run again, so an interrupted comparison resumes.
+a run whose report says it finished is not run again, so an interrupted comparison resumes. A finished
+run keeps its report and final model; its resumable training state (DeepSpeed's optimizer shards, some
+GB per run) is dropped unless ``keep_checkpoints``.
 """
 
 from __future__ import annotations
@@ -67,13 +69,27 @@ def run_name(arm: str, seed: int) -> str:
     return f"{name}-s{seed}"
 
 
-def train_once(config: str, overrides: list[str], method: str, seed: int, out: Path) -> Run:
+def finished(folder: Path, keep_checkpoints: bool) -> dict[str, Any] | None:
+    """The summary of the run in ``folder`` if its report says it finished (its training state
+    dropped unless ``keep_checkpoints``), else None."""
+    from rredcot.learner.checkpoint import drop_training_state  # torch and DeepSpeed: only when needed
+
+    summary_path = folder / "report" / "summary.json"
+    if not summary_path.exists() or (summary := json.loads(summary_path.read_text()))["status"] != "finished":
+        return None
+    if not keep_checkpoints and (freed := drop_training_state(folder / "checkpoints")):
+        log.info("study: dropped %.1f GB of training state of %s (kept its model)", freed / 1e9, folder)
+    return summary
+
+
+def train_once(
+    config: str, overrides: list[str], method: str, seed: int, out: Path, keep_checkpoints: bool = False
+) -> Run:
     """``rredcot train`` for one (arm, seed), unless its report says it already finished."""
     folder = out / run_name(method, seed)
-    summary_path = folder / "report" / "summary.json"
-    if summary_path.exists() and json.loads(summary_path.read_text())["status"] == "finished":
+    if (summary := finished(folder, keep_checkpoints)) is not None:
         log.info("study: %s already finished, reusing it", folder)
-        return Run(method, seed, json.loads(summary_path.read_text()))
+        return Run(method, seed, summary)
     args = [
         *overrides,
         *arm_overrides(method),
@@ -90,9 +106,9 @@ def train_once(config: str, overrides: list[str], method: str, seed: int, out: P
             stdout=console,
             stderr=subprocess.STDOUT,
         ).returncode
-    if rc != 0 or not summary_path.exists():
+    if rc != 0 or (summary := finished(folder, keep_checkpoints)) is None:
         raise RuntimeError(f"the {method} run (seed {seed}) failed (exit {rc}): see {folder}/logs and {console.name}")
-    return Run(method, seed, json.loads(summary_path.read_text()))
+    return Run(method, seed, summary)
 
 
 def steps_to_reach(run: Run, target: float) -> int | None:
@@ -235,11 +251,15 @@ def write_report(runs: list[Run], methods: list[str], meta: dict[str, Any], out:
     return path
 
 
-def compare_study(config: str, overrides: list[str], methods: list[str], seeds: int, out: Path) -> Path:
+def compare_study(
+    config: str, overrides: list[str], methods: list[str], seeds: int, out: Path, keep_checkpoints: bool = False
+) -> Path:
     """Every (method, seed) run, then ``compare.md``, ``compare.json`` and ``compare_curves.png``."""
     from rredcot.common.precision import cpu_info
 
     out.mkdir(parents=True, exist_ok=True)
-    runs = [train_once(config, overrides, m, seed, out) for seed in range(1, seeds + 1) for m in methods]
+    runs = [
+        train_once(config, overrides, m, seed, out, keep_checkpoints) for seed in range(1, seeds + 1) for m in methods
+    ]
     meta = {"config": config, "overrides": overrides, "seeds": seeds, "machine": cpu_info().describe()}
     return write_report(runs, methods, meta, out)

@@ -16,6 +16,7 @@ from rredcot.learner.checkpoint import (
     PIPELINE_FILE,
     CheckpointError,
     complete_checkpoints,
+    drop_training_state,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
@@ -47,6 +48,16 @@ def test_keep_last_n_restore_rng_and_hf_dir(make_model, make_samples, tmp_path):
     assert all(torch.equal(t, trained[n]) for n, t in full_state(fresh.module).items())
     hf = AutoModelForCausalLM.from_pretrained(latest / "hf")
     assert all(torch.equal(p.detach(), trained[n]) for n, p in hf.named_parameters())
+
+    ds_bytes = sum(f.stat().st_size for f in (latest / "ds").rglob("*") if f.is_file())
+    assert drop_training_state(tmp_path) > ds_bytes > 0  # the older checkpoint went too
+    assert complete_checkpoints(tmp_path) == [latest] and sorted(p.name for p in latest.iterdir()) == [
+        "hf",
+        PIPELINE_FILE,
+    ]
+    assert AutoModelForCausalLM.from_pretrained(latest / "hf") is not None
+    with pytest.raises(FileNotFoundError, match="no DeepSpeed state"):
+        load_checkpoint(fresh, latest)
 
 
 def test_a_checkpoint_that_cannot_be_written_leaves_no_partial_and_keeps_the_last(make_model, make_samples, tmp_path):
