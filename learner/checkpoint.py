@@ -89,7 +89,7 @@ def drop_training_state(root: str | Path) -> int:
     ``pipeline.json``. Older checkpoints and the newest one's DeepSpeed state (optimizer and fp32
     weights, about 14 bytes per parameter) go, so the run can no longer resume. Returns bytes freed."""
     found = complete_checkpoints(root)
-    doomed = [*found[:-1], found[-1] / "ds"] if found else []
+    doomed = [d for d in [*found[:-1], found[-1] / "ds"] if d.exists()] if found else []
     freed = sum(f.stat().st_size for d in doomed for f in d.rglob("*") if f.is_file())
     for d in doomed:
         shutil.rmtree(d)

@@ -51,6 +51,7 @@ def test_keep_last_n_restore_rng_and_hf_dir(make_model, make_samples, tmp_path):
 
     ds_bytes = sum(f.stat().st_size for f in (latest / "ds").rglob("*") if f.is_file())
     assert drop_training_state(tmp_path) > ds_bytes > 0  # the older checkpoint went too
+    assert drop_training_state(tmp_path) == 0  # again: nothing left to drop
     assert complete_checkpoints(tmp_path) == [latest] and sorted(p.name for p in latest.iterdir()) == [
         "hf",
         PIPELINE_FILE,
