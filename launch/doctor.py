@@ -14,9 +14,7 @@ import ipaddress
 import json
 import os
 import shutil
-import socket
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -27,6 +25,8 @@ from rredcot.common.models import TINY_MODELS, cache_dir, tiny_config
 from rredcot.common.precision import cpu_info, cpu_native_bf16, dtype_settings, planned_dtype
 from rredcot.common.smollm import BASE_DIR, BUILTINS
 from rredcot.common.weight_slots import SHM_DIR
+from rredcot.launch.checks import Check
+from rredcot.launch.cluster_checks import check_cluster, ipc_host_slots, ray_unreachable
 from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
 from rredcot.launch.heap_trace import heap_trace_period
 from rredcot.launch.plan import PlanError, demand, local_cores, local_ray_cpus
@@ -34,17 +34,6 @@ from rredcot.launch.plan import PlanError, demand, local_cores, local_ray_cpus
 GIB = 2**30
 # a directory holding one of these is a tokenizer (what transformers' AutoTokenizer reads)
 TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model", "vocab.json")
-
-
-@dataclass(frozen=True)
-class Check:
-    level: str  # ok | warning | error
-    topic: str
-    found: str
-    fix: str = ""
-
-    def line(self) -> str:
-        return f"{self.level:<8}{self.topic:<10}{self.found}" + (f" -> {self.fix}" if self.fix else "")
 
 
 def check_cpu(cfg: Config) -> list[Check]:
@@ -132,15 +121,6 @@ def check_resources(cfg: Config) -> list[Check]:
     return out
 
 
-def _reachable(host: str, port: int, timeout_s: float = 3.0) -> str | None:
-    """None when a TCP connection opens, else why not."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return None
-    except OSError as e:
-        return str(e) or type(e).__name__
-
-
 def check_services(cfg: Config) -> list[Check]:
     out = []
     if cfg.redis.url:
@@ -174,8 +154,7 @@ def check_services(cfg: Config) -> list[Check]:
     elif address == "auto":
         out.append(_check_auto_ray())
     else:
-        parsed = urlparse(address if "://" in address else f"ray://{address}")
-        why = _reachable(parsed.hostname or "", parsed.port or 6379)
+        why = ray_unreachable(address)
         out.append(
             Check("ok", "ray", f"{address} reachable")
             if why is None
@@ -428,8 +407,7 @@ def check_weight_transport(cfg: Config) -> list[Check]:
                 "set generation.weight_transport=ipc (the weights go through the GPU's own memory)",
             )
         ]
-    memory = dict(g.transport_settings).get("memory", "auto")
-    if g.weight_transport != "ipc" or memory == "device" or (memory == "auto" and cfg.cluster.gpus_per_learner > 0):
+    if not ipc_host_slots(cfg):
         return []
     free = shutil.disk_usage(SHM_DIR).free if SHM_DIR.is_dir() else 0
     if free >= GIB:
@@ -493,6 +471,7 @@ CHECKS: list[Callable[[Config], list[Check]]] = [
     check_paths,
     check_weight_transport,
     check_data,
+    check_cluster,
 ]
 
 # what ``rredcot train`` checks before it starts any service (the CPU's dtype lines are in its first line)

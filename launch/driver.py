@@ -33,6 +33,7 @@ from rredcot.common.precision import cpu_info, dtype_settings, planned_dtype
 from rredcot.common.streams import connect
 from rredcot.common.weight_group import group_key
 from rredcot.common.weight_slots import host_slots_left
+from rredcot.launch.cluster_checks import check_nodes, free_per_node, wait_for_placement
 from rredcot.launch.doctor import preflight
 from rredcot.launch.interrupts import (
     catch_interrupts,
@@ -51,7 +52,7 @@ from rredcot.launch.logs import (
     tail,
 )
 from rredcot.launch.monitor import Monitor, Phases, Progress, fmt_duration
-from rredcot.launch.plan import Tier, bundles, check_plan, evaluator_tier
+from rredcot.launch.plan import Tier, bundles, check_fit, check_plan, evaluator_tier
 from rredcot.launch.report import RunOutcome, write_report
 from rredcot.launch.run_dir import claim_run_dir, clear_run_dir, clear_run_keys
 from rredcot.launch.run_lock import hold as hold_run_lock
@@ -220,6 +221,9 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     stack.callback(signal.signal, signal.SIGTERM, signal.signal(signal.SIGTERM, raise_interrupt))
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     check_plan(cfg, ray.cluster_resources(), nodes=len(nodes))  # fails before any actor starts
+    check_fit(cfg, free_per_node())  # a bundle never spans nodes: the free resources of each must hold it
+    if len(nodes) > 1:
+        check_nodes(cfg, run_dir)  # run.dir shared, the same code, room in /dev/shm on every node
     if cfg.run.resume == "never":
         clear_run_dir(run_dir, keep=run_dir / "logs" / "driver.log")
     if session is not None:  # a local Ray of the run's own: a later start ends what a killed driver left
@@ -247,7 +251,7 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     plan, eval_tier = bundles(cfg), evaluator_tier(cfg)
     extra = [eval_tier.bundle()] if eval_tier else []
     pg = placement_group([b for _, _, b in plan] + extra, strategy=cfg.cluster.placement.upper())
-    ray.get(pg.ready(), timeout=300)
+    wait_for_placement(cfg, pg)
     stack.callback(remove_placement_group, pg)
     _write_placement(pg, plan + [("evaluator", 0, b) for b in extra], run_dir / "placement.json")
     cfg_dict = to_dict(cfg)

@@ -131,3 +131,36 @@ def check_plan(cfg: Config, available: dict[str, float], nodes: int = 1) -> None
             f"cluster.nodes = {cfg.cluster.nodes} but the Ray cluster has {nodes} alive node(s): "
             "start the worker nodes first (launch/ray_worker.sh) or lower cluster.nodes"
         )
+
+
+def describe_free(free_per_node: dict[str, dict[str, float]]) -> str:
+    """``10.0.0.1: 2 GPU, 30 CPU; …``"""
+    return "; ".join(f"{n}: {f.get('GPU', 0.0):g} GPU, {f.get('CPU', 0.0):g} CPU" for n, f in free_per_node.items())
+
+
+def _fits(bundle: dict[str, float], free: dict[str, float]) -> bool:
+    return all(free.get(k, 0.0) >= v for k, v in bundle.items())
+
+
+def check_fit(cfg: Config, free_per_node: dict[str, dict[str, float]]) -> None:
+    """Raise ``PlanError`` unless every bundle fits on one node's *free* resources
+    (``free_per_node``: a node's address → what is free on it now). A bundle never spans nodes, so
+    cluster totals can hide a plan that does not fit: 2 nodes with 4 free GPUs each cannot hold
+    a learner of 8. Bundles are placed largest first, each on the node with the least room left
+    that holds it (best fit decreasing: exact for the plans' few bundle sizes in practice)."""
+    ts = _resource_tiers(cfg)
+    left = {node: dict(free) for node, free in free_per_node.items()}
+    for t in sorted(ts, key=lambda t: (t.gpus, t.cpus), reverse=True):
+        for rank in range(t.count):
+            b = t.bundle()
+            nodes = [n for n, free in left.items() if _fits(b, free)]
+            if not nodes:
+                raise PlanError(
+                    f"a {t.name} needs {b.get('GPU', 0.0):g} GPU and {b.get('CPU', 0.0):g} CPU on one node, and "
+                    f"the plan's bundles do not fit the free resources per node ({describe_free(free_per_node)}; "
+                    f"{t.name} {rank} of {t.count} found no room): free the nodes' GPUs (other jobs hold them), lower "
+                    f"cluster.gpus_per_{t.name} or the counts, or add nodes"
+                )
+            best = min(nodes, key=lambda n: (left[n].get("GPU", 0.0) - b.get("GPU", 0.0), left[n].get("CPU", 0.0)))
+            for k, v in b.items():
+                left[best][k] = left[best].get(k, 0.0) - v

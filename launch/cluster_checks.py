@@ -1,0 +1,238 @@
+"""Checks on the Ray cluster itself, before any stage starts.
+
+A plan can fit the cluster's totals and still not start: a bundle never spans nodes (``free_per_node``
+feeds ``plan.check_fit``), and on more than one node a run assumes what nothing else checks. One probe
+task on every alive node reads a file the driver wrote into ``run.dir`` and writes one back (the run
+directory is shared: weights as files, checkpoints and logs depend on it), hashes the rredcot code it
+imports (the same version on every node), and measures ``/dev/shm``. Each failure is one line naming
+the node and the fix; ``rredcot doctor`` runs the same probes against ``cluster.address``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import secrets
+import shutil
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from rredcot.common.config import Config
+from rredcot.common.errors import UserError
+from rredcot.launch.checks import Check
+from rredcot.launch.plan import PlanError, check_fit, check_plan, describe_free
+
+GIB = 2**30
+CODE_PACKAGES = ("actors", "redistributor", "learner", "common", "tasks", "launch", "configs")
+CODE_SUFFIXES = (".py", ".yaml", ".sh", ".sbatch")
+PROBE_TIMEOUT_S = 120.0  # a node's probe: a Ray worker start and a few file reads
+SHM_DIR = Path("/dev/shm")
+
+
+class ClusterError(UserError):
+    """An assumption of a multi-node run that a node does not meet (every one, each with its fix)."""
+
+    label = "cannot start"
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def code_digest() -> str:
+    """A digest of the rredcot code this process imports (its sources, configs and launch scripts)."""
+    h = hashlib.sha256()
+    for name in CODE_PACKAGES:
+        root = Path(importlib.import_module(f"rredcot.{name}").__path__[0])
+        for f in sorted(p for p in root.rglob("*") if p.suffix in CODE_SUFFIXES and "__pycache__" not in p.parts):
+            h.update(f"{name}/{f.relative_to(root)}\0".encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def ipc_host_slots(cfg: Config) -> bool:
+    """Whether the ipc transport keeps its weight versions in host shared memory (``/dev/shm``)."""
+    memory = dict(cfg.generation.transport_settings).get("memory", "auto")
+    return cfg.generation.weight_transport == "ipc" and (
+        memory == "host" or (memory == "auto" and cfg.cluster.gpus_per_learner == 0)
+    )
+
+
+def node_label(address: str, node_id: str) -> str:
+    """``10.0.0.2 (3ec6b42d)``: a node's address and the head of its Ray node id (several nodes can
+    share an address)."""
+    return f"{address} ({node_id[:8]})"
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    """What one node's probe found."""
+
+    node: str  # node_label
+    sees_run_dir: str  # "" when it read the driver's token in run.dir, else what it found instead
+    code: str  # code_digest() there
+    shm_free: int  # bytes free in /dev/shm there (0: none)
+    answered: bool = True  # False: the probe never ran there (the node cannot start a worker)
+
+    @staticmethod
+    def silent(node: str) -> NodeReport:
+        return NodeReport(node, "", "", 0, answered=False)
+
+    @staticmethod
+    def probe(run_dir: str, token: str) -> dict[str, Any]:
+        """Runs on the node: read the driver's token, write this node's file back, hash the code."""
+        import ray
+
+        node = node_label(ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id())
+        path = Path(run_dir) / ".probe" / "driver"
+        try:
+            seen = path.read_text().strip()
+            sees = "" if seen == token else f"{path} holds another run's probe"
+            (path.parent / f"node-{node.replace(' ', '-')}").write_text(token)
+        except OSError as e:
+            sees = f"{path}: {e.strerror or e}"
+        shm = shutil.disk_usage(SHM_DIR).free if SHM_DIR.is_dir() else 0
+        return {"node": node, "sees_run_dir": sees, "code": code_digest(), "shm_free": shm}
+
+
+def probe_nodes(run_dir: Path) -> list[NodeReport]:
+    """Run ``NodeReport.probe`` on every alive node of the connected Ray cluster."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    token = secrets.token_hex(8)
+    probe_dir = run_dir / ".probe"
+    shutil.rmtree(probe_dir, ignore_errors=True)
+    probe_dir.mkdir(parents=True)
+    (probe_dir / "driver").write_text(token)
+    task = ray.remote(num_cpus=0, max_retries=0)(NodeReport.probe)
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    refs = [
+        task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
+            str(run_dir), token
+        )
+        for n in nodes
+    ]
+    try:
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=PROBE_TIMEOUT_S)
+        reports = [
+            NodeReport(**ray.get(ref))
+            if ref in ready
+            else NodeReport.silent(node_label(n["NodeManagerAddress"], n["NodeID"]))
+            for ref, n in zip(refs, nodes)
+        ]
+    finally:
+        shutil.rmtree(probe_dir, ignore_errors=True)
+    return reports
+
+
+def cluster_problems(cfg: Config, reports: list[NodeReport], here: str) -> list[str]:
+    """One line per broken assumption, naming the node and the fix (``here``: this process's code digest)."""
+    lines = []
+    for r in reports:
+        if not r.answered:
+            lines.append(
+                f"node {r.node} did not run a probe task in {PROBE_TIMEOUT_S:.0f} s: its raylet cannot start "
+                f"workers (a node joined with another RAY_AUTH_MODE than the head's, or it is overloaded); "
+                f"see raylet.out in its Ray logs, restart it with launch/ray_worker.sh"
+            )
+            continue
+        if r.sees_run_dir:
+            lines.append(
+                f"node {r.node} does not see run.dir ({r.sees_run_dir}): set run.dir to an absolute path on a "
+                f"filesystem every node mounts at the same place (weights as files, checkpoints and logs go there)"
+            )
+        if r.code != here:
+            lines.append(
+                f"node {r.node} imports other rredcot code (digest {r.code}, the driver's {here}): install the "
+                f"same checkout on every node (a shared checkout with its .venv, or one container image)"
+            )
+        if ipc_host_slots(cfg) and r.shm_free < GIB:
+            lines.append(
+                f"node {r.node} has {r.shm_free / 2**20:.0f} MiB free in {SHM_DIR} for the ipc transport's two "
+                f"weight versions: give it more (docker run --shm-size=2g) or set generation.weight_transport=file"
+            )
+    return lines
+
+
+def check_nodes(cfg: Config, run_dir: Path) -> None:
+    """Raise ``ClusterError`` listing every node that breaks an assumption of the run."""
+    if problems := cluster_problems(cfg, probe_nodes(run_dir), code_digest()):
+        raise ClusterError(problems)
+
+
+def free_per_node() -> dict[str, dict[str, float]]:
+    """What is free on each alive node now, by ``node_label`` (Ray's developer API: no public one yet)."""
+    import ray
+    from ray._private.state import available_resources_per_node
+
+    free = available_resources_per_node()
+    return {
+        node_label(n["NodeManagerAddress"], n["NodeID"]): {k: float(v) for k, v in free.get(n["NodeID"], {}).items()}
+        for n in ray.nodes()
+        if n.get("Alive")
+    }
+
+
+PLACEMENT_TIMEOUT_S = 300.0
+
+
+def wait_for_placement(cfg: Config, pg: Any, timeout_s: float = PLACEMENT_TIMEOUT_S) -> None:
+    """Wait for the placement group's bundles; past ``timeout_s`` raise ``PlanError`` with what each
+    node has free now (others took the room since the plan was checked, or an autoscaler never came)."""
+    import ray
+    from ray.exceptions import GetTimeoutError
+
+    try:
+        ray.get(pg.ready(), timeout=timeout_s)
+    except GetTimeoutError:
+        raise PlanError(
+            f"Ray could not place the plan's bundles ({cfg.cluster.placement} across nodes) in {timeout_s:.0f} s; "
+            f"free now: {describe_free(free_per_node())}: other jobs hold the room, or a node left; "
+            "free it or lower the plan"
+        ) from None
+
+
+def ray_unreachable(address: str, timeout_s: float = 3.0) -> str | None:
+    """None when a TCP connection to the Ray ``address`` (``host:port`` or ``ray://…``) opens, else why not."""
+    parsed = urlparse(address if "://" in address else f"ray://{address}")
+    try:
+        with socket.create_connection((parsed.hostname or "", parsed.port or 6379), timeout=timeout_s):
+            return None
+    except OSError as e:
+        return str(e) or type(e).__name__
+
+
+def check_cluster(cfg: Config) -> list[Check]:
+    """``rredcot doctor`` with ``cluster.address``: join the cluster as the run would and check what
+    the run checks before it starts (the plan against every node's free resources, and on more than
+    one node run.dir, the code and /dev/shm on each). Nothing else: the address is checked by the
+    doctor's services check first, so an unreachable one is reported there, not waited for here."""
+    address = cfg.cluster.address
+    if not address:
+        return []
+    if address != "auto" and ray_unreachable(address) is not None:
+        return []  # the services check says so
+    import ray
+
+    try:
+        ray.init(address=cfg.cluster.address, log_to_driver=False, logging_level="ERROR")
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        return [Check("error", "cluster", f"cannot join {cfg.cluster.address}: {str(e).splitlines()[0]}")]
+    try:
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        check_plan(cfg, ray.cluster_resources(), nodes=len(nodes))
+        check_fit(cfg, free_per_node())
+        if len(nodes) > 1:
+            check_nodes(cfg, Path(cfg.run.dir).absolute())
+    except PlanError as e:
+        return [Check("error", "cluster", str(e))]
+    except ClusterError as e:
+        return [Check("error", "cluster", line) for line in e.problems]
+    finally:
+        ray.shutdown()
+    shared = ": run.dir shared, the same code, room in /dev/shm" if len(nodes) > 1 else ""
+    return [Check("ok", "cluster", f"{len(nodes)} node(s) hold the plan{shared}")]

@@ -1,0 +1,53 @@
+"""What the pre-start cluster checks conclude from the nodes' probes (the probes themselves run on a
+local multi-node Ray in tests/integration/test_launch_scripts.py)."""
+
+from __future__ import annotations
+
+import re
+
+from rredcot.common.config import load_config
+from rredcot.launch.cluster_checks import (
+    GIB,
+    NodeReport,
+    cluster_problems,
+    code_digest,
+    ipc_host_slots,
+    node_label,
+)
+
+
+def test_the_code_digest_is_stable_and_short():
+    assert code_digest() == code_digest() and re.fullmatch(r"[0-9a-f]{16}", code_digest())
+
+
+def test_a_cluster_whose_nodes_agree_has_no_problem():
+    cfg = load_config("tests")
+    good = NodeReport(node_label("10.0.0.2", "3ec6b42dbeef"), "", "abc", 8 * GIB)
+    assert good.node == "10.0.0.2 (3ec6b42d)"
+    assert cluster_problems(cfg, [good, good], here="abc") == []
+
+
+def test_each_broken_assumption_is_one_line_naming_the_node_and_the_fix():
+    cfg = load_config("tests", ["generation.weight_transport=ipc"])  # a CPU learner: slots in /dev/shm
+    assert ipc_host_slots(cfg)
+    reports = [
+        NodeReport("10.0.0.1 (aaaaaaaa)", "", "abc", 8 * GIB),
+        NodeReport("10.0.0.2 (bbbbbbbb)", "/runs/x/.probe/driver: No such file or directory", "abc", 8 * GIB),
+        NodeReport("10.0.0.3 (cccccccc)", "", "def", 64 * 2**20),
+        NodeReport.silent("10.0.0.4 (dddddddd)"),
+    ]
+    lines = cluster_problems(cfg, reports, here="abc")
+    assert len(lines) == 4 and all("\n" not in line for line in lines)
+    assert lines[0].startswith("node 10.0.0.2 (bbbbbbbb) does not see run.dir (/runs/x/.probe/driver: No such")
+    assert "absolute path on a filesystem every node mounts" in lines[0]
+    assert lines[1].startswith("node 10.0.0.3 (cccccccc) imports other rredcot code (digest def, the driver's abc)")
+    assert lines[2].startswith("node 10.0.0.3 (cccccccc) has 64 MiB free in /dev/shm") and "--shm-size" in lines[2]
+    assert lines[3].startswith("node 10.0.0.4 (dddddddd) did not run a probe task") and "RAY_AUTH_MODE" in lines[3]
+
+
+def test_shared_memory_matters_only_where_the_ipc_transport_keeps_weights_on_the_host():
+    assert not ipc_host_slots(load_config("tests", ["generation.weight_transport=file"]))
+    gpu = load_config("tests", ["generation.weight_transport=ipc", "cluster.gpus_per_learner=1"])
+    assert not ipc_host_slots(gpu)  # auto: the GPU's own memory
+    small = NodeReport("10.0.0.3 (cccccccc)", "", "abc", 64 * 2**20)
+    assert cluster_problems(gpu, [small], here="abc") == []
