@@ -49,7 +49,9 @@ class VLLMContinuations:
         """A dedicated engine sampling like the generators. ``prover``: ``policy``, ``model.path``
         following the run's published weights (outside the learner's weight group: it reads the
         weight files); ``initial``, ``model.path``'s weights, fixed; else the model at that path, fixed."""
-        spec = EngineSpec.from_config(cfg, seed_offset=MC_SEED_OFFSET, seeded=True)
+        spec = EngineSpec.from_config(
+            cfg, seed_offset=MC_SEED_OFFSET, seeded=True, gpus=cfg.cluster.gpus_per_redistributor
+        )
         if prover not in ("policy", "initial"):
             spec = dataclasses.replace(spec, model=resolve_model_path(prover, seed=cfg.run.seed))
         engine = Engine(spec)

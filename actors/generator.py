@@ -100,7 +100,7 @@ class Generator:
         pool = len({p.id for p in train})  # distinct problems
         self.uniform_groups = UniformGroups(cfg.generation.drop_uniform_groups, pool, name)
         self.prompt_fit = PromptFit(pool, cfg.model.max_model_len)
-        self.engine = engine or Engine(EngineSpec.from_config(cfg))
+        self.engine = engine or Engine(EngineSpec.from_config(cfg, gpus=cfg.cluster.gpus_per_generator))
         g = cfg.generation
         self.sampling = Sampling(
             n=g.group_size, temperature=g.temperature, top_p=g.top_p, max_tokens=g.max_tokens, stop=tuple(g.stop)

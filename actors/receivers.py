@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from rredcot.actors.engine import Engine, WeightsLost
-from rredcot.common.config import Config
+from rredcot.common.config import Config, tensor_parallel
 from rredcot.common.weight_group import read_group
 from rredcot.common.weight_slots import SlotReader, want_files
 from rredcot.common.weight_sync import WeightManifest, latest_manifest, published_version, read_weights
@@ -80,7 +80,8 @@ class FileReceiver:
 
 
 class CollectiveReceiver(FileReceiver):
-    """``collective``: a generator joins the learner's weight group as rank ``rank + 1`` and receives
+    """``collective``: a generator joins the learner's weight group as rank ``rank + 1`` (its engine's
+    workers from ``1 + rank · t`` when it is tensor-parallel over ``t`` GPUs) and receives
     each version's buckets; files are its fallback (and the evaluator's only way, outside the group)."""
 
     def __init__(self, client: Any, run_id: str, engine: Engine, name: str, group_rank: int | None, timeout_s: float):
@@ -92,7 +93,8 @@ class CollectiveReceiver(FileReceiver):
 
     @classmethod
     def from_config(cls, cfg: Config, client: Any, engine: Engine, rank: int | None) -> CollectiveReceiver:
-        group_rank = None if rank is None else rank + 1
+        shards = tensor_parallel(cfg.cluster.gpus_per_generator)  # each worker of a tensor-parallel engine
+        group_rank = None if rank is None else 1 + rank * shards  # is a rank: the engine's first is this
         return cls(
             client, cfg.run.name, engine, _receiver_name(rank), group_rank, cfg.generation.weight_group_timeout_s
         )

@@ -33,9 +33,11 @@ class WeightReceiver:
         return self._rredcot_apply(st_load(bytes(data)))
 
     def rredcot_join_group(self, info: dict[str, Any], rank: int, timeout_s: float) -> None:
-        """Join the learner's weight group as ``rank`` (blocks until every member joined)."""
+        """Join the learner's weight group as ``rank`` plus this worker's rank in its engine (a
+        tensor-parallel engine's workers each receive every bucket and load their own shard; blocks
+        until every member joined)."""
         group_info = GroupInfo(**info)
-        self._rredcot_group = open_group(group_info, rank, timeout_s)
+        self._rredcot_group = open_group(group_info, rank + self.rank, timeout_s)  # type: ignore[attr-defined]
         self._rredcot_device = device_for(group_info.backend)
 
     def rredcot_leave_group(self) -> None:

@@ -614,6 +614,12 @@ def _validate_extensions(cfg: Config) -> None:
     _check_cpu_kv_blocks(cfg)
 
 
+def tensor_parallel(gpus: float) -> int:
+    """The tensor-parallel size of a vLLM engine on ``gpus`` GPUs: one engine over all of them
+    (1 for a share of one GPU, or none)."""
+    return max(1, int(gpus))
+
+
 def engine_gpus(cfg: Config) -> dict[str, float]:
     """GPUs per worker of each tier that runs a vLLM engine: the generators, and the redistributors
     when the credit method samples continuations (its module is imported here)."""

@@ -1,9 +1,11 @@
 """The collective weight transport: learner rank 0 broadcasts flat byte buckets to every generator.
 
 One process group holds learner rank 0 (group rank 0, the source) and generator ``i`` (group rank
-``i + 1``). It is built from its own ``TCPStore`` (hosted by the learner) and a store prefix unique
-to each learner start (``epoch``), so it never touches the default process group of DeepSpeed or
-vLLM and a receiver never joins a stale group. Backend: gloo on CPU, NCCL on GPU — the same code.
+``i + 1``; with engines tensor-parallel over ``t`` GPUs, engine ``i``'s worker ``w`` is rank
+``1 + i·t + w``: each worker receives every bucket and loads its own shard). It is built from its
+own ``TCPStore`` (hosted by the learner) and a store prefix unique to each learner start
+(``epoch``), so it never touches the default process group of DeepSpeed or vLLM and a receiver
+never joins a stale group. Backend: gloo on CPU, NCCL on GPU — the same code.
 
 Wire format of one version: the manifest (``common.weight_sync``, ``transport="collective"``,
 ``buckets`` = tensors per bucket) is published in Redis first; then rank 0 broadcasts each bucket
@@ -62,7 +64,7 @@ class GroupInfo:
 
     address: str
     port: int
-    world: int  # 1 + number of generators
+    world: int  # 1 + the generators' engine workers (one per generator, or per GPU of a tensor-parallel one)
     backend: str  # "gloo" (CPU) or "nccl" (GPU)
     epoch: str  # unique per learner start
 

@@ -139,7 +139,7 @@ class Evaluator:
         torch.set_num_threads(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
         self.cfg = from_dict(cfg)
         c = self.cfg
-        self.engine = Engine(EngineSpec.from_config(c, seed_offset=1))
+        self.engine = Engine(EngineSpec.from_config(c, seed_offset=1, gpus=c.cluster.gpus_per_evaluator))
         self.client = connect(c.redis.url) if c.redis.url else None
         self.control = RunControl(self.client, c.run.name) if self.client else None
         self.verifier = Verifier.from_config(c)

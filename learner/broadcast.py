@@ -37,7 +37,7 @@ from pathlib import Path
 import redis
 import torch
 
-from rredcot.common.config import Config
+from rredcot.common.config import Config, tensor_parallel
 from rredcot.common.weight_group import (
     GroupInfo,
     bucket_counts,
@@ -167,7 +167,7 @@ class CollectivePublisher(FilePublisher):
             out_dir,
             rank,
             group_address=os.environ.get("MASTER_ADDR", "127.0.0.1"),
-            receivers=cfg.cluster.generators,
+            receivers=cfg.cluster.generators * tensor_parallel(cfg.cluster.gpus_per_generator),  # a rank per shard
             file_too=cfg.data.eval_size > 0 or cfg.credit.scorer == "policy",
             timeout_s=cfg.generation.weight_group_timeout_s,
         )

@@ -97,7 +97,11 @@ def cluster() -> Iterator[LocalCluster]:
     c = LocalCluster(root, f"{address_of_this_node}:{port}", env)
     (root / "run").mkdir()
     try:
-        c.start("ray_head.sh", RAY_AUTH_MODE="disabled", RAY_START_EXTRA=f"{extra} --include-dashboard=false --temp-dir={root}/ray")
+        c.start(
+            "ray_head.sh",
+            RAY_AUTH_MODE="disabled",
+            RAY_START_EXTRA=f"{extra} --include-dashboard=false --temp-dir={root}/ray",
+        )
         c.start("ray_worker.sh")  # its auth mode is asked of the head: disabled
         yield c
     finally:
