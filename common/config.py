@@ -246,6 +246,8 @@ class RedisConfig:
     url: str | None = None  # redis:// or rediss://; None starts an embedded server
     password: str | None = None
     server: str = choice("auto", "auto", "valkey", "redis-server")
+    port: int = bounded(0, 0, 65535)  # the embedded server's port; 0: a free one
+    dir: str | None = None  # the embedded server's append-only file; None: <run.dir>/redis
     maxlen: int = bounded(256, 1, COUNT_MAX)  # stream bound (entries); producers block beyond it
     block_timeout_s: float = bounded(600.0, 0.0, SECONDS_MAX)
     claim_idle_ms: int = bounded(30000, 0, int(SECONDS_MAX * 1000))  # pending entries idle this long are reclaimed

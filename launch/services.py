@@ -171,11 +171,15 @@ class EmbeddedRedis:
 
 def embedded_redis(cfg: Config, run_dir: Path, nodes: int) -> EmbeddedRedis:
     """The run's own Redis (``redis.url`` unset): on 127.0.0.1 on one node; on a cluster of ``nodes``
-    > 1, on this node's address; always with a password (``redis.password``, or a random one per run)."""
+    > 1, on this node's address; on ``redis.port`` (else a free one), its append-only file in
+    ``redis.dir`` (else ``<run.dir>/redis``); always with a password (``redis.password``, or a random
+    one per run)."""
     import ray
 
     host = "127.0.0.1" if nodes <= 1 else ray.util.get_node_ip_address()
-    return EmbeddedRedis(run_dir / "redis", host=host, password=cfg.redis.password, server=cfg.redis.server)
+    r = cfg.redis
+    data_dir = Path(r.dir) if r.dir else run_dir / "redis"
+    return EmbeddedRedis(data_dir, host=host, port=r.port or None, password=r.password, server=r.server)
 
 
 def embedded_redis_line(url: str, password: str | None) -> str:

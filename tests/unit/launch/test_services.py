@@ -110,3 +110,18 @@ def test_a_ctrl_c_to_the_launchers_process_group_leaves_the_server_up(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_embedded_server_takes_a_pinned_port_and_a_directory_of_its_own(tmp_path):
+    from rredcot.common.config import load_config
+    from rredcot.common.net import free_port
+    from rredcot.launch.services import embedded_redis
+
+    port, aof = free_port(), tmp_path / "node-local"
+    cfg = load_config("tests", [f"redis.port={port}", f"redis.dir={aof}"])
+    with embedded_redis(cfg, tmp_path / "run", nodes=1) as server:
+        assert server.port == port and f"@127.0.0.1:{port}/0" in server.url
+        connect(server.url).set("k", "v")
+    assert any(p.name.startswith("appendonly") for p in aof.iterdir()) and not (tmp_path / "run" / "redis").exists()
+    default = embedded_redis(load_config("tests"), tmp_path / "run", nodes=1)
+    assert default.data_dir == tmp_path / "run" / "redis"
