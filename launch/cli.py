@@ -93,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inspect.add_argument("--out", default="credit_heatmap", help="output path prefix")
     inspect.add_argument("--index", type=int, default=0, help="which sample of the group")
+    _add_debug(report := sub.add_parser("report", help="redraw a run's curves and timeline (finished or running)"))
+    report.add_argument("run_dir", help="the run's directory (run.dir)")
     _add_debug(study := sub.add_parser("study", help="measure credit methods (docs/study.md)"))
     study_sub = study.add_subparsers(dest="action", required=True, metavar="ACTION")
     _add_config_args(credit := study_sub.add_parser("credit", help="every credit method against MC on a policy"))
@@ -165,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "inspect":
             return _call_inspect(args)
+        if args.command == "report":
+            return _call_report(Path(args.run_dir))
         if args.command == "study":
             return _call_study(args)
         return _run_bench(args.name, args.args)
@@ -214,6 +218,19 @@ def _call_inspect(args: argparse.Namespace) -> int:
     from rredcot.redistributor.heatmap import inspect_command
 
     return int(inspect_command(args) or 0)
+
+
+def _call_report(run_dir: Path) -> int:
+    from rredcot.launch.report import redraw
+
+    try:
+        files, verdict = redraw(run_dir)
+    except FileNotFoundError as e:
+        raise UserError(str(e)) from None
+    print(f"rredcot: {verdict}")
+    for f in files:
+        print(f"rredcot: drew {f}")
+    return 0
 
 
 def _call_study(args: argparse.Namespace) -> int:

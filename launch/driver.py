@@ -53,7 +53,7 @@ from rredcot.launch.logs import (
 )
 from rredcot.launch.monitor import Monitor, Phases, Progress, fmt_duration
 from rredcot.launch.plan import Tier, bundles, check_fit, check_plan, evaluator_tier
-from rredcot.launch.report import RunOutcome, write_report
+from rredcot.launch.report import HISTORY_FILE, RunOutcome, write_report
 from rredcot.launch.run_dir import claim_run_dir, clear_run_dir, clear_run_keys
 from rredcot.launch.run_lock import hold as hold_run_lock
 from rredcot.launch.run_times import expected_seconds, record_seconds
@@ -242,7 +242,9 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
         clear_run_keys(client, cfg.run.name)
     control = outcome.control = RunControl(client, cfg.run.name)
     control.clear_stop()
-    monitor = outcome.monitor = Monitor(cfg, control, run_dir / "tensorboard", to_dict(redacted(cfg)))
+    monitor = outcome.monitor = Monitor(
+        cfg, control, run_dir / "tensorboard", to_dict(redacted(cfg)), run_dir / "report" / HISTORY_FILE
+    )
     stack.callback(monitor.close)
     progress = Progress(cfg, phases)
     stack.callback(progress.close)

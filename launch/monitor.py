@@ -8,6 +8,7 @@ also goes to the run's log file in both cases.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
@@ -26,9 +27,18 @@ log = logging.getLogger("rredcot.progress")
 class Monitor:
     """Polls worker metrics and queue depths; keeps history; logs to TensorBoard / W&B."""
 
-    def __init__(self, cfg: Config, control: RunControl, tb_dir: Path, wandb_config: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        control: RunControl,
+        tb_dir: Path,
+        wandb_config: dict[str, Any],
+        history_file: Path | None = None,
+    ) -> None:
         self.control = control
         self.history: list[dict[str, Any]] = []
+        # every history point, as it comes, one JSON object a line: `rredcot report RUN` redraws from it
+        self._history_file = None if history_file is None else open(history_file, "a", buffering=1)  # noqa: SIM115
         self.evals: list[dict[str, Any]] = []
         self.last: dict[str, dict[str, Any]] = {}  # the latest snapshot of every worker
         self._last_step: dict[str, float] = {}
@@ -59,9 +69,10 @@ class Monitor:
             if self._last_step.get(worker) == marker:
                 continue
             self._last_step[worker] = marker
-            self.history.append(
-                {"t": now, "tier": values.get("tier", "?"), "worker": worker, "step": step, "values": nums}
-            )
+            point = {"t": now, "tier": values.get("tier", "?"), "worker": worker, "step": step, "values": nums}
+            self.history.append(point)
+            if self._history_file is not None:
+                self._history_file.write(json.dumps(point) + "\n")
             self._log({f"{values.get('tier', '?')}/{worker}/{k}": v for k, v in nums.items()}, step)
         return snaps
 
@@ -96,6 +107,8 @@ class Monitor:
         )
 
     def close(self) -> None:
+        if self._history_file is not None:
+            self._history_file.close()
         if self.writer is not None:
             self.writer.close()
         if self.wandb is not None:

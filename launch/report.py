@@ -17,6 +17,9 @@ from rredcot.common.config import Config, redacted, to_yaml
 from rredcot.common.ledger import Balance
 from rredcot.common.precision import cpu_info, dtype_settings, planned_dtype
 from rredcot.launch.curves import plot_curves
+from rredcot.launch.timeline import bottleneck, plot_timeline, worker_timelines
+
+HISTORY_FILE = "metrics.jsonl"  # under report/: every worker report the monitor saw, as it came
 
 if TYPE_CHECKING:
     from rredcot.common.control import RunControl
@@ -37,11 +40,14 @@ def write_summary(
     status: str = "finished",
     phases: dict[str, float] | None = None,
     ledger: Balance | None = None,
+    time_verdict: str = "",
 ) -> Path:
     lines = ["# rredcot run report", "", f"Status: {status}. Wall time: {wall_s / 60:.1f} min"]
     if phases:
         lines[-1] += " (" + ", ".join(f"{name} {sec / 60:.1f}" for name, sec in phases.items()) + ")"
     lines.append("")
+    if time_verdict:
+        lines += [f"Where the time went (`timeline.png`): {time_verdict}.", ""]
     if evals:
         first, last = evals[0], evals[-1]
         lines += [
@@ -130,6 +136,7 @@ def summary_json(cfg: Config, outcome: RunOutcome, artefacts: dict[str, str]) ->
         "evaluations": evals,  # with each problem's sampled accuracy, for paired comparisons between runs
         "paired_change": paired,
         "training_reward": training_reward(monitor.history) if monitor else [],
+        "bottleneck": bottleneck(worker_timelines(monitor.history)) if monitor else "",
         "dtype": {"model": model.dtype, "learner": learner.dtype, "why": model.reason},
         "cpu": {"model": info.model, "flags": info.speed_flags()},
         "ledger": None if outcome.ledger is None else outcome.ledger.as_dict(),
@@ -146,8 +153,9 @@ def write_report(cfg: Config, run_dir: Path, outcome: RunOutcome) -> dict[str, s
     report_dir.mkdir(parents=True, exist_ok=True)
     artefacts = {
         "learning curves": str(plot_curves(monitor.history, monitor.evals, report_dir / "curves.png")),
-        "tensorboard": str(run_dir / "tensorboard"),
     }
+    timeline, verdict = plot_timeline(monitor.history, report_dir / "timeline.png")
+    artefacts |= {"timeline": str(timeline), "tensorboard": str(run_dir / "tensorboard")}
     artefacts.update({f"credit heatmap {i}": p for i, p in enumerate(render_heatmaps(cfg, run_dir, report_dir))})
     final_model = link_final_model(run_dir, report_dir)
     if final_model is not None:
@@ -164,6 +172,7 @@ def write_report(cfg: Config, run_dir: Path, outcome: RunOutcome) -> dict[str, s
         outcome.status,
         outcome.phases.closed(),
         outcome.ledger,
+        verdict,
     )
     (report_dir / "summary.json").write_text(json.dumps(summary_json(cfg, outcome, artefacts), indent=1))
     return artefacts
@@ -201,3 +210,29 @@ def link_final_model(run_dir: Path, report_dir: Path) -> Path | None:
         link.unlink()
     link.symlink_to(os.path.relpath(ckpt / "hf", report_dir), target_is_directory=True)
     return link
+
+
+def read_history(path: Path) -> list[dict[str, Any]]:
+    """The monitor's history saved in ``path`` (a line cut short by a run still writing is skipped)."""
+    points = []
+    for line in path.read_text().splitlines():
+        try:
+            points.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return points
+
+
+def redraw(run_dir: Path) -> tuple[list[Path], str]:
+    """``rredcot report RUN``: the curves and the timeline of a finished or running run, from what it
+    saved (``report/metrics.jsonl``, and the evaluations of ``report/summary.json`` once it exists);
+    returns the files and the bottleneck sentence."""
+    report_dir = run_dir / "report"
+    if not (report_dir / HISTORY_FILE).is_file():
+        raise FileNotFoundError(f"{report_dir / HISTORY_FILE} not found: is {run_dir} a run directory?")
+    history = read_history(report_dir / HISTORY_FILE)
+    summary = report_dir / "summary.json"
+    evals = json.loads(summary.read_text())["evaluations"] if summary.is_file() else []
+    curves = plot_curves(history, evals, report_dir / "curves.png")
+    timeline, verdict = plot_timeline(history, report_dir / "timeline.png")
+    return [curves, timeline], verdict
