@@ -33,6 +33,7 @@ from rredcot.common.config import Config, ConfigError
 from rredcot.common.data import Problem, ProblemOrder, train_and_held_out
 from rredcot.common.heap import trim_heap
 from rredcot.common.ledger import group_id, inflight_key
+from rredcot.common.overlong import overlong_window, penalize
 from rredcot.common.prompts import prompt_ids
 from rredcot.common.records import RecordError, RolloutGroup
 from rredcot.common.registry import WEIGHT_TRANSPORTS
@@ -55,6 +56,8 @@ class GeneratorMetrics:
     dropped_uniform: int = 0  # groups whose samples all got one reward (generation.drop_uniform_groups)
     samples: int = 0
     truncated: int = 0
+    overlong_penalized: int = 0  # samples whose reward the overlong penalty lowered (generation.overlong=penalty)
+    overlong_penalty_sum: float = 0.0
     verifier_timeouts: int = 0  # samples whose check outlived generation.verifier_timeout_s: reward 0
     verifier_errors: int = 0  # samples whose check raised or crashed the verifier process: reward 0
     reward_sum: float = 0.0
@@ -221,6 +224,10 @@ class Generator:
 
     def _record(self, group: GroupOutput, index: int, problem: Problem) -> RolloutGroup:
         record = rollout_group(group, problem, index, self.run_id, self.task, self.engine.tokenizer, self.verifier)
+        if self.cfg.generation.overlong == "penalty":
+            penalties = penalize(record.samples, self.cfg.generation.max_tokens, overlong_window(self.cfg))
+            self.metrics.overlong_penalized += sum(p < 0 for p in penalties)
+            self.metrics.overlong_penalty_sum += sum(penalties)
         for s in record.samples:
             self.metrics.samples += 1
             self.metrics.truncated += s.finish_reason == "length"

@@ -117,6 +117,10 @@ class GenerationConfig:
     # DAPO's dynamic sampling: a group whose samples all got one reward (no advantage) is dropped at the
     # generator and another prompt admitted in its place, so each step trains on groups with a signal
     drop_uniform_groups: bool = False
+    # completions cut at max_tokens (common/overlong.py): none; penalty, a reward ramping to -1 over the
+    # last overlong_window tokens (DAPO's soft punishment); filter, no advantage for a truncated sample
+    overlong: str = choice("none", "none", "penalty", "filter")
+    overlong_window: int = bounded(0, 0, COUNT_MAX)  # tokens; 0: max_tokens // 4
     idle_poll_s: float = bounded(0.05, 0.001, SECONDS_MAX)  # wait between admission retries while staleness blocks
     weight_transport: str = "file"  # a registered transport (file, collective, ipc: common.transports) or a module path
     transport_settings: dict[str, Any] = field(default_factory=dict)  # the transport's own settings, if it declares any
@@ -419,6 +423,12 @@ def validate(cfg: Config) -> None:
         "generation.max_tokens",
         cfg.generation.max_tokens,
         f"< model.max_model_len ({cfg.model.max_model_len})",
+    )
+    _check(
+        cfg.generation.overlong_window < cfg.generation.max_tokens,
+        "generation.overlong_window",
+        cfg.generation.overlong_window,
+        f"< generation.max_tokens ({cfg.generation.max_tokens}): the penalty ramps over the budget's last tokens",
     )
     _check(
         cfg.learner.micro_token_budget >= cfg.model.max_model_len,

@@ -432,6 +432,8 @@ def redistribute_group(
         scorer.check_ids(group)
     method = method or get_method(cfg.credit.method)
     adv = group_advantages([s.reward for s in group.samples], cfg.credit.advantage_std_norm)
+    if cfg.generation.overlong == "filter":  # in the baseline, out of the gradient (common/overlong.py)
+        adv[[s.finish_reason == "length" for s in group.samples]] = 0.0
     if method.needs_scorer and not adv.any():
         # every advantage is 0: no σ changes the loss, so the scorer's work is skipped (σ uniform)
         credits = [SampleCredit(_uniform(len(s.completion_ids)), fallback="skipped") for s in group.samples]

@@ -140,6 +140,29 @@ def test_uniform_groups_are_dropped_and_their_slots_refilled(setup, redis_server
     assert redis_client.xlen(key(run_id, ROLLOUTS)) == 2
 
 
+def test_overlong_penalty_lowers_the_reward_of_long_completions(setup, redis_server, redis_client, run_id, tmp_path):
+    """``generation.overlong=penalty`` with a budget of 8 tokens and a window of 4: a completion of n
+    tokens gets max(-1, (4 - n) / 4) added to its verifier reward (0 here: the tiny model answers nothing)."""
+    path, engines, _, _ = setup
+    _reset(engines)
+    rows = [{"problem": f"What is {i} * 3?", "solution": f"Answer: {3 * i}", "answer": str(3 * i)} for i in range(4)]
+    steps = ("run.steps=1", "generation.prompts_per_step=4", "staleness.eta=0")
+    overlong = ("generation.overlong=penalty", "generation.overlong_window=4")
+    cfg = _rows_cfg(path, redis_server.url, run_id, rows, tmp_path / "p.jsonl", *steps, *overlong)
+    gen = Generator(cfg, "g0", engine=engines[0])
+    metrics = gen.run(timeout_s=60, linger=False)
+    gen.close()
+    samples = [
+        s for _, f in redis_client.xrange(key(run_id, ROLLOUTS)) for s in decode(f[b"d"], expect=RolloutGroup).samples
+    ]
+    assert len(samples) == 8 and all(s.verdict in ("wrong", "no_answer") for s in samples)
+    expected = [max(-1.0, (4 - len(s.completion_ids)) / 4) if len(s.completion_ids) > 4 else 0.0 for s in samples]
+    assert [s.reward for s in samples] == pytest.approx(expected)
+    assert any(r < 0 for r in expected)  # the tiny model runs to its budget
+    assert metrics["overlong_penalized"] == sum(r < 0 for r in expected)
+    assert metrics["overlong_penalty_sum"] == pytest.approx(sum(expected))
+
+
 def test_a_group_with_a_nan_log_prob_is_rejected_and_its_slot_freed(setup, redis_server, redis_client, run_id):
     """Fault injection on the real engine's output: the first finished group gets a NaN log-prob.
     The generator refuses to write it (the learner's ratio would be NaN), counts it, and admits a
