@@ -44,6 +44,7 @@ class TrainSample:
     versions: np.ndarray  # int32 [L], policy version of each completion token
     advantage: float
     reward: float = 0.0
+    scorer_version: int = 0  # the policy version of the scorer that computed σ
 
     @property
     def length(self) -> int:
@@ -61,6 +62,7 @@ def samples_from_group(group: WeightedGroup) -> list[TrainSample]:
             versions=s.rollout.token_versions(),
             advantage=float(s.advantage),
             reward=float(s.rollout.reward),
+            scorer_version=group.scorer_version,
         )
         for s in group.samples
     ]

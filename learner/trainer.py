@@ -24,7 +24,7 @@ from rredcot.common.codec import decode
 from rredcot.common.config import Config
 from rredcot.common.models import load_tokenizer, resolve_model_path
 from rredcot.common.records import WeightedGroup
-from rredcot.common.registry import WEIGHT_TRANSPORTS
+from rredcot.common.registry import CREDIT_METHODS, WEIGHT_TRANSPORTS
 from rredcot.common.run_context import RunContext
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, key, run_key
@@ -36,6 +36,7 @@ from rredcot.learner.engine import LearnerEngine, init_distributed, load_policy
 from rredcot.learner.packing import TrainSample, samples_from_group
 from rredcot.learner.rendezvous import join_from_env
 from rredcot.learner.replay import ReplayLog, steps_to_replay
+from rredcot.learner.version_truth import trajectory_metrics
 
 log = logging.getLogger(__name__)
 GROUP = "learner"
@@ -55,6 +56,7 @@ class Trainer:
         self.consumer = Consumer(self.client, batches, GROUP, name, dead, cfg.redis.claim_idle_ms)
         self.trained_key = run_key(self.client, self.run_id, "trained_ids")
         self.replay = ReplayLog(self.client, self.run_id, rank)
+        self.scored = CREDIT_METHODS.get(cfg.credit.method).needs_scorer  # σ from a scorer of some version
         path = resolve_model_path(cfg.model.path, seed=cfg.run.seed)
         self.tokenizer = load_tokenizer(cfg.model.tokenizer or path)
         init_distributed(join_from_env(self.client, self.run_id))
@@ -282,6 +284,7 @@ class Trainer:
                 f"staleness_{i}" if i < STALENESS_BINS - 1 else f"staleness_{i}plus": float(h)
                 for i, h in enumerate(hist)
             }
+            out |= trajectory_metrics(samples, int(self.lineage.position(version)), self.lineage.position, self.scored)
             out["advantage_abs_mean"] = float(np.mean([abs(s.advantage) for s in samples]))
             out["reward_mean"] = float(np.mean([s.reward for s in samples]))
         return out
