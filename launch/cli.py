@@ -95,6 +95,18 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--index", type=int, default=0, help="which sample of the group")
     _add_debug(report := sub.add_parser("report", help="redraw a run's curves and timeline (finished or running)"))
     report.add_argument("run_dir", help="the run's directory (run.dir)")
+    _add_debug(advise := sub.add_parser("advise", help="predict samples/s per generator:redistributor:learner split"))
+    advise.add_argument("run_dir", nargs="?", help="a run to take the per-tier rates from (its report/metrics.jsonl)")
+    advise.add_argument("--total", type=int, default=None, help="GPUs (or CPU workers) to split; default: the run's")
+    advise.add_argument("--params", type=float, help="without a run: parameters of the model (e.g. 4e9)")
+    advise.add_argument("--layers", type=int, help="its layers")
+    advise.add_argument("--heads", type=int, help="its query heads")
+    advise.add_argument("--kv-heads", type=int, help="its key-value heads")
+    advise.add_argument("--head-dim", type=int, default=128, help="its head dimension (128)")
+    advise.add_argument("--prompt", type=int, default=512, help="prompt tokens (512)")
+    advise.add_argument("--completion", type=int, default=25000, help="mean completion tokens (25000)")
+    advise.add_argument("--scored", type=float, default=0.0, help="extra tokens the scorer runs per sample (0: GRPO)")
+    advise.add_argument("--sync", action="store_true", help="staleness.eta = 0: generation and training alternate")
     _add_debug(study := sub.add_parser("study", help="measure credit methods (docs/study.md)"))
     study_sub = study.add_subparsers(dest="action", required=True, metavar="ACTION")
     _add_config_args(credit := study_sub.add_parser("credit", help="every credit method against MC on a policy"))
@@ -169,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
             return _call_inspect(args)
         if args.command == "report":
             return _call_report(Path(args.run_dir))
+        if args.command == "advise":
+            return _call_advise(args)
         if args.command == "study":
             return _call_study(args)
         return _run_bench(args.name, args.args)
@@ -230,6 +244,47 @@ def _call_report(run_dir: Path) -> int:
     print(f"rredcot: {verdict}")
     for f in files:
         print(f"rredcot: drew {f}")
+    return 0
+
+
+def _call_advise(args: argparse.Namespace) -> int:
+    from rredcot.launch import advise as a
+
+    if args.run_dir:
+        try:
+            rates, own_split, measured, cfg = a.run_rates(Path(args.run_dir))
+        except (FileNotFoundError, ValueError) as e:
+            raise UserError(str(e)) from None
+        on_cpu = not any(cfg["cluster"][f"gpus_per_{t}"] for t in a.TIERS)
+        scorer = on_cpu or bool(cfg["cluster"]["gpus_per_redistributor"])
+        total = args.total or own_split.generator + own_split.redistributor + own_split.learner
+        own = a.predict(own_split, rates)
+    else:
+        if not (args.params and args.layers and args.heads and args.kv_heads and args.total):
+            raise UserError("advise: give a run directory, or --params, --layers, --heads, --kv-heads and --total")
+        work = a.Workload(
+            args.params,
+            args.layers,
+            args.heads,
+            args.kv_heads,
+            args.head_dim,
+            args.prompt,
+            args.completion,
+            args.scored,
+        )
+        rates, scorer, total, own, measured = (
+            a.paper_rates(work, overlap=not args.sync),
+            args.scored > 0,
+            args.total,
+            None,
+            None,
+        )
+    unit = "GPU" if args.run_dir is None or not on_cpu else "worker"
+    print(
+        f"per {unit} samples/s: generator {rates.generator:.3g}, redistributor {rates.redistributor:.3g}, "
+        f"learner {rates.learner:.3g} ({'overlapped' if rates.overlap else 'alternating'} tiers)"
+    )
+    print(a.table(a.advise(total, rates, scorer), own, measured))
     return 0
 
 

@@ -1,0 +1,202 @@
+"""``rredcot advise``: which generator : redistributor : learner split to run, and which tier bounds it.
+
+A small model of the pipeline: three tiers in a row, each of ``n`` workers that process samples at
+``rate`` samples/s each while busy. With bounded staleness η ≥ 1 the tiers overlap, and the pipeline
+runs at the slowest tier's capacity, ``min(n_g·r_g, n_r·r_r, n_l·r_l)``; with η = 0 generation and
+training alternate, so their times per sample add (the redistributor overlaps the generators as it
+reads their stream). Learner ranks are taken to scale linearly (data parallel), which is optimistic
+past a node. The rates come from a run (its own workers' counters: samples over the seconds they
+were not waiting for another tier, ``launch/timeline.py``), or from a model size, a completion
+length and a GPU's peak (``paper_rates``): decoding is bound by memory bandwidth (weights and the
+KV cache read once per step of the batch), scoring and training by compute at a utilisation.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rredcot.launch.timeline import WAITS, worker_timelines
+
+TIERS = ("generator", "redistributor", "learner")
+COUNTS = {"generator": "samples", "redistributor": "rollouts", "learner": "samples_consumed"}
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Samples per second of one unit (a GPU, or a worker on CPU) of each tier while it works."""
+
+    generator: float
+    redistributor: float
+    learner: float
+    overlap: bool = True  # η ≥ 1: the tiers run at once
+
+    def of(self, tier: str) -> float:
+        return getattr(self, tier)
+
+
+@dataclass(frozen=True)
+class Split:
+    generator: int
+    redistributor: int
+    learner: int
+
+    def of(self, tier: str) -> int:
+        return getattr(self, tier)
+
+    def __str__(self) -> str:
+        return f"{self.generator}:{self.redistributor}:{self.learner}"
+
+
+@dataclass(frozen=True)
+class Prediction:
+    split: Split
+    samples_per_s: float
+    bound: str  # the tier at its capacity
+    busy: dict[str, float]  # each tier's share of time at work at that throughput
+
+
+def predict(split: Split, rates: Rates) -> Prediction:
+    """Samples/s of ``split`` under ``rates``; the bounding tier and every tier's utilisation."""
+    capacity = {t: split.of(t) * rates.of(t) for t in TIERS if split.of(t) > 0}
+    if rates.overlap:
+        x = min(capacity.values())
+    else:  # generation and training take turns; scoring keeps up with generation within its turn
+        x = 1.0 / (1.0 / capacity["generator"] + 1.0 / capacity["learner"])
+        x = min(x, capacity.get("redistributor", math.inf))
+    bound = min(capacity, key=capacity.get)
+    return Prediction(split, x, bound, {t: x / c for t, c in capacity.items()})
+
+
+def splits(total: int, scorer: bool) -> list[Split]:
+    """Every split of ``total`` units: at least one generator and one learner, and redistributor units
+    only when the credit method computes on them (``scorer``): then at least one."""
+    out = []
+    for g in range(1, total):
+        for r in range(1, total - g) if scorer else [0]:
+            if total - g - r >= 1:
+                out.append(Split(g, r, total - g - r))
+    return out
+
+
+def advise(total: int, rates: Rates, scorer: bool, top: int = 5) -> list[Prediction]:
+    """The ``top`` splits of ``total`` units by predicted samples/s (fewer generators first on a tie)."""
+    ranked = sorted((predict(s, rates) for s in splits(total, scorer)), key=lambda p: (-p.samples_per_s, str(p.split)))
+    return ranked[:top]
+
+
+def measured_rates(history: list[dict[str, Any]], cfg: dict[str, Any]) -> tuple[Rates, Split, float]:
+    """Per-unit rates from a run's history (``report/metrics.jsonl``), the run's own split (in units:
+    GPUs where the tier has them, else workers) and its measured samples/s (what the learner consumed
+    over its observed window)."""
+    cluster = cfg["cluster"]
+    per_unit = {t: cluster[f"gpus_per_{t}"] or 1.0 for t in TIERS}
+    count = {
+        "generator": cluster["generators"],
+        "redistributor": cluster["redistributors"],
+        "learner": cluster["learner_ranks"],
+    }
+    done: dict[str, float] = dict.fromkeys(TIERS, 0.0)
+    working: dict[str, float] = dict.fromkeys(TIERS, 0.0)
+    for w in worker_timelines(history):
+        points = [p for p in history if p["worker"] == w.worker]
+        first, last = min(points, key=lambda p: p["t"]), max(points, key=lambda p: p["t"])
+        key = COUNTS[w.tier]
+        done[w.tier] += last["values"].get(key, 0.0) - first["values"].get(key, 0.0)
+        working[w.tier] += sum(s for n, s in w.seconds.items() if n not in WAITS[w.tier])
+    if not all(working.values()):
+        raise ValueError("the run's history has no interval of work for every tier: let it run a few steps")
+    rate = {t: done[t] / working[t] / per_unit[t] for t in TIERS}  # per worker-second, then per unit
+    learner = [w for w in worker_timelines(history) if w.tier == "learner"]
+    window = max(w.times[-1] - w.times[0] for w in learner)
+    measured = done["learner"] / window if window > 0 else 0.0
+    own = Split(*(round(count[t] * per_unit[t]) for t in TIERS))
+    return Rates(rate["generator"], rate["redistributor"], rate["learner"], cfg["staleness"]["eta"] >= 1), own, measured
+
+
+def run_rates(run_dir: Path) -> tuple[Rates, Split, float, dict[str, Any]]:
+    """``measured_rates`` of the run in ``run_dir`` (its ``report/metrics.jsonl`` and ``config.yaml``)."""
+    from omegaconf import OmegaConf
+
+    from rredcot.launch.report import HISTORY_FILE, read_history
+
+    history_file = run_dir / "report" / HISTORY_FILE
+    if not history_file.is_file():
+        raise FileNotFoundError(f"{history_file} not found: a run of this version saves it as it goes")
+    cfg = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
+    rates, own, measured = measured_rates(read_history(history_file), cfg)
+    return rates, own, measured, cfg
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What ``paper_rates`` needs: the model, the sequences, the credit method's extra scoring."""
+
+    params: float  # parameters
+    layers: int
+    heads: int  # query heads
+    kv_heads: int
+    head_dim: int
+    prompt_tokens: int
+    completion_tokens: int
+    scored_tokens: float = 0.0  # extra tokens the scorer runs per sample (branches); 0: GRPO
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """Peak dense bf16 FLOP/s and memory bandwidth; the utilisations reached in practice."""
+
+    flops: float = 989e12  # H100 SXM
+    bandwidth: float = 3.35e12  # bytes/s
+    memory: float = 80e9
+    train_mfu: float = 0.35
+    prefill_mfu: float = 0.5
+    decode_efficiency: float = 0.6  # of the bandwidth
+
+
+def paper_rates(w: Workload, gpu: Gpu = Gpu(), overlap: bool = True) -> Rates:
+    """Per-GPU samples/s from first principles. Decoding: each step reads the weights (2 bytes a
+    parameter) once for the batch and every running sequence's KV cache (its mean context), with the
+    batch as large as the memory left for KV allows. A forward pass costs 2·N FLOPs a token plus
+    causal attention, 4·layers·heads·head_dim·(mean context) a token; scoring runs one over the sample
+    and its scored branches at ``prefill_mfu``, training three at ``train_mfu``."""
+    weights = 2.0 * w.params
+    kv_per_token = 2 * w.layers * w.kv_heads * w.head_dim * 2  # K and V, bf16
+    tokens = w.prompt_tokens + w.completion_tokens
+    mean_context = w.prompt_tokens + w.completion_tokens / 2
+    batch = max(1.0, (gpu.memory * 0.9 - weights) / (kv_per_token * tokens))
+    step_s = (weights + batch * kv_per_token * mean_context) / (gpu.bandwidth * gpu.decode_efficiency)
+    generate = batch / step_s / w.completion_tokens
+    forward = 2 * w.params + 4 * w.layers * w.heads * w.head_dim * tokens / 2  # FLOPs a token
+    score = gpu.flops * gpu.prefill_mfu / (forward * (tokens + w.scored_tokens))
+    train = gpu.flops * gpu.train_mfu / (3 * forward * tokens)
+    return Rates(generate, score, train, overlap)
+
+
+def table(predictions: list[Prediction], own: Prediction | None = None, measured: float | None = None) -> str:
+    """A short table of splits, their predicted samples/s, the bounding tier and each tier's use."""
+    rows = [("split g:r:l", "samples/s", "bound by", "busy g / r / l")]
+    shown = predictions + ([own] if own and own.split not in [p.split for p in predictions] else [])
+    for p in shown:
+        busy = " / ".join(f"{p.busy[t]:.0%}" if t in p.busy else "-" for t in TIERS)
+        mark = " (this run)" if own is not None and p.split == own.split else ""
+        rows.append((f"{p.split}{mark}", f"{p.samples_per_s:.3g}", p.bound, busy))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(c.ljust(wd) for c, wd in zip(r, widths)) for r in rows]
+    if own is not None and measured is not None:
+        lines.append(
+            f"this run measured {measured:.3g} samples/s; the model predicts {own.samples_per_s:.3g} for its split"
+        )
+    return "\n".join(lines)
+
+
+def as_json(predictions: list[Prediction]) -> str:
+    return json.dumps(
+        [
+            {"split": str(p.split), "samples_per_s": p.samples_per_s, "bound": p.bound, "busy": p.busy}
+            for p in predictions
+        ]
+    )
