@@ -4,7 +4,8 @@ A plan can fit the cluster's totals and still not start: a bundle never spans no
 feeds ``plan.check_fit``), and on more than one node a run assumes what nothing else checks. One probe
 task on every alive node reads a file the driver wrote into ``run.dir`` and writes one back (the run
 directory is shared: weights as files, checkpoints and logs depend on it), hashes the rredcot code it
-imports (the same version on every node), and measures ``/dev/shm``. Each failure is one line naming
+imports (the same version on every node), connects to the head from the interface NCCL and gloo are
+told to use, and measures ``/dev/shm``. Each failure is one line naming
 the node and the fix; ``rredcot doctor`` runs the same probes against ``cluster.address``.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import os
 import secrets
 import shutil
 import socket
@@ -19,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
+
+import psutil
 
 from rredcot.common.config import Config
 from rredcot.common.errors import UserError
@@ -67,6 +71,29 @@ def node_label(address: str, node_id: str) -> str:
     return f"{address} ({node_id[:8]})"
 
 
+def interface_problem(head: str, timeout_s: float = 5.0) -> str:
+    """ "" when the interface this node's ``NCCL_SOCKET_IFNAME`` (else ``GLOO_SOCKET_IFNAME``) names has
+    an IPv4 address from which a TCP connection reaches ``head`` (the Ray head's ``host:port``), else
+    why not. Unset, or an exclusion list (``^docker0,lo``): nothing to check, the libraries choose."""
+    for variable in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+        names = os.environ.get(variable, "")
+        if names and not names.startswith("^"):
+            break
+    else:
+        return ""
+    addresses = psutil.net_if_addrs()
+    wanted = [n.strip() for n in names.lstrip("=").split(",") if n.strip()]
+    found = [a.address for n in wanted for a in addresses.get(n, []) if a.family == socket.AF_INET]
+    if not found:
+        return f"{variable}={names} names no interface with an IPv4 address here (it has: {', '.join(addresses)})"
+    host, port = head.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s, source_address=(found[0], 0)):
+            return ""
+    except OSError as e:
+        return f"{variable}={names} ({found[0]}) does not reach the head at {head}: {e.strerror or e}"
+
+
 @dataclass(frozen=True)
 class NodeReport:
     """What one node's probe found."""
@@ -75,6 +102,7 @@ class NodeReport:
     sees_run_dir: str  # "" when it read the driver's token in run.dir, else what it found instead
     code: str  # code_digest() there
     shm_free: int  # bytes free in /dev/shm there (0: none)
+    network: str = ""  # "" when the interface NCCL and gloo are told to use reaches the head, else why not
     answered: bool = True  # False: the probe never ran there (the node cannot start a worker)
 
     @staticmethod
@@ -95,7 +123,8 @@ class NodeReport:
         except OSError as e:
             sees = f"{path}: {e.strerror or e}"
         shm = shutil.disk_usage(SHM_DIR).free if SHM_DIR.is_dir() else 0
-        return {"node": node, "sees_run_dir": sees, "code": code_digest(), "shm_free": shm}
+        network = interface_problem(ray.get_runtime_context().gcs_address)
+        return {"node": node, "sees_run_dir": sees, "code": code_digest(), "shm_free": shm, "network": network}
 
 
 def probe_nodes(run_dir: Path) -> list[NodeReport]:
@@ -144,6 +173,11 @@ def cluster_problems(cfg: Config, reports: list[NodeReport], here: str) -> list[
             lines.append(
                 f"node {r.node} does not see run.dir ({r.sees_run_dir}): set run.dir to an absolute path on a "
                 f"filesystem every node mounts at the same place (weights as files, checkpoints and logs go there)"
+            )
+        if r.network:
+            lines.append(
+                f"node {r.node}: {r.network}: set RREDCOT_NODE_IFACE (or NCCL_SOCKET_IFNAME) to the cluster "
+                f"network's interface before launch/ray_worker.sh"
             )
         if r.code != here:
             lines.append(

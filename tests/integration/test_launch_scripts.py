@@ -141,14 +141,16 @@ def test_a_node_without_the_run_dir_or_with_other_code_is_named_before_anything_
             f"mount -t tmpfs tmpfs {cluster.root / 'run'}",  # this node does not share the run dir
             f"mount --bind {changed} {rredcot.launch.__path__[0]}",  # and imports other code
         ],
+        NCCL_SOCKET_IFNAME="ib7",  # and tells NCCL to use an interface it does not have
     )
     doctor = _rredcot(cluster, "doctor")
     errors = [line for line in doctor.stdout.splitlines() if line.startswith("error   cluster")]
-    assert len(errors) == 2 and doctor.returncode == 1, doctor.stdout
+    assert len(errors) == 3 and doctor.returncode == 1, doctor.stdout
     assert "does not see run.dir" in errors[0] and "set run.dir to an absolute path on a filesystem" in errors[0]
-    assert "imports other rredcot code" in errors[1] and "install the same checkout on every node" in errors[1]
+    assert "NCCL_SOCKET_IFNAME=ib7 names no interface with an IPv4 address" in errors[1]
+    assert "imports other rredcot code" in errors[2] and "install the same checkout on every node" in errors[2]
     node = errors[0].split("node ")[1].split(")")[0] + ")"
-    assert node in errors[1]  # the same node, named by address and Ray node id
+    assert all(node in e for e in errors)  # the same node, named by address and Ray node id
 
     started = time.monotonic()
     train = _rredcot(cluster, "train")

@@ -4,13 +4,16 @@ local multi-node Ray in tests/integration/test_launch_scripts.py)."""
 from __future__ import annotations
 
 import re
+import socket
 
 from rredcot.common.config import load_config
+from rredcot.common.net import loopback_interface
 from rredcot.launch.cluster_checks import (
     GIB,
     NodeReport,
     cluster_problems,
     code_digest,
+    interface_problem,
     ipc_host_slots,
     node_label,
 )
@@ -35,14 +38,33 @@ def test_each_broken_assumption_is_one_line_naming_the_node_and_the_fix():
         NodeReport("10.0.0.2 (bbbbbbbb)", "/runs/x/.probe/driver: No such file or directory", "abc", 8 * GIB),
         NodeReport("10.0.0.3 (cccccccc)", "", "def", 64 * 2**20),
         NodeReport.silent("10.0.0.4 (dddddddd)"),
+        NodeReport("10.0.0.5 (eeeeeeee)", "", "abc", 8 * GIB, network="NCCL_SOCKET_IFNAME=ib0 names no interface"),
     ]
     lines = cluster_problems(cfg, reports, here="abc")
-    assert len(lines) == 4 and all("\n" not in line for line in lines)
+    assert len(lines) == 5 and all("\n" not in line for line in lines)
     assert lines[0].startswith("node 10.0.0.2 (bbbbbbbb) does not see run.dir (/runs/x/.probe/driver: No such")
     assert "absolute path on a filesystem every node mounts" in lines[0]
     assert lines[1].startswith("node 10.0.0.3 (cccccccc) imports other rredcot code (digest def, the driver's abc)")
     assert lines[2].startswith("node 10.0.0.3 (cccccccc) has 64 MiB free in /dev/shm") and "--shm-size" in lines[2]
     assert lines[3].startswith("node 10.0.0.4 (dddddddd) did not run a probe task") and "RAY_AUTH_MODE" in lines[3]
+    assert lines[4].startswith("node 10.0.0.5 (eeeeeeee): NCCL_SOCKET_IFNAME=ib0 names no interface: set RREDCOT_NODE")
+
+
+def test_the_interface_nccl_is_told_to_use_must_exist_and_reach_the_head(monkeypatch):
+    server = socket.create_server(("127.0.0.1", 0))
+    head = f"127.0.0.1:{server.getsockname()[1]}"
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    assert interface_problem(head) == ""  # nothing named: the libraries choose
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "^docker0,lo")
+    assert interface_problem(head) == ""  # an exclusion list names no interface to check
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "no-such-interface")
+    assert interface_problem(head).startswith("GLOO_SOCKET_IFNAME=no-such-interface names no interface with an IPv4")
+    loopback = loopback_interface()
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", f"={loopback}")
+    assert interface_problem(head) == ""
+    server.close()
+    assert "does not reach the head at 127.0.0.1" in interface_problem(head)
 
 
 def test_shared_memory_matters_only_where_the_ipc_transport_keeps_weights_on_the_host():
