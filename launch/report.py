@@ -137,6 +137,10 @@ def summary_json(cfg: Config, outcome: RunOutcome, artefacts: dict[str, str]) ->
         "paired_change": paired,
         "training_reward": training_reward(monitor.history) if monitor else [],
         "bottleneck": bottleneck(worker_timelines(monitor.history)) if monitor else "",
+        "workers": {  # every worker's last report: its tier and counters
+            w: {k: v for k, v in values.items() if k == "tier" or isinstance(v, float)}
+            for w, values in (monitor.last.items() if monitor else [])
+        },
         "dtype": {"model": model.dtype, "learner": learner.dtype, "why": model.reason},
         "cpu": {"model": info.model, "flags": info.speed_flags()},
         "ledger": None if outcome.ledger is None else outcome.ledger.as_dict(),
