@@ -92,17 +92,17 @@ def test_the_shipped_gpu_configs_fit_their_nodes_of_8_gpus(name):
     check_fit(cfg, {f"10.0.0.{i}": {"GPU": 8, "CPU": 96} for i in range(nodes)})  # and every node is used whole
 
 
+FOUR_GENERATORS_AND_A_LEARNER_OF_4 = [
+    "cluster.generators=4",
+    "cluster.gpus_per_generator=1",
+    "cluster.gpus_per_learner=4",
+    "cluster.gpus_per_evaluator=0",
+]
+
+
 def test_totals_that_fit_but_free_gpus_per_node_that_do_not():
     """2 free GPUs on each of 4 nodes: 8 in all, but a learner of 4 GPUs has no node to go on."""
-    cfg = load_config(
-        "tests",
-        [
-            "cluster.generators=4",
-            "cluster.gpus_per_generator=1",
-            "cluster.gpus_per_learner=4",
-            "cluster.gpus_per_evaluator=0",
-        ],
-    )
+    cfg = load_config("tests", FOUR_GENERATORS_AND_A_LEARNER_OF_4)
     free = {f"10.0.0.{i}": {"GPU": 2.0, "CPU": 32.0} for i in range(4)}
     check_plan(cfg, {"GPU": 8, "CPU": 128}, nodes=4)  # the totals say yes
     with pytest.raises(PlanError) as e:
@@ -116,17 +116,11 @@ def test_totals_that_fit_but_free_gpus_per_node_that_do_not():
 def test_best_fit_keeps_the_big_node_for_the_big_bundle():
     """Largest bundle first: the 4-GPU learner takes the 4-GPU node, the four 1-GPU generators the rest;
     placed in plan order (generators first, each on the first node with room) it would not fit."""
-    cfg = load_config(
-        "tests",
-        [
-            "cluster.generators=4",
-            "cluster.gpus_per_generator=1",
-            "cluster.gpus_per_learner=4",
-            "cluster.gpus_per_evaluator=0",
-        ],
-    )
+    cfg = load_config("tests", FOUR_GENERATORS_AND_A_LEARNER_OF_4)
     check_fit(cfg, {"a": {"GPU": 4.0, "CPU": 8.0}, "b": {"GPU": 2.0, "CPU": 8.0}, "c": {"GPU": 2.0, "CPU": 8.0}})
     with pytest.raises(PlanError, match="a generator needs 1 GPU"):
         check_fit(cfg, {"a": {"GPU": 4.0, "CPU": 8.0}, "b": {"GPU": 3.0, "CPU": 8.0}})
-    with pytest.raises(PlanError, match="needs 0 GPU and 1 CPU"):  # CPUs are per node too
-        check_fit(cfg, {"a": {"GPU": 4.0, "CPU": 1.0}, "b": {"GPU": 4.0, "CPU": 4.0}})
+    cpus_apart = {"a": {"GPU": 4.0, "CPU": 0.5}, "b": {"GPU": 4.0, "CPU": 8.0}}  # CPUs count per node too
+    check_plan(cfg, {"GPU": 8.0, "CPU": 8.5})  # the totals say yes
+    with pytest.raises(PlanError, match="a generator needs 1 GPU and 1 CPU on one node"):
+        check_fit(cfg, cpus_apart)
