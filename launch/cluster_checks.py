@@ -158,44 +158,75 @@ def probe_nodes(run_dir: Path) -> list[NodeReport]:
     return reports
 
 
-def cluster_problems(cfg: Config, reports: list[NodeReport], here: str) -> list[str]:
-    """One line per broken assumption, naming the node and the fix (``here``: this process's code digest)."""
-    lines = []
+def shared_dir_needed(cfg: Config) -> bool:
+    """Whether the run cannot go on without one ``run.dir`` for every node: weights travel as files
+    (the ``file`` transport; ``ipc`` receivers off the learner's node; the files ``collective`` writes
+    for the evaluator or a policy-following scorer), or learner ranks write one checkpoint together."""
+    g = cfg.generation
+    files_too = cfg.data.eval_size > 0 or cfg.credit.scorer == "policy"
+    return g.weight_transport != "collective" or files_too or cfg.cluster.learner_ranks > 1
+
+
+def cluster_problems(cfg: Config, reports: list[NodeReport], here: str) -> list[Check]:
+    """One check per broken assumption, naming the node and the fix (``here``: this process's code
+    digest): errors, and a warning for a node without the shared run.dir where the run needs none."""
+    out = []
+
+    def error(found: str, fix: str) -> None:
+        out.append(Check("error", "cluster", found, fix))
+
     for r in reports:
         if not r.answered:
-            lines.append(
+            error(
                 f"node {r.node} did not run a probe task in {PROBE_TIMEOUT_S:.0f} s: its raylet cannot start "
-                f"workers (a node joined with another RAY_AUTH_MODE than the head's, or it is overloaded); "
-                f"see raylet.out in its Ray logs, restart it with launch/ray_worker.sh"
+                f"workers (a node joined with another RAY_AUTH_MODE than the head's, or it is overloaded)",
+                "see raylet.out in its Ray logs, restart it with launch/ray_worker.sh",
             )
             continue
-        if r.sees_run_dir:
-            lines.append(
-                f"node {r.node} does not see run.dir ({r.sees_run_dir}): set run.dir to an absolute path on a "
-                f"filesystem every node mounts at the same place (weights as files, checkpoints and logs go there)"
+        if r.sees_run_dir and shared_dir_needed(cfg):
+            error(
+                f"node {r.node} does not see run.dir ({r.sees_run_dir})",
+                "set run.dir to an absolute path on a filesystem every node mounts at the same place (weights "
+                "as files, checkpoints and logs go there), or send weights through generation.weight_transport="
+                "collective with one learner rank and no evaluations",
+            )
+        elif r.sees_run_dir:
+            out.append(
+                Check(
+                    "warning",
+                    "cluster",
+                    f"node {r.node} does not see run.dir ({r.sees_run_dir}): the run goes on (weights through "
+                    f"the collective group), but the logs and traces of its workers stay in run.dir on that node, "
+                    f"as do the checkpoints of a learner placed there",
+                    "a shared run.dir shows them all on the head",
+                )
             )
         if r.network:
-            lines.append(
-                f"node {r.node}: {r.network}: set RREDCOT_NODE_IFACE (or NCCL_SOCKET_IFNAME) to the cluster "
-                f"network's interface before launch/ray_worker.sh"
+            error(
+                f"node {r.node}: {r.network}",
+                "set RREDCOT_NODE_IFACE (or NCCL_SOCKET_IFNAME) to the cluster network's interface before "
+                "launch/ray_worker.sh",
             )
         if r.code != here:
-            lines.append(
-                f"node {r.node} imports other rredcot code (digest {r.code}, the driver's {here}): install the "
-                f"same checkout on every node (a shared checkout with its .venv, or one container image)"
+            error(
+                f"node {r.node} imports other rredcot code (digest {r.code}, the driver's {here})",
+                "install the same checkout on every node (a shared checkout with its .venv, or one container image)",
             )
         if ipc_host_slots(cfg) and r.shm_free < GIB:
-            lines.append(
+            error(
                 f"node {r.node} has {r.shm_free / 2**20:.0f} MiB free in {SHM_DIR} for the ipc transport's two "
-                f"weight versions: give it more (docker run --shm-size=2g) or set generation.weight_transport=file"
+                f"weight versions",
+                "give it more (docker run --shm-size=2g) or set generation.weight_transport=file",
             )
-    return lines
+    return out
 
 
-def check_nodes(cfg: Config, run_dir: Path) -> None:
-    """Raise ``ClusterError`` listing every node that breaks an assumption of the run."""
-    if problems := cluster_problems(cfg, probe_nodes(run_dir), code_digest()):
-        raise ClusterError(problems)
+def check_nodes(cfg: Config, run_dir: Path) -> list[Check]:
+    """Raise ``ClusterError`` listing every node that breaks an assumption of the run; returns the warnings."""
+    checks = cluster_problems(cfg, probe_nodes(run_dir), code_digest())
+    if errors := [c for c in checks if c.level == "error"]:
+        raise ClusterError([f"{c.found} -> {c.fix}" for c in errors])
+    return checks
 
 
 def free_per_node() -> dict[str, dict[str, float]]:
@@ -261,12 +292,12 @@ def check_cluster(cfg: Config) -> list[Check]:
         check_plan(cfg, ray.cluster_resources(), nodes=len(nodes))
         check_fit(cfg, free_per_node())
         if len(nodes) > 1:
-            check_nodes(cfg, Path(cfg.run.dir).absolute())
+            checks = cluster_problems(cfg, probe_nodes(Path(cfg.run.dir).absolute()), code_digest())
+            if checks:
+                return checks
     except PlanError as e:
         return [Check("error", "cluster", str(e))]
-    except ClusterError as e:
-        return [Check("error", "cluster", line) for line in e.problems]
     finally:
         ray.shutdown()
-    shared = ": run.dir shared, the same code, room in /dev/shm" if len(nodes) > 1 else ""
+    shared = ": run.dir shared, the same code, the network interface, room in /dev/shm" if len(nodes) > 1 else ""
     return [Check("ok", "cluster", f"{len(nodes)} node(s) hold the plan{shared}")]

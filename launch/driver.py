@@ -222,8 +222,9 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     check_plan(cfg, ray.cluster_resources(), nodes=len(nodes))  # fails before any actor starts
     check_fit(cfg, free_per_node())  # a bundle never spans nodes: the free resources of each must hold it
-    if len(nodes) > 1:
-        check_nodes(cfg, run_dir)  # run.dir shared, the same code, room in /dev/shm on every node
+    if len(nodes) > 1:  # run.dir shared, the same code, the network, room in /dev/shm on every node
+        for warning in check_nodes(cfg, run_dir):
+            log.warning("%s -> %s", warning.found, warning.fix)
     if cfg.run.resume == "never":
         clear_run_dir(run_dir, keep=run_dir / "logs" / "driver.log")
     if session is not None:  # a local Ray of the run's own: a later start ends what a killed driver left

@@ -109,11 +109,11 @@ def cluster() -> Iterator[LocalCluster]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _rredcot(cluster: LocalCluster, *args: str, timeout: float = 420) -> subprocess.CompletedProcess:
+def _rredcot(cluster: LocalCluster, command: str, *extra: str, timeout: float = 420) -> subprocess.CompletedProcess:
     env = {k: v for k, v in cluster.env.items() if not k.startswith("RAY_")}
-    overrides = [f"cluster.address={cluster.address}", f"run.dir={cluster.root / 'run'}", "cluster.nodes=2"]
+    overrides = [f"cluster.address={cluster.address}", f"run.dir={cluster.root / 'run'}", "cluster.nodes=2", *extra]
     return subprocess.run(
-        [BIN / "rredcot", *args, "tests", *overrides],
+        [BIN / "rredcot", command, "tests", *overrides],
         cwd=cluster.root,
         env=env,
         capture_output=True,
@@ -151,6 +151,12 @@ def test_a_node_without_the_run_dir_or_with_other_code_is_named_before_anything_
     assert "imports other rredcot code" in errors[2] and "install the same checkout on every node" in errors[2]
     node = errors[0].split("node ")[1].split(")")[0] + ")"
     assert all(node in e for e in errors)  # the same node, named by address and Ray node id
+
+    # weights through the collective group, one learner rank, no evaluations: the run needs no shared dir
+    collective = _rredcot(cluster, "doctor", "generation.weight_transport=collective", "data.eval_size=0")
+    lines = [line for line in collective.stdout.splitlines() if line.split()[1:2] == ["cluster"]]
+    assert [line.split()[0] for line in lines] == ["warning", "error", "error"], collective.stdout
+    assert f"node {node} does not see run.dir" in lines[0] and "the run goes on" in lines[0]
 
     started = time.monotonic()
     train = _rredcot(cluster, "train")

@@ -16,6 +16,7 @@ from rredcot.launch.cluster_checks import (
     interface_problem,
     ipc_host_slots,
     node_label,
+    shared_dir_needed,
 )
 
 
@@ -40,14 +41,42 @@ def test_each_broken_assumption_is_one_line_naming_the_node_and_the_fix():
         NodeReport.silent("10.0.0.4 (dddddddd)"),
         NodeReport("10.0.0.5 (eeeeeeee)", "", "abc", 8 * GIB, network="NCCL_SOCKET_IFNAME=ib0 names no interface"),
     ]
-    lines = cluster_problems(cfg, reports, here="abc")
-    assert len(lines) == 5 and all("\n" not in line for line in lines)
-    assert lines[0].startswith("node 10.0.0.2 (bbbbbbbb) does not see run.dir (/runs/x/.probe/driver: No such")
-    assert "absolute path on a filesystem every node mounts" in lines[0]
-    assert lines[1].startswith("node 10.0.0.3 (cccccccc) imports other rredcot code (digest def, the driver's abc)")
-    assert lines[2].startswith("node 10.0.0.3 (cccccccc) has 64 MiB free in /dev/shm") and "--shm-size" in lines[2]
-    assert lines[3].startswith("node 10.0.0.4 (dddddddd) did not run a probe task") and "RAY_AUTH_MODE" in lines[3]
-    assert lines[4].startswith("node 10.0.0.5 (eeeeeeee): NCCL_SOCKET_IFNAME=ib0 names no interface: set RREDCOT_NODE")
+    checks = cluster_problems(cfg, reports, here="abc")
+    assert [c.level for c in checks] == ["error"] * 5
+    lines = [c.line() for c in checks]
+    assert all("\n" not in line for line in lines)
+    assert checks[0].found.startswith("node 10.0.0.2 (bbbbbbbb) does not see run.dir (/runs/x/.probe/driver: No such")
+    assert "absolute path on a filesystem every node mounts" in checks[0].fix
+    assert checks[1].found.startswith(
+        "node 10.0.0.3 (cccccccc) imports other rredcot code (digest def, the driver's abc)"
+    )
+    assert checks[2].found.startswith("node 10.0.0.3 (cccccccc) has 64 MiB free in /dev/shm")
+    assert "--shm-size" in checks[2].fix
+    assert checks[3].found.startswith("node 10.0.0.4 (dddddddd) did not run a probe task")
+    assert "RAY_AUTH_MODE" in checks[3].found
+    assert checks[4].found == "node 10.0.0.5 (eeeeeeee): NCCL_SOCKET_IFNAME=ib0 names no interface"
+    assert "RREDCOT_NODE_IFACE" in checks[4].fix
+
+
+def test_a_run_that_needs_no_shared_run_dir_goes_on_with_a_warning():
+    """Weights through the collective group, one learner rank, no evaluations: nothing needs files
+    from another node, so a node without the run dir costs only what its workers write there."""
+    apart = NodeReport("10.0.0.2 (bbbbbbbb)", "/runs/x/.probe/driver: No such file or directory", "abc", 8 * GIB)
+    collective = ["generation.weight_transport=collective", "data.eval_size=0"]
+    (check,) = cluster_problems(load_config("tests", collective), [apart], here="abc")
+    assert check.level == "warning" and "the run goes on" in check.found and "logs and traces" in check.found
+    assert not shared_dir_needed(load_config("tests", collective))
+    for needs in (["data.eval_size=5"], ["cluster.learner_ranks=2"], ["credit.scorer=policy"]):
+        assert shared_dir_needed(load_config("tests", [*collective, *needs])), needs
+    assert shared_dir_needed(load_config("tests", ["generation.weight_transport=file"]))
+
+
+def test_shared_memory_matters_only_where_the_ipc_transport_keeps_weights_on_the_host():
+    assert not ipc_host_slots(load_config("tests", ["generation.weight_transport=file"]))
+    gpu = load_config("tests", ["generation.weight_transport=ipc", "cluster.gpus_per_learner=1"])
+    assert not ipc_host_slots(gpu)  # auto: the GPU's own memory
+    small = NodeReport("10.0.0.3 (cccccccc)", "", "abc", 64 * 2**20)
+    assert cluster_problems(gpu, [small], here="abc") == []
 
 
 def test_the_interface_nccl_is_told_to_use_must_exist_and_reach_the_head(monkeypatch):
@@ -65,11 +94,3 @@ def test_the_interface_nccl_is_told_to_use_must_exist_and_reach_the_head(monkeyp
     assert interface_problem(head) == ""
     server.close()
     assert "does not reach the head at 127.0.0.1" in interface_problem(head)
-
-
-def test_shared_memory_matters_only_where_the_ipc_transport_keeps_weights_on_the_host():
-    assert not ipc_host_slots(load_config("tests", ["generation.weight_transport=file"]))
-    gpu = load_config("tests", ["generation.weight_transport=ipc", "cluster.gpus_per_learner=1"])
-    assert not ipc_host_slots(gpu)  # auto: the GPU's own memory
-    small = NodeReport("10.0.0.3 (cccccccc)", "", "abc", 64 * 2**20)
-    assert cluster_problems(gpu, [small], here="abc") == []
