@@ -17,6 +17,8 @@ import os
 import secrets
 import shutil
 import socket
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -271,16 +273,49 @@ def ray_unreachable(address: str, timeout_s: float = 3.0) -> str | None:
         return str(e) or type(e).__name__
 
 
+RAY_STATUS_TIMEOUT_S = 60.0  # `ray status` against a port with no Ray GCS behind it gives up after ~40 s
+
+
+def check_ray_answers(cfg: Config) -> list[Check]:
+    """A Ray GCS answers at ``cluster.address`` (``host:port``): a TCP connection opens to anything,
+    and ``ray.init`` against a port with another server behind it waits for minutes."""
+    address = cfg.cluster.address
+    if not address or address == "auto" or "://" in address or ray_unreachable(address) is not None:
+        return []  # none, this node's own, a client URL, or unreachable (the services check says so)
+    ray_cli = Path(sys.executable).with_name("ray")
+    try:
+        done = subprocess.run(
+            [str(ray_cli) if ray_cli.exists() else "ray", "status", "--address", address],
+            capture_output=True,
+            text=True,
+            timeout=RAY_STATUS_TIMEOUT_S,
+        )
+        why = "" if done.returncode == 0 else (done.stderr.strip().splitlines() or ["no answer"])[-1]
+    except subprocess.TimeoutExpired:
+        why = f"no answer in {RAY_STATUS_TIMEOUT_S:.0f} s"
+    if not why:
+        return []
+    return [
+        Check(
+            "error",
+            "ray",
+            f"no Ray cluster answers at cluster.address={address} ({why[:200]})",
+            "give the head's GCS address (launch/ray_head.sh prints it), and RAY_AUTH_MODE=token with the "
+            "head's token when it uses one",
+        )
+    ]
+
+
 def check_cluster(cfg: Config) -> list[Check]:
     """``rredcot doctor`` with ``cluster.address``: join the cluster as the run would and check what
     the run checks before it starts (the plan against every node's free resources, and on more than
     one node run.dir, the code and /dev/shm on each). Nothing else: the address is checked by the
     doctor's services check first, so an unreachable one is reported there, not waited for here."""
     address = cfg.cluster.address
-    if not address:
-        return []
-    if address != "auto" and ray_unreachable(address) is not None:
-        return []  # the services check says so
+    if not address or (address != "auto" and ray_unreachable(address) is not None):
+        return []  # no cluster, or the services check says it is unreachable
+    if answers := check_ray_answers(cfg):
+        return answers
     import ray
 
     try:

@@ -26,7 +26,7 @@ from rredcot.common.precision import cpu_info, cpu_native_bf16, dtype_settings, 
 from rredcot.common.smollm import BASE_DIR, BUILTINS
 from rredcot.common.weight_slots import SHM_DIR
 from rredcot.launch.checks import Check
-from rredcot.launch.cluster_checks import check_cluster, ipc_host_slots, ray_unreachable
+from rredcot.launch.cluster_checks import check_cluster, check_ray_answers, ipc_host_slots, ray_unreachable
 from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
 from rredcot.launch.heap_trace import heap_trace_period
 from rredcot.launch.plan import PlanError, demand, local_cores, local_ray_cpus
@@ -478,6 +478,7 @@ CHECKS: list[Callable[[Config], list[Check]]] = [
 PREFLIGHT: list[Callable[[Config], list[Check]]] = [
     check_resources,
     check_services,
+    check_ray_answers,
     check_engines,
     check_environment,
     check_paths,

@@ -94,3 +94,18 @@ def test_the_interface_nccl_is_told_to_use_must_exist_and_reach_the_head(monkeyp
     assert interface_problem(head) == ""
     server.close()
     assert "does not reach the head at 127.0.0.1" in interface_problem(head)
+
+
+def test_an_address_with_another_server_behind_it_is_no_ray_cluster(monkeypatch):
+    """A TCP listener that is not Ray's GCS: the connection opens, and ``ray.init`` would wait for
+    minutes; the pre-start check says so in a bounded time."""
+    from rredcot.launch import cluster_checks
+
+    server = socket.create_server(("127.0.0.1", 0))
+    address = f"127.0.0.1:{server.getsockname()[1]}"
+    monkeypatch.setattr(cluster_checks, "RAY_STATUS_TIMEOUT_S", 5.0)
+    (check,) = cluster_checks.check_ray_answers(load_config("tests", [f"cluster.address={address}"]))
+    server.close()
+    assert check.level == "error" and check.found.startswith(f"no Ray cluster answers at cluster.address={address}")
+    assert "launch/ray_head.sh prints it" in check.fix
+    assert cluster_checks.check_ray_answers(load_config("tests")) == []  # a local Ray: nothing to ask
