@@ -1,13 +1,17 @@
-"""Pipeline benchmark: async vs sync, rredcot vs grpo, learner idle time and weight-sync cost.
+"""Pipeline benchmark: async vs sync, rredcot vs grpo, learner idle time, weight-sync cost, and the
+split advisor checked against a run.
 
-Three ``rredcot train`` runs of the same config in one process, on one local Ray and one Redis:
-sync (η = 0, rredcot), async (η = ``--eta``, rredcot) and async grpo. Throughput is samples
-trained per second of the learner's loop (first batch wait to last step; start-up excluded). The
-overlap bound comes from the sync run's per-tier busy times and CPU seconds:
-(t_gen + t_red + t_learn) ÷ max(t_gen, t_red, t_learn, CPU-seconds ÷ cores) — the most any
-overlap can give on this machine and plan. Last line: one JSON object.
+``rredcot train`` runs of the same config in one process, on one local Ray and one Redis: sync
+(η = 0, rredcot), async (η = ``--eta``, rredcot) and async grpo. Throughput is samples trained per
+second of the learner's loop (first batch wait to last step; start-up excluded). The overlap bound
+comes from the sync run's per-tier busy times and CPU seconds: (t_gen + t_red + t_learn) ÷
+max(t_gen, t_red, t_learn, CPU-seconds ÷ cores) — the most any overlap can give on this machine and
+plan. ``pause_vs_step``: the generators' seconds per weight update over the learner's seconds per
+step. With ``--total N``: ``rredcot advise`` takes the async run's rates and proposes a split of N
+workers; it runs beside the default split, N − 2 generators, one redistributor and one learner
+(``advised_vs_default``; 1.0 without a run when the advice is the default). Last line: one JSON object.
 
-    python bench/pipeline.py [--config tests] [--steps 8] [--eta 2] [key=value ...]
+    python bench/pipeline.py [--config tests] [--steps 8] [--eta 2] [--total 4] [key=value ...]
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ import json
 import os
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from rredcot.common.config import load_config
 from rredcot.common.control import RunControl
 from rredcot.common.streams import connect
+from rredcot.launch.advise import Split, advise, predict, run_rates
 from rredcot.launch.driver import train
 from rredcot.launch.services import EmbeddedRedis
 
@@ -51,6 +57,8 @@ def run(config: str, overrides: list[str], url: str, name: str, root: str) -> di
         t["busy_s"] += float(values.get(BUSY[str(values["tier"])], 0.0))
         t["cpu_s"] += float(values.get("cpu_s", 0.0))
     learner = next(v for v in snaps.values() if v["tier"] == "learner")
+    gens = [v for v in snaps.values() if v["tier"] == "generator"]
+    updates = sum(float(v.get("weight_updates", 0.0)) for v in gens)
     loop_s = float(learner["busy_s"]) + float(learner["wait_s"])
     return {
         "name": name,
@@ -61,6 +69,7 @@ def run(config: str, overrides: list[str], url: str, name: str, root: str) -> di
         "step_s": float(learner["busy_s"]) / max(float(learner["step"]), 1.0),
         "broadcast_s": float(learner["broadcast_s_total"]) / max(float(learner["version"]), 1.0),
         "tiers": tiers,
+        "pause_s": sum(float(v.get("weight_update_s", 0.0)) for v in gens) / max(updates, 1.0),
     }
 
 
@@ -70,11 +79,40 @@ def overlap_bound(sync: dict[str, Any], cores: int) -> float:
     return sum(busy) / max(*busy, cpu / cores)
 
 
+def with_split(split: Split) -> list[str]:
+    return [
+        f"cluster.generators={split.generator}",
+        f"cluster.redistributors={split.redistributor}",
+        f"cluster.learner_ranks={split.learner}",
+    ]
+
+
+def advised(args: argparse.Namespace, base: list[str], url: str, root: str) -> dict[str, Any]:
+    """The advisor's split of ``--total`` workers from the async run's rates, run beside the default."""
+    rates, _, _, _ = run_rates(Path(root) / "async")
+    best = advise(args.total, rates, scorer=True)[0]
+    default = Split(args.total - 2, 1, 1)
+    out: dict[str, Any] = {"advised_split": str(best.split), "default_split": str(default)}
+    out["advised_predicted_vs_default"] = best.samples_per_s / predict(default, rates).samples_per_s
+    if best.split == default:
+        return out | {"advised_vs_default": 1.0}
+    eta = f"staleness.eta={args.eta}"
+    runs = {
+        name: run(args.config, [*base, eta, "credit.method=rredcot", *with_split(split)], url, name, root)
+        for name, split in (("default", default), ("advised", best.split))
+    }
+    return out | {
+        "advised_vs_default": runs["advised"]["samples_per_s"] / runs["default"]["samples_per_s"],
+        "learner_idle_fraction_advised": runs["advised"]["idle_frac"],
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default="tests")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--eta", type=int, default=2)
+    ap.add_argument("--total", type=int, default=0, help="workers to split with the advisor (0: no advisor check)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     base = [f"run.steps={args.steps}", "learner.skip_zero_advantage=false", *args.overrides]
@@ -85,6 +123,7 @@ def main() -> None:
             args.config, [*base, f"staleness.eta={args.eta}", "credit.method=rredcot"], server.url, "async", root
         )
         grpo = run(args.config, [*base, f"staleness.eta={args.eta}", "credit.method=grpo"], server.url, "grpo", root)
+        splits = advised(args, base, server.url, root) if args.total else {}
     bound = overlap_bound(sync, cores)
     result = {
         "config": args.config,
@@ -96,6 +135,8 @@ def main() -> None:
         "rredcot_vs_grpo": async_["samples_per_s"] / grpo["samples_per_s"],
         "learner_idle_fraction": async_["idle_frac"],
         "sync_vs_step": async_["broadcast_s"] / async_["step_s"],
+        "pause_vs_step": async_["pause_s"] / async_["step_s"],
+        **splits,
     }
     print(f"{'run':<8}{'samples/s':>11}{'loop s':>9}{'idle':>7}{'step s':>8}  tier busy s (gen / red / learn)")
     for r in (sync, async_, grpo):
@@ -106,8 +147,15 @@ def main() -> None:
         )
     print(
         f"async/sync {result['async_vs_sync']:.2f} (overlap bound {bound:.2f}, goal >= 0.85 x bound); "
-        f"rredcot/grpo {result['rredcot_vs_grpo']:.2f}; weight sync / step {result['sync_vs_step']:.3f}"
+        f"rredcot/grpo {result['rredcot_vs_grpo']:.2f}; weight sync / step {result['sync_vs_step']:.3f}; "
+        f"generation pause per update / step {result['pause_vs_step']:.3f}"
     )
+    if splits:
+        print(
+            f"advisor, {args.total} workers: {splits['advised_split']} (predicted "
+            f"{splits['advised_predicted_vs_default']:.2f}x the default {splits['default_split']}); "
+            f"measured {splits['advised_vs_default']:.2f}x"
+        )
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}))
 
 
