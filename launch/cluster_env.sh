@@ -47,16 +47,21 @@ rredcot_node_resources() {
 
 # rredcot_auth_mode PROBE...: RAY_AUTH_MODE for a node or client joining a cluster, stated on stderr.
 # Set, it is kept. Unset, PROBE (a ray command that asks the head, e.g. ray status --address HEAD:PORT)
-# runs without a token: a head that answers runs without authentication (KubeRay's default), else
-# token (launch/ray_head.sh's default). A node must match its head: one that joins with a token where
-# the head has none cannot start workers.
+# runs without a token: a head that answers runs without authentication (KubeRay's default), one that
+# refuses for want of a token wants token (launch/ray_head.sh's default); a head that does not answer
+# at all leaves the choice to the user (a node must match its head: one that joins with a token where
+# the head has none cannot start workers).
 rredcot_auth_mode() {
-  local how="set"
+  local how="set" said
   if [ -z "${RAY_AUTH_MODE:-}" ]; then
-    if RAY_AUTH_MODE=disabled timeout 30 "$@" >/dev/null 2>&1; then
+    if said=$(RAY_AUTH_MODE=disabled timeout 60 "$@" 2>&1); then
       RAY_AUTH_MODE=disabled how="the head answers without a token"
+    elif grep -qi "auth" <<<"$said"; then
+      RAY_AUTH_MODE=token how="the head wants a token"
     else
-      RAY_AUTH_MODE=token how="the head does not answer without a token"
+      echo "rredcot: could not ask the head which Ray authentication it uses ($*: $(tail -n 1 <<<"$said"));" \
+        "set RAY_AUTH_MODE=token or RAY_AUTH_MODE=disabled" >&2
+      return 2
     fi
   fi
   export RAY_AUTH_MODE
