@@ -12,6 +12,19 @@ VENV=.venv
 STAMP=$VENV/.rredcot-setup
 want=$(cat pyproject.toml launch/setup.sh | sha256sum | cut -c1-16)-$EXTRAS
 
+# the launch scripts (and their tests) use ip (iproute2), hostname -I, and unshare and mount (util-linux)
+missing=()
+command -v ip >/dev/null || missing+=(iproute2)
+hostname -I >/dev/null 2>&1 || missing+=(hostname)
+command -v unshare >/dev/null && command -v mount >/dev/null || missing+=(util-linux mount)
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null
+  else
+    echo "rredcot: the launch scripts need ${missing[*]}: install them with the system's package manager" >&2
+  fi
+fi
+
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && $VENV/bin/python -c "import rredcot.common.config" 2>/dev/null; then
   echo "rredcot: environment up to date ($VENV)"
   exit 0
