@@ -28,6 +28,7 @@ import psutil
 
 from rredcot.common.config import Config
 from rredcot.common.errors import UserError
+from rredcot.common.weight_slots import SHM_DIR
 from rredcot.launch.checks import Check
 from rredcot.launch.plan import PlanError, check_fit, check_plan, describe_free
 
@@ -35,7 +36,6 @@ GIB = 2**30
 CODE_PACKAGES = ("actors", "redistributor", "learner", "common", "tasks", "launch", "configs")
 CODE_SUFFIXES = (".py", ".yaml", ".sh", ".sbatch")
 PROBE_TIMEOUT_S = 120.0  # a node's probe: a Ray worker start and a few file reads
-SHM_DIR = Path("/dev/shm")
 
 
 class ClusterError(UserError):
@@ -148,7 +148,9 @@ def probe_nodes(run_dir: Path) -> list[NodeReport]:
         for n in nodes
     ]
     try:
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=PROBE_TIMEOUT_S)
+        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=PROBE_TIMEOUT_S)
+        for ref in pending:  # a node that cannot start a worker would hold it for ever
+            ray.cancel(ref, force=True)
         reports = [
             NodeReport(**ray.get(ref))
             if ref in ready
