@@ -99,19 +99,22 @@ def measured_rates(history: list[dict[str, Any]], cfg: dict[str, Any]) -> tuple[
         "redistributor": cluster["redistributors"],
         "learner": cluster["learner_ranks"],
     }
+    first: dict[str, dict[str, Any]] = {}
+    last: dict[str, dict[str, Any]] = {}
+    for p in sorted(history, key=lambda p: p["t"]):  # each worker's first and last report
+        first.setdefault(p["worker"], p)
+        last[p["worker"]] = p
     done: dict[str, float] = dict.fromkeys(TIERS, 0.0)
     working: dict[str, float] = dict.fromkeys(TIERS, 0.0)
-    for w in worker_timelines(history):
-        points = [p for p in history if p["worker"] == w.worker]
-        first, last = min(points, key=lambda p: p["t"]), max(points, key=lambda p: p["t"])
+    timelines = worker_timelines(history)
+    for w in timelines:
         key = COUNTS[w.tier]
-        done[w.tier] += last["values"].get(key, 0.0) - first["values"].get(key, 0.0)
+        done[w.tier] += last[w.worker]["values"].get(key, 0.0) - first[w.worker]["values"].get(key, 0.0)
         working[w.tier] += sum(s for n, s in w.seconds.items() if n not in WAITS[w.tier])
     if not all(working.values()):
         raise ValueError("the run's history has no interval of work for every tier: let it run a few steps")
     rate = {t: done[t] / working[t] / per_unit[t] for t in TIERS}  # per worker-second, then per unit
-    learner = [w for w in worker_timelines(history) if w.tier == "learner"]
-    window = max(w.times[-1] - w.times[0] for w in learner)
+    window = max(w.times[-1] - w.times[0] for w in timelines if w.tier == "learner")
     measured = done["learner"] / window if window > 0 else 0.0
     own = Split(*(round(count[t] * per_unit[t]) for t in TIERS))
     return Rates(rate["generator"], rate["redistributor"], rate["learner"], cfg["staleness"]["eta"] >= 1), own, measured

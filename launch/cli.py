@@ -259,6 +259,7 @@ def _call_advise(args: argparse.Namespace) -> int:
         scorer = on_cpu or bool(cfg["cluster"]["gpus_per_redistributor"])
         total = args.total or own_split.generator + own_split.redistributor + own_split.learner
         own = a.predict(own_split, rates)
+        unit = "worker" if on_cpu else "GPU"
     else:
         if not (args.params and args.layers and args.heads and args.kv_heads and args.total):
             raise UserError("advise: give a run directory, or --params, --layers, --heads, --kv-heads and --total")
@@ -279,7 +280,7 @@ def _call_advise(args: argparse.Namespace) -> int:
             None,
             None,
         )
-    unit = "GPU" if args.run_dir is None or not on_cpu else "worker"
+        unit = "GPU"
     print(
         f"per {unit} samples/s: generator {rates.generator:.3g}, redistributor {rates.redistributor:.3g}, "
         f"learner {rates.learner:.3g} ({'overlapped' if rates.overlap else 'alternating'} tiers)"

@@ -225,12 +225,25 @@ def cluster_problems(cfg: Config, reports: list[NodeReport], here: str) -> list[
     return out
 
 
-def check_nodes(cfg: Config, run_dir: Path) -> list[Check]:
-    """Raise ``ClusterError`` listing every node that breaks an assumption of the run; returns the warnings."""
-    checks = cluster_problems(cfg, probe_nodes(run_dir), code_digest())
-    if errors := [c for c in checks if c.level == "error"]:
+def cluster_findings(cfg: Config, run_dir: Path) -> tuple[int, list[Check]]:
+    """What a run checks on the connected Ray cluster before it starts: raises ``PlanError`` when the
+    plan does not fit (the totals, then each node's free resources); returns the alive nodes and, on
+    more than one, each node's broken assumptions (``cluster_problems``)."""
+    import ray
+
+    nodes = sum(bool(n.get("Alive")) for n in ray.nodes())
+    check_plan(cfg, ray.cluster_resources(), nodes=nodes)
+    check_fit(cfg, free_per_node())  # a bundle never spans nodes: the free resources of one must hold it
+    return nodes, cluster_problems(cfg, probe_nodes(run_dir), code_digest()) if nodes > 1 else []
+
+
+def check_nodes(cfg: Config, run_dir: Path) -> tuple[int, list[Check]]:
+    """``cluster_findings`` for the driver: raise ``PlanError`` or ``ClusterError`` (every node that
+    breaks an assumption of the run); returns the alive nodes and the warnings."""
+    nodes, found = cluster_findings(cfg, run_dir)
+    if errors := [c for c in found if c.level == "error"]:
         raise ClusterError([f"{c.found} -> {c.fix}" for c in errors])
-    return checks
+    return nodes, found
 
 
 def free_per_node() -> dict[str, dict[str, float]]:
@@ -325,16 +338,10 @@ def check_cluster(cfg: Config) -> list[Check]:
     except (ConnectionError, RuntimeError, ValueError) as e:
         return [Check("error", "cluster", f"cannot join {cfg.cluster.address}: {str(e).splitlines()[0]}")]
     try:
-        nodes = [n for n in ray.nodes() if n.get("Alive")]
-        check_plan(cfg, ray.cluster_resources(), nodes=len(nodes))
-        check_fit(cfg, free_per_node())
-        if len(nodes) > 1:
-            checks = cluster_problems(cfg, probe_nodes(Path(cfg.run.dir).absolute()), code_digest())
-            if checks:
-                return checks
+        nodes, found = cluster_findings(cfg, Path(cfg.run.dir).absolute())
     except PlanError as e:
         return [Check("error", "cluster", str(e))]
     finally:
         ray.shutdown()
-    shared = ": run.dir shared, the same code, the network interface, room in /dev/shm" if len(nodes) > 1 else ""
-    return [Check("ok", "cluster", f"{len(nodes)} node(s) hold the plan{shared}")]
+    shared = ": run.dir shared, the same code, the network interface, room in /dev/shm" if nodes > 1 else ""
+    return found or [Check("ok", "cluster", f"{nodes} node(s) hold the plan{shared}")]

@@ -33,7 +33,7 @@ from rredcot.common.precision import cpu_info, dtype_settings, planned_dtype
 from rredcot.common.streams import connect
 from rredcot.common.weight_group import group_key
 from rredcot.common.weight_slots import host_slots_left
-from rredcot.launch.cluster_checks import check_nodes, free_per_node, wait_for_placement
+from rredcot.launch.cluster_checks import check_nodes, wait_for_placement
 from rredcot.launch.doctor import preflight
 from rredcot.launch.interrupts import (
     catch_interrupts,
@@ -52,7 +52,7 @@ from rredcot.launch.logs import (
     tail,
 )
 from rredcot.launch.monitor import Monitor, Phases, Progress, fmt_duration
-from rredcot.launch.plan import Tier, bundles, check_fit, check_plan, evaluator_tier
+from rredcot.launch.plan import Tier, bundles, evaluator_tier
 from rredcot.launch.report import HISTORY_FILE, RunOutcome, write_report
 from rredcot.launch.run_dir import claim_run_dir, clear_run_dir, clear_run_keys
 from rredcot.launch.run_lock import hold as hold_run_lock
@@ -219,12 +219,11 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     raise_if_interrupted()
     # after ray.init, which installs its own SIGTERM handler: ours tears the run down cleanly
     stack.callback(signal.signal, signal.SIGTERM, signal.signal(signal.SIGTERM, raise_interrupt))
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    check_plan(cfg, ray.cluster_resources(), nodes=len(nodes))  # fails before any actor starts
-    check_fit(cfg, free_per_node())  # a bundle never spans nodes: the free resources of each must hold it
-    if len(nodes) > 1:  # run.dir shared, the same code, the network, room in /dev/shm on every node
-        for warning in check_nodes(cfg, run_dir):
-            log.warning("%s -> %s", warning.found, warning.fix)
+    # the plan against the cluster and each node's free resources; on several nodes run.dir, the code,
+    # the network and /dev/shm on each: fails before any actor starts
+    nodes, warnings = check_nodes(cfg, run_dir)
+    for warning in warnings:
+        log.warning("%s -> %s", warning.found, warning.fix)
     if cfg.run.resume == "never":
         clear_run_dir(run_dir, keep=run_dir / "logs" / "driver.log")
     if session is not None:  # a local Ray of the run's own: a later start ends what a killed driver left
@@ -232,7 +231,7 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     (run_dir / "report").mkdir(parents=True, exist_ok=True)
     server = None
     if not cfg.redis.url:
-        server = stack.enter_context(embedded_redis(cfg, run_dir, len(nodes)))
+        server = stack.enter_context(embedded_redis(cfg, run_dir, nodes))
         raise_if_interrupted()  # a signal while redis-server was forked
         cfg = _with_redis_url(cfg, server.url)
         log.info("embedded Redis at %s", embedded_redis_line(server.url, cfg.redis.password))
