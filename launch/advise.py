@@ -150,13 +150,16 @@ class Workload:
 
 @dataclass(frozen=True)
 class Gpu:
-    """Peak dense bf16 FLOP/s and memory bandwidth; the utilisations reached in practice."""
+    """Peak dense bf16 FLOP/s and memory bandwidth; the utilisations reached in practice. The two
+    MFUs were measured on an H100, counted as ``paper_rates`` counts FLOPs: a ZeRO-2 bf16 step of a
+    1.5B model on 25k tokens with gradient checkpointing (``bench/learner_long.py``) and the scorer's
+    trace and exit-value passes on it (``bench/scorer_long.py``), 2026-11-27."""
 
     flops: float = 989e12  # H100 SXM
     bandwidth: float = 3.35e12  # bytes/s
     memory: float = 80e9
-    train_mfu: float = 0.35
-    prefill_mfu: float = 0.5
+    train_mfu: float = 0.26
+    prefill_mfu: float = 0.32
     decode_efficiency: float = 0.6  # of the bandwidth
 
 

@@ -21,7 +21,8 @@ WHEELS="$DIR/whl" PYVER=$pyver bash launch/gpu_wheels.sh > "$DIR/wheels.log"
 export PATH="$DIR/venv/bin:$PATH"
 echo "rehearsal: torch $torch, transformers $IMAGE_TRANSFORMERS, Python $pyver, kit $(du -sh "$DIR/whl" | cut -f1)"
 WHEELS="$DIR/whl" LOGS="$DIR/logs" LM_HEAD_ARGS="--tokens 512 --vocab 32000 --chunk 128 --steps 1" \
-    LONG_ARGS="--preset smoke --tokens 4000 --logprob-chunk 1024 --profile 5" BENCH_STRICT=1 bash launch/gpu_check.sh -q
+    LONG_ARGS="--preset smoke --tokens 4000 --logprob-chunk 1024 --profile 5" \
+    SCORER_ARGS="--preset smoke --tokens 2000 --exits 8 --tail-tokens 60 --memory-mb 64" BENCH_STRICT=1 bash launch/gpu_check.sh -q
 export PYTHONPATH=/tmp/rredcot-site
 python3 -m pytest --collect-only -q -p no:xdist tests/gpu | tail -1
 python3 -m tests.gpu.rendezvous_rank 2>&1 | tail -1
