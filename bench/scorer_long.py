@@ -94,7 +94,14 @@ def run(model, args, n: int, device: str) -> dict:
             sync(device)
             t1 = time.perf_counter()
             branch_logprobs_fast(
-                model, trace, exits, [tails] * len(exits), prompt + comp, args.memory_mb << 20, args.chunk, args.attention
+                model,
+                trace,
+                exits,
+                [tails] * len(exits),
+                prompt + comp,
+                args.memory_mb << 20,
+                args.chunk,
+                args.attention,
             )
             sync(device)
         times["trace"].append(t1 - t0)
