@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+GIB = 2**30
+
 
 @dataclass(frozen=True)
 class Check:
