@@ -114,10 +114,8 @@ TASKS: Registry[Any] = Registry(
 CREDIT_METHODS: Registry[Any] = Registry(
     "credit method",
     "credit.method",
-    {
-        name: "rredcot.redistributor.credit"
-        for name in ("grpo", "bnpo", "drgrpo", "entropy", "top_entropy", "rredcot", "mc")
-    }
+    {name: "rredcot.redistributor.credit" for name in ("grpo", "bnpo", "drgrpo", "entropy", "top_entropy")}
+    | {name: "rredcot.redistributor.value_credit" for name in ("rredcot", "mc")}
     | {"progress": "rredcot.redistributor.progress"},
 )
 WEIGHT_TRANSPORTS: Registry[Any] = Registry(

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from rredcot.common.config import COUNT_MAX, bounded
-from rredcot.redistributor.credit import _exits, _scored, _uniform, entropy_weights, mc_exit_values
+from rredcot.redistributor.credit import entropy_weights, scored_traces, uniform_sigma
 from rredcot.redistributor.registry import CreditContext, SampleCredit, register
 from rredcot.redistributor.sigma import segment_rewards
+from rredcot.redistributor.value_credit import exit_points, mc_exit_values
 
 
 @dataclass
@@ -52,10 +53,10 @@ def progress_sigma(
 def progress(ctx: CreditContext) -> list[SampleCredit]:
     """Entropy → segments → the prover's MC values at the exits → progress → σ (``progress_sigma``)."""
     settings = ctx.settings or ProgressSettings()
-    out: list[SampleCredit] = [SampleCredit(_uniform(0))] * len(ctx.group.samples)
-    for i, s, trace, t_entropy in _scored(ctx, keep_cache=False):
+    out: list[SampleCredit] = [SampleCredit(uniform_sigma(0))] * len(ctx.group.samples)
+    for i, s, trace, t_entropy in scored_traces(ctx, keep_cache=False):
         t1 = time.perf_counter()
-        exits = _exits(ctx, s, trace)
+        exits = exit_points(ctx, s, trace)
         t2 = time.perf_counter()
         # seeds apart from the ``mc`` method's: the study compares the two on one engine
         exits, est = mc_exit_values(ctx, s, exits, settings.samples, f"prover:{s.id}")

@@ -27,11 +27,12 @@ import numpy as np
 from rredcot.common.config import Config
 from rredcot.common.records import RolloutGroup, WeightedGroup
 from rredcot.common.sampling import ContinuationSampler, RewardFn
-from rredcot.redistributor.credit import credit_from_values, outcome_mc_values, redistribute_group
+from rredcot.redistributor.credit import redistribute_group
 from rredcot.redistributor.mc import MCValues
 from rredcot.redistributor.references import CONSTRUCTS
 from rredcot.redistributor.registry import CreditContext
 from rredcot.redistributor.scorer import Scorer
+from rredcot.redistributor.value_credit import credit_from_values, outcome_mc_values
 
 SIGMA_METHODS = ("grpo", "entropy", "top_entropy", "progress")
 MC = "mc"

@@ -30,8 +30,8 @@ from rredcot.common.data import Problem
 from rredcot.common.prompts import prompt_ids
 from rredcot.common.records import RolloutGroup, RolloutRecord
 from rredcot.common.task import Task
-from rredcot.redistributor.credit import answer_line_start
 from rredcot.redistributor.segmentation import thinking_span, token_texts
+from rredcot.redistributor.value_credit import answer_line_start
 from rredcot.tasks.arith import chain_lines, first_slip, parse_chain, solution_text
 
 FILLER = "Let me go on to the next step."  # a line the answer does not depend on

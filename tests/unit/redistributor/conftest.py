@@ -18,3 +18,9 @@ def small_lm(arch: str = "qwen3", seed: int = 0, vocab: int = 512) -> Any:
 @pytest.fixture(scope="session")
 def make_lm() -> Callable[..., Any]:
     return small_lm
+
+
+@pytest.fixture(scope="module")
+def qwen_model() -> Any:
+    """A random tiny Qwen3 with the real Qwen3 vocabulary (for the real tokenizer), fp32 eval."""
+    return build_tiny_model("qwen3", seed=3)

@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rredcot.common.config import ConfigError, load_config
-from rredcot.common.models import build_tiny_model
 from rredcot.redistributor.credit import redistribute_group
 from rredcot.redistributor.entropy import score_trace
 from rredcot.redistributor.mc import HFContinuationSampler
@@ -24,11 +23,6 @@ from tests.unit.redistributor.test_mc import greedy_by_hand
 W = np.array([1.0, 2.0, 1.0, 3.0, 1.0, 2.0])  # entropy weights of 6 tokens
 EXITS = np.array([0, 2, 5])  # two segments; token 5 (the answer) lies outside both
 TRACE = "<think>\nFirst, 12*7 = 70 + 14.\nSo it is 84.\nWait, yes.\n</think>\n\nAnswer: 84"
-
-
-@pytest.fixture(scope="module")
-def qwen_model():
-    return build_tiny_model("qwen3", seed=3)
 
 
 def test_progress_sigma_by_hand() -> None:
