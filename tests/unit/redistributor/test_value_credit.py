@@ -34,6 +34,15 @@ class RecordingSampler(HFContinuationSampler):
 REFERENCE = ("12*7 = 70 + 14.\n70 + 14 = 84.\n", "Answer: ", "84")  # u, the template, the answer
 
 
+def credit_with_reference(tok, model, cfg: Config):
+    """The cases' group with ``REFERENCE`` as its dataset reference, its scorer, and its credit under ``cfg``."""
+    group = make_group(tok)
+    enc = lambda t: np.array(tok(t, add_special_tokens=False)["input_ids"], dtype=np.int32)  # noqa: E731
+    group.ref_solution_ids, group.ref_answer_ids = [enc(REFERENCE[0])], [enc(REFERENCE[1] + REFERENCE[2])]
+    scorer = Scorer(model, tok, cfg.credit.exit_string)
+    return group, scorer, redistribute_group(group, cfg, scorer)
+
+
 def brute_log_value(model, tok, prefix: list[int], construct: str, exit_string: str) -> float:
     """log v̂ after ``prefix`` (prompt ⊕ o[:e_t]) for ``REFERENCE``, written out from text: every
     branch tokenised part by part and forwarded whole, without the trace's cache, the anchors or the
@@ -69,11 +78,7 @@ def test_each_construct_matches_a_brute_force_recomputation(qwen_tok, qwen_model
     written out from text for every construct; σ follows from them."""
     cfg = Config()
     cfg.credit = CreditConfig(segments=3, min_segment_tokens=1, value_space="log", reference=construct, baseline="none")
-    scorer = Scorer(qwen_model, qwen_tok, cfg.credit.exit_string)
-    group = make_group(qwen_tok)
-    enc = lambda t: np.array(qwen_tok(t, add_special_tokens=False)["input_ids"], dtype=np.int32)  # noqa: E731
-    group.ref_solution_ids, group.ref_answer_ids = [enc(REFERENCE[0])], [enc(REFERENCE[1] + REFERENCE[2])]
-    out = redistribute_group(group, cfg, scorer)
+    group, scorer, out = credit_with_reference(qwen_tok, qwen_model, cfg)
     prompt = group.prompt_ids.tolist()
     for w, s in zip(out.samples, group.samples, strict=True):
         comp = s.completion_ids.tolist()
@@ -141,11 +146,7 @@ def test_terminal_answer_part_takes_the_outcome_never_a_scored_end_state(qwen_to
         reference="solution",
         baseline="none",
     )
-    scorer = Scorer(qwen_model, qwen_tok, cfg.credit.exit_string)
-    group = make_group(qwen_tok)
-    enc = lambda t: np.array(qwen_tok(t, add_special_tokens=False)["input_ids"], dtype=np.int32)  # noqa: E731
-    group.ref_solution_ids, group.ref_answer_ids = [enc(REFERENCE[0])], [enc(REFERENCE[1] + REFERENCE[2])]
-    out = redistribute_group(group, cfg, scorer)
+    group, scorer, out = credit_with_reference(qwen_tok, qwen_model, cfg)
     prompt = group.prompt_ids.tolist()
     for w, s, text in zip(out.samples[:3], group.samples, TRACES[:3]):
         n = len(w.sigma)
