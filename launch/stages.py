@@ -13,9 +13,10 @@ import importlib
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rredcot.common.config import Config
+from rredcot.common.control import RunControl
 from rredcot.common.net import loopback_interface
 from rredcot.common.registry import CREDIT_METHODS
 from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
@@ -31,6 +32,17 @@ STAGE_CLASSES = {
     "learner": ("rredcot.learner.trainer", "Trainer"),
 }
 WORKER_PREFIX = {"generator": "gen", "redistributor": "red", "learner": "learner"}
+
+
+class Stage(Protocol):
+    """A tier's worker, as ``StageWorker`` builds and runs it: ``cls(cfg, name, rank=rank, **parts)``
+    (``parts``: what ``stage_parts`` wires in), connected to the run through ``RunContext`` (its
+    ``control`` counts restarts and carries the stop flag); ``run()`` works until the run's budget is
+    done or the stop flag is raised, and returns the worker's summary."""
+
+    control: RunControl
+
+    def run(self) -> dict[str, float]: ...
 
 
 def restart_options(cfg: Config, tier: str) -> dict[str, int]:
@@ -92,7 +104,8 @@ class StageWorker:
             log.warning("%s restarted %s; it reclaims what it held", name, why)
             config = dataclasses.replace(config, run=dataclasses.replace(config.run, resume="auto"))
         module, cls = STAGE_CLASSES[tier]
-        self.stage = getattr(importlib.import_module(module), cls)(config, name, rank=rank, **stage_parts(tier, config))
+        stage_class: type[Stage] = getattr(importlib.import_module(module), cls)
+        self.stage = stage_class(config, name, rank=rank, **stage_parts(tier, config))
         if restarted:
             self.stage.control.count_restart(name)
 

@@ -8,7 +8,7 @@ import torch
 from rredcot.common.config import load_config
 from rredcot.common.net import loopback_interface
 from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
-from rredcot.launch.stages import node_env, restart_options, stage_env
+from rredcot.launch.stages import STAGE_CLASSES, node_env, restart_options, stage_env
 from rredcot.learner.rendezvous import ENV as RENDEZVOUS_ENV
 
 
@@ -65,3 +65,20 @@ def test_gloo_listens_on_loopback_on_one_machine_and_where_it_chooses_on_a_clust
         assert stage_env(local, tier, 0, ("127.0.0.1", "ab12"))["GLOO_SOCKET_IFNAME"] == loopback_interface()
     cluster = load_config("tests", ["cluster.address=10.0.0.1:6379"])
     assert "GLOO_SOCKET_IFNAME" not in stage_env(cluster, "learner", 0, ("10.0.0.1", "ab12"))
+
+
+@pytest.mark.parametrize("tier", sorted(STAGE_CLASSES))
+def test_every_tier_is_built_and_run_as_the_stage_interface_says(tier):
+    """``StageWorker`` builds ``cls(cfg, name, rank=rank, **stage_parts(...))`` and calls ``run()``:
+    each tier's class takes those arguments (a redistributor also the sampler that ``stage_parts``
+    may wire in), and its ``run`` needs none."""
+    import importlib
+    import inspect
+
+    module, name = STAGE_CLASSES[tier]
+    cls = getattr(importlib.import_module(module), name)
+    init = inspect.signature(cls.__init__).parameters
+    assert list(init)[1:4] == ["cfg", "name", "rank"], list(init)
+    assert tier != "redistributor" or "sampler" in init
+    run = inspect.signature(cls.run).parameters
+    assert all(p.default is not inspect.Parameter.empty for p in list(run.values())[1:]), run
