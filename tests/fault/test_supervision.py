@@ -40,8 +40,8 @@ def kill_when_working(client, run_id: str, worker: str, killed: list[int], timeo
 
 @pytest.mark.parametrize(
     ("worker", "ranks", "transport"),
-    [("gen0", 1, "file"), ("red0", 1, "file"), ("learner0", 1, "ipc"), ("learner1", 2, "file")],
-    ids=["gen0", "red0", "learner0-ipc", "learner1-of-2"],
+    [("gen0+red0", 1, "file"), ("learner0", 1, "ipc"), ("learner1", 2, "file")],
+    ids=["gen0-and-red0", "learner0-ipc", "learner1-of-2"],
 )
 def test_killed_worker_is_restarted_and_the_run_loses_nothing(
     local_ray,  # noqa: F811
@@ -54,18 +54,26 @@ def test_killed_worker_is_restarted_and_the_run_loses_nothing(
     transport,
 ):
     """A dead learner rank restarts every rank (a torch.distributed group cannot take one back). The
-    killed single learner sends weights over ipc: its successor replaces its shared slots."""
-    killed: list[int] = []
-    killer = threading.Thread(target=kill_when_working, args=(redis_client, run_id, worker, killed), daemon=True)
-    killer.start()
+    killed single learner sends weights over ipc: its successor replaces its shared slots. A generator
+    and a redistributor die in the same run (``gen0+red0``): each restarts and reclaims what it held."""
+    victims = worker.split("+")
+    killed: dict[str, list[int]] = {w: [] for w in victims}
+    killers = [
+        threading.Thread(target=kill_when_working, args=(redis_client, run_id, w, killed[w]), daemon=True)
+        for w in victims
+    ]
+    for killer in killers:
+        killer.start()
     # a checkpoint every 2 steps: the learner may die before, on or after one (it resumes from the newest)
     overrides = ("run.steps=4", "learner.skip_zero_advantage=false", "learner.checkpoint_every=2")
     transport_override = f"generation.weight_transport={transport}"
     cfg, report = _run(tmp_path, redis_server, run_id, *overrides, f"cluster.learner_ranks={ranks}", transport_override)
-    killer.join(timeout=5)
-    assert killed, f"{worker} was never seen working"
+    for killer in killers:
+        killer.join(timeout=5)
     snaps = RunControl(redis_client, run_id).all_metrics()
-    assert snaps[worker]["restarts"] == 1 and snaps[worker]["pid"] != killed[0]
+    for w in victims:
+        assert killed[w], f"{w} was never seen working"
+        assert snaps[w]["restarts"] == 1 and snaps[w]["pid"] != killed[w][0]
     learners = [v for v in snaps.values() if v["tier"] == "learner"]
     assert len(learners) == ranks and all(v.get("restarts", 0) == 1 for v in learners) == worker.startswith("learner")
     assert snaps.get("driver", {}).get("learner_restarts", 0) == int(worker.startswith("learner"))

@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from rredcot.common.models import cache_dir
 from rredcot.common.net import free_port
 from tests.integration.test_launch_scripts import BIN, REPO
 
@@ -32,6 +33,7 @@ def test_the_slurm_script_starts_ray_and_the_run_and_stops_it_in_order_before_th
         **os.environ,
         "PATH": f"{REPO / 'tests' / 'integration' / 'slurm_shims'}:{BIN}:{os.environ['PATH']}",
         "HOME": str(root),  # the job's Ray token goes there
+        "RREDCOT_CACHE": str(cache_dir()),  # but the models come from the suite's cache: not built again
         "SLURM_JOB_NODELIST": "node1",
         "RAY_PORT": str(free_port()),
         "NUM_GPUS": "0",
