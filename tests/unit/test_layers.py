@@ -1,0 +1,76 @@
+"""The floors of ``docs/architecture.md`` hold in the imports: ``common`` imports no stage, ``tasks``,
+``actors``, ``redistributor`` and ``learner`` import only ``common`` (and themselves), ``launch``
+anything; and no two modules import each other at module level, directly or in a circle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ALLOWED = {
+    "common": {"common"},
+    "tasks": {"common", "tasks"},
+    "actors": {"common", "actors"},
+    "redistributor": {"common", "redistributor"},
+    "learner": {"common", "learner"},
+}
+
+
+def imports(path: Path, top_level_only: bool = False) -> list[str]:
+    """The ``rredcot.*`` modules a file imports (anywhere, or at module level only)."""
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    found = []
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append(node.module)
+        elif isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+    return [m for m in found if m.startswith("rredcot.")]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(("rredcot", *parts[:-1])) if parts[-1] == "__init__" else ".".join(("rredcot", *parts))
+
+
+@pytest.mark.parametrize("folder", sorted(ALLOWED))
+def test_each_floor_imports_only_what_the_architecture_allows(folder: str) -> None:
+    wrong = [
+        f"{path.relative_to(ROOT)} imports {m}"
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for m in imports(path)
+        if m.split(".")[1] not in ALLOWED[folder]
+    ]
+    assert wrong == []
+
+
+def find_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One circle of ``graph`` (module -> modules it imports) as a path that returns to its start, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(m: str, path: list[str]) -> list[str] | None:
+        state[m] = 1
+        for t in sorted(graph.get(m, ())):
+            if state.get(t) == 1:
+                return [*path[path.index(t) :], t]
+            if t not in state and (found := visit(t, [*path, t])):
+                return found
+        state[m] = 2
+        return None
+
+    return next((c for m in sorted(graph) if m not in state and (c := visit(m, [m]))), None)
+
+
+def test_find_circle_by_hand() -> None:
+    assert find_circle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+    assert find_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_no_module_level_import_circles() -> None:
+    files = [p for folder in (*ALLOWED, "launch") for p in sorted((ROOT / folder).rglob("*.py"))]
+    graph = {module_name(p): set(imports(p, top_level_only=True)) for p in files}
+    assert find_circle({m: {t for t in targets if t in graph and t != m} for m, targets in graph.items()}) is None
