@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
+from rredcot.launch.advise import token_flops
 from rredcot.redistributor.entropy import score_trace
 from rredcot.redistributor.references import CONTEXT, Tail, U, Y
 from rredcot.redistributor.values import branch_logprobs_fast
@@ -62,7 +63,7 @@ def forward_flops(model: torch.nn.Module, tokens: int, context: float) -> float:
     c = model.config
     params = sum(p.numel() for p in model.parameters())
     head_dim = c.hidden_size // c.num_attention_heads
-    return tokens * (2 * params + 4 * c.num_hidden_layers * c.num_attention_heads * head_dim * context)
+    return tokens * token_flops(params, c.num_hidden_layers, c.num_attention_heads, head_dim, context)
 
 
 def sync(device: str) -> None:

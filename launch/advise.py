@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rredcot.launch.timeline import WAITS, worker_timelines
-
 TIERS = ("generator", "redistributor", "learner")
 COUNTS = {"generator": "samples", "redistributor": "rollouts", "learner": "samples_consumed"}
 
@@ -106,6 +104,8 @@ def measured_rates(history: list[dict[str, Any]], cfg: dict[str, Any]) -> tuple[
         last[p["worker"]] = p
     done: dict[str, float] = dict.fromkeys(TIERS, 0.0)
     working: dict[str, float] = dict.fromkeys(TIERS, 0.0)
+    from rredcot.launch.timeline import WAITS, worker_timelines  # matplotlib: only where a run is read
+
     timelines = worker_timelines(history)
     for w in timelines:
         key = COUNTS[w.tier]
@@ -163,6 +163,11 @@ class Gpu:
     decode_efficiency: float = 0.6  # of the bandwidth
 
 
+def token_flops(params: float, layers: int, heads: int, head_dim: int, context: float) -> float:
+    """FLOPs of one forwarded token whose context holds ``context`` tokens: 2·N plus causal attention."""
+    return 2 * params + 4 * layers * heads * head_dim * context
+
+
 def paper_rates(w: Workload, gpu: Gpu = Gpu(), overlap: bool = True) -> Rates:
     """Per-GPU samples/s from first principles. Decoding: each step reads the weights (2 bytes a
     parameter) once for the batch and every running sequence's KV cache (its mean context), with the
@@ -176,7 +181,7 @@ def paper_rates(w: Workload, gpu: Gpu = Gpu(), overlap: bool = True) -> Rates:
     batch = max(1.0, (gpu.memory * 0.9 - weights) / (kv_per_token * tokens))
     step_s = (weights + batch * kv_per_token * mean_context) / (gpu.bandwidth * gpu.decode_efficiency)
     generate = batch / step_s / w.completion_tokens
-    forward = 2 * w.params + 4 * w.layers * w.heads * w.head_dim * tokens / 2  # FLOPs a token
+    forward = token_flops(w.params, w.layers, w.heads, w.head_dim, tokens / 2)
     score = gpu.flops * gpu.prefill_mfu / (forward * (tokens + w.scored_tokens))
     train = gpu.flops * gpu.train_mfu / (3 * forward * tokens)
     return Rates(generate, score, train, overlap)
