@@ -34,6 +34,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
 
 
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The machine under the timings above (CI machines differ: its CPU says why a run was slow)."""
+    from rredcot.common.precision import cpu_info
+
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    terminalreporter.write_line(f"machine: {cpu_info().describe()}, {os.cpu_count()} cores, load average {load}")
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
     """One real Valkey/Redis server for the session (AOF on, 127.0.0.1, free port)."""

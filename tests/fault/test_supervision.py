@@ -40,8 +40,8 @@ def kill_when_working(client, run_id: str, worker: str, killed: list[int], timeo
 
 @pytest.mark.parametrize(
     ("worker", "ranks", "transport"),
-    [("gen0+red0", 1, "file"), ("learner0", 1, "ipc"), ("learner1", 2, "file")],
-    ids=["gen0-and-red0", "learner0-ipc", "learner1-of-2"],
+    [("gen0+red0", 1, "file"), ("learner1", 2, "ipc")],
+    ids=["gen0-and-red0", "learner1-of-2-ipc"],
 )
 def test_killed_worker_is_restarted_and_the_run_loses_nothing(
     local_ray,  # noqa: F811
@@ -53,9 +53,10 @@ def test_killed_worker_is_restarted_and_the_run_loses_nothing(
     ranks,
     transport,
 ):
-    """A dead learner rank restarts every rank (a torch.distributed group cannot take one back). The
-    killed single learner sends weights over ipc: its successor replaces its shared slots. A generator
-    and a redistributor die in the same run (``gen0+red0``): each restarts and reclaims what it held."""
+    """A dead learner rank restarts every rank (a torch.distributed group cannot take one back): rank
+    1 dies, and rank 0, which sends the weights over ipc, is restarted with it; its successor replaces
+    its shared slots. A generator and a redistributor die in the same run (``gen0+red0``): each
+    restarts and reclaims what it held. (Each case is a whole run: cases share runs where they can.)"""
     victims = worker.split("+")
     killed: dict[str, list[int]] = {w: [] for w in victims}
     killers = [

@@ -1,74 +1,44 @@
-"""The pipeline on a fake two-node Ray cluster (``ray.cluster_utils.Cluster``), tiers spread over nodes:
-rredcot credit, η = 1, weights as files; every sample trained once (the checks of test_pipeline).
-The head has no GPU and the other node two (Ray's resource only: their engines still run on this
-CPU): the generator and the evaluator take one each there, from the plan's bundles. Then the run as a
-cluster user starts it: no redis.url (the driver's own Redis, with a password), two learner ranks on
-different nodes, weights through the collective transport."""
+"""The pipeline on a fake two-node Ray cluster (``ray.cluster_utils.Cluster``), as a cluster user starts
+it: no ``redis.url`` (the driver's own Redis, with a password), tiers spread over the nodes, two learner
+ranks on different nodes, weights through the collective transport, rredcot credit, η = 1, held-out
+evaluations. The second node has two GPUs (Ray's resource only: its engines still run on this CPU):
+the generator and the evaluator take one each there, from the plan's bundles. One run, since each
+costs a Ray cluster and every tier's start-up."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import ray
 
-from tests.integration.test_pipeline import _run, assert_every_sample_trained_once
+from rredcot.common.config import load_config
+from rredcot.launch.driver import train
 
 
-def test_fake_two_node_cluster_places_tiers_on_different_nodes(redis_server, redis_client, run_id, tmp_path):
+def test_two_nodes_spread_tiers_and_learner_ranks_and_train_every_sample_once(tmp_path):
     from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
-    gpu_node = cluster.add_node(num_cpus=2, num_gpus=2)
-    try:
-        ray.init(address=cluster.address, log_to_driver=False)
-        cfg, _ = _run(
-            tmp_path,
-            redis_server,
-            run_id,
-            "cluster.nodes=2",
-            "cluster.placement=spread",
-            "run.steps=2",
-            "credit.method=rredcot",
-            "staleness.eta=1",
-            "generation.weight_transport=file",
-            "learner.skip_zero_advantage=false",
-            f"cluster.address={cluster.address}",  # a cluster, whose GPUs this machine need not have
-            "cluster.gpus_per_generator=1",
-            "data.eval_size=5",
-        )
-        placement = json.loads((tmp_path / run_id / "placement.json").read_text())
-        assert set(placement) == {"gen0", "red0", "learner0", "eval"}
-        assert len(set(placement.values())) == 2  # the tiers really ran on both nodes
-        assert placement["gen0"] == placement["eval"] == gpu_node.node_id
-        summary = json.loads((tmp_path / run_id / "report" / "summary.json").read_text())
-        assert [e["step"] for e in summary["evaluations"]] == [0, cfg.run.steps]
-        assert_every_sample_trained_once(redis_client, run_id, cfg, eta=1)
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-
-
-def test_two_learner_ranks_on_two_nodes_with_the_drivers_own_redis(tmp_path):
-    from ray.cluster_utils import Cluster
-
-    from rredcot.common.config import load_config
-    from rredcot.launch.driver import train
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 3, "include_dashboard": False})
-    cluster.add_node(num_cpus=3)
+    # 7 CPUs for 7 bundle CPUs: the GPU node holds the generator's and the evaluator's bundles and one
+    # learner rank's (2 CPUs), the head the other rank's and the redistributor's: ranks cannot share a node
+    gpu_node = cluster.add_node(num_cpus=4, num_gpus=2)
     try:
         cfg = load_config(
             "tests",
             [
                 f"run.dir={tmp_path / 'run'}",
-                "run.name=two-ranks",
+                "run.name=two-nodes",
                 "logging.progress=false",
-                "data.eval_size=0",
+                "data.eval_size=5",
                 "run.steps=2",
+                "credit.method=rredcot",
+                "staleness.eta=1",
+                "learner.skip_zero_advantage=false",
                 "cluster.nodes=2",
                 "cluster.placement=spread",
                 "cluster.learner_ranks=2",
+                "cluster.cpus_per_learner=2",
+                "cluster.gpus_per_generator=1",  # a cluster's GPUs, which this machine need not have
                 "generation.weight_transport=collective",
                 f"cluster.address={cluster.address}",
             ],
@@ -80,13 +50,25 @@ def test_two_learner_ranks_on_two_nodes_with_the_drivers_own_redis(tmp_path):
     run = tmp_path / "run"
     summary = json.loads((run / "report" / "summary.json").read_text())
     placement = json.loads((run / "placement.json").read_text())
-    assert summary["status"] == "finished" and summary["steps"] == 2
+    assert summary["status"] == "finished" and summary["steps"] == cfg.run.steps
+    assert set(placement) == {"gen0", "red0", "learner0", "learner1", "eval"}
     assert placement["learner0"] != placement["learner1"]  # one rank on each node
+    assert placement["gen0"] == placement["eval"] == gpu_node.node_id  # the GPU bundles
+    assert [e["step"] for e in summary["evaluations"]] == [0, cfg.run.steps]
+    prompts = cfg.run.steps * cfg.generation.prompts_per_step
     ledger, workers = summary["ledger"], summary["workers"]
-    assert ledger["admitted"] == ledger["trained"] == 2 * cfg.generation.prompts_per_step and not ledger["missing"]
-    generated = sum(v["samples"] for v in workers.values() if v["tier"] == "generator")
-    consumed = sum(v["samples_consumed"] for v in workers.values() if v["tier"] == "learner")
-    assert generated == consumed == 2 * cfg.generation.prompts_per_step * cfg.generation.group_size
-    assert all(v["broadcast_fallbacks"] == 0 for w, v in workers.items() if w == "learner0")  # the group carried them
-    driver_log = Path(run / "logs" / "driver.log").read_text()
+    assert ledger["balanced"] and ledger["admitted"] == ledger["trained"] == prompts and not ledger["missing"]
+    assert (ledger["dead"], ledger["rejected"], ledger["in_flight"]) == (0, 0, 0)
+    gens = [v for v in workers.values() if v["tier"] == "generator"]
+    learners = [v for v in workers.values() if v["tier"] == "learner"]
+    generated = sum(v["samples"] for v in gens)
+    assert generated == prompts * cfg.generation.group_size
+    # every sample once into each rank's global batch, within η updates of the policy that sampled it
+    assert sum(v["samples_consumed"] for v in learners) == generated  # each rank reads its share
+    assert all(v["samples_trained"] == generated and v["duplicates"] == 0 for v in learners)  # the global batch
+    assert all(v["step"] == v["version"] == cfg.run.steps for v in learners)
+    assert max(v["staleness_max"] for v in learners) <= cfg.staleness.eta
+    assert workers["learner0"]["broadcast_fallbacks"] == 0  # the group carried every version
+    assert [g["version"] for g in gens] == [cfg.run.steps]
+    driver_log = (run / "logs" / "driver.log").read_text()
     assert "embedded Redis at redis://:***@" in driver_log and "password: random for this run" in driver_log

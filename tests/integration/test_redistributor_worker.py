@@ -174,22 +174,32 @@ Redistributor(cfg, "doomed").run()
 """
 
 
+def _frozen_mid_batch(proc: subprocess.Popen, client, run_id: str, groups: int) -> bool:
+    """Stop the worker (SIGSTOP) and say whether it has written part of what it read and still holds
+    unacked entries; if not, let it go on. Checked while it is stopped, the state cannot change before
+    the kill (on a slow machine a check on a running worker can fall between its ack and next read)."""
+    proc.send_signal(signal.SIGSTOP)
+    written = client.xlen(key(run_id, BATCHES))
+    if 1 <= written < groups and client.xpending(key(run_id, ROLLOUTS), GROUP)["pending"] > 0:
+        return True
+    proc.send_signal(signal.SIGCONT)
+    return False
+
+
 def test_worker_killed_mid_batch_loses_nothing(redis_client, redis_server, run_id) -> None:
     groups = _put_groups(redis_client, run_id, 8, length=48)
     cfg_args = [f"redis.url={redis_server.url}", f"run.name={run_id}", *BASE, "model.path=tiny-qwen3"]
     proc = subprocess.Popen([sys.executable, "-c", WORKER, *cfg_args])
     try:
         deadline = time.monotonic() + 240
-        while redis_client.xlen(key(run_id, BATCHES)) < 1:  # it has read the batch and written part of it
+        while not _frozen_mid_batch(proc, redis_client, run_id, len(groups)):
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    written_before = redis_client.xlen(key(run_id, BATCHES))
-    assert written_before < len(groups)  # killed mid-batch
-    held = redis_client.xpending(key(run_id, ROLLOUTS), GROUP)["pending"]
-    assert held > 0  # the dead worker still holds unacked entries
+    assert redis_client.xlen(key(run_id, BATCHES)) < len(groups)  # killed mid-batch
+    assert redis_client.xpending(key(run_id, ROLLOUTS), GROUP)["pending"] > 0  # with entries it still held
     time.sleep(0.4)  # older than claim_idle_ms: another worker reclaims them
     cfg = load_config(None, cfg_args)
     scorer = Scorer(build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit.exit_string)

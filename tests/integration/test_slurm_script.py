@@ -11,6 +11,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 import psutil
@@ -23,11 +24,23 @@ from tests.integration.test_launch_scripts import BIN, REPO
 pytestmark = pytest.mark.slow
 
 
+def stop_seconds(driver_log: str) -> float:
+    """Seconds between the driver's "stopping:" line and its last line (the report written)."""
+    stamps = [
+        datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+        for line in driver_log.splitlines()
+        if re.match(r"\d{4}-\d\d-\d\d ", line)
+    ]
+    stopping = next(line for line in driver_log.splitlines() if "stopping: interrupted (SIGTERM)" in line)
+    return (stamps[-1] - datetime.strptime(stopping[:23], "%Y-%m-%d %H:%M:%S,%f")).total_seconds()
+
+
 def test_the_slurm_script_starts_ray_and_the_run_and_stops_it_in_order_before_the_time_limit(tmp_path):
     """``launch/slurm.sbatch`` as ``sbatch`` runs it on a one-node allocation, with stand-ins for SLURM's
     own ``srun`` and ``scontrol`` (a step is a process group here): the head starts, the driver trains,
-    and the USR1 that ``--signal=B:USR1@300`` sends before the time limit stops the run in order (the
-    report says interrupted by SIGTERM); then the script ends this job's Ray node and no other."""
+    and the USR1 that ``--signal=B:USR1@300`` sends before the time limit stops the run in order, as
+    any SIGTERM to the driver does: within 30 s, the learner's checkpoint, the report (interrupted by
+    SIGTERM); then the script ends this job's Ray node and no other."""
     root = Path(tempfile.mkdtemp(prefix="rsl", dir="/tmp"))
     env = {
         **os.environ,
@@ -60,7 +73,10 @@ def test_the_slurm_script_starts_ray_and_the_run_and_stops_it_in_order_before_th
         assert job.wait(180) != 0
         summary = json.loads((run / "report" / "summary.json").read_text())
         assert summary["status"] == "interrupted (SIGTERM)"  # the driver's orderly stop, report written
-        assert 0 < summary["steps"] < 40
+        assert 0 < summary["steps"] < 40 and summary["learner_stopped_in_time"] is True
+        assert list((run / "checkpoints").glob("step-*")), "no checkpoint at the stop"
+        assert (run / "report" / "summary.md").read_text().startswith("# rredcot run report")
+        assert stop_seconds(driver_log.read_text()) <= 30  # from the SIGTERM to the report
         log = (root / "job.log").read_text()
         assert "time limit near: stopping the run in order" in log
         assert not [p for p in psutil.process_iter(["cmdline"]) if any(str(root) in a for a in p.info["cmdline"] or [])]
