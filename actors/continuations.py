@@ -37,7 +37,7 @@ class VLLMContinuations:
         receiver: Any = None,
     ) -> None:
         """``seed``: the run's, mixed into every request's seed; ``receiver``: a weight receiver of
-        ``engine`` (``actors.receivers``), or None for fixed weights."""
+        ``engine`` (``common.weight_receivers``), or None for fixed weights."""
         if not engine.seeded:
             raise ValueError("VLLMContinuations needs an engine built with EngineSpec(seeded=True)")
         self.engine, self.temperature, self.top_p, self.seed, self.stop = engine, temperature, top_p, seed, stop
@@ -58,7 +58,7 @@ class VLLMContinuations:
         receiver = None
         if prover == "policy":
             transport = WEIGHT_TRANSPORTS.get(cfg.generation.weight_transport)
-            receiver = transport.receiver_class().from_config(cfg, connect(cfg.redis.url), engine, None)
+            receiver = transport.receiver_class().from_config(cfg, connect(cfg.redis.url), engine, None, "prover")
         g = cfg.generation
         return cls(engine, g.temperature, g.top_p, cfg.run.seed, tuple(g.stop), receiver)
 

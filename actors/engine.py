@@ -38,6 +38,7 @@ from rredcot.common.onednn import bound_primitive_cache
 from rredcot.common.precision import resolve_dtype
 from rredcot.common.sampling import seed_of
 from rredcot.common.weight_group import GroupInfo
+from rredcot.common.weight_receivers import WeightsLost
 from rredcot.common.weight_sync import WeightManifest
 
 IN_FLIGHT = ("finish", "pause")
@@ -51,11 +52,6 @@ CPU_BLOCK_SIZE = 32
 
 class PromptTooLong(ValueError):
     """A prompt that leaves no room to generate within the model's context."""
-
-
-class WeightsLost(RuntimeError):
-    """A version failed part-way into the engine: its weights are a mix of two versions, so it must
-    not generate again (the generator ends; its supervisor restarts it on the newest weights)."""
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,11 @@ the engine side and the generators never import the learner side. The interface 
 is described in docs/extending.md; the built-ins:
 
 - ``file``: one safetensors file + manifest per version (``learner.broadcast.FilePublisher``,
-  ``actors.receivers.FileReceiver``); any receiver on the learner's filesystem;
+  ``common.weight_receivers.FileReceiver``); any receiver on the learner's filesystem;
 - ``collective``: a broadcast group, gloo on CPU and NCCL on GPU, falling back to files
-  (``learner.broadcast.CollectivePublisher``, ``actors.receivers.CollectiveReceiver``);
+  (``learner.broadcast.CollectivePublisher``, ``common.weight_receivers.CollectiveReceiver``);
 - ``ipc``: shared slots on the learner's node, ``/dev/shm`` or CUDA IPC (``learner.ipc.IpcPublisher``,
-  ``actors.receivers.IpcReceiver``); receivers elsewhere ask for files.
+  ``common.weight_receivers.IpcReceiver``); receivers elsewhere ask for files.
 """
 
 from __future__ import annotations
@@ -52,10 +52,12 @@ class WeightTransport:
 
 
 WEIGHT_TRANSPORTS.register("file")(
-    WeightTransport("rredcot.learner.broadcast:FilePublisher", "rredcot.actors.receivers:FileReceiver")
+    WeightTransport("rredcot.learner.broadcast:FilePublisher", "rredcot.common.weight_receivers:FileReceiver")
 )
 WEIGHT_TRANSPORTS.register("collective")(
-    WeightTransport("rredcot.learner.broadcast:CollectivePublisher", "rredcot.actors.receivers:CollectiveReceiver")
+    WeightTransport(
+        "rredcot.learner.broadcast:CollectivePublisher", "rredcot.common.weight_receivers:CollectiveReceiver"
+    )
 )
 
 
@@ -74,5 +76,5 @@ class IpcSettings:
 
 
 WEIGHT_TRANSPORTS.register("ipc")(
-    WeightTransport("rredcot.learner.ipc:IpcPublisher", "rredcot.actors.receivers:IpcReceiver", IpcSettings)
+    WeightTransport("rredcot.learner.ipc:IpcPublisher", "rredcot.common.weight_receivers:IpcReceiver", IpcSettings)
 )

@@ -191,6 +191,11 @@ def copy_slot(handle: dict[str, Any], device: torch.device) -> torch.Tensor:
     return own
 
 
+def slot_tensors(own: torch.Tensor, manifest: WeightManifest) -> dict[str, torch.Tensor]:
+    """The tensors of ``manifest`` by name, views of ``own`` (a copy of its slot, ``copy_slot``)."""
+    return dict(zip(manifest.names, unflatten(own, manifest.shapes, manifest.dtypes), strict=True))
+
+
 class SlotReader:
     """A receiver's side of the slots: whether it can map them (checked on the first handle; if not,
     it says why once and asks the learner for files), and reading a version out of its slot."""
@@ -221,4 +226,4 @@ class SlotReader:
             return None
         if not self.still_held(manifest):
             return None
-        return dict(zip(manifest.names, unflatten(own, manifest.shapes, manifest.dtypes), strict=True))
+        return slot_tensors(own, manifest)

@@ -3,7 +3,7 @@
 Parameters are gathered in buckets of about ``bucket_bytes`` (one ``GatheredParameters`` call per
 bucket, all ranks take part). Only rank 0 copies anything: the other ranks take part in the gathers
 and hold nothing more. Rank 0 then delivers them (``common.transports`` pairs each publisher with
-its receiver in ``actors.receivers``):
+its receiver in ``common.weight_receivers``):
 
 - ``FilePublisher`` (``file``): one safetensors file per version plus its manifest
   (``common.weight_sync``), streamed to disk bucket by bucket as the buckets are gathered

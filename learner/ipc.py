@@ -10,7 +10,7 @@ at the first publication. If they cannot be allocated (a full ``/dev/shm``, no G
 this and every later version is published as a file, logged and counted in ``fallbacks``.
 
 Files are written beside the slots only when needed: from the first version after a receiver asked
-for them (one on another node, or not seeing the learner's GPU: ``actors.receivers.IpcReceiver``),
+for them (one on another node, or not seeing the learner's GPU: ``common.weight_receivers.IpcReceiver``),
 and once at ``close`` for the last version, because the slots end with the learner while the
 final evaluation still reads it.
 """

@@ -35,12 +35,11 @@ from rredcot.common.sampling import ContinuationSampler, RewardFn
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Entry, Producer, run_key
 from rredcot.common.task import build_task
 from rredcot.common.verifier import Verifier
-from rredcot.common.weight_slots import SlotReader
-from rredcot.common.weight_sync import latest_manifest, load_tensors
 from rredcot.redistributor.credit import redistribute_group
 from rredcot.redistributor.mc import HFContinuationSampler
 from rredcot.redistributor.registry import get_method
 from rredcot.redistributor.scorer import Scorer
+from rredcot.redistributor.scorer_weights import policy_receiver
 
 log = logging.getLogger(__name__)
 GROUP = "redistributors"
@@ -180,7 +179,8 @@ class Redistributor:
         self.consumer = Consumer(self.client, rollouts, GROUP, name, dead, cfg.redis.claim_idle_ms)
         self.producer = Producer(self.client, batches, cfg.redis.maxlen, cfg.redis.block_timeout_s)
         self.scorer = scorer if scorer is not None or not self.method.needs_scorer else build_scorer(cfg)
-        self.slots = SlotReader(self.client, self.run_id, name)  # the ipc transport's, for credit.scorer=policy
+        following = cfg.credit.scorer == "policy" and self.scorer is not None
+        self.scorer_weights = policy_receiver(cfg, self.client, self.scorer, name) if following else None
         self.extra: dict[str, Any] = {"settings": self.method.typed_settings(cfg)}
         self.verifier: Verifier | None = None
         self.sampler: ContinuationSampler | None = None
@@ -194,24 +194,12 @@ class Redistributor:
         self._resumed = False
 
     def sync_scorer(self) -> bool:
-        """With ``credit.scorer=policy``, load the newest published policy weights; True if applied."""
-        if self.cfg.credit.scorer != "policy" or self.scorer is None:
+        """With ``credit.scorer=policy``, load the newest published policy weights through the run's
+        weight transport; True if a version was applied."""
+        applied = self.scorer_weights.poll() if self.scorer_weights is not None else None
+        if applied is None:
             return False
-        manifest = latest_manifest(self.client, self.run_id, newer_than=self.scorer.version)
-        if manifest is None:
-            return False
-        tensors = None
-        if manifest.transport == "ipc" and self.slots.usable(manifest.shared):
-            tensors = self.slots.read(manifest, torch.device("cpu"))  # None: overwritten or gone, see the file
-        if tensors is None:
-            if not manifest.path:  # announced before its file is written (collective), or in a slot only
-                return False
-            try:
-                tensors = load_tensors(manifest)
-            except FileNotFoundError:  # pruned by a newer publication: take that one next time
-                return False
-        self.scorer.load_weights(tensors, manifest.version)
-        self.metrics.scorer_version = manifest.version
+        self.metrics.scorer_version = applied[0]
         return True
 
     def step(self, block_ms: int = 1000) -> int:

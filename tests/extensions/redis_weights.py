@@ -14,11 +14,11 @@ from typing import Any
 import torch
 from safetensors.torch import save
 
-from rredcot.actors.receivers import FileReceiver
 from rredcot.common.config import Config, bounded
 from rredcot.common.registry import WEIGHT_TRANSPORTS
 from rredcot.common.streams import registry_key
 from rredcot.common.transports import WeightTransport
+from rredcot.common.weight_receivers import FileReceiver
 from rredcot.common.weight_sync import WeightManifest, latest_manifest, publish_manifest
 from rredcot.learner.broadcast import FilePublisher, full_state
 

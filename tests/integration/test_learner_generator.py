@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from rredcot.actors.engine import Engine, EngineSpec, Sampling
-from rredcot.actors.receivers import CollectiveReceiver, FileReceiver, IpcReceiver
 from rredcot.common.config import LearnerConfig
 from rredcot.common.models import build_tiny_model, load_causal_lm, load_tokenizer, qwen_tokenizer_dir, save_model_dir
+from rredcot.common.weight_receivers import CollectiveReceiver, FileReceiver, IpcReceiver
 from rredcot.common.weight_sync import latest_manifest
 from rredcot.learner.broadcast import CollectivePublisher, FilePublisher
 from rredcot.learner.engine import LearnerEngine

@@ -235,7 +235,7 @@ def test_policy_scorer_reads_ipc_slots_and_waits_for_a_file_still_being_written(
 ) -> None:
     """With the ipc transport the scorer copies each version out of the learner's slot (no file); a
     manifest announced before its file exists (collective) is skipped, not an error."""
-    cfg = _cfg(redis_server.url, run_id, "credit.scorer=policy")
+    cfg = _cfg(redis_server.url, run_id, "credit.scorer=policy", "generation.weight_transport=ipc")
     scorer = Scorer(build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit.exit_string)
     worker = Redistributor(cfg, "red0", scorer=scorer)
     policy = build_tiny_model("qwen3", seed=5)

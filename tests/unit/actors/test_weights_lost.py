@@ -11,8 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save
 
-from rredcot.actors.engine import WeightsLost
-from rredcot.actors.receivers import IpcReceiver
+from rredcot.common.weight_receivers import IpcReceiver, WeightsLost
 from rredcot.learner.ipc import IpcPublisher
 
 pytestmark = pytest.mark.slow  # real vLLM-CPU engines

@@ -1,9 +1,12 @@
-"""Weight receivers of the built-in transports: apply each newer published version to an engine.
+"""Weight receivers of the built-in transports: apply each newer published version to a weight port.
 
-One receiver per vLLM engine (a generator, or the evaluator with ``rank=None``). ``poll`` applies
-the newest published version if it is newer than the engine's, under the in-flight policy, and
-returns (version, seconds of the update); None when there is nothing new (or nothing readable
-yet: a pruned file means a newer version exists, taken on the next poll).
+A port is what holds the weights a receiver updates (``WeightPort``): a generator's or the
+evaluator's vLLM engine (``actors.engine.Engine``), or a redistributor's scorer following the policy
+(``redistributor.scorer_weights.ScorerPort``). One receiver per port; a port outside the learner's
+weight group (``rank=None``: the evaluator, a scorer, a continuation engine) follows files.
+``poll`` applies the newest published version if it is newer than the port's, under the in-flight
+policy, and returns (version, seconds of the update); None when there is nothing new (or nothing
+readable yet: a pruned file means a newer version exists, taken on the next poll).
 
 A file that the newest manifest names and that this node cannot find was never pruned: the
 receiver does not share the learner's filesystem. That is logged as an error (once per version,
@@ -15,32 +18,66 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
-from rredcot.actors.engine import Engine, WeightsLost
 from rredcot.common.config import Config, tensor_parallel
-from rredcot.common.weight_group import read_group
+from rredcot.common.weight_group import GroupInfo, read_group
 from rredcot.common.weight_slots import SlotReader, want_files
 from rredcot.common.weight_sync import WeightManifest, latest_manifest, published_version, read_weights
+
+
+class WeightsLost(RuntimeError):
+    """A version failed part-way into a port: its weights are a mix of two versions, so it must not be
+    used again (its worker ends; the supervisor restarts it on the newest weights)."""
+
+
+class WeightPort(Protocol):
+    """What a receiver updates: the version it holds and the two ways to load one. Each load returns
+    the seconds of the update (``load_weights_shared``: None when the slot was overwritten during the
+    copy, a newer version being there to take) and raises ``WeightsLost`` if it failed part-way."""
+
+    version: int
+
+    def load_weights_bytes(self, data: bytes, version: int, in_flight: str = "finish") -> float: ...
+
+    def load_weights_shared(
+        self, manifest: WeightManifest, still_held: Callable[[], bool], in_flight: str = "finish"
+    ) -> float | None: ...
+
+
+class GroupWeightPort(WeightPort, Protocol):
+    """A port that can also be a rank of the learner's weight group (a generator's engine)."""
+
+    def join_weight_group(self, info: GroupInfo, rank: int, timeout_s: float) -> None: ...
+
+    def leave_weight_group(self) -> None: ...
+
+    def load_weights_broadcast(self, manifest: WeightManifest, in_flight: str = "finish") -> tuple[int, float]: ...
+
 
 log = logging.getLogger(__name__)
 
 
-def _receiver_name(rank: int | None) -> str:
-    return f"gen{rank}" if rank is not None else "eval"
+def _receiver_name(rank: int | None, name: str | None) -> str:
+    return name or (f"gen{rank}" if rank is not None else "eval")
 
 
 class FileReceiver:
     """``file``: read the version's safetensors file (verified against the manifest's checksum)."""
 
-    def __init__(self, client: Any, run_id: str, engine: Engine, name: str = "") -> None:
+    def __init__(self, client: Any, run_id: str, engine: WeightPort, name: str = "") -> None:
         self.client, self.run_id, self.engine, self.name = client, run_id, engine, name
         self.missing_files = 0  # versions whose file this node could not find (no shared filesystem)
         self._missing: int | None = None  # the last such version (logged once)
 
     @classmethod
-    def from_config(cls, cfg: Config, client: Any, engine: Engine, rank: int | None) -> FileReceiver:
-        return cls(client, cfg.run.name, engine, _receiver_name(rank))
+    def from_config(
+        cls, cfg: Config, client: Any, engine: WeightPort, rank: int | None, name: str | None = None
+    ) -> FileReceiver:
+        """The receiver of generator ``rank`` (None: a port outside the weight group), named ``name``
+        in logs and in the learner's set of file readers (default ``gen<rank>``, or ``eval``)."""
+        return cls(client, cfg.run.name, engine, _receiver_name(rank, name))
 
     @property
     def holds_group(self) -> bool:
@@ -84,7 +121,9 @@ class CollectiveReceiver(FileReceiver):
     workers from ``1 + rank · t`` when it is tensor-parallel over ``t`` GPUs) and receives
     each version's buckets; files are its fallback (and the evaluator's only way, outside the group)."""
 
-    def __init__(self, client: Any, run_id: str, engine: Engine, name: str, group_rank: int | None, timeout_s: float):
+    def __init__(
+        self, client: Any, run_id: str, engine: GroupWeightPort, name: str, group_rank: int | None, timeout_s: float
+    ):
         super().__init__(client, run_id, engine, name)
         if group_rank is None:  # outside the group: files it must have (the learner writes them on request)
             want_files(client, run_id, self.name)
@@ -92,11 +131,13 @@ class CollectiveReceiver(FileReceiver):
         self.in_group = group_rank is not None and self._join(group_rank, timeout_s)
 
     @classmethod
-    def from_config(cls, cfg: Config, client: Any, engine: Engine, rank: int | None) -> CollectiveReceiver:
+    def from_config(
+        cls, cfg: Config, client: Any, engine: GroupWeightPort, rank: int | None, name: str | None = None
+    ) -> CollectiveReceiver:
         shards = tensor_parallel(cfg.cluster.gpus_per_generator)  # each worker of a tensor-parallel engine
         group_rank = None if rank is None else 1 + rank * shards  # is a rank: the engine's first is this
         return cls(
-            client, cfg.run.name, engine, _receiver_name(rank), group_rank, cfg.generation.weight_group_timeout_s
+            client, cfg.run.name, engine, _receiver_name(rank, name), group_rank, cfg.generation.weight_group_timeout_s
         )
 
     @property
@@ -158,7 +199,7 @@ class IpcReceiver(FileReceiver):
     for weight files and follows them; a slot that cannot be opened any more (the learner ended or
     restarted) is read from the version's file when there is one."""
 
-    def __init__(self, client: Any, run_id: str, engine: Engine, name: str = "") -> None:
+    def __init__(self, client: Any, run_id: str, engine: WeightPort, name: str = "") -> None:
         super().__init__(client, run_id, engine, name)
         self.slots = SlotReader(client, run_id, name)
 

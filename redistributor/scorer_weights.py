@@ -1,0 +1,59 @@
+"""The scorer as a weight port: with ``credit.scorer=policy`` it follows the learner's published
+versions through the run's weight transport, with the same receiver a generator's engine has
+(``common.weight_receivers``), outside the learner's weight group (it reads files, or ``ipc`` slots
+on the learner's node)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from safetensors.torch import load as st_load
+
+from rredcot.common.config import Config
+from rredcot.common.registry import WEIGHT_TRANSPORTS
+from rredcot.common.weight_receivers import WeightsLost
+from rredcot.common.weight_slots import copy_slot, slot_tensors
+from rredcot.common.weight_sync import WeightManifest
+from rredcot.redistributor.scorer import Scorer
+
+
+class ScorerPort:
+    """``common.weight_receivers.WeightPort`` over a ``Scorer`` (on the CPU or its GPU). It runs no
+    requests of its own, so every in-flight policy is the same: load at once."""
+
+    def __init__(self, scorer: Scorer) -> None:
+        self.scorer = scorer
+
+    @property
+    def version(self) -> int:
+        return self.scorer.version
+
+    def load_weights_bytes(self, data: bytes, version: int, in_flight: str = "finish") -> float:
+        start = time.perf_counter()
+        self._load(st_load(data), version)
+        return time.perf_counter() - start
+
+    def load_weights_shared(
+        self, manifest: WeightManifest, still_held: Callable[[], bool], in_flight: str = "finish"
+    ) -> float | None:
+        start = time.perf_counter()
+        own = copy_slot(manifest.shared, torch.device("cpu"))  # raises when the slot is gone: the file next
+        if not still_held():  # overwritten during the copy: a newer version is there to take
+            return None
+        self._load(slot_tensors(own, manifest), manifest.version)
+        return time.perf_counter() - start
+
+    def _load(self, tensors: dict[str, torch.Tensor], version: int) -> None:
+        try:
+            self.scorer.load_weights(tensors, version)
+        except Exception as e:  # load_state_dict copies what fits before it raises
+            raise WeightsLost(f"weights v{version} failed part-way into a scorer holding v{self.version}") from e
+
+
+def policy_receiver(cfg: Config, client: Any, scorer: Scorer, name: str) -> Any:
+    """The run's weight transport's receiver for ``scorer``, named after its worker."""
+    transport = WEIGHT_TRANSPORTS.get(cfg.generation.weight_transport)
+    return transport.receiver_class().from_config(cfg, client, ScorerPort(scorer), None, name)
