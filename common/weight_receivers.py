@@ -26,6 +26,8 @@ from rredcot.common.weight_group import GroupInfo, read_group
 from rredcot.common.weight_slots import SlotReader, want_files
 from rredcot.common.weight_sync import WeightManifest, latest_manifest, published_version, read_weights
 
+log = logging.getLogger(__name__)
+
 
 class WeightsLost(RuntimeError):
     """A version failed part-way into a port: its weights are a mix of two versions, so it must not be
@@ -37,7 +39,8 @@ class WeightPort(Protocol):
     the seconds of the update (``load_weights_shared``: None when the slot was overwritten during the
     copy, a newer version being there to take) and raises ``WeightsLost`` if it failed part-way."""
 
-    version: int
+    @property
+    def version(self) -> int: ...
 
     def load_weights_bytes(self, data: bytes, version: int, in_flight: str = "finish") -> float: ...
 
@@ -54,9 +57,6 @@ class GroupWeightPort(WeightPort, Protocol):
     def leave_weight_group(self) -> None: ...
 
     def load_weights_broadcast(self, manifest: WeightManifest, in_flight: str = "finish") -> tuple[int, float]: ...
-
-
-log = logging.getLogger(__name__)
 
 
 def _receiver_name(rank: int | None, name: str | None) -> str:
