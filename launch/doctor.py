@@ -12,6 +12,7 @@ import importlib.util
 import ipaddress
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlparse
@@ -247,6 +248,9 @@ def _check_auto_ray() -> Check:
 
 
 def _check_local_ray() -> Check:
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():  # train() in a notebook or a test that started one
+        return Check("ok", "ray", "the run uses the Ray this process has already started (ray.init)")
     env_address = os.environ.get("RAY_ADDRESS")
     if env_address:
         return Check(

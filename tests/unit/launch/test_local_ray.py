@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from rredcot.common.config import load_config
+from rredcot.launch.doctor import check_services
 from rredcot.launch.local_ray import init_ray
 from rredcot.launch.plan import PlanError, local_cores
 
@@ -29,11 +30,14 @@ def test_a_local_plan_beyond_the_cores_fails_before_ray_starts():
 @pytest.mark.slow
 def test_a_ray_this_process_already_has_is_not_claimed_as_the_runs_own():
     """``train`` in a process that has a Ray (tests, notebooks) must not record that Ray's session as
-    the run's: the run's next start would end its processes (``launch.leftovers``)."""
+    the run's: the run's next start would end its processes (``launch.leftovers``). The doctor says
+    the run uses that Ray; it used to warn that the run would start another beside it."""
     import ray
 
     ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
+        (check,) = [c for c in check_services(load_config("tests")) if c.topic == "ray"]
+        assert (check.level, check.found) == ("ok", "the run uses the Ray this process has already started (ray.init)")
         with contextlib.ExitStack() as stack:
             assert init_ray(load_config("tests"), stack) is None
         assert ray.is_initialized()  # and left running: not the run's to shut down
