@@ -17,9 +17,9 @@ from typing import Any
 from rredcot.actors.engine import Engine, EngineSpec, Sampling
 from rredcot.common.config import Config
 from rredcot.common.models import resolve_model_path
-from rredcot.common.registry import WEIGHT_TRANSPORTS
 from rredcot.common.sampling import ContinuationRequest, seed_of
 from rredcot.common.streams import connect
+from rredcot.common.transports import weight_receiver
 
 MC_SEED_OFFSET = 2  # engine seed run.seed + 2 (generators + 0, the evaluator + 1); requests carry their own
 
@@ -57,8 +57,7 @@ class VLLMContinuations:
         engine = Engine(spec)
         receiver = None
         if prover == "policy":
-            transport = WEIGHT_TRANSPORTS.get(cfg.generation.weight_transport)
-            receiver = transport.receiver_class().from_config(cfg, connect(cfg.redis.url), engine, None, "prover")
+            receiver = weight_receiver(cfg, connect(cfg.redis.url), engine, name="prover")
         g = cfg.generation
         return cls(engine, g.temperature, g.top_p, cfg.run.seed, tuple(g.stop), receiver)
 

@@ -36,10 +36,10 @@ from rredcot.common.ledger import group_id, inflight_key
 from rredcot.common.overlong import overlong_window, penalize
 from rredcot.common.prompts import prompt_ids
 from rredcot.common.records import RecordError, RolloutGroup
-from rredcot.common.registry import WEIGHT_TRANSPORTS
 from rredcot.common.run_context import RunContext
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import ROLLOUTS, Producer, key, registered_keys, run_key
+from rredcot.common.transports import weight_receiver
 from rredcot.common.verifier import Verifier
 
 log = logging.getLogger(__name__)
@@ -110,8 +110,7 @@ class Generator:
         )
         self.metrics = GeneratorMetrics(version=self.engine.version)
         self._problems: dict[str, tuple[int, Problem]] = {}
-        transport = WEIGHT_TRANSPORTS.get(g.weight_transport)
-        self.receiver = transport.receiver_class().from_config(cfg, self.client, self.engine, rank)
+        self.receiver = weight_receiver(cfg, self.client, self.engine, rank)
 
     # ----- weights -----
     def sync_weights(self) -> bool:

@@ -51,6 +51,13 @@ class WeightTransport:
         return _load(self.receiver)
 
 
+def weight_receiver(cfg: Config, client: Any, port: Any, rank: int | None = None, name: str | None = None) -> Any:
+    """The run's transport's receiver of ``port`` (``common.weight_receivers.WeightPort``): generator
+    ``rank``'s, or with ``rank=None`` a port outside the learner's weight group, named ``name``."""
+    transport = WEIGHT_TRANSPORTS.get(cfg.generation.weight_transport)
+    return transport.receiver_class().from_config(cfg, client, port, rank, name)
+
+
 WEIGHT_TRANSPORTS.register("file")(
     WeightTransport("rredcot.learner.broadcast:FilePublisher", "rredcot.common.weight_receivers:FileReceiver")
 )

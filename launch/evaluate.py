@@ -19,8 +19,8 @@ from rredcot.common.config import Config, from_dict
 from rredcot.common.control import RunControl
 from rredcot.common.data import Problem, train_and_held_out
 from rredcot.common.prompts import opens_thought, prompt_ids
-from rredcot.common.registry import WEIGHT_TRANSPORTS
 from rredcot.common.streams import connect
+from rredcot.common.transports import weight_receiver
 from rredcot.common.verifier import Verifier
 
 log = logging.getLogger(__name__)
@@ -144,10 +144,7 @@ class Evaluator:
         self.control = RunControl(self.client, c.run.name) if self.client else None
         self.verifier = Verifier.from_config(c)
         self.problems = train_and_held_out(self.verifier.task, c.data, c.run.seed)[1]
-        transport = WEIGHT_TRANSPORTS.get(c.generation.weight_transport)
-        self.receiver = (
-            transport.receiver_class().from_config(c, self.client, self.engine, None) if self.client else None
-        )
+        self.receiver = weight_receiver(c, self.client, self.engine) if self.client else None
         self._published = 0.0
 
     def _progress(self, done: int, total: int) -> None:

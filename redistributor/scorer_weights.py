@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from safetensors.torch import load as st_load
 
-from rredcot.common.config import Config
-from rredcot.common.registry import WEIGHT_TRANSPORTS
 from rredcot.common.weight_receivers import WeightsLost
 from rredcot.common.weight_slots import copy_slot, slot_tensors
 from rredcot.common.weight_sync import WeightManifest
@@ -51,9 +48,3 @@ class ScorerPort:
             self.scorer.load_weights(tensors, version)
         except Exception as e:  # load_state_dict copies what fits before it raises
             raise WeightsLost(f"weights v{version} failed part-way into a scorer holding v{self.version}") from e
-
-
-def policy_receiver(cfg: Config, client: Any, scorer: Scorer, name: str) -> Any:
-    """The run's weight transport's receiver for ``scorer``, named after its worker."""
-    transport = WEIGHT_TRANSPORTS.get(cfg.generation.weight_transport)
-    return transport.receiver_class().from_config(cfg, client, ScorerPort(scorer), None, name)

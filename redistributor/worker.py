@@ -34,12 +34,13 @@ from rredcot.common.run_context import RunContext
 from rredcot.common.sampling import ContinuationSampler, RewardFn
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Entry, Producer, run_key
 from rredcot.common.task import build_task
+from rredcot.common.transports import weight_receiver
 from rredcot.common.verifier import Verifier
 from rredcot.redistributor.credit import redistribute_group
 from rredcot.redistributor.mc import HFContinuationSampler
 from rredcot.redistributor.registry import get_method
 from rredcot.redistributor.scorer import Scorer
-from rredcot.redistributor.scorer_weights import policy_receiver
+from rredcot.redistributor.scorer_weights import ScorerPort
 
 log = logging.getLogger(__name__)
 GROUP = "redistributors"
@@ -180,7 +181,9 @@ class Redistributor:
         self.producer = Producer(self.client, batches, cfg.redis.maxlen, cfg.redis.block_timeout_s)
         self.scorer = scorer if scorer is not None or not self.method.needs_scorer else build_scorer(cfg)
         following = cfg.credit.scorer == "policy" and self.scorer is not None
-        self.scorer_weights = policy_receiver(cfg, self.client, self.scorer, name) if following else None
+        self.scorer_weights = (
+            weight_receiver(cfg, self.client, ScorerPort(self.scorer), name=name) if following else None
+        )
         self.extra: dict[str, Any] = {"settings": self.method.typed_settings(cfg)}
         self.verifier: Verifier | None = None
         self.sampler: ContinuationSampler | None = None

@@ -9,10 +9,11 @@ import torch
 from rredcot.common.config import load_config
 from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir
 from rredcot.common.registry import WEIGHT_TRANSPORTS
+from rredcot.common.transports import weight_receiver
 from rredcot.common.weight_receivers import WeightsLost
 from rredcot.common.weight_slots import files_wanted
 from rredcot.redistributor.scorer import Scorer
-from rredcot.redistributor.scorer_weights import policy_receiver
+from rredcot.redistributor.scorer_weights import ScorerPort
 
 TRANSPORTS = [("file", "{}"), ("ipc", "{memory: host}"), ("tests.extensions.redis_weights", "{keep: 1}")]
 
@@ -27,7 +28,7 @@ def test_each_published_version_reaches_the_scorer(redis_client, run_id, tmp_pat
     cfg = load_config("tests", [f"run.name={run_id}", f"run.dir={tmp_path}", "credit.scorer=policy", *overrides])
     publisher = WEIGHT_TRANSPORTS.get(transport).publisher_class().from_config(cfg, redis_client, 0, tmp_path / "w")
     scorer = _scorer()
-    receiver = policy_receiver(cfg, redis_client, scorer, "red0")
+    receiver = weight_receiver(cfg, redis_client, ScorerPort(scorer), name="red0")
     assert receiver.poll() is None and receiver.name == "red0"  # nothing published yet
     for version, seed in ((1, 5), (2, 6)):
         policy = build_tiny_model("qwen3", seed=seed)
@@ -49,5 +50,5 @@ def test_a_version_that_does_not_fit_the_scorer_loses_it(redis_client, run_id, t
     publisher.publish(build_tiny_model("qwen2", seed=1), 1)
     scorer = _scorer()
     with pytest.raises(WeightsLost, match="weights v1 failed part-way into a scorer holding v0"):
-        policy_receiver(cfg, redis_client, scorer, "red0").poll()
+        weight_receiver(cfg, redis_client, ScorerPort(scorer), name="red0").poll()
     publisher.close()
