@@ -19,7 +19,7 @@ from rredcot.common.config import Config
 from rredcot.common.models import resolve_model_path
 from rredcot.common.sampling import ContinuationRequest, seed_of
 from rredcot.common.streams import connect
-from rredcot.common.transports import weight_receiver
+from rredcot.transports import weight_receiver
 
 MC_SEED_OFFSET = 2  # engine seed run.seed + 2 (generators + 0, the evaluator + 1); requests carry their own
 
@@ -37,7 +37,7 @@ class VLLMContinuations:
         receiver: Any = None,
     ) -> None:
         """``seed``: the run's, mixed into every request's seed; ``receiver``: a weight receiver of
-        ``engine`` (``common.weight_receivers``), or None for fixed weights."""
+        ``engine`` (``transports``), or None for fixed weights."""
         if not engine.seeded:
             raise ValueError("VLLMContinuations needs an engine built with EngineSpec(seeded=True)")
         self.engine, self.temperature, self.top_p, self.seed, self.stop = engine, temperature, top_p, seed, stop

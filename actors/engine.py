@@ -16,7 +16,7 @@ and is driven step by step, so that
   weights, and they continue on the new version).
 
 Weight transports (``actors.weight_receiver``, CPU and GPU): a safetensors file or bytes, or the
-learner's weight group (``common.weight_group``: gloo on CPU, NCCL on GPU), joined by the engine's
+learner's weight group (``transports.group``: gloo on CPU, NCCL on GPU), joined by the engine's
 worker, which receives each version's buckets and applies them between two engine steps.
 """
 
@@ -37,9 +37,9 @@ from rredcot.common.models import cache_dir, load_tokenizer, resolve_model_path
 from rredcot.common.onednn import bound_primitive_cache
 from rredcot.common.precision import resolve_dtype
 from rredcot.common.sampling import seed_of
-from rredcot.common.weight_group import GroupInfo
-from rredcot.common.weight_receivers import WeightsLost
-from rredcot.common.weight_sync import WeightManifest
+from rredcot.transports.group import GroupInfo
+from rredcot.transports.manifest import WeightManifest
+from rredcot.transports.ports import WeightsLost
 
 IN_FLIGHT = ("finish", "pause")
 _EXTENSION = "rredcot.actors.weight_receiver.WeightReceiver"

@@ -1,6 +1,6 @@
 """The generator actor: admitted prompts → vLLM groups → verified ``RolloutGroup`` entries in Redis.
 
-Loop: apply the newest published weights (``common.weight_sync``) → admit prompts while the shared
+Loop: apply the newest published weights (``transports``) → admit prompts while the shared
 staleness counter allows (``common.staleness``; the admission index is also the dataset position)
 → one engine step → verify and write every finished group to ``stream:rollouts`` (blocking while
 the stream is full). Ids are derived from (run, admission index, sample), so a group that is
@@ -39,8 +39,8 @@ from rredcot.common.records import RecordError, RolloutGroup
 from rredcot.common.run_context import RunContext
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import ROLLOUTS, Producer, key, registered_keys, run_key
-from rredcot.common.transports import weight_receiver
 from rredcot.common.verifier import Verifier
+from rredcot.transports import weight_receiver
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,8 @@ vLLM mixes this class into its worker (``LLM(worker_extension_cls=...)``); the e
 reaches the methods through ``collective_rpc``. Only raw safetensors bytes or plain
 lists and dicts cross that call (tensors cannot cross it in multiprocess mode, and no pickle is
 used); on the collective transport the worker joins the learner's weight group itself and receives
-the buckets into its own memory (``common.weight_group``), on the ipc transport it copies the
-learner's shared slot into its own memory (``common.weight_slots``); either is applied when the
+the buckets into its own memory (``transports.group``), on the ipc transport it copies the
+learner's shared slot into its own memory (``transports.slots``); either is applied when the
 engine says so. The tensors are
 applied with the worker's ``reload_weights`` (on CPU ``model.load_weights`` fails: linear weights
 are prepacked), then a tied ``lm_head`` is repacked from the fresh embedding, because the packed
@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from safetensors.torch import load as st_load
 
-from rredcot.common.weight_group import GroupInfo, device_for, open_group, receive_tensors, unflatten
-from rredcot.common.weight_slots import copy_slot
+from rredcot.transports.group import GroupInfo, device_for, open_group, receive_tensors, unflatten
+from rredcot.transports.slots import copy_slot
 
 
 class WeightReceiver:

@@ -27,11 +27,12 @@ from pathlib import Path
 import torch
 
 from rredcot.common.precision import cpu_info
-from rredcot.common.weight_group import open_group, read_group, receive_tensors
-from rredcot.common.weight_slots import SlotReader
-from rredcot.common.weight_sync import latest_manifest, load_tensors
-from rredcot.learner.broadcast import CollectivePublisher, FilePublisher
-from rredcot.learner.ipc import IpcPublisher
+from rredcot.transports.collective import CollectivePublisher
+from rredcot.transports.file import FilePublisher
+from rredcot.transports.group import open_group, read_group, receive_tensors
+from rredcot.transports.ipc import IpcPublisher
+from rredcot.transports.manifest import latest_manifest, load_tensors
+from rredcot.transports.slots import SlotReader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.learner_samples
 from tests.learner_samples import tiny_lm  # noqa: E402

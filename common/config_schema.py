@@ -105,7 +105,7 @@ class GenerationConfig:
     overlong: str = choice("none", "none", "penalty", "filter")
     overlong_window: int = bounded(0, 0, COUNT_MAX)  # tokens; 0: max_tokens // 4
     idle_poll_s: float = bounded(0.05, 0.001, SECONDS_MAX)  # wait between admission retries while staleness blocks
-    weight_transport: str = "file"  # a registered transport (file, collective, ipc: common.transports) or a module path
+    weight_transport: str = "file"  # a registered transport (file, collective, ipc: transports) or a module path
     transport_settings: dict[str, Any] = field(default_factory=dict)  # the transport's own settings, if it declares any
     weight_group_timeout_s: float = bounded(600.0, 1.0, SECONDS_MAX)  # joining the weight group, and each broadcast
 

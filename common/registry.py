@@ -5,7 +5,8 @@ are listed here by the module that registers them, so that the config can check 
 importing any stage; they are imported on first use. A name with a dot that is not registered is
 a module path (``mypkg.mytask``): importing it runs its ``register`` decorators, and the entry is
 the one registered under that full name or under its last component (``mytask``). So a user's
-extension is a new file plus YAML, with no edit to rredcot.
+extension is a new file plus YAML, with no edit to rredcot. An entry's classes may be named by
+``"module:Class"`` (``load_class``), so that registering one imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -79,8 +80,17 @@ class Registry(Generic[T]):
         )
 
 
-def typed_settings(settings_cls: type | None, values: dict[str, Any], config_key: str, owner: str) -> Any:
-    """``values`` (a plain dict from YAML) as an instance of the entry's settings dataclass.
+def load_class(ref: str | type) -> type:
+    """``ref`` itself, or the class a ``"module:Class"`` reference names (its module imported now)."""
+    if isinstance(ref, type):
+        return ref
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def typed_settings(settings_cls: str | type | None, values: dict[str, Any], config_key: str, owner: str) -> Any:
+    """``values`` (a plain dict from YAML) as an instance of the entry's settings dataclass (or of the
+    one a ``"module:Class"`` reference names).
 
     Unknown keys and wrong types raise ``RegistryError`` naming ``config_key.<key>``; an entry
     without a settings class (``owner``, e.g. "task 'math'") accepts only an empty dict.
@@ -89,6 +99,7 @@ def typed_settings(settings_cls: type | None, values: dict[str, Any], config_key
         if values:
             raise RegistryError(f"{config_key} = {values!r} is not allowed; expected {{}}: {owner} takes no settings")
         return None
+    settings_cls = load_class(settings_cls)
     allowed = {f.name: f for f in dataclasses.fields(settings_cls)}
     unknown = sorted(set(values) - set(allowed))
     if unknown:
@@ -121,5 +132,5 @@ CREDIT_METHODS: Registry[Any] = Registry(
 WEIGHT_TRANSPORTS: Registry[Any] = Registry(
     "weight transport",
     "generation.weight_transport",
-    {name: "rredcot.common.transports" for name in ("file", "collective", "ipc")},
+    {name: "rredcot.transports" for name in ("file", "collective", "ipc")},
 )

@@ -28,9 +28,9 @@ import psutil
 
 from rredcot.common.config import Config
 from rredcot.common.errors import UserError
-from rredcot.common.weight_slots import SHM_DIR
 from rredcot.launch.checks import Check
 from rredcot.launch.plan import PlanError, check_fit, check_plan, describe_free
+from rredcot.transports.slots import SHM_DIR
 
 GIB = 2**30
 CODE_PACKAGES = ("actors", "redistributor", "learner", "common", "tasks", "launch", "configs")

@@ -20,13 +20,13 @@ from urllib.parse import urlparse
 from rredcot.common.config import Config, engine_gpus
 from rredcot.common.errors import UserError
 from rredcot.common.precision import cpu_info, cpu_native_bf16, dtype_settings, planned_dtype
-from rredcot.common.weight_slots import SHM_DIR
 from rredcot.launch.checks import GIB, Check
 from rredcot.launch.cluster_checks import check_cluster, check_ray_answers, ipc_host_slots, ray_unreachable
 from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
 from rredcot.launch.heap_trace import heap_trace_period
 from rredcot.launch.input_checks import check_data, check_paths
 from rredcot.launch.plan import PlanError, demand, local_cores, local_ray_cpus
+from rredcot.transports.slots import SHM_DIR
 
 
 # a directory holding one of these is a tokenizer (what transformers' AutoTokenizer reads)

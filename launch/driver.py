@@ -31,8 +31,6 @@ from rredcot.common.files import write_text_atomic
 from rredcot.common.ledger import balance_now
 from rredcot.common.precision import cpu_info, dtype_settings, planned_dtype
 from rredcot.common.streams import connect
-from rredcot.common.weight_group import group_key
-from rredcot.common.weight_slots import host_slots_left
 from rredcot.launch.cluster_checks import check_nodes, wait_for_placement
 from rredcot.launch.doctor import preflight
 from rredcot.launch.interrupts import (
@@ -61,6 +59,8 @@ from rredcot.launch.services import embedded_redis, embedded_redis_line
 from rredcot.launch.stages import WORKER_PREFIX
 from rredcot.launch.supervisor import StageActors
 from rredcot.launch.watch import Watch
+from rredcot.transports.group import group_key
+from rredcot.transports.slots import host_slots_left
 
 log = logging.getLogger(__name__)
 

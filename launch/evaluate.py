@@ -20,8 +20,8 @@ from rredcot.common.control import RunControl
 from rredcot.common.data import Problem, train_and_held_out
 from rredcot.common.prompts import opens_thought, prompt_ids
 from rredcot.common.streams import connect
-from rredcot.common.transports import weight_receiver
 from rredcot.common.verifier import Verifier
+from rredcot.transports import weight_receiver
 
 log = logging.getLogger(__name__)
 

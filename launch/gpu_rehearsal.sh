@@ -27,6 +27,7 @@ export PYTHONPATH=/tmp/rredcot-site
 python3 -m pytest --collect-only -q -p no:xdist tests/gpu | tail -1
 python3 -m tests.gpu.rendezvous_rank 2>&1 | tail -1
 python3 -m pytest -q -p no:xdist tests/unit/learner tests/unit/redistributor/test_values.py \
-    tests/unit/redistributor/test_branch_attention.py tests/unit/common/test_weight_slots.py \
-    tests/unit/common/test_weight_group.py
+    tests/unit/redistributor/test_branch_attention.py tests/unit/transports/test_slots.py \
+    tests/unit/transports/test_group.py tests/unit/transports/test_file.py tests/unit/transports/test_collective.py \
+    tests/unit/transports/test_ipc.py
 echo "rehearsal: passed (logs in $DIR/logs)"

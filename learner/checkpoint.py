@@ -37,8 +37,8 @@ import torch
 import torch.distributed as dist
 
 from rredcot.common.errors import UserError
-from rredcot.learner.broadcast import full_state, take_part
 from rredcot.learner.engine import LearnerEngine
+from rredcot.transports.gather import full_state, take_part
 
 PIPELINE_FILE = "pipeline.json"
 CHECKPOINT_NAME = re.compile(r"step-\d{8}")

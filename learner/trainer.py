@@ -28,15 +28,15 @@ from rredcot.common.registry import CREDIT_METHODS, WEIGHT_TRANSPORTS
 from rredcot.common.run_context import RunContext
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, key, run_key
-from rredcot.common.weight_sync import version_key
 from rredcot.learner.batches import Batch, BatchReader, Gather, group_length
-from rredcot.learner.broadcast import FilePublisher
 from rredcot.learner.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from rredcot.learner.engine import LearnerEngine, init_distributed, load_policy
 from rredcot.learner.packing import TrainSample, samples_from_group
 from rredcot.learner.rendezvous import join_from_env
 from rredcot.learner.replay import ReplayLog, steps_to_replay
 from rredcot.learner.version_truth import trajectory_metrics
+from rredcot.transports import Publisher
+from rredcot.transports.manifest import version_key
 
 log = logging.getLogger(__name__)
 GROUP = "learner"
@@ -103,8 +103,8 @@ class Trainer:
 
         return SummaryWriter(str(self.run_dir / "tensorboard" / "learner"))
 
-    def _publisher(self) -> FilePublisher:
-        """The publisher of ``generation.weight_transport`` (``common.transports``)."""
+    def _publisher(self) -> Publisher:
+        """The publisher of ``generation.weight_transport`` (``transports``)."""
         transport = WEIGHT_TRANSPORTS.get(self.cfg.generation.weight_transport)
         return transport.publisher_class().from_config(self.cfg, self.client, self.rank, self.run_dir / "weights")
 

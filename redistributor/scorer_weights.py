@@ -1,6 +1,6 @@
 """The scorer as a weight port: with ``credit.scorer=policy`` it follows the learner's published
 versions through the run's weight transport, with the same receiver a generator's engine has
-(``common.weight_receivers``), outside the learner's weight group (it reads files, or ``ipc`` slots
+(``transports``), outside the learner's weight group (it reads files, or ``ipc`` slots
 on the learner's node)."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from collections.abc import Callable
 import torch
 from safetensors.torch import load as st_load
 
-from rredcot.common.weight_receivers import WeightsLost
-from rredcot.common.weight_slots import copy_slot, slot_tensors
-from rredcot.common.weight_sync import WeightManifest
 from rredcot.redistributor.scorer import Scorer
+from rredcot.transports.manifest import WeightManifest
+from rredcot.transports.ports import WeightsLost
+from rredcot.transports.slots import copy_slot, slot_tensors
 
 
 class ScorerPort:
-    """``common.weight_receivers.WeightPort`` over a ``Scorer`` (on the CPU or its GPU). It runs no
+    """``transports.ports.WeightPort`` over a ``Scorer`` (on the CPU or its GPU). It runs no
     requests of its own, so every in-flight policy is the same: load at once."""
 
     def __init__(self, scorer: Scorer) -> None:

@@ -34,13 +34,13 @@ from rredcot.common.run_context import RunContext
 from rredcot.common.sampling import ContinuationSampler, RewardFn
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Entry, Producer, run_key
 from rredcot.common.task import build_task
-from rredcot.common.transports import weight_receiver
 from rredcot.common.verifier import Verifier
 from rredcot.redistributor.credit import redistribute_group
 from rredcot.redistributor.mc import HFContinuationSampler
 from rredcot.redistributor.registry import get_method
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.scorer_weights import ScorerPort
+from rredcot.transports import weight_receiver
 
 log = logging.getLogger(__name__)
 GROUP = "redistributors"

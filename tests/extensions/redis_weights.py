@@ -17,10 +17,10 @@ from safetensors.torch import save
 from rredcot.common.config import Config, bounded
 from rredcot.common.registry import WEIGHT_TRANSPORTS
 from rredcot.common.streams import registry_key
-from rredcot.common.transports import WeightTransport
-from rredcot.common.weight_receivers import FileReceiver
-from rredcot.common.weight_sync import WeightManifest, latest_manifest, publish_manifest
-from rredcot.learner.broadcast import FilePublisher, full_state
+from rredcot.transports import WeightTransport
+from rredcot.transports.file import FilePublisher, FileReceiver
+from rredcot.transports.gather import full_state
+from rredcot.transports.manifest import WeightManifest, latest_manifest, publish_manifest
 
 
 def blob_key(run_id: str, version: int) -> str:

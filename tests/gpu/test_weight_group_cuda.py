@@ -1,5 +1,5 @@
 """The collective transport's host buckets on a CUDA device: staged there, checksummed there (a gloo
-group of threads carries CUDA tensors; ``tests/unit/common/test_weight_group.py`` on CPU)."""
+group of threads carries CUDA tensors; ``tests/unit/transports/test_group.py`` on CPU)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from rredcot.common.weight_group import checksum, flatten, receive_buckets, send_buckets
-from tests.unit.common.test_weight_group import thread_group
+from rredcot.transports.group import checksum, flatten, receive_buckets, send_buckets
+from tests.unit.transports.test_group import thread_group
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 CPU = torch.device("cpu")

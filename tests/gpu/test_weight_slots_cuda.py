@@ -13,13 +13,13 @@ import msgpack
 import pytest
 import torch
 
-from rredcot.common.weight_slots import SlotRing
+from rredcot.transports.slots import SlotRing
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 RECEIVER = """
 import sys, msgpack, torch
-from rredcot.common.weight_slots import copy_slot, reachable
+from rredcot.transports.slots import copy_slot, reachable
 for line in sys.stdin:
     handle = msgpack.unpackb(bytes.fromhex(line.strip()), raw=False)
     why = reachable(handle)

@@ -9,7 +9,7 @@ import time
 import redis
 import torch
 
-from rredcot.common.weight_group import (
+from rredcot.transports.group import (
     GroupInfo,
     flatten,
     open_group,

@@ -23,9 +23,10 @@ import torch
 from safetensors.torch import save_file
 
 from rredcot.common.config import LearnerConfig
-from rredcot.learner.broadcast import FilePublisher, full_state
 from rredcot.learner.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from rredcot.learner.engine import LearnerEngine
+from rredcot.transports.file import FilePublisher
+from rredcot.transports.gather import full_state
 from tests.learner_samples import file_size_limit, random_samples, tiny_lm
 
 

@@ -21,7 +21,7 @@ from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokeniz
 from rredcot.common.records import RolloutGroup
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import DEAD, ROLLOUTS, Consumer, key
-from rredcot.common.weight_sync import publish_weights
+from rredcot.transports.manifest import publish_weights
 
 MAX_LEN = 256
 

@@ -13,8 +13,8 @@ from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokeniz
 from rredcot.common.records import RolloutGroup
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import ROLLOUTS, key
-from rredcot.common.weight_sync import publish_weights
 from rredcot.launch.stages import StageWorker, stage_env
+from rredcot.transports.manifest import publish_weights
 
 
 @pytest.fixture

@@ -17,12 +17,12 @@ import pytest
 from rredcot.actors.engine import Engine, EngineSpec, Sampling
 from rredcot.common.config import LearnerConfig
 from rredcot.common.models import build_tiny_model, load_causal_lm, load_tokenizer, qwen_tokenizer_dir, save_model_dir
-from rredcot.common.weight_receivers import CollectiveReceiver, FileReceiver, IpcReceiver
-from rredcot.common.weight_sync import latest_manifest
-from rredcot.learner.broadcast import CollectivePublisher, FilePublisher
 from rredcot.learner.engine import LearnerEngine
-from rredcot.learner.ipc import IpcPublisher
 from rredcot.learner.packing import TrainSample
+from rredcot.transports.collective import CollectivePublisher, CollectiveReceiver
+from rredcot.transports.file import FilePublisher, FileReceiver
+from rredcot.transports.ipc import IpcPublisher, IpcReceiver
+from rredcot.transports.manifest import latest_manifest
 
 TEMPERATURE = 0.7
 

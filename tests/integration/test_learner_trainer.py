@@ -12,10 +12,10 @@ from rredcot.common.control import RunControl
 from rredcot.common.records import RolloutRecord, WeightedGroup, WeightedSample, new_id
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import BATCHES, DEAD, Producer, key
-from rredcot.common.weight_sync import latest_manifest, load_tensors
-from rredcot.learner.broadcast import full_state
 from rredcot.learner.checkpoint import CheckpointError
 from rredcot.learner.trainer import Trainer
+from rredcot.transports.gather import full_state
+from rredcot.transports.manifest import latest_manifest, load_tensors
 
 
 def weighted_group(rng: np.random.Generator, version: int, size: int = 2) -> WeightedGroup:

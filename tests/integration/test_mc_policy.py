@@ -12,9 +12,9 @@ from rredcot.common.config import load_config
 from rredcot.common.models import build_tiny_model
 from rredcot.common.records import WeightedGroup
 from rredcot.common.streams import BATCHES, ROLLOUTS, Producer, key
-from rredcot.common.weight_sync import publish_weights
 from rredcot.launch.stages import stage_parts
 from rredcot.redistributor.worker import Redistributor
+from rredcot.transports.manifest import publish_weights
 from tests.unit.redistributor.cases import make_group
 
 

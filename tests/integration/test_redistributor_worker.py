@@ -19,10 +19,10 @@ from rredcot.common.config import load_config
 from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir
 from rredcot.common.records import RolloutGroup, WeightedGroup
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Producer, dead_letters, key
-from rredcot.common.weight_sync import latest_manifest, publish_manifest, publish_weights
-from rredcot.learner.ipc import IpcPublisher
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.worker import GROUP, Redistributor
+from rredcot.transports.ipc import IpcPublisher
+from rredcot.transports.manifest import latest_manifest, publish_manifest, publish_weights
 from tests.factories import rollout_group
 
 BASE = ["task.name=arith", "redis.claim_idle_ms=300", "credit.segments=4"]  # rollouts come from the test

@@ -11,7 +11,6 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rredcot.common.config import LearnerConfig
-from rredcot.learner.broadcast import full_state
 from rredcot.learner.checkpoint import (
     PIPELINE_FILE,
     CheckpointError,
@@ -22,6 +21,7 @@ from rredcot.learner.checkpoint import (
     save_checkpoint,
 )
 from rredcot.learner.engine import LearnerEngine
+from rredcot.transports.gather import full_state
 from tests.learner_samples import file_size_limit
 
 

@@ -12,7 +12,6 @@ from deepspeed.utils import safe_get_full_grad
 
 from rredcot.common.config import LearnerConfig
 from rredcot.common.onednn import PRIMITIVE_CACHE, PRIMITIVE_CACHE_ENV
-from rredcot.learner.broadcast import full_state
 from rredcot.learner.engine import (
     LearnerEngine,
     all_gather_bytes,
@@ -26,6 +25,7 @@ from rredcot.learner.engine import (
 from rredcot.learner.logprobs import token_logprobs
 from rredcot.learner.loss import LossSettings, Stats, policy_loss, sample_coefficients
 from rredcot.learner.packing import BudgetError, collate
+from rredcot.transports.gather import full_state
 
 
 def config(**kw) -> LearnerConfig:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from rredcot.common.weight_sync import version_key
 from rredcot.learner.trainer import published_version
+from rredcot.transports.manifest import version_key
 
 
 def test_every_rank_takes_the_published_version_rank_0_read(redis_client, run_id, thread_gather, on_ranks):

@@ -9,11 +9,11 @@ import torch
 from rredcot.common.config import load_config
 from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir
 from rredcot.common.registry import WEIGHT_TRANSPORTS
-from rredcot.common.transports import weight_receiver
-from rredcot.common.weight_receivers import WeightsLost
-from rredcot.common.weight_slots import files_wanted
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.scorer_weights import ScorerPort
+from rredcot.transports import weight_receiver
+from rredcot.transports.ports import WeightsLost
+from rredcot.transports.slots import files_wanted
 
 TRANSPORTS = [("file", "{}"), ("ipc", "{memory: host}"), ("tests.extensions.redis_weights", "{keep: 1}")]
 

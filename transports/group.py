@@ -1,4 +1,4 @@
-"""The collective weight transport: learner rank 0 broadcasts flat byte buckets to every generator.
+"""The ``collective`` transport's weight group: learner rank 0 broadcasts flat byte buckets to every generator.
 
 One process group holds learner rank 0 (group rank 0, the source) and generator ``i`` (group rank
 ``i + 1``; with engines tensor-parallel over ``t`` GPUs, engine ``i``'s worker ``w`` is rank
@@ -7,7 +7,7 @@ own ``TCPStore`` (hosted by the learner) and a store prefix unique to each learn
 (``epoch``), so it never touches the default process group of DeepSpeed or vLLM and a receiver
 never joins a stale group. Backend: gloo on CPU, NCCL on GPU — the same code.
 
-Wire format of one version: the manifest (``common.weight_sync``, ``transport="collective"``,
+Wire format of one version: the manifest (``transports.manifest``, ``transport="collective"``,
 ``buckets`` = tensors per bucket) is published in Redis first; then rank 0 broadcasts each bucket
 after a 16-byte header (version, total bytes) as one contiguous ``uint8`` buffer (the bucket's
 tensors in manifest order, each at a 16-byte aligned offset), then one int64 :func:`checksum` per
@@ -50,7 +50,7 @@ import torch.distributed as dist
 
 from rredcot.common.net import hosted_store
 from rredcot.common.streams import registry_key
-from rredcot.common.weight_sync import WeightSyncError
+from rredcot.transports.manifest import WeightSyncError
 
 ALIGN = 16  # every tensor starts at a multiple of this in its bucket (any dtype can view it)
 _PRIME = 2**31 - 1

@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from rredcot.common.weight_sync import (
+from rredcot.transports.manifest import (
     WeightManifest,
     WeightSyncError,
     WeightWriter,

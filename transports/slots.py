@@ -1,7 +1,7 @@
 """The ``ipc`` weight transport's memory: two slots on the learner's node that receivers map.
 
 Learner rank 0 owns ``SLOTS`` buffers, each one version's tensors laid out as
-``common.weight_group.flatten`` packs them (16-byte aligned, in manifest order). Version ``v`` is
+``transports.group.flatten`` packs them (16-byte aligned, in manifest order). Version ``v`` is
 written into slot ``v % SLOTS``, so the newest version is never overwritten while the next one is
 written. A slot is either
 
@@ -31,8 +31,8 @@ import redis
 import torch
 
 from rredcot.common.streams import registry_key
-from rredcot.common.weight_group import unflatten
-from rredcot.common.weight_sync import WeightManifest
+from rredcot.transports.group import unflatten
+from rredcot.transports.manifest import WeightManifest
 
 log = logging.getLogger(__name__)
 

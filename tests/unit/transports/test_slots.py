@@ -10,13 +10,13 @@ import msgpack
 import pytest
 import torch
 
-from rredcot.common.weight_slots import SLOTS, SlotRing, copy_slot, holds, node_id, reachable, slot_path, stamp
+from rredcot.transports.slots import SLOTS, SlotRing, copy_slot, holds, node_id, reachable, slot_path, stamp
 
 CPU = torch.device("cpu")
 
 _READER = """
 import sys, msgpack, torch
-from rredcot.common.weight_slots import copy_slot
+from rredcot.transports.slots import copy_slot
 handle = msgpack.unpackb(sys.stdin.buffer.read(), raw=False)
 own = copy_slot(handle, torch.device("cpu"))
 sys.stdout.write(",".join(str(x) for x in own[:: handle["nbytes"] // 8].tolist()) + ";" + str(int(own.sum())))

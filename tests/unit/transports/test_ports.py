@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import save
 
-from rredcot.common.weight_receivers import IpcReceiver, WeightsLost
-from rredcot.learner.ipc import IpcPublisher
+from rredcot.transports.ipc import IpcPublisher, IpcReceiver
+from rredcot.transports.ports import WeightsLost
 
 pytestmark = pytest.mark.slow  # real vLLM-CPU engines
 

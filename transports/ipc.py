@@ -1,18 +1,23 @@
-"""The ``ipc`` transport's publisher: each version into a shared slot on the learner's node.
+"""The ``ipc`` transport: each version into a shared slot on the learner's node, copied out by the
+receivers there.
 
-Rank 0 gathers the parameters bucket by bucket (every rank takes part, as for the other transports)
-and copies them straight into the slot of the version (``common.weight_slots``): host memory in
-``/dev/shm``, or with ``memory: device`` (the default on a GPU learner) a buffer on its GPU that
-generators on the same GPU open by CUDA IPC — the path for a generator and the learner sharing one
-GPU, where NCCL refuses two ranks. No background thread, no checksum, no file: the version is
-readable the moment its manifest is published. Memory: two slots of one version each, allocated
-at the first publication. If they cannot be allocated (a full ``/dev/shm``, no GPU memory left),
-this and every later version is published as a file, logged and counted in ``fallbacks``.
+Publisher (``IpcPublisher``): rank 0 gathers the parameters bucket by bucket (every rank takes part,
+as for the other transports) and copies them straight into the slot of the version
+(``transports.slots``): host memory in ``/dev/shm``, or with ``memory: device`` (the default on a
+GPU learner) a buffer on its GPU that generators on the same GPU open by CUDA IPC — the path for a
+generator and the learner sharing one GPU, where NCCL refuses two ranks. No background thread, no
+checksum, no file: the version is readable the moment its manifest is published. Memory: two slots
+of one version each, allocated at the first publication. If they cannot be allocated (a full
+``/dev/shm``, no GPU memory left), this and every later version is published as a file, logged and
+counted in ``fallbacks``.
 
 Files are written beside the slots only when needed: from the first version after a receiver asked
-for them (one on another node, or not seeing the learner's GPU: ``common.weight_receivers.IpcReceiver``),
-and once at ``close`` for the last version, because the slots end with the learner while the
-final evaluation still reads it.
+for them (one on another node, or not seeing the learner's GPU: ``IpcReceiver``), and once at
+``close`` for the last version, because the slots end with the learner while the final evaluation
+still reads it.
+
+Receiver (``IpcReceiver``): copies each version out of its slot into the port's own memory, and
+keeps the copy only if the slot still holds that version afterwards.
 """
 
 from __future__ import annotations
@@ -20,19 +25,37 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import redis
 import torch
 
-from rredcot.common.config import Config
+from rredcot.common.config import Config, ConfigError, choice
 from rredcot.common.registry import WEIGHT_TRANSPORTS
-from rredcot.common.weight_group import bucket_nbytes, flat_nbytes, flatten, unflatten
-from rredcot.common.weight_slots import SHM_DIR, SLOTS, SlotRing, files_wanted, stamp
-from rredcot.common.weight_sync import WeightManifest, publish_manifest, write_weights
-from rredcot.learner.broadcast import CPU, FilePublisher, columns, gathered_buckets, take_part
+from rredcot.transports.file import FilePublisher, FileReceiver
+from rredcot.transports.gather import CPU, columns, gathered_buckets, take_part
+from rredcot.transports.group import bucket_nbytes, flat_nbytes, flatten, unflatten
+from rredcot.transports.manifest import WeightManifest, latest_manifest, publish_manifest, write_weights
+from rredcot.transports.ports import WeightPort, WeightsLost
+from rredcot.transports.slots import SHM_DIR, SLOTS, SlotReader, SlotRing, files_wanted, stamp
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class IpcSettings:
+    """``generation.transport_settings`` of ``ipc``."""
+
+    memory: str = choice("auto", "auto", "host", "device")  # the slots' memory; auto: the learner's device
+
+    def check(self, cfg: Config) -> None:
+        if self.memory == "device" and cfg.cluster.gpus_per_learner == 0:
+            raise ConfigError(
+                "generation.transport_settings.memory = 'device' needs a GPU learner (cluster.gpus_per_learner "
+                "is 0); expected 'auto' or 'host'"
+            )
 
 
 class IpcPublisher(FilePublisher):
@@ -127,3 +150,27 @@ class IpcPublisher(FilePublisher):
         tensors = unflatten(buffer, manifest.shapes, manifest.dtypes)
         written = write_weights(manifest.version, zip(manifest.names, tensors, strict=True), self.out_dir, self.keep)
         return dataclasses.replace(manifest, checksum=written.checksum, path=written.path, nbytes=written.nbytes)
+
+
+class IpcReceiver(FileReceiver):
+    """``ipc``: copy each version out of the learner's shared slot (``transports.slots``). A receiver
+    that cannot map the slots (another node, a GPU it does not see) says why once, asks the learner
+    for weight files and follows them; a slot that cannot be opened any more (the learner ended or
+    restarted) is read from the version's file when there is one."""
+
+    def __init__(self, client: Any, run_id: str, engine: WeightPort, name: str = "") -> None:
+        super().__init__(client, run_id, engine, name)
+        self.slots = SlotReader(client, run_id, name)
+
+    def poll(self, in_flight: str = "finish") -> tuple[int, float] | None:
+        manifest = latest_manifest(self.client, self.run_id, newer_than=self.engine.version)
+        if manifest is None or manifest.transport != "ipc" or not self.slots.usable(manifest.shared):
+            return self._apply_file(manifest, in_flight)
+        try:
+            seconds = self.engine.load_weights_shared(manifest, lambda: self.slots.still_held(manifest), in_flight)
+        except WeightsLost:
+            raise
+        except Exception as e:  # noqa: BLE001 - the slots went with their learner: its file, if any
+            log.info("%s: cannot open weights v%d's slot (%s: %s)", self.name, manifest.version, type(e).__name__, e)
+            return self._apply_file(manifest, in_flight)
+        return None if seconds is None else (manifest.version, seconds)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 
 from rredcot.common.config import LearnerConfig
-from rredcot.common.weight_group import unflatten
-from rredcot.common.weight_slots import copy_slot, holds, want_files
-from rredcot.common.weight_sync import latest_manifest, load_tensors
 from rredcot.learner.engine import LearnerEngine
-from rredcot.learner.ipc import IpcPublisher
+from rredcot.transports.group import unflatten
+from rredcot.transports.ipc import IpcPublisher
+from rredcot.transports.manifest import latest_manifest, load_tensors
+from rredcot.transports.slots import copy_slot, holds, want_files
 
 CPU = torch.device("cpu")
 

@@ -1,27 +1,23 @@
-"""Full weights out of a (possibly ZeRO-3 partitioned) model, and the built-in transports' publishers.
+"""The ``collective`` transport: learner rank 0 broadcasts each version's buckets to the generators'
+weight group (``transports.group``; gloo on CPU, NCCL on GPU), falling back to files.
 
-Parameters are gathered in buckets of about ``bucket_bytes`` (one ``GatheredParameters`` call per
-bucket, all ranks take part). Only rank 0 copies anything: the other ranks take part in the gathers
-and hold nothing more. Rank 0 then delivers them (``common.transports`` pairs each publisher with
-its receiver in ``common.weight_receivers``):
+Publisher (``CollectivePublisher``): each bucket is copied into its own reused host buffer (pinned
+when CUDA is there), so rank 0 holds one copy of the version in host memory and no extra one on its
+device; the version's manifest is published at once (before the learner admits the next step's
+prompts, so that η = 0 holds), and a background thread broadcasts the buckets to the generators'
+weight group while the next step trains, staging them one at a time through one device buffer of
+the largest bucket's size (plus the checksum's < 100 MiB). At most one send is in flight: the next
+publication waits for it before it overwrites the host buffers. The file is written from the same
+host buffers too (and the version re-announced with its path) when a receiver outside the group
+needs it. Version 0 (what every receiver starts from) is never broadcast, only written when a file
+is wanted. If the group cannot be formed or a send fails, the version is re-published as a file
+from the host buffers and the run continues on files.
 
-- ``FilePublisher`` (``file``): one safetensors file per version plus its manifest
-  (``common.weight_sync``), streamed to disk bucket by bucket as the buckets are gathered
-  (``WeightWriter``: the SHA-256 computed while writing). Host memory: one tensor at a time.
-- ``CollectivePublisher`` (``collective``): each bucket is copied into its own reused host buffer
-  (pinned when CUDA is there), so rank 0 holds one copy of the version in host memory and no extra
-  one on its device; the version's manifest is published at once (before the learner admits the
-  next step's prompts, so that η = 0 holds), and a background thread broadcasts the buckets to the
-  generators' weight group (``common.weight_group``; gloo on CPU, NCCL on GPU) while the next step
-  trains, staging them one at a time through one device buffer of the largest bucket's size (plus
-  the checksum's < 100 MiB). At most one send is in flight: the next publication waits for it
-  before it overwrites the host buffers. The file is written from the same host buffers too (and
-  the version re-announced with its path) when a receiver outside the group needs it. Version 0
-  (what every receiver starts from) is never broadcast, only written when a file is wanted. If the
-  group cannot be formed or a send fails, the version is re-published as a file from the host
-  buffers and the run continues on files.
-
-Never one remote call per tensor.
+Receiver (``CollectiveReceiver``): a generator joins the learner's weight group and receives each
+version's buckets into its engine (``transports.ports.GroupWeightPort``); files are its fallback,
+and the only way for a port outside the group (the evaluator, a policy-following scorer, an MC
+continuation engine), which asks the learner for them. A restarted learner hosts a new group: its
+receivers leave the old one and join it.
 """
 
 from __future__ import annotations
@@ -30,100 +26,38 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import redis
 import torch
 
 from rredcot.common.config import Config, tensor_parallel
-from rredcot.common.weight_group import (
+from rredcot.transports.file import FilePublisher, FileReceiver, receiver_name
+from rredcot.transports.gather import (
+    BUCKET_BYTES,
+    CPU,
+    Layout,
+    gathered_buckets,
+    layout_columns,
+    take_part,
+)
+from rredcot.transports.group import (
     GroupInfo,
-    bucket_counts,
     flat_nbytes,
     flatten,
     open_group,
     publish_group,
+    read_group,
     send_buckets,
     unflatten_buckets,
 )
-from rredcot.common.weight_slots import files_wanted
-from rredcot.common.weight_sync import WeightManifest, WeightWriter, publish_manifest, write_weights
+from rredcot.transports.manifest import WeightManifest, latest_manifest, publish_manifest, write_weights
+from rredcot.transports.ports import GroupWeightPort, WeightsLost
+from rredcot.transports.slots import files_wanted, want_files
 
 log = logging.getLogger(__name__)
-BUCKET_BYTES = 256 * 2**20
-CPU = torch.device("cpu")
-Layout = tuple[str, list[int], str]  # (HF name, shape, dtype name) of one tensor in a bucket
-
-
-def _numel(p: torch.nn.Parameter) -> int:
-    return int(getattr(p, "ds_numel", p.numel()))
-
-
-def gathered_buckets(
-    module: torch.nn.Module,
-    bucket_bytes: int = BUCKET_BYTES,
-) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """(HF name, full parameter) lists of about ``bucket_bytes`` each; a collective under ZeRO-3.
-
-    The tensors are the live (gathered) parameters: use them before asking for the next bucket.
-    """
-    import deepspeed
-
-    named = list(module.named_parameters())
-    start = 0
-    for count in bucket_counts([_numel(p) * p.element_size() for _, p in named], bucket_bytes):
-        bucket = named[start : start + count]
-        start += count
-        partitioned = [p for _, p in bucket if hasattr(p, "ds_id")]
-        with deepspeed.zero.GatheredParameters(partitioned, enabled=bool(partitioned)):
-            yield [(n, p.detach()) for n, p in bucket]
-
-
-def full_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """All parameters as full CPU tensors by HF name (a collective under ZeRO-3)."""
-    return {n: t.to("cpu", copy=True) for bucket in gathered_buckets(module) for n, t in bucket}
-
-
-class FilePublisher:
-    """The ``file`` transport's publisher: every rank calls ``publish``; rank 0 streams the version's
-    safetensors file to disk and publishes its manifest (``common.weight_sync``)."""
-
-    def __init__(self, client: redis.Redis | None, run_id: str, out_dir: str | Path, rank: int, keep: int = 2) -> None:
-        self.client, self.run_id, self.out_dir, self.rank, self.keep = client, run_id, Path(out_dir), rank, keep
-        self.send_s = 0.0  # seconds spent in background sends (none here)
-        self.fallbacks = 0  # versions re-published as files after a failed send (none here)
-
-    @classmethod
-    def from_config(cls, cfg: Config, client: redis.Redis, rank: int, out_dir: Path) -> FilePublisher:
-        return cls(client, cfg.run.name, out_dir, rank)
-
-    def publish(self, module: torch.nn.Module, version: int) -> tuple[WeightManifest | None, float]:
-        """Publish ``version``; returns (the manifest when published on this thread, seconds here)."""
-        t0 = time.perf_counter()
-        if self.rank != 0 or self.client is None:  # only rank 0 delivers
-            take_part(module)
-            return None, time.perf_counter() - t0
-        buckets = gathered_buckets(module)
-        try:
-            with WeightWriter(version, *columns(module), self.out_dir) as writer:
-                for bucket in buckets:
-                    for name, tensor in bucket:
-                        writer.write(name, tensor)
-                manifest = writer.commit(self.keep)
-        except OSError:  # e.g. a full disk: finish the gathers first, the other ZeRO-3 ranks wait in them
-            for _ in buckets:
-                pass
-            raise
-        publish_manifest(self.client, self.run_id, manifest)
-        return manifest, time.perf_counter() - t0
-
-    def wait(self) -> None:
-        """Block until the send in flight (if any) has finished."""
-
-    def close(self) -> None:
-        self.wait()
 
 
 class CollectivePublisher(FilePublisher):
@@ -202,7 +136,9 @@ class CollectivePublisher(FilePublisher):
         if self.collective:
             # announced before publish() returns, so before the learner admits the next step's
             # prompts: a generator that admits one finds this version waiting (η = 0 holds)
-            announced = WeightManifest(version, *_columns(layout), checksum="", path="", nbytes=0, created=time.time())
+            announced = WeightManifest(
+                version, *layout_columns(layout), checksum="", path="", nbytes=0, created=time.time()
+            )
             publish_manifest(self.client, self.run_id, _collective(announced, layout))
             self._pending = self._pool.submit(self._send, version, layout, buffers, device)
         else:
@@ -262,36 +198,88 @@ class CollectivePublisher(FilePublisher):
 
     def _write_file(self, version: int, layout: list[list[Layout]], buffers: list[torch.Tensor]) -> WeightManifest:
         """Stream the version from its host buffers into its file (no copy)."""
-        names, shapes, dtypes = _columns(layout)
+        names, shapes, dtypes = layout_columns(layout)
         tensors = unflatten_buckets(buffers, shapes, dtypes, [len(b) for b in layout])
         return write_weights(version, zip(names, tensors, strict=True), self.out_dir, self.keep)
-
-
-def take_part(module: torch.nn.Module, bucket_bytes: int = BUCKET_BYTES) -> None:
-    """A rank that delivers nothing: take part in the gathers (collectives under ZeRO-3), copy nothing."""
-    for _ in gathered_buckets(module, bucket_bytes):
-        pass
-
-
-def columns(module: torch.nn.Module) -> tuple[list[str], list[list[int]], list[str]]:
-    """(names, full shapes, dtypes) of every parameter, without gathering."""
-    return _columns([_layout(module)])
-
-
-def _layout(module: torch.nn.Module) -> list[Layout]:
-    """(HF name, full shape, dtype) of every parameter, without gathering (ZeRO-3 keeps ``ds_shape``)."""
-    return [
-        (n, list(getattr(p, "ds_shape", p.shape)), str(p.dtype).removeprefix("torch."))
-        for n, p in module.named_parameters()
-    ]
-
-
-def _columns(layout: list[list[Layout]]) -> tuple[list[str], list[list[int]], list[str]]:
-    """(names, shapes, dtypes) of every tensor of the buckets, in order."""
-    flat = [x for bucket in layout for x in bucket]
-    return [n for n, _, _ in flat], [s for _, s, _ in flat], [d for _, _, d in flat]
 
 
 def _collective(manifest: WeightManifest, layout: list[list[Layout]]) -> WeightManifest:
     """``manifest`` marked as broadcast over the group, with the tensors per bucket."""
     return dataclasses.replace(manifest, transport="collective", buckets=[len(b) for b in layout])
+
+
+class CollectiveReceiver(FileReceiver):
+    """``collective``: a generator joins the learner's weight group as rank ``rank + 1`` (its engine's
+    workers from ``1 + rank · t`` when it is tensor-parallel over ``t`` GPUs) and receives
+    each version's buckets; files are its fallback (and the evaluator's only way, outside the group)."""
+
+    def __init__(
+        self, client: Any, run_id: str, engine: GroupWeightPort, name: str, group_rank: int | None, timeout_s: float
+    ):
+        super().__init__(client, run_id, engine, name)
+        if group_rank is None:  # outside the group: files it must have (the learner writes them on request)
+            want_files(client, run_id, self.name)
+        self.group_rank, self.timeout_s, self.epoch = group_rank, timeout_s, ""
+        self.in_group = group_rank is not None and self._join(group_rank, timeout_s)
+
+    @classmethod
+    def from_config(
+        cls, cfg: Config, client: Any, engine: GroupWeightPort, rank: int | None, name: str | None = None
+    ) -> CollectiveReceiver:
+        shards = tensor_parallel(cfg.cluster.gpus_per_generator)  # each worker of a tensor-parallel engine
+        group_rank = None if rank is None else 1 + rank * shards  # is a rank: the engine's first is this
+        return cls(
+            client, cfg.run.name, engine, receiver_name(rank, name), group_rank, cfg.generation.weight_group_timeout_s
+        )
+
+    @property
+    def holds_group(self) -> bool:
+        return self.in_group
+
+    def _join(self, group_rank: int, timeout_s: float) -> bool:
+        """Join the learner's weight group (waits for the learner to host it); False → use files."""
+        deadline = time.monotonic() + timeout_s
+        while (info := read_group(self.client, self.run_id)) is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        try:
+            if info is None:
+                raise TimeoutError(f"no weight group published within {timeout_s:.0f} s")
+            self.engine.join_weight_group(info, group_rank, timeout_s)
+            self.epoch = info.epoch
+        except Exception as e:  # noqa: BLE001 - the learner falls back to files when the group is incomplete
+            log.warning(
+                "%s: cannot join the weight group (%s: %s); following weight files", self.name, type(e).__name__, e
+            )
+            return False
+        return True
+
+    def poll(self, in_flight: str = "finish") -> tuple[int, float] | None:
+        self._follow_restart()
+        manifest = latest_manifest(self.client, self.run_id, newer_than=self.engine.version)
+        if manifest is None or manifest.transport != "collective" or not self.in_group:
+            return self._apply_file(manifest, in_flight)
+        try:
+            return self.engine.load_weights_broadcast(manifest, in_flight)
+        except WeightsLost:
+            raise
+        except Exception as e:  # noqa: BLE001 - a broken group: the learner re-publishes as files
+            log.warning("%s: weight broadcast failed (%s: %s); following weight files", self.name, type(e).__name__, e)
+            self.close()
+            return None
+
+    def _follow_restart(self) -> None:
+        """A restarted learner hosts a new group (another epoch) and waits for the generators in its
+        first publication: leave the old group and join the new one."""
+        if not self.epoch:  # never joined (outside the group, or the join failed)
+            return
+        info = read_group(self.client, self.run_id)
+        if info is not None and info.epoch != self.epoch:
+            log.info("%s: the learner restarted (weight group %s); joining its new group", self.name, info.epoch)
+            self.close()
+            self.epoch = ""
+            self.in_group = self._join(self.group_rank, self.timeout_s)
+
+    def close(self) -> None:
+        if self.in_group:
+            self.engine.leave_weight_group()
+            self.in_group = False

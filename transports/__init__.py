@@ -1,0 +1,125 @@
+"""Weight transports: each moves every new policy version from the learner to the engines that sample from it.
+
+A transport is one module holding its publisher (learner side, ``Publisher``) and its receiver
+(one per weight port: a generator's or the evaluator's vLLM engine, an MC prover's engine, a
+policy-following scorer; ``Receiver``), registered under one name in
+``common.registry.WEIGHT_TRANSPORTS`` and picked by ``generation.weight_transport``. The built-ins
+are registered here by ``"module:Class"`` references, so naming one imports no transport module
+(docs/extending.md: a new transport is one file plus YAML):
+
+- ``file`` (``transports.file``): one safetensors file + manifest per version; any receiver on the
+  learner's filesystem;
+- ``collective`` (``transports.collective``): a broadcast group, gloo on CPU and NCCL on GPU,
+  falling back to files;
+- ``ipc`` (``transports.ipc``): shared slots on the learner's node, ``/dev/shm`` or CUDA IPC;
+  receivers elsewhere ask for files.
+
+What they share: ``transports.ports`` (what a receiver updates, ``WeightPort``, and ``WeightsLost``),
+``transports.manifest`` (the version's manifest in Redis, the file's format), ``transports.gather``
+(full tensors out of a possibly ZeRO-3 partitioned model), ``transports.group`` (the broadcast group)
+and ``transports.slots`` (the shared slots).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from rredcot.common.config import Config
+from rredcot.common.registry import WEIGHT_TRANSPORTS, load_class, typed_settings
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import torch
+
+    from rredcot.transports.manifest import WeightManifest
+    from rredcot.transports.ports import WeightPort
+
+
+@runtime_checkable
+class Publisher(Protocol):
+    """The learner side, as the trainer uses it: every rank calls ``publish``; rank 0 delivers."""
+
+    send_s: float  # seconds spent in background sends
+    fallbacks: int  # versions re-published as files after a failed send
+
+    @classmethod
+    def from_config(cls, cfg: Config, client: Any, rank: int, out_dir: Path) -> Publisher: ...
+
+    def publish(self, module: torch.nn.Module, version: int) -> tuple[WeightManifest | None, float]:
+        """Publish ``version``; returns (its manifest when published on this thread, seconds on the
+        training thread)."""
+        ...
+
+    def close(self) -> None:
+        """The last version reaches the receivers; release what the publisher holds."""
+        ...
+
+
+@runtime_checkable
+class Receiver(Protocol):
+    """The engine side, as its ports' owners use it (a generator, the evaluator, an MC prover, a scorer)."""
+
+    missing_files: int  # versions whose file this node could not find (the generator's weight_files_missing)
+
+    @classmethod
+    def from_config(
+        cls, cfg: Config, client: Any, engine: WeightPort, rank: int | None, name: str | None = None
+    ) -> Receiver: ...
+
+    @property
+    def holds_group(self) -> bool:
+        """Whether the learner's sends wait for this receiver (then it polls until the run ends)."""
+        ...
+
+    def poll(self, in_flight: str = "finish") -> tuple[int, float] | None:
+        """Apply the newest published version if it is newer than the port's: (version, seconds), or None."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class WeightTransport:
+    """A transport's publisher, receiver and settings classes (or ``"module:Class"`` references to them)."""
+
+    publisher: str | type
+    receiver: str | type
+    settings: str | type | None = None  # dataclass of ``generation.transport_settings``
+
+    def typed_settings(self, cfg: Config) -> Any:
+        """``generation.transport_settings`` as this transport's settings dataclass (None if it has none)."""
+        g = cfg.generation
+        owner = f"weight transport {g.weight_transport!r}"
+        return typed_settings(self.settings, dict(g.transport_settings), "generation.transport_settings", owner)
+
+    def publisher_class(self) -> type:
+        return load_class(self.publisher)
+
+    def receiver_class(self) -> type:
+        return load_class(self.receiver)
+
+
+def weight_receiver(cfg: Config, client: Any, port: Any, rank: int | None = None, name: str | None = None) -> Receiver:
+    """The run's transport's receiver of ``port`` (``transports.ports.WeightPort``): generator
+    ``rank``'s, or with ``rank=None`` a port outside the learner's weight group, named ``name``."""
+    transport = WEIGHT_TRANSPORTS.get(cfg.generation.weight_transport)
+    return transport.receiver_class().from_config(cfg, client, port, rank, name)
+
+
+WEIGHT_TRANSPORTS.register("file")(
+    WeightTransport("rredcot.transports.file:FilePublisher", "rredcot.transports.file:FileReceiver")
+)
+WEIGHT_TRANSPORTS.register("collective")(
+    WeightTransport(
+        "rredcot.transports.collective:CollectivePublisher", "rredcot.transports.collective:CollectiveReceiver"
+    )
+)
+WEIGHT_TRANSPORTS.register("ipc")(
+    WeightTransport(
+        "rredcot.transports.ipc:IpcPublisher",
+        "rredcot.transports.ipc:IpcReceiver",
+        "rredcot.transports.ipc:IpcSettings",
+    )
+)
