@@ -25,7 +25,8 @@ from rredcot.transports.ipc import IpcPublisher
 from rredcot.transports.manifest import latest_manifest, publish_manifest, publish_weights
 from tests.factories import rollout_group
 
-BASE = ["task.name=arith", "redis.claim_idle_ms=300", "credit.segments=4"]  # rollouts come from the test
+# rollouts come from the test; no traces saved unless a test asks (and gives a run.dir): none land in the repo
+BASE = ["task.name=arith", "redis.claim_idle_ms=300", "credit.segments=4", "credit.save_traces=0"]
 
 
 def _cfg(url: str, run_id: str, *extra: str):
