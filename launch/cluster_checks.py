@@ -106,6 +106,7 @@ class NodeReport:
     shm_free: int  # bytes free in /dev/shm there (0: none)
     network: str = ""  # "" when the interface NCCL and gloo are told to use reaches the head, else why not
     answered: bool = True  # False: the probe never ran there (the node cannot start a worker)
+    node_id: str = ""  # Ray's id of the node, in full
 
     @staticmethod
     def silent(node: str) -> NodeReport:
@@ -116,7 +117,8 @@ class NodeReport:
         """Runs on the node: read the driver's token, write this node's file back, hash the code."""
         import ray
 
-        node = node_label(ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id())
+        node_id = ray.get_runtime_context().get_node_id()
+        node = node_label(ray.util.get_node_ip_address(), node_id)
         path = Path(run_dir) / ".probe" / "driver"
         try:
             seen = path.read_text().strip()
@@ -126,7 +128,14 @@ class NodeReport:
             sees = f"{path}: {e.strerror or e}"
         shm = shutil.disk_usage(SHM_DIR).free if SHM_DIR.is_dir() else 0
         network = interface_problem(ray.get_runtime_context().gcs_address)
-        return {"node": node, "sees_run_dir": sees, "code": code_digest(), "shm_free": shm, "network": network}
+        return {
+            "node": node,
+            "sees_run_dir": sees,
+            "code": code_digest(),
+            "shm_free": shm,
+            "network": network,
+            "node_id": node_id,
+        }
 
 
 def probe_nodes(run_dir: Path) -> list[NodeReport]:
@@ -200,9 +209,11 @@ def cluster_problems(cfg: Config, reports: list[NodeReport], here: str) -> list[
                     "warning",
                     "cluster",
                     f"node {r.node} does not see run.dir ({r.sees_run_dir}): the run goes on (weights through "
-                    f"the collective group), but the logs and traces of its workers stay in run.dir on that node, "
-                    f"as do the checkpoints of a learner placed there",
-                    "a shared run.dir shows them all on the head",
+                    f"the collective group); the logs and traces of its workers, and the checkpoints of a learner "
+                    f"placed there, stay in run.dir on that node until the end of the run, when they are copied "
+                    f"to the head's",
+                    "a shared run.dir shows them on the head while the run goes on, and keeps them if the driver "
+                    "is killed",
                 )
             )
         if r.network:
@@ -225,25 +236,38 @@ def cluster_problems(cfg: Config, reports: list[NodeReport], here: str) -> list[
     return out
 
 
-def cluster_findings(cfg: Config, run_dir: Path) -> tuple[int, list[Check]]:
+@dataclass(frozen=True)
+class Findings:
+    """What the start checks found on the cluster."""
+
+    nodes: int  # alive
+    checks: list[Check]  # each broken assumption (``cluster_problems``)
+    apart: dict[str, str]  # the nodes that do not see run.dir: Ray node id -> label (``gather``)
+
+
+def cluster_findings(cfg: Config, run_dir: Path) -> Findings:
     """What a run checks on the connected Ray cluster before it starts: raises ``PlanError`` when the
-    plan does not fit (the totals, then each node's free resources); returns the alive nodes and, on
-    more than one, each node's broken assumptions (``cluster_problems``)."""
+    plan does not fit (the totals, then each node's free resources); on more than one node, each
+    node's broken assumptions and the nodes that do not see ``run.dir``."""
     import ray
 
     nodes = sum(bool(n.get("Alive")) for n in ray.nodes())
     check_plan(cfg, ray.cluster_resources(), nodes=nodes)
     check_fit(cfg, free_per_node())  # a bundle never spans nodes: the free resources of one must hold it
-    return nodes, cluster_problems(cfg, probe_nodes(run_dir), code_digest()) if nodes > 1 else []
+    if nodes < 2:
+        return Findings(nodes, [], {})
+    reports = probe_nodes(run_dir)
+    apart = {r.node_id: r.node for r in reports if r.answered and r.sees_run_dir}
+    return Findings(nodes, cluster_problems(cfg, reports, code_digest()), apart)
 
 
-def check_nodes(cfg: Config, run_dir: Path) -> tuple[int, list[Check]]:
+def check_nodes(cfg: Config, run_dir: Path) -> Findings:
     """``cluster_findings`` for the driver: raise ``PlanError`` or ``ClusterError`` (every node that
-    breaks an assumption of the run); returns the alive nodes and the warnings."""
-    nodes, found = cluster_findings(cfg, run_dir)
-    if errors := [c for c in found if c.level == "error"]:
+    breaks an assumption of the run); else what was found (warnings only)."""
+    found = cluster_findings(cfg, run_dir)
+    if errors := [c for c in found.checks if c.level == "error"]:
         raise ClusterError([f"{c.found} -> {c.fix}" for c in errors])
-    return nodes, found
+    return found
 
 
 def free_per_node() -> dict[str, dict[str, float]]:
@@ -338,10 +362,10 @@ def check_cluster(cfg: Config) -> list[Check]:
     except (ConnectionError, RuntimeError, ValueError) as e:
         return [Check("error", "cluster", f"cannot join {cfg.cluster.address}: {str(e).splitlines()[0]}")]
     try:
-        nodes, found = cluster_findings(cfg, Path(cfg.run.dir).absolute())
+        found = cluster_findings(cfg, Path(cfg.run.dir).absolute())
     except PlanError as e:
         return [Check("error", "cluster", str(e))]
     finally:
         ray.shutdown()
-    shared = ": run.dir shared, the same code, the network interface, room in /dev/shm" if nodes > 1 else ""
-    return found or [Check("ok", "cluster", f"{nodes} node(s) hold the plan{shared}")]
+    shared = ": run.dir shared, the same code, the network interface, room in /dev/shm" if found.nodes > 1 else ""
+    return found.checks or [Check("ok", "cluster", f"{found.nodes} node(s) hold the plan{shared}")]

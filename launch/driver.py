@@ -33,6 +33,7 @@ from rredcot.common.precision import cpu_info, dtype_settings, planned_dtype
 from rredcot.common.streams import connect
 from rredcot.launch.cluster_checks import check_nodes, wait_for_placement
 from rredcot.launch.doctor import preflight
+from rredcot.launch.gather import gather
 from rredcot.launch.interrupts import (
     catch_interrupts,
     hurried,
@@ -163,6 +164,12 @@ def _finish(cfg: Config, run_dir: Path, outcome: RunOutcome, phases: Phases) -> 
         _close_ledger(outcome)
     if outcome.monitor is None:  # stopped before anything ran
         return
+    if outcome.apart:  # what workers wrote on nodes without the shared run.dir: the report reads it
+        phases.enter("copying files from nodes")
+        try:
+            gather(run_dir, outcome.apart)
+        except Exception:  # noqa: BLE001 - Ray gone with a failed run: the report still comes
+            log.exception("could not copy the files of nodes without the shared run.dir to the head")
     phases.enter("report")
     try:
         artefacts = write_report(outcome.cfg or cfg, run_dir, outcome)
@@ -221,8 +228,9 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     stack.callback(signal.signal, signal.SIGTERM, signal.signal(signal.SIGTERM, raise_interrupt))
     # the plan against the cluster and each node's free resources; on several nodes run.dir, the code,
     # the network and /dev/shm on each: fails before any actor starts
-    nodes, warnings = check_nodes(cfg, run_dir)
-    for warning in warnings:
+    found = check_nodes(cfg, run_dir)
+    nodes, outcome.apart = found.nodes, found.apart
+    for warning in found.checks:
         log.warning("%s -> %s", warning.found, warning.fix)
     if cfg.run.resume == "never":
         clear_run_dir(run_dir, keep=run_dir / "logs" / "driver.log")

@@ -102,6 +102,7 @@ class RunOutcome:
     refs: dict[Any, tuple[str, int]] = field(default_factory=dict)  # Ray refs of the workers' run()
     learner_stopped: bool | None = None  # on a stop: did every learner rank return (and checkpoint) in time
     ledger: Balance | None = None  # what became of every admitted prompt (``common.ledger``)
+    apart: dict[str, str] = field(default_factory=dict)  # nodes without the shared run.dir (``launch.gather``)
 
 
 def training_reward(history: list[dict[str, Any]]) -> list[list[float]]:

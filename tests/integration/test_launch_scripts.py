@@ -6,6 +6,7 @@ node without the shared filesystem, and a bind mount over the code a node with a
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -166,3 +167,32 @@ def test_a_node_without_the_run_dir_or_with_other_code_is_named_before_anything_
     assert f"cannot start: node {node} does not see run.dir" in said and "imports other rredcot code" in said, said
     assert not list((cluster.root / "run" / "logs").glob("*0.log"))  # no stage worker ever started
     assert time.monotonic() - started < 300
+
+    # what a worker on that node writes in its own run.dir is copied to the head's at the end of a run
+    env = {k: v for k, v in cluster.env.items() if not k.startswith("RAY_")}
+    args = [str(cluster.root / "run"), cluster.address]
+    out = subprocess.run([sys.executable, "-c", GATHER, *args], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.splitlines()[-1]) == [{"node": node, "files": 1, "bytes": 20, "moved": 0}]
+    assert (cluster.root / "run" / "logs" / "gen9.log").read_text() == "written on the node\n"
+
+
+GATHER = """
+import json, sys
+from pathlib import Path
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from rredcot.launch.cluster_checks import probe_nodes
+from rredcot.launch.gather import gather
+
+def write(run_dir):  # on the node, as a worker placed there would
+    (Path(run_dir) / "logs").mkdir(parents=True, exist_ok=True)
+    (Path(run_dir) / "logs" / "gen9.log").write_text("written on the node\\n")
+
+run_dir = Path(sys.argv[1])
+ray.init(address=sys.argv[2], log_to_driver=False, logging_level="ERROR")
+apart = {r.node_id: r.node for r in probe_nodes(run_dir) if r.sees_run_dir}
+on = lambda n: NodeAffinitySchedulingStrategy(n, soft=False)
+ray.get([ray.remote(num_cpus=0)(write).options(scheduling_strategy=on(n)).remote(str(run_dir)) for n in apart])
+print(json.dumps([vars(g) for g in gather(run_dir, apart)]))
+"""
