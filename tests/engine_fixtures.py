@@ -1,4 +1,5 @@
-"""Shared fixtures for the actor tests: tiny random models saved as HF dirs, HF reference log-probs."""
+"""Fixtures of the tests that run real vLLM-CPU engines (actors, transports): tiny random models saved as HF
+dirs, HF reference log-probs; a plugin of the root conftest (`pytest_plugins`)."""
 
 from __future__ import annotations
 
