@@ -78,3 +78,15 @@ def test_every_imported_module_is_declared_for_cpu_and_gpu_installs():
 def test_modules_that_libraries_import_for_us_are_base_dependencies():
     base, _ = _declared()
     assert set(INDIRECT) <= base, {m: why for m, why in INDIRECT.items() if m not in base}
+
+
+def test_every_package_folder_is_byte_compiled_by_setup_and_read_here() -> None:
+    """Each folder pyproject.toml maps to a Python package is byte-compiled by ``launch/setup.sh``
+    (without it, every process compiles that folder again where PYTHONDONTWRITEBYTECODE is set) and
+    scanned by the tests above (``transports/`` was once in neither)."""
+    mapped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values()
+    folders = set(mapped) - {"configs"}  # YAML only
+    setup = (ROOT / "launch" / "setup.sh").read_text().replace("\\\n", " ")
+    compiled = re.search(r"compileall .*?\)'\)\"\s+([\w ]+?)\s*\|\|", setup)
+    assert compiled is not None and set(compiled[1].split()) == folders
+    assert set(PACKAGE_DIRS) == folders
