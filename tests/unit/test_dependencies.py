@@ -80,13 +80,17 @@ def test_modules_that_libraries_import_for_us_are_base_dependencies():
     assert set(INDIRECT) <= base, {m: why for m, why in INDIRECT.items() if m not in base}
 
 
-def test_every_package_folder_is_byte_compiled_by_setup_and_read_here() -> None:
+def test_every_package_folder_is_byte_compiled_by_setup_hashed_and_read_here() -> None:
     """Each folder pyproject.toml maps to a Python package is byte-compiled by ``launch/setup.sh``
-    (without it, every process compiles that folder again where PYTHONDONTWRITEBYTECODE is set) and
-    scanned by the tests above (``transports/`` was once in neither)."""
+    (without it, every process compiles that folder again where PYTHONDONTWRITEBYTECODE is set), in
+    the code digest that tells nodes with other code apart, and scanned by the tests above
+    (``transports/`` was once in none of them)."""
+    from rredcot.launch.cluster_checks import CODE_PACKAGES
+
     mapped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values()
     folders = set(mapped) - {"configs"}  # YAML only
     setup = (ROOT / "launch" / "setup.sh").read_text().replace("\\\n", " ")
     compiled = re.search(r"compileall .*?\)'\)\"\s+([\w ]+?)\s*\|\|", setup)
     assert compiled is not None and set(compiled[1].split()) == folders
     assert set(PACKAGE_DIRS) == folders
+    assert set(CODE_PACKAGES) == folders | {"configs"}
