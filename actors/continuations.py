@@ -16,9 +16,9 @@ from typing import Any
 
 from rredcot.actors.engine import Engine, EngineSpec, Sampling
 from rredcot.common.config import Config
-from rredcot.common.models import resolve_model_path
 from rredcot.common.sampling import ContinuationRequest, seed_of
 from rredcot.common.streams import connect
+from rredcot.models.store import resolve_model_path
 from rredcot.transports import weight_receiver
 
 MC_SEED_OFFSET = 2  # engine seed run.seed + 2 (generators + 0, the evaluator + 1); requests carry their own

@@ -33,10 +33,10 @@ from typing import Any
 import torch
 
 from rredcot.common.config import Config, tensor_parallel
-from rredcot.common.models import cache_dir, load_tokenizer, resolve_model_path
 from rredcot.common.onednn import bound_primitive_cache
 from rredcot.common.precision import resolve_dtype
 from rredcot.common.sampling import seed_of
+from rredcot.models.store import cache_dir, load_tokenizer, resolve_model_path
 from rredcot.transports.group import GroupInfo
 from rredcot.transports.manifest import WeightManifest
 from rredcot.transports.ports import WeightsLost

@@ -30,16 +30,16 @@ from rredcot.actors.prompt_fit import PromptFit
 from rredcot.actors.rollouts import rollout_group
 from rredcot.common.codec import encode
 from rredcot.common.config import Config, ConfigError
-from rredcot.common.data import Problem, ProblemOrder, train_and_held_out
 from rredcot.common.heap import trim_heap
 from rredcot.common.ledger import group_id, inflight_key
 from rredcot.common.overlong import overlong_window, penalize
-from rredcot.common.prompts import prompt_ids
 from rredcot.common.records import RecordError, RolloutGroup
 from rredcot.common.run_context import RunContext
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import ROLLOUTS, Producer, key, registered_keys, run_key
-from rredcot.common.verifier import Verifier
+from rredcot.tasks.data import Problem, ProblemOrder, train_and_held_out
+from rredcot.tasks.prompts import prompt_ids
+from rredcot.tasks.verifier import Verifier
 from rredcot.transports import weight_receiver
 
 log = logging.getLogger(__name__)

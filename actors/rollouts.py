@@ -8,12 +8,12 @@ from typing import Any
 import numpy as np
 
 from rredcot.actors.engine import GroupOutput
-from rredcot.common.data import Problem
 from rredcot.common.ledger import group_id
-from rredcot.common.prompts import opens_thought
 from rredcot.common.records import RolloutGroup, RolloutRecord
-from rredcot.common.task import Task
-from rredcot.common.verifier import Verifier
+from rredcot.tasks.data import Problem
+from rredcot.tasks.prompts import opens_thought
+from rredcot.tasks.task import Task
+from rredcot.tasks.verifier import Verifier
 
 
 def rollout_group(

@@ -30,11 +30,8 @@ import numpy as np  # noqa: E402
 
 from rredcot.common.codec import encode  # noqa: E402
 from rredcot.common.config import Config, load_config  # noqa: E402
-from rredcot.common.data import train_and_held_out  # noqa: E402
 from rredcot.common.precision import cpu_info  # noqa: E402
 from rredcot.common.records import RolloutGroup  # noqa: E402
-from rredcot.common.task import build_task  # noqa: E402
-from rredcot.common.verifier import Verifier  # noqa: E402
 from rredcot.launch.study.credit import rredcot_variants  # noqa: E402
 from rredcot.launch.study.slips import (  # noqa: E402
     Format,
@@ -49,6 +46,9 @@ from rredcot.launch.study.stats import Interval, clustered_interval  # noqa: E40
 from rredcot.redistributor.credit import redistribute_group  # noqa: E402
 from rredcot.redistributor.scorer import Scorer  # noqa: E402
 from rredcot.redistributor.worker import build_scorer  # noqa: E402
+from rredcot.tasks.data import train_and_held_out  # noqa: E402
+from rredcot.tasks.task import build_task  # noqa: E402
+from rredcot.tasks.verifier import Verifier  # noqa: E402
 
 
 def _with_credit(cfg: Config, **changes: object) -> Config:

@@ -25,11 +25,12 @@ from safetensors.torch import save  # noqa: E402
 from rredcot.actors.engine import Engine, EngineSpec, Sampling  # noqa: E402
 from rredcot.actors.generator import Generator  # noqa: E402
 from rredcot.common.config import Config, load_config  # noqa: E402
-from rredcot.common.data import ProblemOrder, train_and_held_out  # noqa: E402
-from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir, save_model_dir  # noqa: E402
-from rredcot.common.prompts import prompt_ids  # noqa: E402
-from rredcot.common.task import build_task  # noqa: E402
 from rredcot.launch.services import EmbeddedRedis  # noqa: E402
+from rredcot.models.store import load_tokenizer, qwen_tokenizer_dir, save_model_dir  # noqa: E402
+from rredcot.models.tiny import build_tiny_model  # noqa: E402
+from rredcot.tasks.data import ProblemOrder, train_and_held_out  # noqa: E402
+from rredcot.tasks.prompts import prompt_ids  # noqa: E402
+from rredcot.tasks.task import build_task  # noqa: E402
 
 MODELS = {"tiny": {"hidden": 64, "heads": 2, "layers": 2}, "25M": {"hidden": 160, "heads": 5, "layers": 4}}
 

@@ -74,10 +74,10 @@ def child(config: str, rounds: int, mode: str) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from rredcot.actors.engine import Engine, EngineSpec, Sampling
     from rredcot.common.config import load_config
-    from rredcot.common.data import ProblemOrder, train_and_held_out
     from rredcot.common.heap import trim_heap
-    from rredcot.common.prompts import prompt_ids
-    from rredcot.common.task import build_task
+    from rredcot.tasks.data import ProblemOrder, train_and_held_out
+    from rredcot.tasks.prompts import prompt_ids
+    from rredcot.tasks.task import build_task
 
     cfg = load_config(config, [])
     spec = EngineSpec.from_config(cfg)

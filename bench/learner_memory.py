@@ -56,8 +56,8 @@ def child(config: str, steps: int, mode: str, batch: str) -> None:
     """One mode in this process: a JSON line per step."""
     from rredcot.common.config import load_config
     from rredcot.common.heap import trim_heap
-    from rredcot.common.models import resolve_model_path
     from rredcot.learner.engine import LearnerEngine, load_policy
+    from rredcot.models.store import resolve_model_path
     from tests.learner_samples import random_samples
 
     cfg = load_config(config, [])

@@ -22,8 +22,9 @@ import numpy as np
 import torch
 
 from rredcot.common.config import Config, CreditConfig
-from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir
 from rredcot.common.records import RolloutGroup, RolloutRecord, new_id
+from rredcot.models.store import load_tokenizer, qwen_tokenizer_dir
+from rredcot.models.tiny import build_tiny_model
 from rredcot.redistributor.branch_plan import ModelShape, plan_pieces
 from rredcot.redistributor.credit import redistribute_group
 from rredcot.redistributor.entropy import TokenCounter, score_trace

@@ -42,13 +42,13 @@ def main() -> None:
     from rredcot.common.codec import encode
     from rredcot.common.config import load_config
     from rredcot.common.control import RunControl
-    from rredcot.common.data import ProblemOrder, train_and_held_out
-    from rredcot.common.models import load_tokenizer
     from rredcot.common.precision import cpu_info
-    from rredcot.common.prompts import prompt_ids
     from rredcot.common.streams import Producer, connect
-    from rredcot.common.verifier import Verifier
     from rredcot.launch.services import EmbeddedRedis
+    from rredcot.models.store import load_tokenizer
+    from rredcot.tasks.data import ProblemOrder, train_and_held_out
+    from rredcot.tasks.prompts import prompt_ids
+    from rredcot.tasks.verifier import Verifier
 
     cfg = load_config(args.config, [])
     g = cfg.generation

@@ -18,10 +18,10 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from rredcot.actors.engine import Engine, EngineSpec  # noqa: E402
 from rredcot.common.config import load_config  # noqa: E402
-from rredcot.common.data import train_and_held_out  # noqa: E402
 from rredcot.common.precision import cpu_info, resolve_dtype  # noqa: E402
-from rredcot.common.verifier import Verifier  # noqa: E402
 from rredcot.launch.evaluate import evaluate  # noqa: E402
+from rredcot.tasks.data import train_and_held_out  # noqa: E402
+from rredcot.tasks.verifier import Verifier  # noqa: E402
 
 
 def measure(config: str, problems: int) -> dict[str, object]:

@@ -1,4 +1,5 @@
-"""Shared pieces of rredcot: config, records and codec, streams, data, verifier, models.
+"""Shared pieces of rredcot: config, registries, records and codec, streams, run control, files.
 
-Imports nothing from the stages (actors, redistributor, learner, launch).
+Imports nothing above it: no domain folder (tasks, transports, models) and no stage (actors,
+redistributor, learner, launch); the registries name their built-ins by module strings.
 """

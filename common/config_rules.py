@@ -12,7 +12,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from rredcot.common.config_schema import Config, ConfigError
-from rredcot.common.registry import CREDIT_METHODS, WEIGHT_TRANSPORTS, RegistryError, typed_settings
+from rredcot.common.registry import CREDIT_METHODS, WEIGHT_TRANSPORTS, RegistryError, make_task, typed_settings
 
 
 def validate(cfg: Config) -> None:
@@ -201,9 +201,7 @@ def redact_url(url: str | None) -> str | None:
 
 def _validate_extensions(cfg: Config) -> None:
     """The task, credit method and weight transport exist; their own settings are valid."""
-    from rredcot.common.task import build_task
-
-    task = build_task(cfg.task)
+    task = make_task(cfg.task.name, cfg.task.settings)
     if task.settings is not None:
         _validate_fields(task.settings, "task.settings.")
     _check(

@@ -1,12 +1,14 @@
-"""Named extension points: tasks, credit methods and weight transports.
+"""Named extension points: tasks, credit methods, weight transports and builtin models.
 
-A registry maps a name to an entry (a task class, a credit method, a transport). Built-in entries
-are listed here by the module that registers them, so that the config can check a name without
-importing any stage; they are imported on first use. A name with a dot that is not registered is
-a module path (``mypkg.mytask``): importing it runs its ``register`` decorators, and the entry is
-the one registered under that full name or under its last component (``mytask``). So a user's
-extension is a new file plus YAML, with no edit to rredcot. An entry's classes may be named by
-``"module:Class"`` (``load_class``), so that registering one imports nothing heavy.
+A registry maps a name to an entry (a task class, a credit method, a transport, a builtin model's
+recipe). Built-in entries are listed here by the module that registers them, so that the config can
+check a name without importing any stage; they are imported on first use. A name with a dot that is
+not registered is a module path (``mypkg.mytask``): importing it runs its ``register`` decorators,
+and the entry is the one registered under that full name or under its last component (``mytask``).
+So a user's extension is a new file plus YAML, with no edit to rredcot. An entry's classes may be
+named by ``"module:Class"`` (``load_class``), so that registering one imports nothing heavy.
+``MODELS`` is asked only for its own names: any other ``model.path`` (``Qwen/Qwen2.5-1.5B``) is a
+directory or a hub id, never a module.
 """
 
 from __future__ import annotations
@@ -117,6 +119,14 @@ def typed_settings(settings_cls: str | type | None, values: dict[str, Any], conf
         raise RegistryError(f"invalid value for {config_key}.{key}: {str(e).splitlines()[0]}") from None
 
 
+def make_task(name: str, settings: Any) -> Any:
+    """The task ``name`` (``task.name``) built with its typed ``settings`` (``task.settings``, a
+    mapping); raises ``RegistryError`` on a bad name or key. What ``tasks.task.build_task`` does,
+    here so that the config's checks build a task through the registry alone."""
+    cls = TASKS.get(name)
+    return cls(typed_settings(cls.Settings, dict(settings), "task.settings", f"task {name!r}"))
+
+
 TASKS: Registry[Any] = Registry(
     "task",
     "task.name",
@@ -133,4 +143,12 @@ WEIGHT_TRANSPORTS: Registry[Any] = Registry(
     "weight transport",
     "generation.weight_transport",
     {name: "rredcot.transports" for name in ("file", "collective", "ipc")},
+)
+# a builtin ``model.path``: its entry turns (name, seed) into the model's directory, built on first use
+# (``models.store.resolve_model_path``); any other path is a directory or a hub id, never a module
+MODELS: Registry[Any] = Registry(
+    "model",
+    "model.path",
+    {name: "rredcot.models.tiny" for name in ("tiny-qwen3", "tiny-qwen2", "tiny-qwen3-arith")}
+    | {name: "rredcot.models.smollm" for name in ("smollm2-135m", "smollm2-135m-chain", "smollm2-135m-chain-think")},
 )

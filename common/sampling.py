@@ -19,7 +19,7 @@ from typing import Protocol, runtime_checkable
 
 class RewardFn(Protocol):
     """Reward of a completion (token ids after the prompt) against the gold answer text; ``opened``:
-    the prompt opened the thought (``common.prompts.opens_thought``), so the completion must close it."""
+    the prompt opened the thought (``tasks.prompts.opens_thought``), so the completion must close it."""
 
     def __call__(self, ids: list[int], gold: str, opened: bool = False) -> float: ...
 

@@ -33,7 +33,7 @@ from rredcot.launch.plan import PlanError, check_fit, check_plan, describe_free
 from rredcot.transports.slots import SHM_DIR
 
 GIB = 2**30
-CODE_PACKAGES = ("actors", "redistributor", "learner", "common", "tasks", "transports", "launch", "configs")
+CODE_PACKAGES = ("actors", "redistributor", "learner", "common", "tasks", "transports", "models", "launch", "configs")
 CODE_SUFFIXES = (".py", ".yaml", ".sh", ".sbatch")
 PROBE_TIMEOUT_S = 120.0  # a node's probe: a Ray worker start and a few file reads
 

@@ -17,10 +17,10 @@ from typing import Any
 from rredcot.actors.engine import Engine, EngineSpec, Sampling
 from rredcot.common.config import Config, from_dict
 from rredcot.common.control import RunControl
-from rredcot.common.data import Problem, train_and_held_out
-from rredcot.common.prompts import opens_thought, prompt_ids
 from rredcot.common.streams import connect
-from rredcot.common.verifier import Verifier
+from rredcot.tasks.data import Problem, train_and_held_out
+from rredcot.tasks.prompts import opens_thought, prompt_ids
+from rredcot.tasks.verifier import Verifier
 from rredcot.transports import weight_receiver
 
 log = logging.getLogger(__name__)

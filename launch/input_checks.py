@@ -11,10 +11,11 @@ import shutil
 from pathlib import Path
 
 from rredcot.common.config import Config
-from rredcot.common.data import DatasetError, count_rows
-from rredcot.common.models import TINY_MODELS, cache_dir, tiny_config
-from rredcot.common.smollm import BASE_DIR, BUILTINS
 from rredcot.launch.checks import GIB, Check
+from rredcot.models.smollm import BASE_DIR, BUILTINS
+from rredcot.models.store import cache_dir
+from rredcot.models.tiny import TINY_MODELS, tiny_config
+from rredcot.tasks.data import DatasetError, count_rows
 
 TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model", "vocab.json")
 
@@ -116,7 +117,7 @@ FIRST_ROWS = 100  # dataset rows read (and checked as the run checks them) befor
 
 def check_data(cfg: Config) -> list[Check]:
     """The task's first problems, read and checked as the run will read them."""
-    from rredcot.common.task import build_task
+    from rredcot.tasks.task import build_task
 
     task = build_task(cfg.task)
     path = cfg.data.path

@@ -188,7 +188,7 @@ def render_heatmaps(cfg: Config, run_dir: Path, report_dir: Path, limit: int = 3
     traces = sorted((run_dir / "traces").glob("*.msgpack"))[:limit]
     if not traces:
         return []
-    from rredcot.common.models import load_tokenizer, resolve_model_path
+    from rredcot.models.store import load_tokenizer, resolve_model_path
     from rredcot.redistributor.heatmap import load_group, render_heatmap
 
     tok = load_tokenizer(cfg.model.tokenizer or resolve_model_path(cfg.model.path, seed=cfg.run.seed))

@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 
 from rredcot.common.config import Config, to_yaml
-from rredcot.common.models import cache_dir
 from rredcot.common.precision import cpu_info
+from rredcot.models.store import cache_dir
 
 
 def _key(cfg: Config) -> str:

@@ -52,7 +52,7 @@ fi
 # and every process of a run would compile torch, vLLM and transformers again (+20 s of CPU each).
 # A few vendored Python 2 files do not compile; compileall says so in its exit code, ignored here.
 $VENV/bin/python -m compileall -qq -j 0 "$($VENV/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
-  actors common launch learner redistributor tasks transports || true
+  actors common launch learner models redistributor tasks transports || true
 
 # Embedded Redis-protocol server: check that the pip-shipped Valkey binary runs here.
 $VENV/bin/python - <<'PY'

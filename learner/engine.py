@@ -23,13 +23,13 @@ import torch
 import torch.distributed as dist
 
 from rredcot.common.config import LearnerConfig
-from rredcot.common.models import load_causal_lm
 from rredcot.common.onednn import bound_primitive_cache
 from rredcot.common.precision import resolve_dtype
 from rredcot.learner.extensions import await_build_locks, extensions_dir
 from rredcot.learner.logprobs import TokenLogProbs, model_inputs
 from rredcot.learner.loss import LossSettings, Stats, policy_loss, sample_coefficients
 from rredcot.learner.packing import BudgetError, MicroBatch, TrainSample, micro_batches
+from rredcot.models.store import load_causal_lm
 
 
 def init_distributed(store: dist.Store | None = None) -> tuple[int, int]:

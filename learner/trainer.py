@@ -22,7 +22,6 @@ import redis
 
 from rredcot.common.codec import decode
 from rredcot.common.config import Config
-from rredcot.common.models import load_tokenizer, resolve_model_path
 from rredcot.common.records import WeightedGroup
 from rredcot.common.registry import CREDIT_METHODS, WEIGHT_TRANSPORTS
 from rredcot.common.run_context import RunContext
@@ -35,6 +34,7 @@ from rredcot.learner.packing import TrainSample, samples_from_group
 from rredcot.learner.rendezvous import join_from_env
 from rredcot.learner.replay import ReplayLog, steps_to_replay
 from rredcot.learner.version_truth import trajectory_metrics
+from rredcot.models.store import load_tokenizer, resolve_model_path
 from rredcot.transports import Publisher
 from rredcot.transports.manifest import version_key
 

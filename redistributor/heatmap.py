@@ -15,9 +15,9 @@ from rredcot.common.codec import decode
 from rredcot.common.config import redact_url
 from rredcot.common.errors import UserError
 from rredcot.common.files import unreadable_file
-from rredcot.common.models import load_tokenizer, qwen_tokenizer_dir
 from rredcot.common.records import RecordError, WeightedGroup, WeightedSample
 from rredcot.common.streams import BATCHES, connect, key
+from rredcot.models.store import load_tokenizer, qwen_tokenizer_dir
 from rredcot.redistributor.segmentation import token_texts
 
 CSS = """

@@ -6,11 +6,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rredcot.common.prompts import opens_thought
 from rredcot.common.records import RolloutGroup, check_vocabulary
 from rredcot.redistributor.entropy import TokenCounter
 from rredcot.redistributor.references import Construct, Pair, TailText, split_pair
 from rredcot.redistributor.segmentation import keyword_boundaries, token_texts
+from rredcot.tasks.prompts import opens_thought
 
 
 @dataclass

@@ -27,19 +27,19 @@ import torch
 from rredcot.common.codec import decode, encode
 from rredcot.common.config import Config, ConfigError
 from rredcot.common.ledger import length_bucket, mean_length
-from rredcot.common.models import load_causal_lm, load_tokenizer, resolve_model_path
 from rredcot.common.onednn import bound_primitive_cache
 from rredcot.common.records import RecordError, RolloutGroup, WeightedGroup, WeightedSample
 from rredcot.common.run_context import RunContext
 from rredcot.common.sampling import ContinuationSampler, RewardFn
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Entry, Producer, run_key
-from rredcot.common.task import build_task
-from rredcot.common.verifier import Verifier
+from rredcot.models.store import load_causal_lm, load_tokenizer, resolve_model_path
 from rredcot.redistributor.credit import redistribute_group
 from rredcot.redistributor.mc import HFContinuationSampler
 from rredcot.redistributor.registry import get_method
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.scorer_weights import ScorerPort
+from rredcot.tasks.task import build_task
+from rredcot.tasks.verifier import Verifier
 from rredcot.transports import weight_receiver
 
 log = logging.getLogger(__name__)

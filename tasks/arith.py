@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from rredcot.common.config import COUNT_MAX, PROBLEMS_MAX, Config, ConfigError, DataConfig, bounded, choice
-from rredcot.common.data import Problem
 from rredcot.common.registry import TASKS
-from rredcot.common.task import check_eval_fits
+from rredcot.tasks.data import Problem
 from rredcot.tasks.math import MathVerified
+from rredcot.tasks.task import check_eval_fits
 
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 _FAMILY_OP = {"mul": "*", "add": "+"}

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from rredcot.common.config import COUNT_MAX, PROBLEMS_MAX, Config, DataConfig, bounded
-from rredcot.common.data import Problem
 from rredcot.common.registry import TASKS
-from rredcot.common.task import Task, answer_line, check_eval_fits
+from rredcot.tasks.data import Problem
+from rredcot.tasks.task import Task, answer_line, check_eval_fits
 
 _LETTER = re.compile(r"\b([A-Za-z])\b")  # a letter standing alone: C, (C), C) 30, c
 

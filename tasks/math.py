@@ -1,7 +1,7 @@
 """``math``: competition-style problems from a dataset, answers checked by math-verify.
 
 Rows come from ``data.source`` / ``data.path`` (jsonl, parquet, Hugging Face datasets) with the
-column conventions of Numina-CoT and open-rs (``common.data``). The final answer is the last
+column conventions of Numina-CoT and open-rs (``tasks.data``). The final answer is the last
 ``Answer: ...`` line of a completion (markdown emphasis around it dropped), else its last
 ``\\boxed{}``; it matches the gold answer when math-verify finds them equivalent (``1/2`` = ``0.5`` =
 ``\\frac{1}{2}``; words after a number are units: ``20 dollars`` = ``20``).
@@ -12,9 +12,9 @@ from __future__ import annotations
 import re
 
 from rredcot.common.config import DataConfig
-from rredcot.common.data import Problem, last_boxed, load_rows
 from rredcot.common.registry import TASKS
-from rredcot.common.task import Task, answer_line
+from rredcot.tasks.data import Problem, last_boxed, load_rows
+from rredcot.tasks.task import Task, answer_line
 
 # a number, then plain words to the end (``20 dollars``, ``3/4 square feet``); the first word has two
 # letters or more, so ``2 x`` stays algebra

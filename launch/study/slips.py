@@ -26,13 +26,13 @@ import numpy as np
 from scipy import stats
 
 from rredcot.common.config import DataConfig
-from rredcot.common.data import Problem
-from rredcot.common.prompts import prompt_ids
 from rredcot.common.records import RolloutGroup, RolloutRecord
-from rredcot.common.task import Task
 from rredcot.redistributor.segmentation import thinking_span, token_texts
 from rredcot.redistributor.value_credit import answer_line_start
 from rredcot.tasks.arith import chain_lines, first_slip, parse_chain, solution_text
+from rredcot.tasks.data import Problem
+from rredcot.tasks.prompts import prompt_ids
+from rredcot.tasks.task import Task
 
 FILLER = "Let me go on to the next step."  # a line the answer does not depend on
 SLIP_DELTAS = (1, -1, 2, -2)

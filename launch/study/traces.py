@@ -9,11 +9,11 @@ from rredcot.actors.engine import Engine, EngineSpec, Sampling
 from rredcot.actors.rollouts import rollout_group
 from rredcot.common.codec import decode
 from rredcot.common.config import Config
-from rredcot.common.data import train_and_held_out
 from rredcot.common.errors import UserError
-from rredcot.common.prompts import prompt_ids
 from rredcot.common.records import RolloutGroup
-from rredcot.common.verifier import Verifier
+from rredcot.tasks.data import train_and_held_out
+from rredcot.tasks.prompts import prompt_ids
+from rredcot.tasks.verifier import Verifier
 
 
 def load_traces(folder: Path) -> list[RolloutGroup]:

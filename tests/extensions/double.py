@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rredcot.common.config import DataConfig, bounded
-from rredcot.common.data import Problem
 from rredcot.common.registry import TASKS
-from rredcot.common.task import Task
+from rredcot.tasks.data import Problem
+from rredcot.tasks.task import Task
 
 
 @dataclass

@@ -9,9 +9,9 @@ import os
 import time
 
 from rredcot.common.config import DataConfig
-from rredcot.common.data import Problem
 from rredcot.common.registry import TASKS
-from rredcot.common.task import Task
+from rredcot.tasks.data import Problem
+from rredcot.tasks.task import Task
 
 NOT_BOOLS: dict[str, object] = {"nan": float("nan"), "-inf": float("-inf"), "0.3": 0.3, "no": "no", "yes": "yes"}
 

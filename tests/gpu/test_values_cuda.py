@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from rredcot.common.models import build_tiny_model
+from rredcot.models.tiny import build_tiny_model
 from rredcot.redistributor.entropy import score_trace
 from rredcot.redistributor.references import CONTEXT, Tail, U, Y
 from rredcot.redistributor.values import branch_logprobs_fast, branch_logprobs_reference

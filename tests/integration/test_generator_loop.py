@@ -17,10 +17,11 @@ from rredcot.common.codec import decode
 from rredcot.common.config import load_config
 from rredcot.common.ledger import Ledger, group_id, inflight_key
 from rredcot.common.lineage import VersionLineage
-from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir, save_model_dir
 from rredcot.common.records import RolloutGroup
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import DEAD, ROLLOUTS, Consumer, key
+from rredcot.models.store import load_tokenizer, qwen_tokenizer_dir, save_model_dir
+from rredcot.models.tiny import build_tiny_model
 from rredcot.transports.manifest import publish_weights
 
 MAX_LEN = 256

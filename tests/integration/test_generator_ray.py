@@ -9,11 +9,12 @@ import pytest
 from rredcot.common.codec import decode
 from rredcot.common.config import load_config, to_dict
 from rredcot.common.ledger import group_id
-from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir, save_model_dir
 from rredcot.common.records import RolloutGroup
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import ROLLOUTS, key
 from rredcot.launch.stages import StageWorker, stage_env
+from rredcot.models.store import load_tokenizer, qwen_tokenizer_dir, save_model_dir
+from rredcot.models.tiny import build_tiny_model
 from rredcot.transports.manifest import publish_weights
 
 

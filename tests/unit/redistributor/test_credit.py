@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rredcot.common.config import Config, ConfigError, CreditConfig, load_config
-from rredcot.common.models import build_tiny_model
 from rredcot.common.records import RecordError
 from rredcot.learner.loss import sample_coefficients
 from rredcot.learner.packing import collate, samples_from_group
+from rredcot.models.tiny import build_tiny_model
 from rredcot.redistributor.credit import (
     budget_batches,
     group_advantages,

@@ -12,8 +12,8 @@ import pytest
 from rredcot.common.codec import encode
 from rredcot.common.config import Config, CreditConfig
 from rredcot.common.errors import UserError
-from rredcot.common.models import build_tiny_model
 from rredcot.common.streams import BATCHES, Producer, key
+from rredcot.models.tiny import build_tiny_model
 from rredcot.redistributor.credit import redistribute_group
 from rredcot.redistributor.heatmap import baselined, inspect_command, load_group, render_heatmap
 from rredcot.redistributor.scorer import Scorer

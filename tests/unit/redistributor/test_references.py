@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rredcot.common.config import CreditConfig
-from rredcot.common.models import build_tiny_model
+from rredcot.models.tiny import build_tiny_model
 from rredcot.redistributor.references import CONTEXT, Construct, Tail, U, Y, split_pair, suffix_starts, tails
 from rredcot.redistributor.scorer import Scorer
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rredcot.common.config import CreditConfig
-from rredcot.common.models import build_tiny_model
 from rredcot.common.records import RecordError
+from rredcot.models.tiny import build_tiny_model
 from rredcot.redistributor.scorer import Scorer
 from tests.factories import rollout_group
 

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from rredcot.common.config import load_config
-from rredcot.common.models import build_tiny_model, load_tokenizer, qwen_tokenizer_dir
 from rredcot.common.registry import WEIGHT_TRANSPORTS
+from rredcot.models.store import load_tokenizer, qwen_tokenizer_dir
+from rredcot.models.tiny import build_tiny_model
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.scorer_weights import ScorerPort
 from rredcot.transports import weight_receiver

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rredcot.common.config import Config, CreditConfig
-from rredcot.common.models import build_tiny_model
+from rredcot.models.tiny import build_tiny_model
 from rredcot.redistributor.credit import (
     redistribute_group,
 )

@@ -11,8 +11,8 @@ import torch
 from rredcot.common.config import ConfigError, TaskConfig, load_config
 from rredcot.common.onednn import PRIMITIVE_CACHE, PRIMITIVE_CACHE_ENV
 from rredcot.common.records import WeightedSample
-from rredcot.common.verifier import Verifier
 from rredcot.redistributor.worker import WorkerMetrics, build_scorer, verifier_reward
+from rredcot.tasks.verifier import Verifier
 from tests.factories import rollout
 
 

@@ -3,8 +3,8 @@ import re
 import pytest
 
 from rredcot.common.config import ConfigError, DataConfig, TaskConfig, load_config
-from rredcot.common.data import Problem, train_and_held_out
-from rredcot.common.task import build_task
+from rredcot.tasks.data import Problem, train_and_held_out
+from rredcot.tasks.task import build_task
 
 DATA = DataConfig(eval_size=0)
 

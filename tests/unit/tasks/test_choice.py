@@ -5,8 +5,8 @@ import re
 import pytest
 
 from rredcot.common.config import DataConfig, TaskConfig, load_config
-from rredcot.common.task import build_task
-from rredcot.common.verifier import Verifier
+from rredcot.tasks.task import build_task
+from rredcot.tasks.verifier import Verifier
 
 SPEC = TaskConfig("choice", {"options": 5, "size": 40})
 

@@ -3,9 +3,9 @@
 import pytest
 
 from rredcot.common.config import ConfigError, DataConfig, load_config
-from rredcot.common.prompts import messages
-from rredcot.common.task import build_task
-from rredcot.common.verifier import Verifier
+from rredcot.tasks.prompts import messages
+from rredcot.tasks.task import build_task
+from rredcot.tasks.verifier import Verifier
 
 OVERRIDES = ["task.name=tests.extensions.double", "task.settings={largest: 12}", "data.eval_size=2"]
 

@@ -1,7 +1,7 @@
 import pytest
 
 from rredcot.common.config import ConfigError, DataConfig, TaskConfig, load_config
-from rredcot.common.task import build_task
+from rredcot.tasks.task import build_task
 
 MATH = build_task(TaskConfig("math"))
 

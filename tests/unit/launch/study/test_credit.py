@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rredcot.common.config import Config, CreditConfig
-from rredcot.common.models import build_tiny_model
 from rredcot.common.sampling import ContinuationRequest, seed_of
 from rredcot.launch.study.credit import MC, rredcot_variants, segment_credit, study_group
+from rredcot.models.tiny import build_tiny_model
 from rredcot.redistributor.credit import redistribute_group
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.value_credit import outcome_mc_values

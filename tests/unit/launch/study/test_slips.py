@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from rredcot.common.config import DataConfig, TaskConfig
-from rredcot.common.task import build_task
 from rredcot.launch.study.slips import (
     FILLER,
     Format,
@@ -19,6 +18,7 @@ from rredcot.launch.study.slips import (
     working_lines,
 )
 from rredcot.tasks.arith import first_slip
+from rredcot.tasks.task import build_task
 
 FMT = Format("<think>", "</think>", "Answer: ")
 

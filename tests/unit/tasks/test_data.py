@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rredcot.common.config import DataConfig, TaskConfig
-from rredcot.common.data import (
+from rredcot.tasks.data import (
     DatasetError,
     ProblemOrder,
     count_rows,
@@ -16,7 +16,7 @@ from rredcot.common.data import (
     split_eval,
     train_and_held_out,
 )
-from rredcot.common.task import build_task
+from rredcot.tasks.task import build_task
 
 
 def _jsonl(path, rows):

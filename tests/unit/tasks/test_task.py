@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from rredcot.common.config import TaskConfig
-from rredcot.common.task import answer_line, answer_text, build_task
+from rredcot.tasks.task import answer_line, answer_text, build_task
 
 MATH = build_task(TaskConfig("math"))
 REVISED = "<think>\nSo the answer is: 12, hmm wait.\nActually 13.\n</think>\n\nThe result is \\boxed{13}."
@@ -38,7 +38,7 @@ def test_answer_text_by_hand() -> None:
 
 
 SPACES = """
-from rredcot.common.task import answer_line
+from rredcot.tasks.task import answer_line
 print(answer_line("answer" + " " * 1_000_000 + "?"), answer_line("The answer is" + " " * 1_000_000 + "= 42"))
 """
 

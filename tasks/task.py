@@ -2,7 +2,7 @@
 
 Tasks are registered by name (``common.registry.TASKS``) and chosen with ``task.name``; a task's
 own settings are a dataclass (``Settings``) filled from ``task.settings``. The generator, the
-evaluator and Monte-Carlo credit all score completions through ``common.verifier.Verifier``,
+evaluator and Monte-Carlo credit all score completions through ``tasks.verifier.Verifier``,
 which runs ``answers_match`` of the run's task in an isolated process with a timeout.
 
 Subclass ``Task``, decorate it with ``@TASKS.register("name")`` and override what differs:
@@ -16,8 +16,8 @@ import re
 from typing import Any, ClassVar
 
 from rredcot.common.config import Config, ConfigError, DataConfig, TaskConfig
-from rredcot.common.data import Problem
-from rredcot.common.registry import TASKS, typed_settings
+from rredcot.common.registry import make_task
+from rredcot.tasks.data import Problem
 
 # one way to match each whitespace run (``answer\s*(?:is)?\s*`` split a run between two ``\s*``:
 # quadratic backtracking on a long run without a colon)
@@ -28,7 +28,7 @@ def answer_text(completion: str, think_start: str, think_end: str, opened: bool 
     """The part of a completion that may state its answer: the text after its last ``think_end``, the
     whole completion without thinking tags, None when a thought was opened and never closed (a
     truncated trace gives no answer; what its thinking tried is no answer). ``opened``: the prompt
-    opened the thought (``common.prompts.opens_thought``), so the completion must close it."""
+    opened the thought (``tasks.prompts.opens_thought``), so the completion must close it."""
     _, closed, after = completion.rpartition(think_end)
     return None if think_start in after or (opened and not closed) else after
 
@@ -107,5 +107,4 @@ def check_eval_fits(cfg: Config, size: int, distinct: int | None = None) -> None
 
 def build_task(spec: TaskConfig) -> Task:
     """The task ``spec.name`` with its typed settings (raises ``RegistryError`` on a bad name or key)."""
-    cls = TASKS.get(spec.name)
-    return cls(typed_settings(cls.Settings, dict(spec.settings), "task.settings", f"task {spec.name!r}"))
+    return make_task(spec.name, spec.settings)

@@ -1,7 +1,7 @@
 from rredcot.common.config import DataConfig, TaskConfig
-from rredcot.common.data import Problem
-from rredcot.common.prompts import messages, prompt_ids, prompt_text
-from rredcot.common.task import build_task
+from rredcot.tasks.data import Problem
+from rredcot.tasks.prompts import messages, prompt_ids, prompt_text
+from rredcot.tasks.task import build_task
 
 PROBLEM = Problem(id="p", problem="What is 3 * 4?", solution="3 * 4 = 12.\nAnswer: 12", answer="12")
 ARITH = build_task(TaskConfig("arith"))

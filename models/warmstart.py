@@ -13,8 +13,9 @@ from functools import cache
 from typing import Any
 
 from rredcot.common.config import DataConfig, TaskConfig
-from rredcot.common.prompts import prompt_text
-from rredcot.common.task import build_task
+from rredcot.models.store import digest, load_tokenizer, qwen_tokenizer_dir
+from rredcot.tasks.prompts import prompt_text
+from rredcot.tasks.task import build_task
 
 ARITH_TASK = TaskConfig("arith", {"op": "mul", "operand_min": 2, "operand_max": 6, "size": 25})
 CHAT = DataConfig(eval_size=0, prompt_style="chat")
@@ -31,8 +32,6 @@ def sft_arith(model: Any, tokenizer: Any, seed: int = 0) -> Any:
 @cache
 def arith_recipe(seed: int) -> str:
     """What ``sft_arith`` depends on, as a digest: a cached model from another recipe is rebuilt."""
-    from rredcot.common.models import digest, load_tokenizer, qwen_tokenizer_dir
-
     return digest([sft_pairs(load_tokenizer(qwen_tokenizer_dir()), ARITH_TASK, CHAT, seed), ARITH_SFT])
 
 

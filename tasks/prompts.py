@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from rredcot.common.config import DataConfig
-from rredcot.common.data import Problem
-from rredcot.common.task import Task
+from rredcot.tasks.data import Problem
+from rredcot.tasks.task import Task
 
 
 def messages(problem: Problem, task: Task, cfg: DataConfig) -> list[dict[str, str]]:

@@ -3,7 +3,8 @@
 Converted once (about 10 s) into a clean Hugging Face directory under the rredcot cache:
 dequantised safetensors weights (tied embedding stored as ``model.embed_tokens.weight``), a config
 with ``architectures`` and no GGUF quantisation settings, and the tokenizer — loadable by
-transformers, vLLM and DeepSpeed alike.
+transformers, vLLM and DeepSpeed alike. Its builtin names (``BUILTINS``) are registered in
+``common.registry.MODELS``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,16 @@ from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
-from rredcot.common.models import build_once, cache_dir, digest, recipe_dir
+from rredcot.common.registry import MODELS
+from rredcot.models.store import (
+    build_once,
+    cache_dir,
+    digest,
+    load_causal_lm,
+    load_tokenizer,
+    recipe_dir,
+    save_model_dir,
+)
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # the chain models are the base after an SFT: same shape
@@ -76,7 +86,7 @@ def smollm2_chain_dir(root: str | Path | None = None, name: str = "smollm2-135m-
 
 def _chain_pairs(tokenizer: Any, name: str) -> list[tuple[list[int], list[int]]]:
     from rredcot.common.config import DataConfig, TaskConfig
-    from rredcot.common.warmstart import sft_pairs
+    from rredcot.models.warmstart import sft_pairs
 
     data = DataConfig(eval_size=0, prompt_style="chat_one_shot")
     return sft_pairs(tokenizer, TaskConfig("arith", dict(CHAIN_TASKS[name])), data, CHAIN_SFT["seed"])
@@ -85,18 +95,23 @@ def _chain_pairs(tokenizer: Any, name: str) -> list[tuple[list[int], list[int]]]
 @cache
 def _chain_digest(base: str, name: str) -> str:
     """What a chain model depends on beyond its task and ``CHAIN_SFT``: its training pairs."""
-    from rredcot.common.models import load_tokenizer
-
     return digest([_chain_pairs(load_tokenizer(base), name), CHAIN_SFT])
 
 
 def _chain_sft(base: Path, name: str, out: Path) -> None:
     import torch
 
-    from rredcot.common.models import load_causal_lm, load_tokenizer, save_model_dir
-    from rredcot.common.warmstart import sft
+    from rredcot.models.warmstart import sft
 
     torch.manual_seed(CHAIN_SFT["seed"])
     tok = load_tokenizer(str(base))
     model = sft(load_causal_lm(str(base), "float32"), tok, _chain_pairs(tok, name), **CHAIN_SFT)
     save_model_dir(model, tok, out)
+
+
+@MODELS.register("smollm2-135m")
+@MODELS.register("smollm2-135m-chain")
+@MODELS.register("smollm2-135m-chain-think")
+def builtin_dir(name: str, seed: int = 0) -> Path:
+    """A builtin of ``BUILTINS`` by name, built on first use (``seed``: the same model for every seed)."""
+    return smollm2_dir() if name == "smollm2-135m" else smollm2_chain_dir(name=name)

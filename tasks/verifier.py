@@ -1,6 +1,6 @@
 """Answer verification for every task, isolated in a worker process with a hard timeout.
 
-The task (``common.task``) says how an answer is read (``extract_answer``, in the caller, from the
+The task (``tasks.task``) says how an answer is read (``extract_answer``, in the caller, from the
 text after the thinking: ``answer_text``) and whether it is right (``answers_match``, in the child).
 Checkers can hang: math-verify's own timeouts are signal-based and work only in a process's main
 thread, and sympy can hang on pathological input. So each check runs in the main thread of a
@@ -24,7 +24,7 @@ import msgpack
 import numpy as np
 
 from rredcot.common.config import Config, ModelConfig, TaskConfig
-from rredcot.common.task import answer_text, build_task
+from rredcot.tasks.task import answer_text, build_task
 
 log = logging.getLogger(__name__)
 LOGGED_ERRORS = 5  # a broken checker fails every sample: its first errors are logged, then every 1000th

@@ -1,0 +1,59 @@
+"""Built-in models are made once, whichever process asks first (a first run's workers all do); a
+builtin name resolves through its recipe, any other path is left as it is."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rredcot.common.registry import MODELS
+from rredcot.models.store import build_once, recipe_dir, resolve_model_path
+
+
+def test_build_once_builds_once_and_others_wait(tmp_path):
+    calls = []
+
+    def build(out: Path) -> None:
+        calls.append(out)
+        out.mkdir()
+
+    target = tmp_path / "m"
+    assert build_once(target, build, {"v": 1}) == target == build_once(target, build, {"v": 1})
+    assert len(calls) == 1 and calls[0] != target and not calls[0].exists()  # built aside, renamed
+    assert json.loads((target / "rredcot.json").read_text()) == {"v": 1}
+
+
+def test_each_recipe_builds_into_a_directory_of_its_own(tmp_path):
+    """A cache from an older rredcot (another warm-start prompt, other settings) is not reused, and
+    not replaced either: another process (a checkout sharing the cache) may be reading it."""
+
+    def build_with(name: str):
+        def build(out: Path) -> None:
+            out.mkdir()
+            (out / name).write_text(name)
+
+        return build
+
+    old, new = (recipe_dir(tmp_path, "m", {"sft": d}) for d in ("aaaa", "bbbb"))
+    assert old != new and old.parent == tmp_path and old.name.startswith("m-")
+    assert recipe_dir(tmp_path, "m", {"sft": "aaaa"}) == old  # the same recipe, the same place
+    build_once(old, build_with("old"), {"sft": "aaaa"})
+    build_once(new, build_with("new"), {"sft": "bbbb"})
+    assert (old / "old").exists() and (new / "new").exists()
+    build_once(new, build_with("again"), {"sft": "bbbb"})  # built: reused
+    assert not (new / "again").exists()
+
+
+def test_every_builtin_model_is_registered_by_the_module_named_for_it():
+    """``MODELS`` names each builtin's recipe module; importing it registers the name (nothing is built)."""
+    from rredcot.models.smollm import BUILTINS
+    from rredcot.models.tiny import TINY_MODELS
+
+    assert set(MODELS.names()) == {*TINY_MODELS, *BUILTINS}
+    assert all(callable(MODELS.get(name)) for name in MODELS.names())
+
+
+def test_a_path_that_is_no_builtin_is_returned_as_it_is(tmp_path):
+    """A hub id has dots and slashes: it is never imported as a module."""
+    for path in ("Qwen/Qwen2.5-1.5B", "Qwen2.5-1.5B", str(tmp_path), "mypkg.model"):
+        assert resolve_model_path(path, seed=3) == path
