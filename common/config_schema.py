@@ -75,6 +75,8 @@ class DataConfig:
     solution_column: str = "solution"
     answer_column: str | None = "answer"  # None or missing: last \boxed{} of the solution
     eval_size: int = bounded(64, 0, COUNT_MAX)  # held out (never trained on)
+    # 0: train on every problem not held out; N: on the first N of them only (a small pool, revisited)
+    train_size: int = bounded(0, 0, COUNT_MAX)
     shuffle_seed: int = bounded(0, 0, 2**63 - 1)  # numpy's generators take any non-negative int
     prompt_style: str = choice("chat_one_shot", "chat_one_shot", "chat", "plain")
     system_prompt: str | None = None
@@ -250,6 +252,8 @@ class LoggingConfig:
     # a plain progress line this often when stdout is no terminal
     progress_every_s: float = bounded(15.0, 0.5, SECONDS_MAX)
     eval_every: int = bounded(0, 0, COUNT_MAX)  # learner steps between held-out evaluations (0: start and end)
+    # every evaluation also measures the first N training problems: how well the policy fits what it trains on
+    eval_train: int = bounded(0, 0, COUNT_MAX)
 
 
 @dataclass

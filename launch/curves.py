@@ -89,6 +89,14 @@ def _eval_panel(ax: Any, evals: list[dict[str, Any]]) -> None:
             ax.plot(steps, [e[name] for e in evals], "o-", color=color, label=f"{name} accuracy")
             lo, hi = [e[f"{name}_low"] for e in evals], [e[f"{name}_high"] for e in evals]
             ax.fill_between(steps, lo, hi, color=color, alpha=0.2)
+        if "train" in evals[0]:  # ``logging.eval_train``: what the policy fits, beside what it generalises to
+            ax.plot(
+                steps,
+                [e["train"]["sampled"] for e in evals],
+                "s--",
+                color="tab:green",
+                label="sampled, training problems",
+            )
         ax.legend(loc="best")
     else:
         ax.text(0.5, 0.5, "no held-out evaluation in this run", transform=ax.transAxes, ha="center", va="center")

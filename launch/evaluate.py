@@ -83,7 +83,7 @@ def evaluate(
     fitting = [(p, ids) for p, ids in every if engine.fits(ids)]
     if len(fitting) < len(every):
         log.warning(
-            "evaluation: %d held-out problem(s) left out, their prompt fills model.max_model_len (%d): %s",
+            "evaluation: %d problem(s) left out, their prompt fills model.max_model_len (%d): %s",
             len(every) - len(fitting),
             engine.max_model_len,
             ", ".join(p.id for p, ids in every if not engine.fits(ids))[:500],
@@ -143,7 +143,8 @@ class Evaluator:
         self.client = connect(c.redis.url) if c.redis.url else None
         self.control = RunControl(self.client, c.run.name) if self.client else None
         self.verifier = Verifier.from_config(c)
-        self.problems = train_and_held_out(self.verifier.task, c.data, c.run.seed)[1]
+        train, self.problems = train_and_held_out(self.verifier.task, c.data, c.run.seed)
+        self.train_problems = train[: c.logging.eval_train]  # ``logging.eval_train``: what the policy fits
         self.receiver = weight_receiver(c, self.client, self.engine) if self.client else None
         self._published = 0.0
 
@@ -153,11 +154,19 @@ class Evaluator:
             self._published = now
             self.control.publish_metrics("eval", "evaluator", {"samples_done": done, "samples_total": total})
 
+    def _evaluate(self, problems: list[Problem], before: int, total: int) -> dict[str, Any]:
+        """``evaluate`` of ``problems``, its progress counted after the ``before`` samples of the others."""
+        return evaluate(
+            self.engine, problems, self.cfg, self.verifier, lambda done, _: self._progress(before + done, total)
+        ).as_dict()
+
     def evaluate_latest(self, at_least: int = 0) -> dict[str, Any]:
         """Load the newest published weights, waiting up to ``WEIGHTS_WAIT_S`` for version ``at_least``
         (the learner's step may be reported before its version is published), and evaluate the
-        held-out problems."""
-        self._progress(0, len(self.problems) * (self.cfg.generation.group_size + 1))  # not the last one's count
+        held-out problems; with ``logging.eval_train``, also the first training problems (``train``)."""
+        per_problem = self.cfg.generation.group_size + 1
+        held, total = len(self.problems) * per_problem, (len(self.problems) + len(self.train_problems)) * per_problem
+        self._progress(0, total)  # not the last one's count
         if self.receiver is not None:
             deadline = time.monotonic() + WEIGHTS_WAIT_S
             self.receiver.poll()
@@ -171,4 +180,7 @@ class Evaluator:
                     WEIGHTS_WAIT_S,
                     self.engine.version,
                 )
-        return evaluate(self.engine, self.problems, self.cfg, self.verifier, self._progress).as_dict()
+        result = self._evaluate(self.problems, 0, total)
+        if self.train_problems:
+            result["train"] = self._evaluate(self.train_problems, held, total)
+        return result

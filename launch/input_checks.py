@@ -146,4 +146,24 @@ def check_data(cfg: Config) -> list[Check]:
                 f"set data.eval_size below {rows} or use a larger dataset",
             )
         ]
+    pool = cfg.data.train_size or rows - cfg.data.eval_size
+    for key, wanted, most in (
+        ("data.train_size", cfg.data.train_size, rows - cfg.data.eval_size),
+        ("logging.eval_train", cfg.logging.eval_train, pool),
+    ):
+        if wanted > most:
+            return [
+                Check(
+                    "error",
+                    "data",
+                    f"{key} = {wanted}: {path} has {rows} rows, {rows - cfg.data.eval_size} to train on "
+                    f"after data.eval_size = {cfg.data.eval_size}"
+                    + (
+                        f", of which data.train_size keeps {pool}"
+                        if key == "logging.eval_train" and cfg.data.train_size
+                        else ""
+                    ),
+                    f"set {key} to at most {most}",
+                )
+            ]
     return [Check("ok", "data", f"{path}: the first {len(problems)} rows are valid")]

@@ -86,15 +86,20 @@ class Monitor:
     def add_eval(self, result: dict[str, Any], step: int) -> None:
         result = {**result, "step": step}
         self.evals.append(result)
-        self._log({f"eval/{name}_accuracy": result[name] for name in ("sampled", "greedy")}, step)
+        scalars = {f"eval/{name}_accuracy": result[name] for name in ("sampled", "greedy")}
+        train = result.get("train")
+        if train:
+            scalars |= {f"eval/train_{name}_accuracy": train[name] for name in ("sampled", "greedy")}
+        self._log(scalars, step)
         logging.getLogger("rredcot").info(
-            "eval at step %d: sampled %.3f [%.3f, %.3f], greedy %.3f (%.0f s)",
+            "eval at step %d: sampled %.3f [%.3f, %.3f], greedy %.3f%s (%.0f s)",
             step,
             result["sampled"],
             result["sampled_low"],
             result["sampled_high"],
             result["greedy"],
-            result["seconds"],
+            f"; training problems sampled {train['sampled']:.3f}, greedy {train['greedy']:.3f}" if train else "",
+            result["seconds"] + (train["seconds"] if train else 0.0),
         )
 
     def add_ledger(self, balance: Balance) -> None:

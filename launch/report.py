@@ -30,6 +30,31 @@ def _fmt(e: dict[str, Any], name: str) -> str:
     return f"{e[name]:.3f} [{e[f'{name}_low']:.3f}, {e[f'{name}_high']:.3f}]"
 
 
+def _accuracy_section(title: str, evals: list[dict[str, Any]], over: str) -> list[str]:
+    """A summary section: the accuracy at every evaluation, then the paired change first → last."""
+    first, last = evals[0], evals[-1]
+    lines = [
+        f"## {title} ({first['problems']} problems, {first['samples_per_problem']} samples each at "
+        "the sampling temperature; 95% intervals over problems)",
+        "",
+        "| learner step | policy version | sampled | greedy |",
+        "|---:|---:|---|---|",
+    ]
+    lines += [f"| {e['step']} | {e['version']} | {_fmt(e, 'sampled')} | {_fmt(e, 'greedy')} |" for e in evals]
+    if len(evals) > 1:
+        from rredcot.launch.evaluate import paired_change
+
+        d, lo, hi = paired_change(first["sampled_per_problem"], last["sampled_per_problem"])
+        verdict = "improved" if lo > 0 else ("got worse" if hi < 0 else "did not change measurably")
+        lines += [
+            "",
+            f"Sampled accuracy {verdict}: {first['sampled']:.3f} → {last['sampled']:.3f}, a change of "
+            f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}] (95% interval of the mean per-problem change, paired "
+            f"over the same {over}).",
+        ]
+    return lines
+
+
 def write_summary(
     out: Path,
     cfg_yaml: str,
@@ -49,26 +74,13 @@ def write_summary(
     if time_verdict:
         lines += [f"Where the time went (`timeline.png`): {time_verdict}.", ""]
     if evals:
-        first, last = evals[0], evals[-1]
+        lines += _accuracy_section("Held-out accuracy", evals, "held-out problems")
+    if evals and "train" in evals[0]:
+        train = [{**e["train"], "step": e["step"]} for e in evals]
         lines += [
-            f"## Held-out accuracy ({first['problems']} problems, {first['samples_per_problem']} samples each at "
-            "the sampling temperature; 95% intervals over problems)",
             "",
-            "| learner step | policy version | sampled | greedy |",
-            "|---:|---:|---|---|",
+            *_accuracy_section("Accuracy on training problems (`logging.eval_train`)", train, "training problems"),
         ]
-        lines += [f"| {e['step']} | {e['version']} | {_fmt(e, 'sampled')} | {_fmt(e, 'greedy')} |" for e in evals]
-        if len(evals) > 1:
-            from rredcot.launch.evaluate import paired_change
-
-            d, lo, hi = paired_change(first["sampled_per_problem"], last["sampled_per_problem"])
-            verdict = "improved" if lo > 0 else ("got worse" if hi < 0 else "did not change measurably")
-            lines += [
-                "",
-                f"Sampled accuracy {verdict}: {first['sampled']:.3f} → {last['sampled']:.3f}, a change of "
-                f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}] (95% interval of the mean per-problem change, paired "
-                "over the same held-out problems).",
-            ]
     if ledger is not None:
         lines += ["", "## Ledger (every admitted prompt group)", "", ledger.line() + ".", ""]
         lines += ["| outcome | groups | by mean completion length |", "|---|---:|---|"]
@@ -120,10 +132,12 @@ def summary_json(cfg: Config, outcome: RunOutcome, artefacts: dict[str, str]) ->
 
     monitor = outcome.monitor
     evals = monitor.evals if monitor else []
-    paired = None
-    if monitor is not None and len(monitor.evals) > 1:
-        d, lo, hi = paired_change(monitor.evals[0]["sampled_per_problem"], monitor.evals[-1]["sampled_per_problem"])
-        paired = {"sampled_change": d, "low": lo, "high": hi, "problems": len(monitor.evals[0]["sampled_per_problem"])}
+
+    def paired(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
+        d, lo, hi = paired_change(first["sampled_per_problem"], last["sampled_per_problem"])
+        return {"sampled_change": d, "low": lo, "high": hi, "problems": len(first["sampled_per_problem"])}
+
+    many = len(evals) > 1
     info = cpu_info()
     model, learner = (planned_dtype(requested, on_gpu) for _, requested, on_gpu in dtype_settings(cfg))
     return {
@@ -135,7 +149,9 @@ def summary_json(cfg: Config, outcome: RunOutcome, artefacts: dict[str, str]) ->
         "wall_s": outcome.phases.elapsed(),
         "phases_s": outcome.phases.closed(),
         "evaluations": evals,  # with each problem's sampled accuracy, for paired comparisons between runs
-        "paired_change": paired,
+        "paired_change": paired(evals[0], evals[-1]) if many else None,
+        # on the first ``logging.eval_train`` training problems (each evaluation's ``train``)
+        "paired_change_train": paired(evals[0]["train"], evals[-1]["train"]) if many and "train" in evals[0] else None,
         "training_reward": training_reward(monitor.history) if monitor else [],
         "bottleneck": bottleneck(worker_timelines(monitor.history)) if monitor else "",
         "workers": {  # every worker's last report: its tier and counters

@@ -245,7 +245,7 @@ def split_eval(problems: list[Problem], eval_size: int, seed: int) -> tuple[list
 
 def train_and_held_out(task: Any, cfg: DataConfig, seed: int) -> tuple[list[Problem], list[Problem]]:
     """The run's (training, held-out) problems of ``task`` (a ``tasks.task.Task``): every stage
-    and the evaluator use this one split."""
+    and the evaluator use this one split. ``data.train_size`` keeps the first N training problems."""
     problems = task.problems(cfg, seed)
     train, held = split_eval(problems, cfg.eval_size, cfg.shuffle_seed)
     if not train:
@@ -253,7 +253,12 @@ def train_and_held_out(task: Any, cfg: DataConfig, seed: int) -> tuple[list[Prob
             f"{cfg.path or 'the task'} has {len(problems)} problems and data.eval_size = {cfg.eval_size} holds them "
             f"all out: set data.eval_size below {len(problems)}"
         )
-    return train, held
+    if cfg.train_size > len(train):
+        raise DatasetError(
+            f"data.train_size = {cfg.train_size}: {cfg.path or 'the task'} leaves {len(train)} problems to train on "
+            f"after data.eval_size = {cfg.eval_size}; set data.train_size to at most {len(train)} (0: all of them)"
+        )
+    return train[: cfg.train_size or None], held
 
 
 class ProblemOrder:

@@ -89,7 +89,8 @@ class Task:
 
 
 def check_eval_fits(cfg: Config, size: int, distinct: int | None = None) -> None:
-    """A generated task's rule: the held-out set leaves problems to train on. ``size``:
+    """A generated task's rule: the held-out set leaves problems to train on, and ``data.train_size``
+    and ``logging.eval_train`` ask for no more of them than there are. ``size``:
     ``task.settings.size``; ``distinct``: how many different problems the settings can make, when
     the task generates no more than that."""
     count = size if distinct is None else min(size, distinct)
@@ -102,6 +103,18 @@ def check_eval_fits(cfg: Config, size: int, distinct: int | None = None) -> None
         raise ConfigError(
             f"data.eval_size = {cfg.data.eval_size} is not allowed; expected < {made} "
             "so that some problems remain for training"
+        )
+    pool = count - cfg.data.eval_size
+    if cfg.data.train_size > pool:
+        raise ConfigError(
+            f"data.train_size = {cfg.data.train_size} is not allowed; expected 0 (every problem not held out) "
+            f"or <= {pool}, the problems left to train on after data.eval_size = {cfg.data.eval_size}"
+        )
+    pool = cfg.data.train_size or pool
+    if cfg.logging.eval_train > pool:
+        raise ConfigError(
+            f"logging.eval_train = {cfg.logging.eval_train} is not allowed; expected <= {pool}, "
+            "the problems the run trains on"
         )
 
 

@@ -47,6 +47,13 @@ class Run:
     def evals(self) -> list[dict[str, Any]]:
         return self.summary["evaluations"]
 
+    def part(self, part: str) -> list[dict[str, Any]]:
+        """The evaluations of ``part``: ``held_out``, or ``train`` (``logging.eval_train``'s training
+        problems, each with its evaluation's step)."""
+        if part == "held_out":
+            return self.evals
+        return [{**e["train"], "step": e["step"]} for e in self.evals]
+
 
 def arm_overrides(arm: str) -> list[str]:
     """An arm ``METHOD[@key=value...]`` (e.g. ``rredcot@credit.uniform_mix=1.0``: the whole RREDCoT
@@ -111,10 +118,10 @@ def train_once(
     return Run(method, seed, summary)
 
 
-def steps_to_reach(run: Run, target: float) -> int | None:
-    """The first evaluated step whose sampled held-out accuracy reaches ``target`` (None: never),
+def steps_to_reach(run: Run, target: float, part: str = "held_out") -> int | None:
+    """The first evaluated step whose sampled accuracy on ``part`` reaches ``target`` (None: never),
     within ``REACH_TOLERANCE``: a mean of equal accuracies can land a rounding error above them."""
-    return next((e["step"] for e in run.evals if e["sampled"] >= target - REACH_TOLERANCE), None)
+    return next((e["step"] for e in run.part(part) if e["sampled"] >= target - REACH_TOLERANCE), None)
 
 
 @dataclass(frozen=True)
@@ -145,12 +152,12 @@ class Paired:
         }
 
 
-def paired_against(runs: list[Run], baseline: list[Run]) -> Paired:
-    """Per seed, the mean per-problem change of the final sampled held-out accuracy against the
+def paired_against(runs: list[Run], baseline: list[Run], part: str = "held_out") -> Paired:
+    """Per seed, the mean per-problem change of the final sampled accuracy on ``part`` against the
     baseline method's run of that seed; their mean over seeds with its t-interval, and the
     problem-level interval conditional on these trained models."""
-    base = {r.seed: r.evals[-1]["sampled_per_problem"] for r in baseline}
-    diffs = np.array([np.subtract(r.evals[-1]["sampled_per_problem"], base[r.seed]) for r in runs])
+    base = {r.seed: r.part(part)[-1]["sampled_per_problem"] for r in baseline}
+    diffs = np.array([np.subtract(r.part(part)[-1]["sampled_per_problem"], base[r.seed]) for r in runs])
     per_seed = [float(d) for d in diffs.mean(axis=1)]
     _, low, high = mean_ci([float(d) for d in diffs.mean(axis=0)], clip=None)
     return Paired(per_seed, mean_interval(per_seed), (low, high), diffs.shape[1])
@@ -170,27 +177,31 @@ def paired_cell(p: dict[str, Any]) -> str:
     )
 
 
-def summarize(runs: list[Run], methods: list[str]) -> dict[str, Any]:
-    """Per method: final held-out accuracy over seeds, start-to-end change, steps to reach the first
-    method's final accuracy, and the paired change against the first method."""
+def summarize(runs: list[Run], methods: list[str], part: str = "held_out") -> dict[str, Any]:
+    """Per method, on ``part``'s problems: final sampled accuracy over seeds, start-to-end change,
+    steps to reach the first method's final accuracy, and the paired change against the first method.
+    On held-out problems with ``logging.eval_train`` in every run, the same on the training problems
+    under ``train``."""
     by = {m: [r for r in runs if r.method == m] for m in methods}
     if any(not r.evals for r in runs):
         raise UserError("study compare needs held-out evaluations: set data.eval_size > 0 in the config")
-    target = float(np.mean([r.evals[-1]["sampled"] for r in by[methods[0]]]))
+    target = float(np.mean([r.part(part)[-1]["sampled"] for r in by[methods[0]]]))
     out: dict[str, Any] = {"baseline": methods[0], "target_accuracy": target, "methods": {}}
     for m, rs in by.items():
-        final = [r.evals[-1]["sampled"] for r in rs]
-        reached = [steps_to_reach(r, target) for r in rs]
-        paired = paired_against(rs, by[methods[0]]) if m != methods[0] else None
+        final = [r.part(part)[-1]["sampled"] for r in rs]
+        reached = [steps_to_reach(r, target, part) for r in rs]
+        paired = paired_against(rs, by[methods[0]], part) if m != methods[0] else None
         out["methods"][m] = {
             "seeds": [r.seed for r in rs],
             "final_sampled": final,
             "final_sampled_mean": float(np.mean(final)),
-            "start_sampled_mean": float(np.mean([r.evals[0]["sampled"] for r in rs])),
+            "start_sampled_mean": float(np.mean([r.part(part)[0]["sampled"] for r in rs])),
             "steps_to_target": reached,
             "wall_s_mean": float(np.mean([r.summary["wall_s"] for r in rs])),
             "paired_vs_baseline": None if paired is None else paired.as_json(),
         }
+    if part == "held_out" and all("train" in r.evals[0] for r in runs):
+        out["train"] = summarize(runs, methods, "train")
     return out
 
 
@@ -205,33 +216,29 @@ def _band(ax: Any, series: list[list[list[float]]], label: str) -> None:
 
 
 def plot(runs: list[Run], methods: list[str], path: Path) -> None:
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    parts = ["held_out", "train"] if all("train" in r.evals[0] for r in runs) else ["held_out"]
+    fig, axes = plt.subplots(1, 1 + len(parts), figsize=(5.5 * (1 + len(parts)), 4))
     for m in methods:
         rs = [r for r in runs if r.method == m]
-        _band(left, [r.summary["training_reward"] for r in rs], m)
-        _band(right, [[[e["step"], e["sampled"]] for e in r.evals] for r in rs], m)
-    left.set(xlabel="learner step", ylabel="mean sampled reward (training)", title="Training reward")
-    right.set(xlabel="learner step", ylabel="sampled accuracy (held-out)", title="Held-out accuracy")
-    for ax in (left, right):
+        _band(axes[0], [r.summary["training_reward"] for r in rs], m)
+        for ax, part in zip(axes[1:], parts, strict=True):
+            _band(ax, [[[e["step"], e["sampled"]] for e in r.part(part)] for r in rs], m)
+    axes[0].set(xlabel="learner step", ylabel="mean sampled reward (training)", title="Training reward")
+    for ax, part in zip(axes[1:], parts, strict=True):
+        where = "held-out" if part == "held_out" else "training problems"
+        ax.set(xlabel="learner step", ylabel=f"sampled accuracy ({where})", title=f"Accuracy, {where}")
+    for ax in axes:
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def write_report(runs: list[Run], methods: list[str], meta: dict[str, Any], out: Path) -> Path:
-    s = {**meta, **summarize(runs, methods)}
-    (out / "compare.json").write_text(json.dumps(s, indent=1))
-    plot(runs, methods, out / "compare_curves.png")
-    base = methods[0]
+def _table(s: dict[str, Any], where: str) -> list[str]:
+    """The report's table of one part (``summarize``'s output): a row per method."""
+    base = s["baseline"]
     lines = [
-        f"# Credit methods compared: {', '.join(methods)}",
-        "",
-        f"- config: `{s['config']}` {' '.join(s['overrides'])}; sampling seeds 1 to {s['seeds']} per method; "
-        "the same problems, data order and steps in every run",
-        f"- machine: {s['machine']}",
-        "",
-        "| method | held-out sampled, start → end (mean over seeds) | end, per seed | "
+        f"| method | {where} sampled, start → end (mean over seeds) | end, per seed | "
         f"steps to reach {base}'s final {s['target_accuracy']:.3f} | paired change vs {base} [95%, seeds the unit] | "
         "wall s |",
         "|---|---|---|---|---|---:|",
@@ -245,7 +252,30 @@ def write_report(runs: list[Run], methods: list[str], meta: dict[str, Any], out:
             f"| {m} | {r['start_sampled_mean']:.3f} → {r['final_sampled_mean']:.3f} | {per_seed} | {reached} | "
             f"{paired} | {r['wall_s_mean']:.0f} |"
         )
-    lines += ["", "![training reward and held-out accuracy](compare_curves.png)", ""]
+    return lines
+
+
+def write_report(runs: list[Run], methods: list[str], meta: dict[str, Any], out: Path) -> Path:
+    s = {**meta, **summarize(runs, methods)}
+    (out / "compare.json").write_text(json.dumps(s, indent=1))
+    plot(runs, methods, out / "compare_curves.png")
+    lines = [
+        f"# Credit methods compared: {', '.join(methods)}",
+        "",
+        f"- config: `{s['config']}` {' '.join(s['overrides'])}; sampling seeds 1 to {s['seeds']} per method; "
+        "the same problems, data order and steps in every run",
+        f"- machine: {s['machine']}",
+        "",
+        *_table(s, "held-out"),
+    ]
+    if "train" in s:
+        lines += [
+            "",
+            "On the training problems the runs evaluated (`logging.eval_train`):",
+            "",
+            *_table(s["train"], "training"),
+        ]
+    lines += ["", "![training reward and accuracy](compare_curves.png)", ""]
     path = out / "compare.md"
     path.write_text("\n".join(lines))
     return path

@@ -1,5 +1,6 @@
 """``rredcot study compare`` at CI size: two real training runs (grpo, rredcot) of the tests config
-with one sampling seed and an evaluation mid-way, then the comparison; a second call reuses the finished runs."""
+with one sampling seed and an evaluation mid-way (held-out and 3 training problems), then the
+comparison; a second call reuses the finished runs."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def test_compare_trains_each_method_and_reports_the_paired_change(tmp_path) -> None:
     out = tmp_path / "cmp"
-    overrides = ["run.steps=4", "logging.eval_every=2"]
+    overrides = ["run.steps=4", "logging.eval_every=2", "logging.eval_train=3"]
     path = compare_study("tests", overrides, ["grpo", "rredcot"], 1, out)
     s = json.loads((out / "compare.json").read_text())
     assert s["baseline"] == "grpo" and list(s["methods"]) == ["grpo", "rredcot"] and s["seeds"] == 1
@@ -35,6 +36,10 @@ def test_compare_trains_each_method_and_reports_the_paired_change(tmp_path) -> N
         assert summary["status"] == "finished" and summary["steps"] == 4 and summary["training_reward"]
     assert (out / "compare_curves.png").read_bytes().startswith(PNG)
     assert "paired change vs grpo" in path.read_text()
+    # logging.eval_train: every evaluation also measured the first 3 training problems, compared apart
+    assert all(e["train"]["problems"] == 3 and e["train"]["version"] == e["version"] for e in evals), evals
+    assert s["train"]["methods"]["rredcot"]["paired_vs_baseline"]["problems"] == 3
+    assert "On the training problems the runs evaluated" in path.read_text()
     stamp = (out / "grpo-s1" / "report" / "summary.json").stat().st_mtime_ns
     compare_study("tests", overrides, ["grpo", "rredcot"], 1, out)
     assert (out / "grpo-s1" / "report" / "summary.json").stat().st_mtime_ns == stamp  # not trained again

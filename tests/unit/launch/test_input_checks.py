@@ -79,6 +79,20 @@ def test_holding_out_every_row_of_a_long_dataset_is_an_error(tmp_path: Path) -> 
     assert [c.level for c in _math(tmp_path, rows, "data.eval_size=149")] == ["ok"]
 
 
+def test_a_training_pool_or_training_evaluation_larger_than_the_dataset_is_an_error(tmp_path: Path) -> None:
+    """150 rows, 50 held out: 100 to train on; ``data.train_size`` and ``logging.eval_train`` within them."""
+    rows = "".join(f'{{"problem": "p{i}", "solution": "s", "answer": "{i}"}}\n' for i in range(150))
+    (check,) = _math(tmp_path, rows, "data.eval_size=50", "data.train_size=101")
+    assert check.level == "error" and check.found.endswith("has 150 rows, 100 to train on after data.eval_size = 50")
+    assert check.found.startswith("data.train_size = 101: ") and check.fix == "set data.train_size to at most 100"
+    (check,) = _math(tmp_path, rows, "data.eval_size=50", "data.train_size=10", "logging.eval_train=11")
+    assert check.level == "error" and check.found.endswith("of which data.train_size keeps 10")
+    assert check.fix == "set logging.eval_train to at most 10"
+    assert [
+        c.level for c in _math(tmp_path, rows, "data.eval_size=50", "data.train_size=10", "logging.eval_train=10")
+    ] == ["ok"]
+
+
 def test_max_model_len_beyond_the_models_context_is_an_error(tmp_path: Path) -> None:
     model = tmp_path / "model"
     model.mkdir()

@@ -64,10 +64,31 @@ def test_report_writes_both_summaries(tmp_path: Path, status: str) -> None:
     assert Path(files["learning curves"]).exists()
 
 
+def test_training_problems_get_their_own_section_and_paired_change(tmp_path: Path) -> None:
+    """``logging.eval_train``: each evaluation holds ``train``; the report pairs the first and last
+    on those problems apart from the held-out ones (here the held-out ones do not move)."""
+    cfg = load_config("tests", [f"run.dir={tmp_path}"])
+    flat = [0.5, 0.5]
+    evals = [
+        {**evaluation(0, flat), "train": evaluation(0, [0.0, 0.25, 0.5])},
+        {**evaluation(3, flat), "train": evaluation(3, [0.5, 0.75, 1.0])},
+    ]
+    write_report(cfg, tmp_path, RunOutcome(status="finished", phases=Phases(), monitor=FakeMonitor(evals)))
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert summary["paired_change"]["sampled_change"] == 0.0
+    train = summary["paired_change_train"]
+    assert train["sampled_change"] == pytest.approx(0.5) and train["problems"] == 3
+    assert train["low"] == train["high"] == pytest.approx(0.5)  # every problem changed by 0.5: no spread
+    md = (tmp_path / "report" / "summary.md").read_text()
+    assert "Sampled accuracy did not change measurably: 0.500 → 0.500" in md
+    assert "## Accuracy on training problems (`logging.eval_train`) (3 problems" in md
+    assert "Sampled accuracy improved: 0.250 → 0.750, a change of +0.500" in md
+
+
 def test_summary_without_evaluations(tmp_path: Path) -> None:
     cfg = load_config("tests", ["data.eval_size=0"])
     summary = summary_json(cfg, RunOutcome("failed: RuntimeError: x", Phases(), monitor=FakeMonitor([])), {})
-    assert summary["evaluations"] == [] and summary["paired_change"] is None
+    assert summary["evaluations"] == [] and summary["paired_change"] is None and summary["paired_change_train"] is None
     assert summary["status"].startswith("failed")
 
 

@@ -103,12 +103,26 @@ def test_deterministic_in_seed():
         ("task.settings.operand_min=9", "task.settings.operand_min = 9 is not allowed; expected <= task.settings"),
         ("task.settings.size=5", "data.eval_size = 5 is not allowed; expected < task.settings.size (5)"),
         ("task.settings.chain_steps=0", "task.settings.chain_steps = 0 is not allowed; expected a number in [1, 8]"),
+        # 15 distinct products a × b (2 <= a <= b <= 6), 5 held out: 10 to train on
+        ("data.train_size=11", "data.train_size = 11 is not allowed; expected 0 (every problem not held out) or <= 10"),
+        ("logging.eval_train=11", "logging.eval_train = 11 is not allowed; expected <= 10, the problems the run"),
+        ("data.train_size=4 logging.eval_train=5", "logging.eval_train = 5 is not allowed; expected <= 4"),
     ],
 )
 def test_cross_field_rules_name_the_key(override, fragment):
     with pytest.raises(ConfigError) as e:
-        load_config("tests", [override])
+        load_config("tests", override.split())
     assert fragment in str(e.value)
+
+
+def test_train_size_keeps_the_first_training_problems_and_the_same_held_out():
+    """``data.train_size`` narrows the pool the generators draw from; the held-out split is untouched."""
+    every = load_config("tests")
+    four = load_config("tests", ["data.train_size=4"])
+    task = build_task(every.task)
+    train, held = train_and_held_out(task, every.data, every.run.seed)
+    pool, same_held = train_and_held_out(task, four.data, four.run.seed)
+    assert len(train) == 10 and pool == train[:4] and same_held == held
 
 
 def test_chain_example_shows_the_chain_format_and_mul_keeps_its_own():

@@ -235,6 +235,9 @@ def test_holding_out_every_problem_names_data_eval_size_and_the_file(tmp_path):
         train_and_held_out(task, data, 0)
     data.eval_size = 1
     assert [len(part) for part in train_and_held_out(task, data, 0)] == [1, 1]
+    data.train_size = 2  # a dataset's count is known only once it is read: named then, with the file
+    with pytest.raises(DatasetError, match=f"data.train_size = 2: {f} leaves 1 problems to train on"):
+        train_and_held_out(task, data, 0)
 
 
 @pytest.mark.timeout(30)  # opening a FIFO without a writer blocks: this would hang, not fail

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
 from rredcot.common.config import RUN_NAME, load_config
 from rredcot.common.errors import UserError
-from rredcot.launch.study.compare import Run, arm_overrides, paired_cell, run_name, steps_to_reach, summarize
+from rredcot.launch.study.compare import (
+    Run,
+    arm_overrides,
+    paired_cell,
+    run_name,
+    steps_to_reach,
+    summarize,
+    write_report,
+)
 
 T_975_DF2 = 4.302652729749462  # Student t, 97.5% quantile, 2 degrees of freedom (tables: 4.303)
 
@@ -65,6 +74,32 @@ def test_equal_finals_reach_their_own_mean() -> None:
     assert s["target_accuracy"] > 27 / 40
     assert s["methods"]["grpo"]["steps_to_target"] == [24, 24, 24]
     assert steps_to_reach(run("grpo", 4, [1.0] * 26 + [0.0] * 14), s["target_accuracy"]) is None
+
+
+def test_training_problems_are_compared_apart_from_held_out_ones(tmp_path: Path) -> None:
+    """With ``logging.eval_train`` every evaluation holds ``train``: the same statistics on those
+    problems under ``train``, here a change of +0.25 per seed on held-out problems and of −0.5 on
+    the training ones (every seed alike: a zero-width interval)."""
+
+    def with_train(r: Run, train_end: list[float]) -> Run:
+        first, last = r.evals
+        start = {"step": 0, "sampled": 1.0, "sampled_per_problem": [1.0] * len(train_end)}
+        end = {"step": 24, "sampled": sum(train_end) / len(train_end), "sampled_per_problem": train_end}
+        return Run(r.method, r.seed, {**r.summary, "evaluations": [{**first, "train": start}, {**last, "train": end}]})
+
+    base = [with_train(r, [1.0, 1.0]) for r in BASE]
+    ours = [with_train(r, [0.5, 0.5]) for r in OURS]
+    s = summarize(base + ours, ["grpo", "rredcot"])
+    assert s["methods"]["rredcot"]["paired_vs_baseline"]["mean"] == pytest.approx(0.25)
+    train = s["train"]["methods"]["rredcot"]
+    assert train["paired_vs_baseline"]["per_seed"] == [-0.5, -0.5, -0.5]
+    assert train["start_sampled_mean"] == 1.0 and train["final_sampled_mean"] == 0.5
+    assert s["train"]["methods"]["grpo"]["steps_to_target"] == [0, 0, 0]  # 1.0 at the start already
+    assert "train" not in summarize(BASE + OURS, ["grpo", "rredcot"])  # only when every run has it
+    meta = {"config": "tests", "overrides": [], "seeds": 3, "machine": "cpu"}
+    md = write_report(base + ours, ["grpo", "rredcot"], meta, tmp_path).read_text()
+    assert "| rredcot | 1.000 → 0.500 | 0.500, 0.500, 0.500 |" in md  # the training problems' table
+    assert (tmp_path / "compare_curves.png").stat().st_size > 0
 
 
 def test_an_arm_is_a_method_with_its_own_overrides() -> None:
