@@ -18,7 +18,6 @@ the answer depends on (not the filler). Means with 95% intervals clustered by gr
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import time
@@ -32,7 +31,7 @@ from rredcot.common.codec import encode  # noqa: E402
 from rredcot.common.config import Config, load_config  # noqa: E402
 from rredcot.common.precision import cpu_info  # noqa: E402
 from rredcot.common.records import RolloutGroup  # noqa: E402
-from rredcot.launch.study.credit import rredcot_variants  # noqa: E402
+from rredcot.launch.study.credit import rredcot_settings, rredcot_variants, with_method  # noqa: E402
 from rredcot.launch.study.slips import (  # noqa: E402
     Format,
     LabelledTrace,
@@ -51,19 +50,16 @@ from rredcot.tasks.task import build_task  # noqa: E402
 from rredcot.tasks.verifier import Verifier  # noqa: E402
 
 
-def _with_credit(cfg: Config, **changes: object) -> Config:
-    return dataclasses.replace(cfg, credit=dataclasses.replace(cfg.credit, **changes))
-
-
 def group_sigmas(group: RolloutGroup, cfg: Config, scorer: Scorer) -> dict[str, list[np.ndarray]]:
     """Every sample's σ under each method, and under RREDCoT for each construct × baseline."""
     out = {}
     for m in ("grpo", "entropy", "top_entropy"):
-        out[m] = [w.sigma for w in redistribute_group(group, _with_credit(cfg, method=m, settings={}), scorer).samples]
+        out[m] = [w.sigma for w in redistribute_group(group, with_method(cfg, m, keep=False), scorer).samples]
     for name, (credits, _) in rredcot_variants(group, cfg, scorer).items():
         construct, _, baseline = name.partition("+")
         out[f"rredcot_{construct}_{baseline or 'none'}"] = [c.sigma for c in credits]
-    out["rredcot"] = out[f"rredcot_{cfg.credit.reference}_{cfg.credit.baseline}"]  # the config's own
+    own = rredcot_settings(cfg)
+    out["rredcot"] = out[f"rredcot_{own.reference}_{own.baseline}"]  # the config's own
     return out
 
 

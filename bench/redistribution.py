@@ -4,7 +4,7 @@
    tokens forwarded by the fast path ÷ ideal (trace + K·N branch tokens); the branches with the
    measured waste rule vs as many per forward as memory allows (the planner before it);
 1b. the long case: a 25k-token thinking trace, K = 40, N = 4: peak RSS of the values stage within
-   ``credit.values_memory_mb`` vs one unbounded forward (what a token budget of 131,072 did);
+   ``credit.scorer.values_memory_mb`` vs one unbounded forward (what a token budget of 131,072 did);
 2. redistribution (rredcot) time ÷ transformers ``generate`` time for the same rollouts;
 3. MC credit cost ÷ RREDCoT cost on those rollouts.
 The last line printed is one JSON object.
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rredcot.common.config import Config, CreditConfig
+from rredcot.common.config import Config, CreditConfig, ScorerConfig, SegmentationConfig
 from rredcot.common.records import RolloutGroup, RolloutRecord, new_id
 from rredcot.models.store import load_tokenizer, qwen_tokenizer_dir
 from rredcot.models.tiny import build_tiny_model
@@ -91,7 +91,7 @@ def bench_values(model, tok, length: int, k: int, n_refs: int, vocab: int | None
     """Values on a reasoning trace of ``length`` tokens (ids taken mod ``vocab`` for small-vocab models)."""
     prompt = tok("<|im_start|>user\nCompute the product.<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
     comp = reasoning_text(tok, length)
-    cfg = CreditConfig(segments=k, entropy_chunk=512)
+    seg, sc = SegmentationConfig(segments=k), ScorerConfig(entropy_chunk=512)
     refs = [
         (
             tok(f"We get {i}*84 = {84 * i}.\n", add_special_tokens=False)["input_ids"],
@@ -99,33 +99,31 @@ def bench_values(model, tok, length: int, k: int, n_refs: int, vocab: int | None
         )
         for i in range(1, n_refs + 1)
     ]
-    exit_ids = tok(cfg.exit_string, add_special_tokens=False)["input_ids"]
+    exit_ids = tok(sc.exit_string, add_special_tokens=False)["input_ids"]
     entropy = np.random.default_rng(0).random(len(comp))  # entropy only places the boundaries here
-    exits = segment(token_texts(tok, comp), entropy, cfg, "<think>", "</think>").exit_points.tolist()
+    exits = segment(token_texts(tok, comp), entropy, seg, "<think>", "</think>").exit_points.tolist()
     if vocab is not None:
         prompt, comp, exit_ids = ([i % vocab for i in x] for x in (prompt, comp, exit_ids))
         refs = [([i % vocab for i in u], [i % vocab for i in y]) for u, y in refs]
     tails = solution_tails(refs, exit_ids, len(exits))
 
     t_ent, _ = timed(
-        lambda: score_trace(model, prompt, comp, cfg.entropy_chunk, keep_cache=False, forward_chunk=cfg.token_budget)
+        lambda: score_trace(model, prompt, comp, sc.entropy_chunk, keep_cache=False, forward_chunk=sc.token_budget)
     )
 
     def kv_pass():  # the entropy pass is common to both paths (segmentation needs it): KV-only here
-        return score_trace(model, prompt, comp, cfg.entropy_chunk, stats=False, forward_chunk=cfg.token_budget)
+        return score_trace(model, prompt, comp, sc.entropy_chunk, stats=False, forward_chunk=sc.token_budget)
 
     def fast():
         trace = kv_pass()
-        return branch_logprobs_fast(
-            model, trace, exits, tails, prompt + comp, cfg.values_memory_mb << 20
-        ), trace.counter
+        return branch_logprobs_fast(model, trace, exits, tails, prompt + comp, sc.values_memory_mb << 20), trace.counter
 
     t_fast, (bl_fast, counter) = timed(fast, repeat=3)
     trace = kv_pass()
     t_branch, _ = timed(
-        lambda: branch_logprobs_fast(model, trace, exits, tails, prompt + comp, cfg.values_memory_mb << 20), 3
+        lambda: branch_logprobs_fast(model, trace, exits, tails, prompt + comp, sc.values_memory_mb << 20), 3
     )
-    sweep = {  # branches alone per credit.values_memory_mb (with the measured waste rule)
+    sweep = {  # branches alone per credit.scorer.values_memory_mb (with the measured waste rule)
         f"branches_s_at_{mb}mb": timed(
             lambda mb=mb: branch_logprobs_fast(model, trace, exits, tails, prompt + comp, mb << 20), 3
         )[0]
@@ -134,7 +132,7 @@ def bench_values(model, tok, length: int, k: int, n_refs: int, vocab: int | None
     # what the planner did before the waste rule: as many branches per forward as memory allows
     sweep["branches_s_memory_only"] = timed(
         lambda: branch_logprobs_fast(
-            model, trace, exits, tails, prompt + comp, cfg.values_memory_mb << 20, overhead_cells=1 << 62
+            model, trace, exits, tails, prompt + comp, sc.values_memory_mb << 20, overhead_cells=1 << 62
         ),
         3,
     )[0]
@@ -142,7 +140,7 @@ def bench_values(model, tok, length: int, k: int, n_refs: int, vocab: int | None
     sweep["forwards"] = len(
         plan_pieces(
             exit_branches(prompt + comp, trace.prompt_len, exits, tails),
-            cfg.values_memory_mb << 20,
+            sc.values_memory_mb << 20,
             ModelShape.of(model),
             forward_overhead_cells(model),
         )
@@ -195,7 +193,7 @@ def bench_long(tok, length: int, k: int, n_refs: int, budget_mb: int) -> dict[st
     model = body_heavy_model(max_positions=length + 1024)
     prompt = tok("<|im_start|>user\nCompute the product.<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
     comp = reasoning_text(tok, length)
-    cfg = CreditConfig(segments=k, entropy_chunk=512, min_segment_tokens=32)
+    seg, sc = SegmentationConfig(segments=k, min_segment_tokens=32), ScorerConfig(entropy_chunk=512)
     refs = [
         (
             tok(f"We get {i}*84 = {84 * i}.\n" * 8, add_special_tokens=False)["input_ids"],
@@ -203,13 +201,13 @@ def bench_long(tok, length: int, k: int, n_refs: int, budget_mb: int) -> dict[st
         )
         for i in range(1, n_refs + 1)
     ]
-    exit_ids = tok(cfg.exit_string, add_special_tokens=False)["input_ids"]
+    exit_ids = tok(sc.exit_string, add_special_tokens=False)["input_ids"]
     entropy = np.random.default_rng(0).random(len(comp))
-    exits = segment(token_texts(tok, comp), entropy, cfg, "<think>", "</think>").exit_points.tolist()
+    exits = segment(token_texts(tok, comp), entropy, seg, "<think>", "</think>").exit_points.tolist()
     prompt, comp, exit_ids = ([i % 1024 for i in x] for x in (prompt, comp, exit_ids))
     refs = [([i % 1024 for i in u], [i % 1024 for i in y]) for u, y in refs]
     tails = solution_tails(refs, exit_ids, len(exits))
-    trace = score_trace(model, prompt, comp, cfg.entropy_chunk, stats=False, forward_chunk=cfg.token_budget)
+    trace = score_trace(model, prompt, comp, sc.entropy_chunk, stats=False, forward_chunk=sc.token_budget)
     bounded_s, bounded_mb, bl = values_peak(
         lambda: branch_logprobs_fast(model, trace, exits, tails, prompt + comp, budget_mb << 20)
     )
@@ -281,8 +279,10 @@ def bench_pipeline(model, tok, g: int, length: int, k: int, m: int) -> dict[str,
     cfg = Config()
     cfg.generation.max_tokens = length
     # random-model text has no keyword boundaries: segment by entropy over every token
-    cfg.credit = CreditConfig(segments=k, split_keywords=False, mc_samples=m)
-    scorer = Scorer(model, tok, cfg.credit.exit_string)
+    cfg.credit = CreditConfig(
+        segmentation=SegmentationConfig(segments=k, split_keywords=False), settings={"mc": {"samples": m}}
+    )
+    scorer = Scorer(model, tok, cfg.credit.scorer.exit_string)
     t_rr, _ = timed(lambda: redistribute_group(group, cfg, scorer))
     cfg.credit.method = "mc"
     sampler = HFContinuationSampler(model)
@@ -315,7 +315,7 @@ def main() -> None:
     ap.add_argument("--mc-samples", type=int, default=2)
     ap.add_argument("--long-length", type=int, default=25000, help="the long case's trace length")
     ap.add_argument("--long-refs", type=int, default=4)
-    ap.add_argument("--long-budget-mb", type=int, default=256, help="credit.values_memory_mb of the long case")
+    ap.add_argument("--long-budget-mb", type=int, default=256, help="credit.scorer.values_memory_mb of the long case")
     ap.add_argument("--only-long", action="store_true", help="run the long case only")
     args = ap.parse_args()
     torch.set_num_threads(1)

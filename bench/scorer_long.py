@@ -41,12 +41,14 @@ def parse() -> argparse.Namespace:
     p.add_argument("--preset", choices=sorted(SHAPES), default="qwen2.5-1.5b")
     p.add_argument("--tokens", type=int, nargs="+", default=[8000, 25000], help="completion tokens")
     p.add_argument("--prompt", type=int, default=256)
-    p.add_argument("--exits", type=int, default=40, help="credit.segments")
+    p.add_argument("--exits", type=int, default=40, help="credit.segmentation.segments")
     p.add_argument("--tails", type=int, default=4, help="tails per exit (references × constructs)")
     p.add_argument("--tail-tokens", type=int, default=300, help="tokens of one tail")
-    p.add_argument("--memory-mb", type=int, default=4096, help="credit.values_memory_mb")
-    p.add_argument("--chunk", type=int, default=2048, help="credit.entropy_chunk")
-    p.add_argument("--attention", default="auto", choices=["auto", "dense", "flex"], help="credit.branch_attention")
+    p.add_argument("--memory-mb", type=int, default=4096, help="credit.scorer.values_memory_mb")
+    p.add_argument("--chunk", type=int, default=2048, help="credit.scorer.entropy_chunk")
+    p.add_argument(
+        "--attention", default="auto", choices=["auto", "dense", "flex"], help="credit.scorer.branch_attention"
+    )
     p.add_argument("--repeats", type=int, default=2, help="timed runs after one warm-up")
     return p.parse_args()
 

@@ -13,6 +13,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rredcot.common.config_fields import require
 from rredcot.common.config_rules import (
     RUN_NAME,
     engine_gpus,
@@ -39,15 +40,19 @@ from rredcot.common.config_schema import (
     ModelConfig,
     RedisConfig,
     RunConfig,
+    ScorerConfig,
+    SegmentationConfig,
     StalenessConfig,
     TaskConfig,
     bounded,
     choice,
 )
+from rredcot.common.credit_spec import CreditSpec, resolve_credit
 
 __all__ = [
     "BYTES_MAX",
     "COUNT_MAX",
+    "MOVED_KEYS",
     "NODES_MAX",
     "PROBLEMS_MAX",
     "RUN_NAME",
@@ -57,6 +62,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "CreditConfig",
+    "CreditSpec",
     "DataConfig",
     "GenerationConfig",
     "LearnerConfig",
@@ -64,6 +70,8 @@ __all__ = [
     "ModelConfig",
     "RedisConfig",
     "RunConfig",
+    "ScorerConfig",
+    "SegmentationConfig",
     "StalenessConfig",
     "TaskConfig",
     "available_configs",
@@ -75,6 +83,8 @@ __all__ = [
     "redact_url",
     "redacted",
     "redis_url_problem",
+    "require",
+    "resolve_credit",
     "tensor_parallel",
     "to_dict",
     "to_yaml",
@@ -106,14 +116,20 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """Merge defaults, a YAML file and dotlist overrides; validate; return a typed ``Config``."""
     base = OmegaConf.structured(Config)
     layers: list[DictConfig] = []
+    sources: list[str] = []  # where each layer comes from, for the errors
     try:
         if path is not None:
-            layers.append(_load_yaml(resolve_config_path(path)))
+            file = resolve_config_path(path)
+            layers.append(_load_yaml(file))
+            sources.append(f"config file {file}: ")
         if overrides:
             _check_overrides(overrides)
             layers.append(OmegaConf.from_dotlist(list(overrides)))
-        for layer in layers:
-            _check_shapes(OmegaConf.to_container(layer), Config)
+            sources.append("override ")
+        for layer, source in zip(layers, sources, strict=True):
+            values = OmegaConf.to_container(layer)
+            _check_moved(values, source)  # type: ignore[arg-type]
+            _check_shapes(values, Config)  # type: ignore[arg-type]
         if overrides:
             _drop_settings_of_replaced_entries(layers)
         merged = OmegaConf.merge(base, *layers)
@@ -154,7 +170,7 @@ def _check_overrides(overrides: list[str]) -> None:
 
 def _check_shapes(values: dict[Any, Any], schema: type, prefix: str = "") -> None:
     """A section or a settings mapping given a scalar, a list or nothing, or a list given a mapping
-    (``credit.keywords.0=x``), raises ``ConfigError`` naming the key (OmegaConf's merge names none)."""
+    (``credit.segmentation.keywords.0=x``), raises ``ConfigError`` naming the key (OmegaConf's merge names none)."""
     hints = typing.get_type_hints(schema)
     for name, value in values.items():
         key, hint = f"{prefix}{name}", hints.get(str(name))
@@ -167,22 +183,56 @@ def _check_shapes(values: dict[Any, Any], schema: type, prefix: str = "") -> Non
             expected = f"a mapping: set {key}.<key>=… or '{key}={{key: value}}'"
         elif typing.get_origin(hint) is list and isinstance(value, dict):
             expected = f"a whole list: set '{key}=[a,b]', not one item"
+        elif typing.get_args(hint)[1:] and typing.get_origin(typing.get_args(hint)[1]) is dict:
+            # a mapping of blocks (credit.settings: one per method) given something else as a block
+            block = next((k for k, v in value.items() if not isinstance(v, dict)), None)
+            if block is None:
+                continue
+            expected = f"a block of settings: {key} holds one per method, set {key}.<method>.{block}=…"
+            key, value = f"{key}.{block}", value[block]
         else:
             continue
         raise ConfigError(f"{key} = {value!r} is not allowed; expected {expected}")
 
 
-# (name key, settings key) of the config's extension points
+_SEGMENTATION = ("segments", "min_segment_tokens", "keywords", "split_keywords", "merge", "stop_at_k", "homogenise")
+_SCORER = ("exit_string", "token_budget", "values_memory_mb", "branch_attention", "entropy_chunk")
+_VALUES = ("value_space", "sign", "softmax_temperature", "uniform_mix")  # rredcot's and mc's
+_RREDCOT = ("group_refs", "reference", "max_suffixes", "baseline", "max_refs")
+# the credit keys that moved (issue 40): old key -> its new home, named in the error that refuses it
+MOVED_KEYS = (
+    {f"credit.{k}": f"credit.segmentation.{k}" for k in _SEGMENTATION}
+    | {f"credit.{k}": f"credit.scorer.{k}" for k in _SCORER}
+    | {"credit.scorer": "credit.scorer.model"}
+    | {f"credit.{k}": f"credit.settings.rredcot.{k} (method mc: credit.settings.mc.{k})" for k in _VALUES}
+    | {"credit.answer_part": "credit.settings.<method>.answer_part (method rredcot, mc or progress)"}
+    | {f"credit.{k}": f"credit.settings.rredcot.{k}" for k in _RREDCOT}
+    | {"credit.mc_samples": "credit.settings.mc.samples"}
+)
+
+
+def _check_moved(values: dict[str, Any], source: str = "") -> None:
+    """A key that moved (``MOVED_KEYS``: ``credit.uniform_mix``, the string ``credit.scorer``)
+    raises ``ConfigError`` naming its new home (``source``: where it was set)."""
+    credit = values.get("credit")
+    for name, value in credit.items() if isinstance(credit, dict) else ():
+        key = f"credit.{name}"
+        if key in MOVED_KEYS and not (name == "scorer" and isinstance(value, dict)):
+            raise ConfigError(f"{source}{key} has moved: set {MOVED_KEYS[key]} instead (docs/config.md, credit)")
+
+
+# (name key, settings key) of the config's extension points whose settings belong to one entry
+# (credit.settings is keyed by method: a switch of credit.method keeps it)
 _ENTRY_SETTINGS = (
     ("task", "name", "settings"),
-    ("credit", "method", "settings"),
     ("generation", "weight_transport", "transport_settings"),
 )
 
 
 def _drop_settings_of_replaced_entries(layers: list[DictConfig]) -> None:
-    """An override that switches ``task.name`` or ``credit.method`` drops the file's settings of the
-    entry it replaces (they belong to the old one); settings given beside the switch still apply."""
+    """An override that switches ``task.name`` or ``generation.weight_transport`` drops the file's
+    settings of the entry it replaces (they belong to the old one); settings given beside the switch
+    still apply."""
     *earlier, last = layers
     for section, name, settings in _ENTRY_SETTINGS:
         new = OmegaConf.select(last, f"{section}.{name}")

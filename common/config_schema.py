@@ -113,10 +113,10 @@ class GenerationConfig:
 
 
 @dataclass
-class CreditConfig:
-    method: str = "rredcot"  # a registered credit method (common.registry.CREDIT_METHODS) or a module path
-    settings: dict[str, Any] = field(default_factory=dict)  # the method's own settings, if it declares any
-    advantage_std_norm: bool = True
+class SegmentationConfig:
+    """``credit.segmentation``: the thinking span's segments, for every method that segments it
+    (docs/credit.md, "The computation", step 3; each stage switchable)."""
+
     segments: int = bounded(40, 1, COUNT_MAX)  # K
     min_segment_tokens: int = bounded(4, 1, COUNT_MAX)
     keywords: list[str] = field(
@@ -138,35 +138,36 @@ class CreditConfig:
             "However",
         ]
     )
-    # the segmentation's four stages, each switchable (docs/credit.md, "The computation", step 3)
     split_keywords: bool = True  # a boundary before each new line and each keyword
     merge: bool = True  # merge the adjacent pieces of lowest total entropy
     stop_at_k: bool = True  # merging stops at K = segments pieces
     homogenise: bool = True  # re-place boundaries so that the largest segment entropy is minimal
-    exit_string: str = "\n</think>\n\n"
-    value_space: str = choice("log", "log", "prob", "mean_token_prob")
-    sign: str = choice("relu", "relu", "abs", "softmax")
-    softmax_temperature: float = bounded(1.0, 1e-6, 1e6)
-    uniform_mix: float = bounded(0.0, 0.0, 1.0)  # lambda
-    answer_part: str = choice("uniform", "uniform", "terminal")  # after the thinking span: docs/credit.md
-    group_refs: bool = False  # add the group's correct completions as reference pairs
-    # what a branch scores (docs/credit.md): the whole reference, the answer alone, or the reference's
-    # remaining steps from each of its step boundaries, then the answer
-    reference: str = choice("suffix", "solution", "answer", "suffix")
-    # reference=suffix: step boundaries per reference pair (0 and |u| kept)
-    max_suffixes: int = bounded(8, 2, COUNT_MAX)
-    # group: less the other traces' values at the same relative segment position
-    baseline: str = choice("group", "none", "group")
-    max_refs: int = bounded(4, 1, COUNT_MAX)
-    scorer: str = choice("reference", "reference", "policy")
+
+
+@dataclass
+class ScorerConfig:
+    """``credit.scorer``: the scorer model, for every method that runs it (entropies, branches)."""
+
+    model: str = choice("reference", "reference", "policy")  # model.path's weights, or the policy's
+    exit_string: str = "\n</think>\n\n"  # what ends the thinking span early in a branch
     token_budget: int = bounded(8192, 64, COUNT_MAX)  # scorer batch size in tokens
     # peak of one exit-value forward (mask, scores, one layer's KV)
     values_memory_mb: int = bounded(1024, 1, BYTES_MAX // 2**20)
     branch_attention: str = choice("auto", "auto", "dense", "flex")  # flex: block-sparse, CUDA scorers
     entropy_chunk: int = bounded(1024, 16, COUNT_MAX)
-    mc_samples: int = bounded(4, 1, COUNT_MAX)  # M, for method=mc
+
+
+@dataclass
+class CreditConfig:
+    method: str = "rredcot"  # a registered credit method (common.registry.CREDIT_METHODS) or a module path
+    advantage_std_norm: bool = True
     # weighted groups (with a non-zero advantage) each worker saves for heatmaps
     save_traces: int = bounded(3, 0, COUNT_MAX)
+    segmentation: SegmentationConfig = field(default_factory=SegmentationConfig)
+    scorer: ScorerConfig = field(default_factory=ScorerConfig)
+    # each method's own settings keyed by its name (credit.settings.rredcot.uniform_mix): every block is
+    # checked against its method's settings dataclass, only credit.method's is used (common.credit_spec)
+    settings: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass

@@ -5,8 +5,9 @@ recipe). Built-in entries are listed here by the module that registers them, so 
 check a name without importing any stage; they are imported on first use. A name with a dot that is
 not registered is a module path (``mypkg.mytask``): importing it runs its ``register`` decorators,
 and the entry is the one registered under that full name or under its last component (``mytask``).
-So a user's extension is a new file plus YAML, with no edit to rredcot. An entry's classes may be
-named by ``"module:Class"`` (``load_class``), so that registering one imports nothing heavy.
+So a user's extension is a new file plus YAML, with no edit to rredcot. An entry's classes (and a
+credit method's function) may be named by ``"module:name"`` (``load_class``), so that registering
+one imports nothing heavy.
 ``MODELS`` is asked only for its own names: any other ``model.path`` (``Qwen/Qwen2.5-1.5B``) is a
 directory or a hub id, never a module.
 """
@@ -54,37 +55,40 @@ class Registry(Generic[T]):
     def is_builtin(self, name: str) -> bool:
         return name in self._builtins
 
-    def get(self, name: str) -> T:
-        """The entry called ``name``, importing the module that registers it when needed."""
+    def get(self, name: str, where: str | None = None) -> T:
+        """The entry called ``name``, importing the module that registers it when needed; ``where``
+        names the config key in the error (default: ``<config_key> = <name>``)."""
         if name in self._entries:
             return self._entries[name]
         module = self._builtins.get(name) or (name if "." in name else None)
         if module is None:
-            raise self._unknown(name, "")
+            raise self._unknown(name, "", where)
         try:
             importlib.import_module(module)
         except ImportError as e:
-            raise self._unknown(name, f" (importing module {module!r} failed: {e})") from None
+            raise self._unknown(name, f" (importing module {module!r} failed: {e})", where) from None
         except Exception as e:  # a user's module that does not compile or raises at import (a built-in's bug: raised)
             if name in self._builtins:
                 raise
-            raise self._unknown(name, f" (importing module {module!r} failed: {type(e).__name__}: {e})") from e
+            why = f" (importing module {module!r} failed: {type(e).__name__}: {e})"
+            raise self._unknown(name, why, where) from e
         for candidate in (name, name.rsplit(".", 1)[-1]):
             if candidate in self._entries:
                 return self._entries[candidate]
-        raise self._unknown(name, f" (module {module!r} registers no {self.kind} of that name)")
+        raise self._unknown(name, f" (module {module!r} registers no {self.kind} of that name)", where)
 
-    def _unknown(self, name: str, why: str) -> RegistryError:
+    def _unknown(self, name: str, why: str, where: str | None = None) -> RegistryError:
         names = "".join(f"{n!r}, " for n in self.names())
         return RegistryError(
-            f"{self.config_key} = {name!r} is not allowed{why}; expected one of {names}"
+            f"{where or f'{self.config_key} = {name!r}'} is not allowed{why}; expected one of {names}"
             f"or the module path of your own {self.kind} (e.g. mypkg.my_{self.kind.split()[-1]})"
         )
 
 
-def load_class(ref: str | type) -> type:
-    """``ref`` itself, or the class a ``"module:Class"`` reference names (its module imported now)."""
-    if isinstance(ref, type):
+def load_class(ref: str | Any) -> Any:
+    """``ref`` itself, or the class (or function) a ``"module:name"`` reference names (its module
+    imported now)."""
+    if not isinstance(ref, str):
         return ref
     module, _, name = ref.partition(":")
     return getattr(importlib.import_module(module), name)
@@ -135,9 +139,11 @@ TASKS: Registry[Any] = Registry(
 CREDIT_METHODS: Registry[Any] = Registry(
     "credit method",
     "credit.method",
-    {name: "rredcot.redistributor.credit" for name in ("grpo", "bnpo", "drgrpo", "entropy", "top_entropy")}
-    | {name: "rredcot.redistributor.value_credit" for name in ("rredcot", "mc")}
-    | {"progress": "rredcot.redistributor.progress"},
+    # registered by a light module (settings, checks, provers; no torch): the config checks them cheaply
+    {
+        name: "rredcot.redistributor.methods"
+        for name in ("grpo", "bnpo", "drgrpo", "entropy", "top_entropy", "rredcot", "mc", "progress")
+    },
 )
 WEIGHT_TRANSPORTS: Registry[Any] = Registry(
     "weight transport",

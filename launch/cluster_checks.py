@@ -176,7 +176,7 @@ def shared_dir_needed(cfg: Config) -> bool:
     (the ``file`` transport; ``ipc`` receivers off the learner's node; the files ``collective`` writes
     for the evaluator or a policy-following scorer), or learner ranks write one checkpoint together."""
     g = cfg.generation
-    files_too = cfg.data.eval_size > 0 or cfg.credit.scorer == "policy"
+    files_too = cfg.data.eval_size > 0 or cfg.credit.scorer.model == "policy"
     return g.weight_transport != "collective" or files_too or cfg.cluster.learner_ranks > 1
 
 

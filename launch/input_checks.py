@@ -10,7 +10,7 @@ import json
 import shutil
 from pathlib import Path
 
-from rredcot.common.config import Config
+from rredcot.common.config import Config, resolve_credit
 from rredcot.launch.checks import GIB, Check
 from rredcot.models.smollm import BASE_DIR, BUILTINS
 from rredcot.models.store import cache_dir
@@ -93,10 +93,10 @@ def check_paths(cfg: Config) -> list[Check]:
     if m.tokenizer is not None:
         instead = "a tokenizer directory, or null for the model's own"
         out.append(check_model("model.tokenizer", m.tokenizer, TOKENIZER_FILES, builtins=False, instead=instead))
-    prover = dict(cfg.credit.settings).get("prover")
-    if isinstance(prover, str) and prover not in ("initial", "policy"):
+    credit = resolve_credit(cfg)
+    if credit.prover not in (None, "initial", "policy"):
         instead = "a model directory, a builtin or a hub id (org/name), or set it to 'initial' or 'policy'"
-        out.append(check_model("credit.settings.prover", prover, bare_ids=False, instead=instead))
+        out.append(check_model(f"{credit.settings_key}.prover", credit.prover, bare_ids=False, instead=instead))
     run_dir = Path(cfg.run.dir).resolve()
     existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())
     free = shutil.disk_usage(existing).free

@@ -15,10 +15,9 @@ import os
 from pathlib import Path
 from typing import Any, Protocol
 
-from rredcot.common.config import Config
+from rredcot.common.config import Config, CreditSpec, resolve_credit
 from rredcot.common.control import RunControl
 from rredcot.common.net import loopback_interface
-from rredcot.common.registry import CREDIT_METHODS
 from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
 from rredcot.launch.heap_trace import HeapTrace, heap_trace_period
 from rredcot.launch.logs import redirect_output
@@ -55,18 +54,20 @@ def restart_options(cfg: Config, tier: str) -> dict[str, int]:
     return {"max_restarts": n, "max_task_retries": n}
 
 
-def stage_parts(tier: str, cfg: Config) -> dict[str, Any]:
-    """What launch builds for a stage beyond its config: a redistributor whose credit method samples
-    continuations (``mc``, ``progress``) gets a dedicated vLLM engine (``VLLMContinuations``), built
-    before the stage's scorer: the policy following the run's published weights, or the fixed prover
-    that the method's ``credit.settings.prover`` names."""
-    method = CREDIT_METHODS.get(cfg.credit.method) if tier == "redistributor" else None
-    if method is None or not method.needs_sampler:
+def stage_parts(tier: str, cfg: Config, credit: CreditSpec | None = None) -> dict[str, Any]:
+    """What launch builds for a stage beyond its config. A redistributor gets the credit method
+    resolved once (``credit``, or resolved here: the method, its settings, its prover), and when the
+    method samples continuations (``mc``, ``progress``) a dedicated vLLM engine
+    (``VLLMContinuations``), built before the stage's scorer: the policy following the run's published
+    weights, or the fixed prover the method declares (``progress``: its settings' ``prover``)."""
+    if tier != "redistributor":
         return {}
+    credit = credit or resolve_credit(cfg)
+    if credit.prover is None:
+        return {"credit": credit}
     from rredcot.actors.continuations import VLLMContinuations
 
-    prover = getattr(method.typed_settings(cfg), "prover", "policy")
-    return {"sampler": VLLMContinuations.from_config(cfg, prover)}
+    return {"credit": credit, "sampler": VLLMContinuations.from_config(cfg, credit.prover)}
 
 
 def run_redistributor(cfg: Config, index: int = 0) -> None:

@@ -21,9 +21,9 @@ import numpy as np
 import redis
 
 from rredcot.common.codec import decode
-from rredcot.common.config import Config
+from rredcot.common.config import Config, resolve_credit
 from rredcot.common.records import WeightedGroup
-from rredcot.common.registry import CREDIT_METHODS, WEIGHT_TRANSPORTS
+from rredcot.common.registry import WEIGHT_TRANSPORTS
 from rredcot.common.run_context import RunContext
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, key, run_key
@@ -56,7 +56,7 @@ class Trainer:
         self.consumer = Consumer(self.client, batches, GROUP, name, dead, cfg.redis.claim_idle_ms)
         self.trained_key = run_key(self.client, self.run_id, "trained_ids")
         self.replay = ReplayLog(self.client, self.run_id, rank)
-        self.scored = CREDIT_METHODS.get(cfg.credit.method).needs_scorer  # σ from a scorer of some version
+        self.scored = resolve_credit(cfg).method.needs_scorer  # σ from a scorer of some version
         path = resolve_model_path(cfg.model.path, seed=cfg.run.seed)
         self.tokenizer = load_tokenizer(cfg.model.tokenizer or path)
         init_distributed(join_from_env(self.client, self.run_id))

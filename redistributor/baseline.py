@@ -1,4 +1,4 @@
-"""The group baseline of exit values (``credit.baseline=group``).
+"""The group baseline of exit values (``credit.settings.rredcot.baseline=group``).
 
 Every trace of a group answers the same prompt, so what their value curves share at the same
 relative position — how a value construct drifts as a trace gets longer, whatever it says — is not

@@ -59,7 +59,7 @@ def attention_impl(model: Any) -> str:
 
 
 def resolve(requested: str, model: Any) -> str:
-    """``dense`` or ``flex`` for ``credit.branch_attention`` on this model: ``auto`` is flex on a
+    """``dense`` or ``flex`` for ``credit.scorer.branch_attention`` on this model: ``auto`` is flex on a
     CUDA model (when torch has flex attention), dense elsewhere."""
     if requested not in BRANCH_ATTENTION:
         raise ValueError(f"branch attention {requested!r} not in {BRANCH_ATTENTION}")

@@ -6,7 +6,7 @@ is computed, although branch b needs only n_b·(p_b + n_b) of them; the rest is 
 things bound a forward:
 
 - its peak memory (``ModelShape.forward_bytes``) stays within the byte budget
-  (``credit.values_memory_mb``), whatever the trace length;
+  (``credit.scorer.values_memory_mb``), whatever the trace length;
 - a branch joins the forward before it only while the waste it adds costs less than a forward of
   its own would (``overhead_cells``: the fixed cost of one forward, in attention cells, measured per
   model by ``values.forward_overhead_cells``). Block-sparse (flex) attention computes no waste, so

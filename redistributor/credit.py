@@ -1,22 +1,23 @@
 """Credit methods that need no exit values (grpo, bnpo, drgrpo, entropy, top_entropy; ``rredcot``
-and ``mc`` live in ``value_credit.py``, ``progress`` in ``progress.py``), group advantages, the
-scorer's batched trace pass, and ``redistribute_group``: RolloutGroup in, WeightedGroup out."""
+and ``mc`` live in ``value_credit.py``, ``progress`` in ``progress.py``; all registered, with their
+settings, in ``methods.py``), group advantages, the scorer's batched trace pass, and
+``redistribute_group``: RolloutGroup in, WeightedGroup out."""
 
 from __future__ import annotations
 
 import math
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
 
 import numpy as np
 
-from rredcot.common.config import Config, bounded
+from rredcot.common.config import Config, CreditSpec, resolve_credit
 from rredcot.common.records import RolloutGroup, RolloutRecord, WeightedGroup, WeightedSample
+from rredcot.common.sampling import ContinuationSampler, RewardFn
 from rredcot.redistributor.entropy import TraceScores, halve_on_oom, score_traces
-from rredcot.redistributor.registry import CreditContext, CreditMethod, SampleCredit, get_method, register
+from rredcot.redistributor.methods import TopEntropySettings
+from rredcot.redistributor.registry import CreditContext, SampleCredit
 from rredcot.redistributor.scorer import Scorer
 
 
@@ -31,13 +32,11 @@ def uniform_sigma(n: int, weight: float | None = None) -> np.ndarray:
     return np.full(n, 1.0 / n if weight is None else weight, dtype=np.float32) if n else np.zeros(0, np.float32)
 
 
-@register("grpo", return_equivalent=True)
 def grpo(ctx: CreditContext) -> list[SampleCredit]:
     """σ = 1/|o|."""
     return [SampleCredit(uniform_sigma(len(s.completion_ids))) for s in ctx.group.samples]
 
 
-@register("bnpo", return_equivalent=True)
 def bnpo(ctx: CreditContext) -> list[SampleCredit]:
     """σ = 1/|o|; the batch token mean that defines BNPO is the learner's ``loss_agg=token``
     (c_i = |o_i|/N_tokens, so every token of the global batch weighs 1/N_tokens), which the config
@@ -45,7 +44,6 @@ def bnpo(ctx: CreditContext) -> list[SampleCredit]:
     return grpo(ctx)
 
 
-@register("drgrpo", return_equivalent=False)
 def drgrpo(ctx: CreditContext) -> list[SampleCredit]:
     """σ = 1/M with M = ``generation.max_tokens``; with the learner's ``loss_agg=sample`` and
     advantages not divided by their std (both required by the config), this is Dr. GRPO's loss."""
@@ -71,13 +69,13 @@ def budget_batches(lengths: Sequence[int], budget: int) -> list[list[int]]:
 
 
 def scored_traces(ctx: CreditContext, keep_cache: bool) -> Iterator[tuple[int, RolloutRecord, TraceScores, float]]:
-    """(index, sample, trace, scorer seconds per sample), one ``credit.token_budget`` batch at a time.
+    """(index, sample, trace, scorer seconds per sample), one ``credit.scorer.token_budget`` batch at a time.
 
     A batch's KV cache is released before the next batch's forward (one batch's cache is held at a
     time). A failed allocation redoes the batch with half the budget, which then holds for the rest
     of the group (``halve_on_oom``, as the branches do; counted in ``scorer.tokens.oom_retries``)."""
     scorer, group = scorer_of(ctx), ctx.group
-    c, prompt = ctx.cfg.credit, group.prompt_ids.tolist()
+    c, prompt = ctx.cfg.credit.scorer, group.prompt_ids.tolist()
     comps = [s.completion_ids.tolist() for s in group.samples]
     lengths = [len(prompt) + len(x) for x in comps]
     left, budget = list(range(len(comps))), c.token_budget
@@ -106,7 +104,6 @@ def entropy_weights(trace: TraceScores) -> np.ndarray:
     return h if h.sum() > 0 else np.ones_like(h)
 
 
-@register("entropy", return_equivalent=True, needs_scorer=True)
 def entropy_credit(ctx: CreditContext) -> list[SampleCredit]:
     """σ ∝ scorer token entropy (non-finite entropies count as 0; uniform when all are 0)."""
     out: list[SampleCredit] = [SampleCredit(uniform_sigma(0))] * len(ctx.group.samples)
@@ -114,13 +111,6 @@ def entropy_credit(ctx: CreditContext) -> list[SampleCredit]:
         w = entropy_weights(trace)
         out[i] = SampleCredit((w / w.sum()).astype(np.float32), timings={"entropy": seconds})
     return out
-
-
-@dataclass
-class TopEntropySettings:
-    """``credit.settings`` of ``top_entropy``."""
-
-    fraction: float = bounded(0.2, 0.0, 1.0, lo_open=True)  # share of the completion's tokens that get σ
 
 
 def top_entropy_sigma(entropy: np.ndarray, fraction: float) -> np.ndarray:
@@ -135,7 +125,6 @@ def top_entropy_sigma(entropy: np.ndarray, fraction: float) -> np.ndarray:
     return sigma
 
 
-@register("top_entropy", return_equivalent=True, needs_scorer=True, settings=TopEntropySettings)
 def top_entropy(ctx: CreditContext) -> list[SampleCredit]:
     """σ uniform over the top ``settings.fraction`` of completion tokens by scorer entropy (the
     "top-20% high-entropy tokens" baseline)."""
@@ -152,15 +141,17 @@ def redistribute_group(
     group: RolloutGroup,
     cfg: Config,
     scorer: Scorer | None = None,
-    method: CreditMethod | None = None,
-    **extra: Any,
+    credit: CreditSpec | None = None,
+    sampler: ContinuationSampler | None = None,
+    reward_fn: RewardFn | None = None,
 ) -> WeightedGroup:
-    """Advantages + the credit method for one group (``method``: resolved once by the caller, else
-    ``credit.method``; ``extra``: sampler, reward_fn, settings). Raises ``RecordError`` for token ids
-    outside the scorer's vocabulary before any forward (``Scorer.check_ids``)."""
+    """Advantages + the credit method for one group (``credit``: the method and its settings,
+    resolved once by the caller, else from ``cfg``). Raises ``RecordError`` for token ids outside the
+    scorer's vocabulary before any forward (``Scorer.check_ids``)."""
     if scorer is not None:
         scorer.check_ids(group)
-    method = method or get_method(cfg.credit.method)
+    credit = credit or resolve_credit(cfg)
+    method = credit.method
     adv = group_advantages([s.reward for s in group.samples], cfg.credit.advantage_std_norm)
     if cfg.generation.overlong == "filter":  # in the baseline, out of the gradient (common/overlong.py)
         adv[[s.finish_reason == "length" for s in group.samples]] = 0.0
@@ -168,7 +159,7 @@ def redistribute_group(
         # every advantage is 0: no σ changes the loss, so the scorer's work is skipped (σ uniform)
         credits = [SampleCredit(uniform_sigma(len(s.completion_ids)), fallback="skipped") for s in group.samples]
     else:
-        credits = method.fn(CreditContext(group, adv, cfg, scorer, **extra))
+        credits = method(CreditContext(group, adv, cfg, scorer, sampler, reward_fn, credit.settings))
     samples = [
         WeightedSample(
             s,

@@ -139,7 +139,7 @@ def render_png(sample: WeightedSample, out_png: str | Path) -> None:
     ax_v.set_ylabel("exit value v̂")
     title = f"{sample.credit_method}: reward {sample.rollout.reward:g}, advantage {sample.advantage:+.3f}"
     if baselined(sample):
-        title += "\nlabels: segment rewards less the group's (credit.baseline=group), not v̂'s own changes"
+        title += "\nlabels: segment rewards less the group's (baseline=group), not v̂'s own changes"
     ax_v.set_title(title, fontsize=10)
     n = len(sample.sigma)
     ax_s.bar(np.arange(n), sample.sigma * n, width=1.0, color="#2a5" if sample.advantage >= 0 else "#c33")

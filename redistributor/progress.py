@@ -9,30 +9,20 @@ success probability across the segment, from M continuations per exit point (``m
 w_j the ``entropy`` method's weights. The learner's per-token signal σ_j·A is then
 w_j·(A + α·|A|·p_k(j)) up to the sample's normaliser: PAV's outcome-plus-progress advantage with the
 progress in units of |A| (docs/credit.md). The prover is whatever ``ctx.sampler`` holds; launch and
-the worker build it from ``settings.prover``.
+the worker build it from the method's declared prover, ``settings.prover`` (``methods.py``).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
-from rredcot.common.config import COUNT_MAX, bounded
 from rredcot.redistributor.credit import entropy_weights, scored_traces, uniform_sigma
-from rredcot.redistributor.registry import CreditContext, SampleCredit, register
+from rredcot.redistributor.methods import ProgressSettings
+from rredcot.redistributor.registry import CreditContext, SampleCredit
 from rredcot.redistributor.sigma import segment_rewards
 from rredcot.redistributor.value_credit import exit_points, mc_exit_values
-
-
-@dataclass
-class ProgressSettings:
-    """``credit.settings`` of ``progress``."""
-
-    alpha: float = bounded(1.0, 0.0, 1e6)  # weight of the prover's progress against the outcome advantage
-    prover: str = "initial"  # "initial" (model.path's weights, frozen), "policy" (follows them), or a model path
-    samples: int = bounded(4, 1, COUNT_MAX)  # M: prover continuations per exit point
 
 
 def progress_sigma(
@@ -49,10 +39,9 @@ def progress_sigma(
     return (weights / weights.sum()).astype(np.float32), "zero_mass" if weights.size else ""
 
 
-@register("progress", return_equivalent=True, needs_scorer=True, needs_sampler=True, settings=ProgressSettings)
 def progress(ctx: CreditContext) -> list[SampleCredit]:
     """Entropy → segments → the prover's MC values at the exits → progress → σ (``progress_sigma``)."""
-    settings = ctx.settings or ProgressSettings()
+    settings: ProgressSettings = ctx.settings
     out: list[SampleCredit] = [SampleCredit(uniform_sigma(0))] * len(ctx.group.samples)
     for i, s, trace, t_entropy in scored_traces(ctx, keep_cache=False):
         t1 = time.perf_counter()

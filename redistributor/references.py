@@ -1,4 +1,4 @@
-"""What the branches at an exit point score: the value constructs of ``credit.reference``.
+"""What the branches at an exit point score: the value constructs of ``credit.settings.rredcot.reference``.
 
 A branch appended after the trace prefix ``x ⊕ o[:e_t]`` is a *tail* of tokens, each labelled
 ``U`` (a reference step, summed into log p(u)), ``Y`` (the answer, summed into log p(y)) or
@@ -8,7 +8,7 @@ A branch appended after the trace prefix ``x ⊕ o[:e_t]`` is a *tail* of tokens
 - ``solution`` (PR-style): exit ⊕ u ⊕ τ ⊕ a — restate the whole reference after the exit;
 - ``answer``: exit ⊕ τ ⊕ a — answer now;
 - ``suffix``: u[j:] ⊕ exit ⊕ τ ⊕ a for every step boundary j of u (line and keyword starts, 0 and
-  |u| included; at most ``credit.max_suffixes``, evenly spread): continue the reference from
+  |u| included; at most ``credit.settings.rredcot.max_suffixes``, evenly spread): continue the reference from
   wherever the trace stands, then stop thinking and answer. The pair's weight is shared by its
   suffixes (1/S each), so v̂(s_t) = Σ_i (1/S_i) Σ_j p(u_i[j:] ⊕ a_i | s_t): a uniform prior over
   where in reference i the trace stands (docs/credit.md).
@@ -110,7 +110,7 @@ def tails(pairs: Sequence[Construct], construct: str, text: TailText, prefix_end
     """The tails of every pair at an exit whose prefix ends a line (``prefix_ends_line``) or not, in
     pair order (a ``suffix`` pair contributes one tail per start, each of share 1/S)."""
     if construct not in CONSTRUCTS:
-        raise ValueError(f"credit.reference {construct!r} not in {CONSTRUCTS}")
+        raise ValueError(f"credit.settings.rredcot.reference {construct!r} not in {CONSTRUCTS}")
     out: list[Tail] = []
     for p in pairs:
         answer = [(p.template, CONTEXT), (p.answer, Y)]

@@ -1,23 +1,28 @@
 """Credit methods: a new method is a function plus ``@register("name", ...)`` in any module.
 
 Methods live in ``common.registry.CREDIT_METHODS`` (so the config checks ``credit.method`` against
-them); a method may declare a settings dataclass, filled from ``credit.settings`` and handed to
-it as ``ctx.settings``. ``credit.method: mypkg.my_method`` imports your module on first use.
+them). A method declares what it needs: the scorer (``needs_scorer``), a settings dataclass (filled
+from its block ``credit.settings.<name>`` and handed to it as ``ctx.settings``), a ``check`` of its
+rules between config keys, and a ``prover``: whose continuations it samples, from its settings (None:
+none). ``credit.method: mypkg.my_method`` imports your module on first use. This module imports no
+torch: the built-ins register in ``methods.py``, naming their functions by ``"module:function"``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rredcot.common.config import Config
 from rredcot.common.records import RolloutGroup
-from rredcot.common.registry import CREDIT_METHODS, typed_settings
+from rredcot.common.registry import CREDIT_METHODS, load_class
 from rredcot.common.sampling import ContinuationSampler, RewardFn
-from rredcot.redistributor.scorer import Scorer
+
+if TYPE_CHECKING:
+    from rredcot.redistributor.scorer import Scorer
 
 
 def _empty(dtype: type) -> np.ndarray:
@@ -52,41 +57,47 @@ class CreditContext:
 
 
 CreditFn = Callable[[CreditContext], list[SampleCredit]]
+Check = Callable[[Config, Any], None]  # (config, the method's settings): raises ConfigError naming the key
+Prover = Callable[[Any], str]  # the method's settings -> "policy", "initial" or a model path
+
+
+def policy(settings: Any) -> str:
+    """The prover of a method that samples from the policy being trained (``mc``)."""
+    return "policy"
 
 
 @dataclass(frozen=True)
 class CreditMethod:
     name: str
-    fn: CreditFn
+    fn: CreditFn | str  # the function, or "module:function" (imported on first use)
     return_equivalent: bool  # Σσ = 1 for every sample by design
     needs_scorer: bool = False
-    needs_sampler: bool = False
-    settings: type | None = None  # dataclass of ``credit.settings``
+    settings: type | str | None = None  # dataclass of credit.settings.<name> (or "module:Class")
+    check: Check | None = None  # rules between config keys, run while the config is loaded
+    prover: Prover | None = None  # whose continuations it samples; None: it samples none
 
-    def typed_settings(self, cfg: Config) -> Any:
-        """``credit.settings`` as this method's settings dataclass (None if it declares none)."""
-        return typed_settings(
-            self.settings, dict(cfg.credit.settings), "credit.settings", f"credit method {self.name!r}"
-        )
+    @property
+    def needs_sampler(self) -> bool:
+        """Whether it samples continuations (it declares a prover)."""
+        return self.prover is not None
+
+    def __call__(self, ctx: CreditContext) -> list[SampleCredit]:
+        """The method's credit for one group."""
+        return load_class(self.fn)(ctx)
 
 
-def register(
-    name: str,
-    *,
-    return_equivalent: bool,
-    needs_scorer: bool = False,
-    needs_sampler: bool = False,
-    settings: type | None = None,
-) -> Callable[[CreditFn], CreditFn]:
-    """Decorator: make ``fn`` the credit method ``name`` (``credit.method=name``)."""
+def add_method(name: str, fn: CreditFn | str, **declared: Any) -> CreditMethod:
+    """Register ``fn`` (or the ``"module:function"`` it names) as the credit method ``name``;
+    ``declared``: ``CreditMethod``'s other fields."""
+    return CREDIT_METHODS.register(name)(CreditMethod(name, fn, **declared))
+
+
+def register(name: str, **declared: Any) -> Callable[[CreditFn], CreditFn]:
+    """Decorator: make ``fn`` the credit method ``name`` (``credit.method=name``); ``declared``:
+    ``return_equivalent`` (required), ``needs_scorer``, ``settings``, ``check``, ``prover``."""
 
     def wrap(fn: CreditFn) -> CreditFn:
-        CREDIT_METHODS.register(name)(CreditMethod(name, fn, return_equivalent, needs_scorer, needs_sampler, settings))
+        add_method(name, fn, **declared)
         return fn
 
     return wrap
-
-
-def get_method(name: str) -> CreditMethod:
-    """The method registered as ``name`` (built-in, or from the module ``name`` names)."""
-    return CREDIT_METHODS.get(name)

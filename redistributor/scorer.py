@@ -69,7 +69,7 @@ class Scorer:
         return n
 
     def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        """Accept a weight update (e.g. the policy at ``version`` when ``credit.scorer=policy``).
+        """Accept a weight update (e.g. the policy at ``version`` when ``credit.scorer.model=policy``).
 
         Every parameter must be present except tied ones (a tied LM head may be left out).
         """

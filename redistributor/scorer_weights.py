@@ -1,4 +1,4 @@
-"""The scorer as a weight port: with ``credit.scorer=policy`` it follows the learner's published
+"""The scorer as a weight port: with ``credit.scorer.model=policy`` it follows the learner's published
 versions through the run's weight transport, with the same receiver a generator's engine has
 (``transports``), outside the learner's weight group (it reads files, or ``ipc`` slots
 on the learner's node)."""

@@ -4,7 +4,7 @@
 start); (b) greedy merging of the adjacent pair with the lowest total entropy (a heap,
 O(P log P)); (c) stop at K segments, then merge pieces shorter than the minimum length;
 (d) homogenise: re-place the boundaries, only at keyword boundaries, minimising the largest
-segment entropy (linear partition). Each step is switchable (``CreditConfig``).
+segment entropy (linear partition). Each step is switchable (``credit.segmentation``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from rredcot.common.config import CreditConfig
+from rredcot.common.config import SegmentationConfig
 
 SENTENCE_ENDS = ".!?"
 
@@ -196,7 +196,7 @@ def _greedy_groups(ent: np.ndarray, threshold: float, k: int) -> list[int]:
 
 
 def segment(
-    texts: Sequence[str], entropy: np.ndarray, cfg: CreditConfig, think_start: str, think_end: str
+    texts: Sequence[str], entropy: np.ndarray, cfg: SegmentationConfig, think_start: str, think_end: str
 ) -> Segmentation:
     """Segment a completion (per-token ``texts`` and scorer ``entropy``) as configured in ``cfg``.
 

@@ -1,6 +1,8 @@
 """The value-based credit methods: ``rredcot`` (exit values from the scorer's reference branches,
 ``values.py``) and ``mc`` (exit values from sampled continuations, ``mc.py``); both turn the change
-of value over each segment into σ (``sigma.py``). Their exit points: the thinking span's segments."""
+of value over each segment into σ (``sigma.py``). Their exit points: the thinking span's segments
+(``credit.segmentation``); their own settings: ``ctx.settings`` (``methods.RredcotSettings``,
+``methods.McSettings``)."""
 
 from __future__ import annotations
 
@@ -9,15 +11,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rredcot.common.config import Config, CreditConfig
+from rredcot.common.config import Config
 from rredcot.common.records import RolloutGroup, RolloutRecord
 from rredcot.common.sampling import ContinuationSampler, RewardFn
 from rredcot.redistributor.baseline import group_baselines
 from rredcot.redistributor.credit import scored_traces, scorer_of, uniform_sigma
 from rredcot.redistributor.entropy import TraceScores
 from rredcot.redistributor.mc import MCValues, mc_values
+from rredcot.redistributor.methods import RredcotSettings
 from rredcot.redistributor.references import Construct, Pair, Tail, tails
-from rredcot.redistributor.registry import CreditContext, SampleCredit, register
+from rredcot.redistributor.registry import CreditContext, SampleCredit
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.segmentation import segment, thinking_span, token_texts
 from rredcot.redistributor.sigma import prob_rewards, segment_masses, segment_rewards, token_sigma, uniform_reason
@@ -29,7 +32,7 @@ def exit_points(ctx: CreditContext, s: RolloutRecord, trace: TraceScores) -> np.
     (EOS) ends before them: no exit point lies past them, where the policy never continues. Without
     thinking tags the span ends where the answer line starts (``answer_line_start``): the answer
     part is the answer, never a segment of working after which the answer would be asked again. With
-    ``answer_part=terminal``, less a last one that only end tokens follow (``scored_exits``)."""
+    the method's ``answer_part=terminal``, less a last one that only end tokens follow (``scored_exits``)."""
     scorer = scorer_of(ctx)
     ids = s.completion_ids.tolist()
     body = scorer.content_end(ids)
@@ -38,8 +41,8 @@ def exit_points(ctx: CreditContext, s: RolloutRecord, trace: TraceScores) -> np.
         body = answer_line_start(texts, scorer.answer_template)
         texts = texts[:body]
     entropy = trace.entropy[:body].double().cpu().numpy()
-    exits = segment(texts, entropy, ctx.cfg.credit, scorer.think_start, scorer.think_end).exit_points
-    return scored_exits(exits, len(ids), body) if ctx.cfg.credit.answer_part == "terminal" else exits
+    exits = segment(texts, entropy, ctx.cfg.credit.segmentation, scorer.think_start, scorer.think_end).exit_points
+    return scored_exits(exits, len(ids), body) if ctx.settings.answer_part == "terminal" else exits
 
 
 def answer_line_start(texts: Sequence[str], template: str) -> int:
@@ -97,14 +100,13 @@ def answer_start(texts: Sequence[str], think_start: str, think_end: str, opened:
     return start if start < len(texts) else None
 
 
-def reference_pairs(group: RolloutGroup, scorer: Scorer, c: CreditConfig) -> list[list[Pair]]:
-    """Each sample's reference pairs: the dataset's (u_i, y_i); with ``credit.group_refs`` also the
+def reference_pairs(group: RolloutGroup, scorer: Scorer, c: RredcotSettings) -> list[list[Pair]]:
+    """Each sample's reference pairs: the dataset's (u_i, y_i); with ``group_refs`` also the
     answer parts of the group's *other* correct samples as (u, empty y), less their trailing end
     tokens — never a sample's own, and only from samples that stopped normally with their thinking
     closed (also when the prompt opened it, DeepSeek-R1-Distill style: a trace's answer read from
     inside its thinking is no reference) and an answer part of more than whitespace and end tokens;
-    at most ``credit.max_refs`` each. What a branch scores of a pair is ``credit.reference``'s
-    (``references.py``)."""
+    at most ``max_refs`` each. What a branch scores of a pair is ``reference``'s (``references.py``)."""
     dataset: list[Pair] = [(u.tolist(), y.tolist()) for u, y in zip(group.ref_solution_ids, group.ref_answer_ids)]
     answers: list[list[int] | None] = [None] * len(group.samples)
     if c.group_refs:
@@ -133,7 +135,7 @@ def _sigma(
 ) -> SampleCredit:
     """σ from the exit values; ``log_values`` (prob space) gives relu/abs masses that never underflow;
     ``baseline`` (one per exit) is subtracted from the values before their changes are taken."""
-    c = ctx.cfg.credit
+    c = ctx.settings
     based = values if baseline is None else values - baseline
     rewards = segment_rewards(based) if values.size else np.zeros(max(len(exits) - 1, 0))
     scaled = prob_rewards(log_values) if log_values is not None and c.sign != "softmax" else rewards
@@ -148,11 +150,11 @@ def _sigma(
 
 
 def exit_tails(
-    scorer: Scorer, c: CreditConfig, pairs: Sequence[Construct], context: Sequence[int], ends: Sequence[int]
+    scorer: Scorer, reference: str, pairs: Sequence[Construct], context: Sequence[int], ends: Sequence[int]
 ) -> list[list[Tail]]:
-    """Each exit's tails (``references.tails``); ``ends``: where each exit's prefix ends in
-    ``context`` (prompt ⊕ completion), so its last token is ``context[end - 1]``."""
-    by_line_end = {b: tails(pairs, c.reference, scorer.tail_text, b) for b in (False, True)}
+    """Each exit's tails (``references.tails`` of the construct ``reference``); ``ends``: where each
+    exit's prefix ends in ``context`` (prompt ⊕ completion), so its last token is ``context[end - 1]``."""
+    by_line_end = {b: tails(pairs, reference, scorer.tail_text, b) for b in (False, True)}
     return [by_line_end[scorer.ends_line(int(context[e - 1]))] for e in ends]
 
 
@@ -162,23 +164,23 @@ Found = tuple[np.ndarray, np.ndarray, np.ndarray | None]  # exits, values, log v
 def sample_values(
     ctx: CreditContext, s: RolloutRecord, trace: TraceScores, exits: np.ndarray, pairs: Sequence[Pair]
 ) -> Found:
-    """(exits, v̂ at them in ``credit.value_space``, log v̂ when that space is ``prob``); with
+    """(exits, v̂ at them in the ``value_space``, log v̂ when that space is ``prob``); with
     ``answer_part=terminal`` the end L is one more exit, valued R (``_terminal``). No pair: no values."""
-    scorer, c = scorer_of(ctx), ctx.cfg.credit
-    constructs = scorer.constructs(pairs, c.keywords, c.max_suffixes)
+    scorer, c, sc = scorer_of(ctx), ctx.settings, ctx.cfg.credit.scorer
+    constructs = scorer.constructs(pairs, ctx.cfg.credit.segmentation.keywords, c.max_suffixes)
     if not constructs:
         return exits, np.zeros(0), None
     context = [*ctx.group.prompt_ids.tolist(), *s.completion_ids.tolist()]
-    per_exit = exit_tails(scorer, c, constructs, context, [trace.prompt_len + int(e) for e in exits])
+    per_exit = exit_tails(scorer, c.reference, constructs, context, [trace.prompt_len + int(e) for e in exits])
     bl = branch_logprobs_fast(
         scorer.model,
         trace,
         exits.tolist(),
         per_exit,
         context,
-        c.values_memory_mb << 20,
-        c.entropy_chunk,
-        c.branch_attention,
+        sc.values_memory_mb << 20,
+        sc.entropy_chunk,
+        sc.branch_attention,
     )
     scorer.tokens.branch += trace.counter.branch
     prob = c.value_space == "prob"  # computed in log space: σ survives values below e^-745
@@ -189,11 +191,10 @@ def sample_values(
     return (exits, np.exp(values), values) if prob else (exits, values, None)
 
 
-@register("rredcot", return_equivalent=True, needs_scorer=True)
 def rredcot(ctx: CreditContext) -> list[SampleCredit]:
     """Entropy → segments → importance-sampled exit values → (group baseline) → segment rewards → σ."""
-    c, samples = ctx.cfg.credit, ctx.group.samples
-    refs = reference_pairs(ctx.group, scorer_of(ctx), c)
+    samples = ctx.group.samples
+    refs = reference_pairs(ctx.group, scorer_of(ctx), ctx.settings)
     found: list[Found] = [(np.zeros(1, np.int32), np.zeros(0), None)] * len(samples)
     timings: list[dict[str, float]] = [{} for _ in samples]
     for i, s, trace, t_entropy in scored_traces(ctx, keep_cache=any(refs)):
@@ -210,8 +211,8 @@ def rredcot(ctx: CreditContext) -> list[SampleCredit]:
 
 def credit_from_values(ctx: CreditContext, found: Sequence[Found]) -> list[SampleCredit]:
     """RREDCoT's last stage for every sample of the group: its exit values (less the group baseline
-    with ``credit.baseline=group``), segment rewards, masses and σ."""
-    grouped = ctx.cfg.credit.baseline == "group"
+    with ``baseline=group``), segment rewards, masses and σ."""
+    grouped = ctx.settings.baseline == "group"
     baselines = group_baselines([v for _, v, _ in found]) if grouped else [None] * len(found)
     out = []
     for i, ((exits, values, log_values), baseline) in enumerate(zip(found, baselines, strict=True)):
@@ -226,13 +227,15 @@ def credit_from_values(ctx: CreditContext, found: Sequence[Found]) -> list[Sampl
 def mc_exit_values(
     ctx: CreditContext, s: RolloutRecord, exits: np.ndarray, m: int, sample_id: str
 ) -> tuple[np.ndarray, MCValues]:
-    """``outcome_mc_values`` of ``s`` from ``ctx.sampler`` at ``exits`` (M = ``m``, seeded by ``sample_id``)."""
+    """``outcome_mc_values`` of ``s`` from ``ctx.sampler`` at ``exits`` (M = ``m``, seeded by ``sample_id``;
+    the method's ``answer_part``)."""
     if ctx.sampler is None or ctx.reward_fn is None:
         raise ValueError(f"credit method {ctx.cfg.credit.method!r} needs a continuation sampler and a reward function")
     prompt = ctx.group.prompt_ids.tolist()
     opened = scorer_of(ctx).opens_thought(prompt)
+    terminal = ctx.settings.answer_part == "terminal"
     return outcome_mc_values(
-        ctx.sampler, ctx.reward_fn, prompt, s, exits, m, ctx.cfg, ctx.group.answer, sample_id, opened
+        ctx.sampler, ctx.reward_fn, prompt, s, exits, m, ctx.cfg, ctx.group.answer, sample_id, opened, terminal
     )
 
 
@@ -247,12 +250,12 @@ def outcome_mc_values(
     answer: str,
     sample_id: str,
     opened: bool,
+    terminal: bool,
 ) -> tuple[np.ndarray, MCValues]:
-    """(exits, their MC estimate): ``mc_values`` of completion ``s`` at ``exits``; with
-    ``answer_part=terminal`` the end L is one more exit (or the last one already), valued R exactly
+    """(exits, their MC estimate): ``mc_values`` of completion ``s`` at ``exits``; with ``terminal``
+    (``answer_part=terminal``) the end L is one more exit (or the last one already), valued R exactly
     (``MCValues.with_outcome``): a finished completion is never continued."""
     n = len(s.completion_ids)
-    terminal = cfg.credit.answer_part == "terminal"
     scored = exits[:-1] if terminal and len(exits) and exits[-1] == n else exits
     est = mc_values(
         sampler,
@@ -272,7 +275,6 @@ def outcome_mc_values(
     return exits, est
 
 
-@register("mc", return_equivalent=True, needs_scorer=True, needs_sampler=True)
 def mc(ctx: CreditContext) -> list[SampleCredit]:
     """Like ``rredcot`` but v̂(s_t) is the mean reward of M continuations sampled from ``ctx.sampler``
     within the budget left at each exit (prob space), with its standard error."""
@@ -281,7 +283,7 @@ def mc(ctx: CreditContext) -> list[SampleCredit]:
         t1 = time.perf_counter()
         exits = exit_points(ctx, s, trace)
         t2 = time.perf_counter()
-        exits, est = mc_exit_values(ctx, s, exits, ctx.cfg.credit.mc_samples, s.id)
+        exits, est = mc_exit_values(ctx, s, exits, ctx.settings.samples, s.id)
         out[i] = _sigma(exits, est.values, len(s.completion_ids), float(ctx.advantages[i]), ctx)
         out[i].timings = {"entropy": t_entropy, "segment": t2 - t1, "values": time.perf_counter() - t2}
         out[i].exit_stderr, out[i].values_version = est.stderr.astype(np.float32), ctx.sampler.version

@@ -140,7 +140,7 @@ def branch_logprobs_fast(
 
     Each forward's peak (``ModelShape.forward_bytes``) stays within ``memory_bytes``, whatever the
     trace length; a failed allocation retries the whole computation with half the budget.
-    ``attention``: ``credit.branch_attention``; ``overhead_cells``: the cost of one forward in
+    ``attention``: ``credit.scorer.branch_attention``; ``overhead_cells``: the cost of one forward in
     attention cells (None: ``forward_overhead_cells`` measures it once for the model).
     """
     if trace.cache is None:

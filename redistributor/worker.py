@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from rredcot.common.codec import decode, encode
-from rredcot.common.config import Config, ConfigError
+from rredcot.common.config import Config, ConfigError, CreditSpec, resolve_credit
 from rredcot.common.ledger import length_bucket, mean_length
 from rredcot.common.onednn import bound_primitive_cache
 from rredcot.common.records import RecordError, RolloutGroup, WeightedGroup, WeightedSample
@@ -35,7 +35,6 @@ from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Entry, Pro
 from rredcot.models.store import load_causal_lm, load_tokenizer, resolve_model_path
 from rredcot.redistributor.credit import redistribute_group
 from rredcot.redistributor.mc import HFContinuationSampler
-from rredcot.redistributor.registry import get_method
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.scorer_weights import ScorerPort
 from rredcot.tasks.task import build_task
@@ -117,14 +116,14 @@ def build_scorer(cfg: Config) -> Scorer:
     model = load_causal_lm(path, cfg.model.dtype)
     if torch.cuda.is_available():  # the plan's gpus_per_redistributor (Ray sets CUDA_VISIBLE_DEVICES)
         model = model.to("cuda")
-    elif cfg.credit.branch_attention == "flex":
+    elif cfg.credit.scorer.branch_attention == "flex":
         raise ConfigError(
-            "credit.branch_attention = 'flex' needs a CUDA scorer (compiled flex attention); "
+            "credit.scorer.branch_attention = 'flex' needs a CUDA scorer (compiled flex attention); "
             "this redistributor has no GPU: use 'auto' or 'dense'"
         )
     template = build_task(cfg.task).answer_template
     return Scorer(
-        model, tok, cfg.credit.exit_string, cfg.model.think_start, cfg.model.think_end, answer_template=template
+        model, tok, cfg.credit.scorer.exit_string, cfg.model.think_start, cfg.model.think_end, answer_template=template
     )
 
 
@@ -138,15 +137,15 @@ def verifier_reward(verifier: Verifier, tokenizer: Any) -> RewardFn:
 
 
 def scorer_sampler(scorer: Scorer, cfg: Config, name: str, prover: str = "policy") -> HFContinuationSampler:
-    """The fallback continuation sampler (transformers) when launch wired no engine. ``prover``
-    (``credit.settings.prover`` of a method that has one): ``policy``, the scorer's model (its version
-    is the scorer's); ``initial``, model.path's weights, frozen (the scorer's model unless
-    ``credit.scorer=policy`` moves it); else the model at that path, frozen (version 0)."""
+    """The fallback continuation sampler (transformers) when launch wired no engine. ``prover`` (the
+    method's declared prover, ``CreditSpec.prover``): ``policy``, the scorer's model (its version is
+    the scorer's); ``initial``, model.path's weights, frozen (the scorer's model unless
+    ``credit.scorer.model=policy`` moves it); else the model at that path, frozen (version 0)."""
     g = cfg.generation
     model, version = scorer.model, lambda: scorer.version
     if prover != "policy":
         version = lambda: 0
-        if prover != "initial" or cfg.credit.scorer == "policy":
+        if prover != "initial" or cfg.credit.scorer.model == "policy":
             path = resolve_model_path(cfg.model.path if prover == "initial" else prover, seed=cfg.run.seed)
             model = load_causal_lm(path, cfg.model.dtype).to(scorer.model.device)
     log.info("%s: no engine wired; continuations come from %s (transformers)", name, prover)
@@ -156,12 +155,13 @@ def scorer_sampler(scorer: Scorer, cfg: Config, name: str, prover: str = "policy
 class Redistributor:
     """One worker of the redistributor tier.
 
-    A method that samples continuations (``mc``, ``progress``) takes them from ``sampler``: in a run,
-    launch injects a vLLM engine holding the policy (``actors.continuations.VLLMContinuations``),
-    brought to the newest published version before each group, or the method's fixed prover
-    (``credit.settings.prover``). Without one (unit tests, benchmarks) they are sampled with
-    transformers (``scorer_sampler``): for ``mc`` by the scorer, not the policy unless
-    ``credit.scorer=policy``.
+    ``credit``: the run's credit method with its settings and prover (``stage_parts`` resolves it
+    once; resolved here when not given). A method that samples continuations (``mc``, ``progress``)
+    takes them from ``sampler``: in a run, launch injects a vLLM engine holding the policy
+    (``actors.continuations.VLLMContinuations``), brought to the newest published version before
+    each group, or the method's fixed prover (``progress``: ``credit.settings.progress.prover``).
+    Without one (unit tests, benchmarks) they are sampled with transformers (``scorer_sampler``): for
+    ``mc`` by the scorer, not the policy unless ``credit.scorer.model=policy``.
     """
 
     def __init__(
@@ -171,33 +171,33 @@ class Redistributor:
         rank: int = 0,
         scorer: Scorer | None = None,
         sampler: ContinuationSampler | None = None,
+        credit: CreditSpec | None = None,
     ) -> None:
         run = RunContext.connect(cfg, "a redistributor")
         self.cfg, self.name, self.run_id = cfg, name, run.run_id
-        self.method = get_method(cfg.credit.method)
+        self.credit = credit = credit or resolve_credit(cfg)
         self.client, self.control, self.ledger, self.lineage = run.client, run.control, run.ledger, run.lineage
         rollouts, dead, batches = (run_key(self.client, self.run_id, k) for k in (ROLLOUTS, DEAD, BATCHES))
         self.consumer = Consumer(self.client, rollouts, GROUP, name, dead, cfg.redis.claim_idle_ms)
         self.producer = Producer(self.client, batches, cfg.redis.maxlen, cfg.redis.block_timeout_s)
-        self.scorer = scorer if scorer is not None or not self.method.needs_scorer else build_scorer(cfg)
-        following = cfg.credit.scorer == "policy" and self.scorer is not None
+        self.scorer = scorer if scorer is not None or not credit.method.needs_scorer else build_scorer(cfg)
+        following = cfg.credit.scorer.model == "policy" and self.scorer is not None
         self.scorer_weights = (
             weight_receiver(cfg, self.client, ScorerPort(self.scorer), name=name) if following else None
         )
-        self.extra: dict[str, Any] = {"settings": self.method.typed_settings(cfg)}
         self.verifier: Verifier | None = None
         self.sampler: ContinuationSampler | None = None
-        if self.method.needs_sampler and self.scorer is not None:
-            prover = getattr(self.extra["settings"], "prover", "policy")
-            self.sampler = sampler or scorer_sampler(self.scorer, cfg, name, prover)
+        self.reward_fn: RewardFn | None = None
+        if credit.prover is not None and self.scorer is not None:
+            self.sampler = sampler or scorer_sampler(self.scorer, cfg, name, credit.prover)
             self.verifier = Verifier.from_config(cfg)
-            self.extra |= {"sampler": self.sampler, "reward_fn": verifier_reward(self.verifier, self.scorer.tokenizer)}
+            self.reward_fn = verifier_reward(self.verifier, self.scorer.tokenizer)
         self.metrics = WorkerMetrics()
         self.saved = 0
         self._resumed = False
 
     def sync_scorer(self) -> bool:
-        """With ``credit.scorer=policy``, load the newest published policy weights through the run's
+        """With ``credit.scorer.model=policy``, load the newest published policy weights through the run's
         weight transport; True if a version was applied."""
         applied = self.scorer_weights.poll() if self.scorer_weights is not None else None
         if applied is None:
@@ -230,7 +230,7 @@ class Redistributor:
         try:
             group = decode(entry.payload, RolloutGroup)
             with torch.inference_mode():
-                out = redistribute_group(group, self.cfg, self.scorer, self.method, **self.extra)
+                out = redistribute_group(group, self.cfg, self.scorer, self.credit, self.sampler, self.reward_fn)
             payload = encode(out)
         except (RecordError, ValueError) as e:  # the entry's fault; anything else is the worker's
             self._dead(entry, f"{type(e).__name__}: {e}", type(e).__name__, group)
@@ -309,7 +309,10 @@ class Redistributor:
         return self.metrics.snapshot()
 
 
-def run_worker(cfg: Config, index: int = 0, sampler: ContinuationSampler | None = None) -> None:
+def run_worker(
+    cfg: Config, index: int = 0, sampler: ContinuationSampler | None = None, credit: CreditSpec | None = None
+) -> None:
     """``rredcot redistribute CONFIG [--index N]``: worker ``red<N>`` against ``redis.url`` until the run stops."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    log.info("redistributor done: %s", Redistributor(cfg, f"red{index}", index, sampler=sampler).run())
+    worker = Redistributor(cfg, f"red{index}", index, sampler=sampler, credit=credit)
+    log.info("redistributor done: %s", worker.run())

@@ -102,7 +102,7 @@ class CollectivePublisher(FilePublisher):
             rank,
             group_address=os.environ.get("MASTER_ADDR", "127.0.0.1"),
             receivers=cfg.cluster.generators * tensor_parallel(cfg.cluster.gpus_per_generator),  # a rank per shard
-            file_too=cfg.data.eval_size > 0 or cfg.credit.scorer == "policy",
+            file_too=cfg.data.eval_size > 0 or cfg.credit.scorer.model == "policy",
             timeout_s=cfg.generation.weight_group_timeout_s,
         )
 

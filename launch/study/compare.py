@@ -56,20 +56,22 @@ class Run:
 
 
 def arm_overrides(arm: str) -> list[str]:
-    """An arm ``METHOD[@key=value...]`` (e.g. ``rredcot@credit.uniform_mix=1.0``: the whole RREDCoT
-    pipeline with GRPO's σ) as config overrides, ``credit.method`` first."""
+    """An arm ``METHOD[@key=value...]`` (e.g. ``rredcot@credit.settings.rredcot.uniform_mix=1.0``: the
+    whole RREDCoT pipeline with GRPO's σ) as config overrides, ``credit.method`` first."""
     method, *extra = arm.split("@")
     bad = [e for e in extra if "=" not in e]
     if not method or bad:
         raise UserError(
-            f"arm {arm!r}: expected METHOD or METHOD@key=value[@key=value...], e.g. rredcot@credit.uniform_mix=1.0"
+            f"arm {arm!r}: expected METHOD or METHOD@key=value[@key=value...], "
+            "e.g. rredcot@credit.settings.rredcot.uniform_mix=1.0"
         )
     return [f"credit.method={method}", *extra]
 
 
 def run_name(arm: str, seed: int) -> str:
     """The run (and folder) name of ``arm`` at ``seed``, within ``run.name``'s characters and length:
-    ``rredcot@credit.uniform_mix=1.0`` at seed 3 is ``rredcot__credit.uniform_mix-1.0-s3``."""
+    ``rredcot@credit.settings.rredcot.uniform_mix=1.0`` at seed 3 is
+    ``rredcot__credit.settings.rredcot.uniform_mix-1.0-s3``."""
     name = re.sub(r"[^A-Za-z0-9._-]", "_", arm.replace("@", "__").replace("=", "-"))
     if len(name) > 52:  # run.name holds 64 characters: keep a readable head and a digest of the whole arm
         name = f"{name[:43]}-{hashlib.sha1(arm.encode()).hexdigest()[:8]}"

@@ -1,15 +1,17 @@
 """Every credit method on the same traces, against Monte Carlo on the policy.
 
 For each sample of a group with a non-zero advantage, on the exit points of RREDCoT's
-segmentation (the scorer's entropy, `credit.*`):
-- exit values and segment rewards of RREDCoT for each value construct (``credit.reference``) in the
-  run's value space, and its segment rewards with the group baseline (``credit.baseline=group``);
+segmentation (the scorer's entropy, ``credit.segmentation``, ``credit.scorer``), with the run's
+RREDCoT settings (``credit.settings.rredcot``, whichever method the run used):
+- exit values and segment rewards of RREDCoT for each value construct (its ``reference``) in the
+  run's value space, and its segment rewards with the group baseline (``baseline=group``);
 - each σ method's signed segment credit sgn(A)·Σ_{j∈seg} σ_j (what the learner multiplies A by):
-  `grpo` (segment length), `entropy`, `top_entropy`, RREDCoT's own σ, and `progress` (its prover
-  is the study's engine, the policy at the checkpoint, with seeds apart from MC's);
+  `grpo` (segment length), `entropy`, `top_entropy`, RREDCoT's own σ, and `progress` (its default
+  settings but RREDCoT's answer part; its prover is the study's engine, the policy at the
+  checkpoint, with seeds apart from MC's);
 - Monte-Carlo exit values (``mc_values``: M continuations per exit from the policy, each within
-  the token budget left there), their per-continuation rewards and standard errors; with
-  ``credit.answer_part=terminal`` the end L of the completion takes the outcome R exactly, as in the
+  the token budget left there), their per-continuation rewards and standard errors; with RREDCoT's
+  ``answer_part=terminal`` the end L of the completion takes the outcome R exactly, as in the
   ``mc`` method (``mc_exit_values``), never a continuation after the finished completion;
 - the cost of each: tokens forwarded (scorer) or generated (MC), and seconds.
 MC's segment rewards r_k = v_k − v_{k−1} are the ground truth the others are ranked against.
@@ -24,11 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from rredcot.common.config import Config
+from rredcot.common.config import Config, resolve_credit
 from rredcot.common.records import RolloutGroup, WeightedGroup
 from rredcot.common.sampling import ContinuationSampler, RewardFn
 from rredcot.redistributor.credit import redistribute_group
 from rredcot.redistributor.mc import MCValues
+from rredcot.redistributor.methods import RredcotSettings
 from rredcot.redistributor.references import CONSTRUCTS
 from rredcot.redistributor.registry import CreditContext
 from rredcot.redistributor.scorer import Scorer
@@ -61,8 +64,18 @@ class TraceCredit:
     cost: dict[str, Cost] = field(default_factory=dict)  # per method, this trace's share
 
 
-def _with_credit(cfg: Config, **changes: object) -> Config:
-    return dataclasses.replace(cfg, credit=dataclasses.replace(cfg.credit, **changes))
+def with_method(cfg: Config, method: str, keep: bool = True, **settings: object) -> Config:
+    """``cfg`` running ``method``, its block of settings the run's (``keep``; else the defaults)
+    with ``settings`` over it."""
+    block = {**(cfg.credit.settings.get(method, {}) if keep else {}), **settings}
+    credit = dataclasses.replace(cfg.credit, method=method, settings={**cfg.credit.settings, method: block})
+    return dataclasses.replace(cfg, credit=credit)
+
+
+def rredcot_settings(cfg: Config) -> RredcotSettings:
+    """The run's RREDCoT settings (``credit.settings.rredcot``, whichever method it ran): the study's
+    RREDCoT rows, and the answer part its MC values and ``progress`` take."""
+    return resolve_credit(with_method(cfg, "rredcot")).settings
 
 
 def _run(
@@ -99,13 +112,14 @@ def trace_mc(
     sampler: ContinuationSampler,
     reward_fn: RewardFn,
     m: int,
+    terminal: bool,
 ) -> MCValues:
     """MC values of sample ``i`` at ``exits``, as the ``mc`` method takes them (``outcome_mc_values``):
-    with ``answer_part=terminal`` an exit at the end L (RREDCoT's terminal one) is the outcome R,
-    never M continuations of a completion that had finished."""
+    with ``terminal`` (``answer_part=terminal``) an exit at the end L (RREDCoT's terminal one) is the
+    outcome R, never M continuations of a completion that had finished."""
     prompt = group.prompt_ids.tolist()
     s, opened = group.samples[i], scorer.opens_thought(prompt)
-    return outcome_mc_values(sampler, reward_fn, prompt, s, exits, m, cfg, group.answer, s.id, opened)[1]
+    return outcome_mc_values(sampler, reward_fn, prompt, s, exits, m, cfg, group.answer, s.id, opened, terminal)[1]
 
 
 def rredcot_variants(group: RolloutGroup, cfg: Config, scorer: Scorer) -> dict[str, tuple[list[Any], Cost]]:
@@ -115,9 +129,9 @@ def rredcot_variants(group: RolloutGroup, cfg: Config, scorer: Scorer) -> dict[s
     (``credit_from_values``), so it costs nothing more."""
     out: dict[str, tuple[list[Any], Cost]] = {}
     for construct in CONSTRUCTS:
-        wg, cost = _run(group, _with_credit(cfg, method="rredcot", reference=construct, baseline="none"), scorer)
-        based_cfg = _with_credit(cfg, method="rredcot", reference=construct, baseline="group")
-        ctx = CreditContext(group, np.array([s.advantage for s in wg.samples]), based_cfg, scorer)
+        wg, cost = _run(group, with_method(cfg, "rredcot", reference=construct, baseline="none"), scorer)
+        based = resolve_credit(with_method(cfg, "rredcot", reference=construct, baseline="group")).settings
+        ctx = CreditContext(group, np.array([s.advantage for s in wg.samples]), cfg, scorer, settings=based)
         found = [(s.exit_points, s.exit_values.astype(np.float64), None) for s in wg.samples]
         out[construct] = wg.samples, cost
         out[f"{construct}+group"] = credit_from_values(ctx, found), cost
@@ -134,7 +148,8 @@ def _rredcot_rows(group: RolloutGroup, cfg: Config, scorer: Scorer) -> dict[int,
         for i, s in enumerate(first)
         if s.advantage and len(s.exit_points) > 1
     }
-    own = cfg.credit.reference + ("+group" if cfg.credit.baseline == "group" else "")
+    run = rredcot_settings(cfg)
+    own = run.reference + ("+group" if run.baseline == "group" else "")
     for name, (credits, cost) in variants.items():
         for i, tr in traces.items():
             c = credits[i]
@@ -159,14 +174,16 @@ def study_group(
 ) -> list[TraceCredit]:
     """Every method on the group's samples that have a non-zero advantage (none when all are 0)."""
     traces = _rredcot_rows(group, cfg, scorer)
+    answer_part = rredcot_settings(cfg).answer_part
     for method in SIGMA_METHODS:
-        wg, cost = _run(group, _with_credit(cfg, method=method, settings={}), scorer, sampler, reward_fn)
+        own = {"answer_part": answer_part} if method == "progress" else {}  # else its defaults
+        wg, cost = _run(group, with_method(cfg, method, keep=False, **own), scorer, sampler, reward_fn)
         for i, tr in traces.items():
             tr.segment_scores[method] = segment_credit(wg.samples[i].sigma, tr.exits, tr.advantage)
             tr.cost[method] = cost
     for i, tr in traces.items():
         t = time.perf_counter()
-        mc = trace_mc(group, i, tr.exits, cfg, scorer, sampler, reward_fn, mc_samples)
+        mc = trace_mc(group, i, tr.exits, cfg, scorer, sampler, reward_fn, mc_samples, answer_part == "terminal")
         tr.values[MC], tr.mc_rewards, tr.mc_stderr = mc.values, mc.rewards, mc.stderr
         tr.segment_scores[MC] = np.diff(mc.values)
         tr.cost[MC] = Cost(mc.tokens, time.perf_counter() - t)

@@ -26,7 +26,7 @@ def _config(redis_server, run_id: str, tmp_path, *extra: str):
             f"run.name={run_id}",
             f"run.dir={tmp_path}",
             "task.name=arith",
-            "credit.segments=3",
+            "credit.segmentation.segments=3",
             "generation.max_tokens=80",
             "generation.kv_cache_bytes=33554432",
             "model.dtype=float32",
@@ -54,7 +54,7 @@ def test_mc_samples_from_the_newest_policy_and_reports_the_gap(redis_client, red
     """The launch path builds the sampler; the worker brings it to the published v2 before the group
     (whose tokens are v0), samples every continuation with it (not with the v0 scorer) and reports
     the version gap and the standard error."""
-    cfg = _config(redis_server, run_id, tmp_path, "credit.method=mc", "credit.mc_samples=3")
+    cfg = _config(redis_server, run_id, tmp_path, "credit.method=mc", "credit.settings.mc.samples=3")
     sampler = stage_parts("redistributor", cfg)["sampler"]
     assert isinstance(sampler, VLLMContinuations) and stage_parts("generator", cfg) == {}
     group, worker, metrics, out = _redistribute_after_v2(cfg, sampler, redis_client, run_id, tmp_path, qwen_tok)
@@ -72,7 +72,7 @@ def test_mc_samples_from_the_newest_policy_and_reports_the_gap(redis_client, red
 def test_progress_prover_keeps_the_initial_weights(redis_client, redis_server, run_id, tmp_path, qwen_tok):
     """``credit.method=progress`` with the default prover: launch builds an engine on model.path with
     no weight receiver, so the published v2 never reaches it; every continuation comes from it."""
-    cfg = _config(redis_server, run_id, tmp_path, "credit.method=progress", "credit.settings.samples=2")
+    cfg = _config(redis_server, run_id, tmp_path, "credit.method=progress", "credit.settings.progress.samples=2")
     sampler = stage_parts("redistributor", cfg)["sampler"]
     assert isinstance(sampler, VLLMContinuations) and sampler.receiver is None
     group, worker, metrics, out = _redistribute_after_v2(cfg, sampler, redis_client, run_id, tmp_path, qwen_tok)

@@ -27,7 +27,7 @@ from rredcot.transports.manifest import latest_manifest, publish_manifest, publi
 from tests.factories import rollout_group
 
 # rollouts come from the test; no traces saved unless a test asks (and gives a run.dir): none land in the repo
-BASE = ["task.name=arith", "redis.claim_idle_ms=300", "credit.segments=4", "credit.save_traces=0"]
+BASE = ["task.name=arith", "redis.claim_idle_ms=300", "credit.segmentation.segments=4", "credit.save_traces=0"]
 
 
 def _cfg(url: str, run_id: str, *extra: str):
@@ -57,7 +57,9 @@ def test_every_rollout_becomes_one_weighted_sample_or_dead_letter(redis_client, 
     producer.put(b"\x00not msgpack")
     producer.put(raw)
     cfg = _cfg(redis_server.url, run_id, f"run.dir={tmp_path}", "credit.save_traces=2")
-    scorer = Scorer(build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit.exit_string)
+    scorer = Scorer(
+        build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit.scorer.exit_string
+    )
     worker = Redistributor(cfg, "red0", scorer=scorer)
     metrics = worker.run(idle_exit_s=1.0)
     saved = sorted((tmp_path / "traces").glob("red0-*.msgpack"))
@@ -95,7 +97,9 @@ def test_a_failure_of_the_worker_leaves_the_entry_to_its_restart(redis_client, r
     the entry stays pending, and the restarted worker takes it up first."""
     groups = _put_groups(redis_client, run_id, 1)
     cfg = _cfg(redis_server.url, run_id)
-    scorer = Scorer(build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit.exit_string)
+    scorer = Scorer(
+        build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit.scorer.exit_string
+    )
 
     def fail(module, args, kwargs) -> None:
         raise error
@@ -118,7 +122,9 @@ def test_an_allocation_that_fails_once_is_retried_with_half_the_budget_and_count
 ) -> None:
     groups = _put_groups(redis_client, run_id, 1)
     cfg = _cfg(redis_server.url, run_id)
-    scorer = Scorer(build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit.exit_string)
+    scorer = Scorer(
+        build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit.scorer.exit_string
+    )
     failed: list[bool] = []
 
     def fail_once(module, args, kwargs) -> None:
@@ -141,7 +147,9 @@ def test_token_ids_outside_the_scorers_vocabulary_are_dead_lettered(redis_client
     """An id ≥ the scorer's vocabulary is refused before any forward (on CUDA the embedding lookup
     is a device-side assert that breaks the process; on CPU an ``IndexError`` crashed the worker)."""
     cfg = _cfg(redis_server.url, run_id)
-    scorer = Scorer(build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit.exit_string)
+    scorer = Scorer(
+        build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit.scorer.exit_string
+    )
     vocab = scorer.model.config.vocab_size
     bad = rollout_group(seed=3)
     bad.samples[1].completion_ids[5] = vocab
@@ -159,7 +167,9 @@ def test_mc_rewards_read_the_answer_after_the_models_thinking_tags(redis_server,
     """The worker's verifier (``credit.method=mc``) reads an answer only after ``model.think_end``:
     a guess inside the thinking is no answer."""
     cfg = _cfg(redis_server.url, run_id, "credit.method=mc", "model.think_start=<r>", "model.think_end=</r>")
-    scorer = Scorer(build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit.exit_string)
+    scorer = Scorer(
+        build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit.scorer.exit_string
+    )
     worker = Redistributor(cfg, "red0", scorer=scorer)
     try:
         assert worker.verifier.score("<r>Answer: 84</r>I am not sure", "84").verdict == "no_answer"
@@ -204,7 +214,9 @@ def test_worker_killed_mid_batch_loses_nothing(redis_client, redis_server, run_i
     assert redis_client.xpending(key(run_id, ROLLOUTS), GROUP)["pending"] > 0  # with entries it still held
     time.sleep(0.4)  # older than claim_idle_ms: another worker reclaims them
     cfg = load_config(None, cfg_args)
-    scorer = Scorer(build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit.exit_string)
+    scorer = Scorer(
+        build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit.scorer.exit_string
+    )
     Redistributor(cfg, "rescuer", scorer=scorer).run(idle_exit_s=1.5)
     out = _batches(redis_client, run_id)
     seen = {g.group_id: [s.rollout.id for s in g.samples] for g in out}
@@ -215,9 +227,11 @@ def test_worker_killed_mid_batch_loses_nothing(redis_client, redis_server, run_i
 
 
 def test_policy_scorer_follows_published_weights(redis_client, redis_server, run_id, tmp_path) -> None:
-    """credit.scorer=policy: the worker loads each newer published version (tied head left out)."""
-    cfg = _cfg(redis_server.url, run_id, "credit.scorer=policy")
-    scorer = Scorer(build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit.exit_string)
+    """credit.scorer.model=policy: the worker loads each newer published version (tied head left out)."""
+    cfg = _cfg(redis_server.url, run_id, "credit.scorer.model=policy")
+    scorer = Scorer(
+        build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit.scorer.exit_string
+    )
     worker = Redistributor(cfg, "red0", scorer=scorer)
     assert not worker.sync_scorer()  # nothing published yet
     policy = build_tiny_model("qwen3", seed=5)
@@ -237,8 +251,10 @@ def test_policy_scorer_reads_ipc_slots_and_waits_for_a_file_still_being_written(
 ) -> None:
     """With the ipc transport the scorer copies each version out of the learner's slot (no file); a
     manifest announced before its file exists (collective) is skipped, not an error."""
-    cfg = _cfg(redis_server.url, run_id, "credit.scorer=policy", "generation.weight_transport=ipc")
-    scorer = Scorer(build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit.exit_string)
+    cfg = _cfg(redis_server.url, run_id, "credit.scorer.model=policy", "generation.weight_transport=ipc")
+    scorer = Scorer(
+        build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit.scorer.exit_string
+    )
     worker = Redistributor(cfg, "red0", scorer=scorer)
     policy = build_tiny_model("qwen3", seed=5)
     (tmp_path / "shm").mkdir()
@@ -260,7 +276,9 @@ def test_a_worker_takes_one_group_at_a_time_and_leaves_the_rest_to_its_peers(
     (and, with long traces, be reclaimed and scored twice): each step reads one group."""
     groups = _put_groups(redis_client, run_id, 2)
     cfg = _cfg(redis_server.url, run_id)
-    scorer = Scorer(build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit.exit_string)
+    scorer = Scorer(
+        build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit.scorer.exit_string
+    )
     first, peer = Redistributor(cfg, "red0", scorer=scorer), Redistributor(cfg, "red1", scorer=scorer)
     assert first.step(block_ms=100) == 1 and peer.step(block_ms=100) == 1
     assert first.metrics.groups == peer.metrics.groups == 1

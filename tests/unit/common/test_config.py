@@ -1,6 +1,14 @@
 import pytest
 
-from rredcot.common.config import Config, ConfigError, available_configs, from_dict, load_config, to_dict
+from rredcot.common.config import (
+    MOVED_KEYS,
+    Config,
+    ConfigError,
+    available_configs,
+    from_dict,
+    load_config,
+    to_dict,
+)
 
 
 def test_defaults_with_a_dataset_validate_and_round_trip():
@@ -51,7 +59,15 @@ def test_malformed_override():
         ("credit.settings=5", "credit.settings = 5 is not allowed; expected a mapping"),
         ("learner=3", "learner = 3 is not allowed; expected a section: set learner.<key>=… (e.g. learner.lr=…)"),
         ("run=[1]", "run = [1] is not allowed; expected a section"),
-        ("credit.keywords.0=Wait", "credit.keywords = {'0': 'Wait'} is not allowed; expected a whole list"),
+        (
+            "credit.segmentation.keywords.0=Wait",
+            "credit.segmentation.keywords = {'0': 'Wait'} is not allowed; expected a whole list",
+        ),
+        (
+            "credit.settings.fraction=0.3",
+            "credit.settings.fraction = 0.3 is not allowed; expected a block of settings: credit.settings holds "
+            "one per method, set credit.settings.<method>.fraction=…",
+        ),
         ("learner.lr=", "override 'learner.lr=' has no value (use learner.lr=null for null)"),
         ("model.tokenizer= ", "override 'model.tokenizer= ' has no value (use model.tokenizer=null for null)"),
     ],
@@ -76,3 +92,26 @@ def test_only_a_bare_name_falls_back_to_a_bundled_config(tmp_path, monkeypatch):
     assert load_config("demo_cpu").run.name == load_config("demo_cpu.yaml").run.name
     (tmp_path / "tests").write_text("task:\n  name: arith\nrun:\n  name: mine\n")
     assert load_config("tests").run.name == "mine"  # an existing file path wins over a bundled name
+
+
+@pytest.mark.parametrize("old", sorted(MOVED_KEYS))
+def test_a_moved_credit_key_names_its_new_home(old):
+    """Issue 40 moved the method-specific keys out of ``credit.*``: each old key, set by an override,
+    is refused with its new home (``credit.uniform_mix`` -> ``credit.settings.rredcot.uniform_mix``)."""
+    with pytest.raises(ConfigError) as e:
+        load_config("tests", [f"{old}=1"])
+    assert str(e.value) == f"override {old} has moved: set {MOVED_KEYS[old]} instead (docs/config.md, credit)"
+
+
+def test_the_moved_keys_table_by_hand_and_in_a_file(tmp_path):
+    assert MOVED_KEYS["credit.segments"] == "credit.segmentation.segments"
+    assert MOVED_KEYS["credit.exit_string"] == "credit.scorer.exit_string"
+    assert MOVED_KEYS["credit.scorer"] == "credit.scorer.model"
+    assert MOVED_KEYS["credit.uniform_mix"].startswith("credit.settings.rredcot.uniform_mix")
+    assert MOVED_KEYS["credit.mc_samples"] == "credit.settings.mc.samples"
+    assert len(MOVED_KEYS) == 24  # every key the old flat credit section had beside the four that stay
+    assert set(MOVED_KEYS).isdisjoint(f"credit.{k}" for k in ("method", "advantage_std_norm", "save_traces"))
+    (f := tmp_path / "old.yaml").write_text("task:\n  name: arith\ncredit:\n  scorer: policy\n  uniform_mix: 0.3\n")
+    with pytest.raises(ConfigError, match=rf"config file {f}: credit.scorer has moved: set credit.scorer.model"):
+        load_config(f)
+    assert load_config("tests", ["credit.scorer.model=policy"]).credit.scorer.model == "policy"  # the section

@@ -21,8 +21,8 @@ def bounded_fields(cls: type, prefix: str = "") -> list[tuple[str, tuple]]:
     for f in dataclasses.fields(cls):
         if "range" in f.metadata:
             out.append((prefix + f.name, f.metadata["range"]))
-        elif dataclasses.is_dataclass(f.type if isinstance(f.type, type) else None):
-            out += bounded_fields(f.type, f"{prefix}{f.name}.")
+        elif isinstance(f.default_factory, type) and dataclasses.is_dataclass(f.default_factory):  # a section
+            out += bounded_fields(f.default_factory, f"{prefix}{f.name}.")
     return out
 
 
@@ -31,16 +31,17 @@ def test_every_number_of_the_config_and_the_builtin_settings_has_an_upper_bound(
     if at all, deep inside a library. Every ranged number now has an upper bound."""
     import dataclasses
 
-    from rredcot.redistributor.credit import TopEntropySettings
-    from rredcot.redistributor.progress import ProgressSettings
+    from rredcot.redistributor.methods import McSettings, ProgressSettings, RredcotSettings, TopEntropySettings
     from rredcot.tasks.arith import ArithSettings
     from rredcot.tasks.choice import ChoiceSettings
 
     sections = [(f.name, f.default_factory) for f in dataclasses.fields(Config)]
     keys = [(f"{name}.{k}", r) for name, cls in sections for k, r in bounded_fields(cls)]
-    for cls in (TopEntropySettings, ProgressSettings, ArithSettings, ChoiceSettings):
+    for cls in (TopEntropySettings, RredcotSettings, McSettings, ProgressSettings, ArithSettings, ChoiceSettings):
         keys += bounded_fields(cls, f"{cls.__name__}.")
-    assert len(keys) > 60
+    assert (
+        len(keys) > 60 and "credit.segmentation.segments" in dict(keys) and "credit.scorer.token_budget" in dict(keys)
+    )
     assert [k for k, (_, hi) in keys if hi is None] == []
 
 

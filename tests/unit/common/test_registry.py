@@ -5,8 +5,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from rredcot.common.config import ConfigError, load_config
-from rredcot.common.registry import CREDIT_METHODS, Registry, RegistryError, typed_settings
+from rredcot.common.config import ConfigError, load_config, resolve_credit
+from rredcot.common.registry import Registry, RegistryError, typed_settings
 from rredcot.redistributor.credit import redistribute_group
 from rredcot.redistributor.registry import register
 from tests.extensions.last_token import last_token
@@ -44,17 +44,21 @@ def test_typed_settings_name_the_key():
 
 
 def test_a_credit_method_from_tests_runs_by_config_alone():
-    """No edit to rredcot: a module path in ``credit.method`` and its settings in ``credit.settings``."""
-    cfg = load_config("tests", ["credit.method=tests.extensions.last_token", "credit.settings={tail: 2}"])
-    method = CREDIT_METHODS.get(cfg.credit.method)
-    out = redistribute_group(rollout_group(g=3, length=8), cfg, method=method, settings=method.typed_settings(cfg))
+    """No edit to rredcot: a module path in ``credit.method``, its settings in its block
+    ``credit.settings.last_token`` (the name it registered), its ``check`` run at load."""
+    method = "credit.method=tests.extensions.last_token"
+    cfg = load_config("tests", [method, "credit.settings.last_token.tail=2"])
+    out = redistribute_group(rollout_group(g=3, length=8), cfg, credit=resolve_credit(cfg))
     for s in out.samples:
         np.testing.assert_allclose(s.sigma, [0] * 6 + [0.5, 0.5])
         assert s.credit_method == "last_token"
     with pytest.raises(RegistryError, match="credit method 'grpo' is already registered"):
         register("grpo", return_equivalent=True)(last_token)
-    with pytest.raises(ConfigError, match=r"unknown key credit.settings.head; keys allowed under 'credit.settings'"):
-        load_config("tests", ["credit.method=tests.extensions.last_token", "credit.settings={head: 2}"])
+    allowed = r"unknown key credit.settings.last_token.head; keys allowed under 'credit.settings.last_token'"
+    with pytest.raises(ConfigError, match=allowed):
+        load_config("tests", [method, "credit.settings.last_token.head=2"])
+    with pytest.raises(ConfigError, match=r"credit.settings.last_token.tail = 25 .*<= generation.max_tokens \(24\)"):
+        load_config("tests", [method, "credit.settings.last_token.tail=25"])
 
 
 @pytest.mark.parametrize(

@@ -79,7 +79,7 @@ BAD_TRAIN_INPUT: list[tuple[str, list[str] | Callable[[Path], list[str]], str]] 
     ("unknown task", ["task.name=nope"], "task.name = 'nope'"),
     ("run.name escapes", ["run.name=../.."], "run.name = '../..'"),
     ("malformed redis.url", ["redis.url=redis://"], "redis.url"),
-    ("empty exit string", ["credit.exit_string=''"], "credit.exit_string"),
+    ("empty exit string", ["credit.scorer.exit_string=''"], "credit.scorer.exit_string"),
     ("more workers than cores", ["cluster.generators=50"], "lower cluster.generators"),
     ("data file missing", lambda t: [*_file("d.jsonl", ROW)(t)[:2], f"data.path={t / 'nope.jsonl'}"], "no such file"),
     ("data path is a directory", lambda t: [*_file("d.jsonl", ROW)(t)[:2], f"data.path={t}"], "is a directory"),
@@ -321,6 +321,6 @@ def test_a_compare_arm_with_a_bad_value_stops_before_any_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "cmp"
-    argv = ["study", "compare", "tests", "--methods", "grpo,rredcot@credit.uniform_mix=2", "--out", str(out)]
-    assert main(argv) == 2
-    assert "credit.uniform_mix" in capsys.readouterr().err and not out.exists()  # no run started
+    arms = "grpo,rredcot@credit.settings.rredcot.uniform_mix=2"
+    assert main(["study", "compare", "tests", "--methods", arms, "--out", str(out)]) == 2
+    assert "credit.settings.rredcot.uniform_mix" in capsys.readouterr().err and not out.exists()  # no run started

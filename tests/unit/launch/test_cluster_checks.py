@@ -67,7 +67,7 @@ def test_a_run_that_needs_no_shared_run_dir_goes_on_with_a_warning():
     assert check.level == "warning" and "the run goes on" in check.found and "logs and traces" in check.found
     assert "copied to the head's" in check.found  # at the end of the run (launch.gather)
     assert not shared_dir_needed(load_config("tests", collective))
-    for needs in (["data.eval_size=5"], ["cluster.learner_ranks=2"], ["credit.scorer=policy"]):
+    for needs in (["data.eval_size=5"], ["cluster.learner_ranks=2"], ["credit.scorer.model=policy"]):
         assert shared_dir_needed(load_config("tests", [*collective, *needs])), needs
     assert shared_dir_needed(load_config("tests", ["generation.weight_transport=file"]))
 

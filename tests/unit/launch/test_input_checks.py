@@ -125,13 +125,15 @@ def test_a_tokenizer_or_prover_that_does_not_exist_is_an_error(tmp_path: Path) -
     assert found("model.tokenizer=org/tok") == [("tokenizer", "warning")]
     progress = ["credit.method=progress"]
     (check,) = [
-        c for c in check_paths(load_config("tests", [*progress, "credit.settings.prover=polcy"])) if c.topic == "prover"
+        c
+        for c in check_paths(load_config("tests", [*progress, "credit.settings.progress.prover=polcy"]))
+        if c.topic == "prover"
     ]
-    assert check.level == "error" and "credit.settings.prover polcy: no such directory" in check.found
+    assert check.level == "error" and "credit.settings.progress.prover polcy: no such directory" in check.found
     assert "'initial' or 'policy'" in check.fix
-    assert found(*progress) == [] and found(*progress, "credit.settings.prover=policy") == []
-    assert found(*progress, "credit.settings.prover=tiny-qwen3") == [("prover", "ok")]
-    assert found(*progress, "credit.settings.prover=org/prover") == [("prover", "warning")]
+    assert found(*progress) == [] and found(*progress, "credit.settings.progress.prover=policy") == []
+    assert found(*progress, "credit.settings.progress.prover=tiny-qwen3") == [("prover", "ok")]
+    assert found(*progress, "credit.settings.progress.prover=org/prover") == [("prover", "warning")]
     (tmp_path / "prover").mkdir()
     (tmp_path / "prover" / "config.json").write_text("{}")
-    assert found(*progress, f"credit.settings.prover={tmp_path / 'prover'}") == [("prover", "ok")]
+    assert found(*progress, f"credit.settings.progress.prover={tmp_path / 'prover'}") == [("prover", "ok")]

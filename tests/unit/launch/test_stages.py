@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rredcot.common.config import load_config
+from rredcot.common.config import load_config, resolve_credit
 from rredcot.common.net import loopback_interface
+from rredcot.launch import stages
 from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
-from rredcot.launch.stages import STAGE_CLASSES, node_env, restart_options, stage_env
+from rredcot.launch.stages import STAGE_CLASSES, node_env, restart_options, stage_env, stage_parts
 from rredcot.learner.rendezvous import ENV as RENDEZVOUS_ENV
 
 
@@ -79,6 +80,23 @@ def test_every_tier_is_built_and_run_as_the_stage_interface_says(tier):
     cls = getattr(importlib.import_module(module), name)
     init = inspect.signature(cls.__init__).parameters
     assert list(init)[1:4] == ["cfg", "name", "rank"], list(init)
-    assert tier != "redistributor" or "sampler" in init
+    assert tier != "redistributor" or {"sampler", "credit"} <= set(init)
     run = inspect.signature(cls.run).parameters
     assert all(p.default is not inspect.Parameter.empty for p in list(run.values())[1:]), run
+
+
+def test_a_redistributor_gets_its_credit_method_resolved_once(monkeypatch):
+    """``stage_parts`` resolves the method once (or takes it resolved) and hands it to the stage with
+    the engine of its declared prover; other tiers get nothing."""
+    from rredcot.actors.continuations import VLLMContinuations
+
+    calls = []
+    monkeypatch.setattr(stages, "resolve_credit", lambda cfg: calls.append(cfg) or resolve_credit(cfg))
+    monkeypatch.setattr(VLLMContinuations, "from_config", classmethod(lambda cls, cfg, prover: f"engine:{prover}"))
+    cfg = load_config("tests", ["credit.method=progress", "credit.settings.progress.prover=tiny-qwen2"])
+    parts = stage_parts("redistributor", cfg)
+    assert parts["sampler"] == "engine:tiny-qwen2" and parts["credit"].settings.prover == "tiny-qwen2"
+    assert stage_parts("redistributor", cfg, parts["credit"])["credit"] is parts["credit"] and len(calls) == 1
+    assert stage_parts("generator", cfg) == {} and stage_parts("learner", cfg) == {}
+    grpo = stage_parts("redistributor", load_config("tests", ["credit.method=grpo"]))
+    assert set(grpo) == {"credit"} and grpo["credit"].prover is None  # it samples nothing: no engine

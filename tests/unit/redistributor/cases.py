@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
+from rredcot.common.config import CreditConfig, SegmentationConfig
 from rredcot.common.records import RolloutGroup, RolloutRecord, new_id
 
 TRACES = [
@@ -12,6 +15,13 @@ TRACES = [
     "<think>\nI think 12*7 = 74.\nTherefore 74.\n</think>\n\nAnswer: 74",
     "12*7 is 84",  # no thinking tags: the whole completion is segmented
 ]
+
+
+def credit_config(method: str = "rredcot", segmentation: dict[str, Any] | None = None, **settings: Any) -> CreditConfig:
+    """``credit.method`` with ``settings`` as its block (``credit.settings.<method>``) and the
+    ``segmentation`` keys given (the rest: defaults)."""
+    blocks = {method: settings} if settings else {}
+    return CreditConfig(method=method, segmentation=SegmentationConfig(**(segmentation or {})), settings=blocks)
 
 
 def make_group(tok, traces=TRACES, rewards=(1.0, 1.0, 0.0, 1.0), refs=True, finish="stop") -> RolloutGroup:

@@ -12,7 +12,15 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rredcot.common.config import Config, ConfigError, CreditConfig, load_config
+from rredcot.common.config import (
+    Config,
+    ConfigError,
+    CreditConfig,
+    ScorerConfig,
+    SegmentationConfig,
+    load_config,
+    resolve_credit,
+)
 from rredcot.common.records import RecordError
 from rredcot.learner.loss import sample_coefficients
 from rredcot.learner.packing import collate, samples_from_group
@@ -73,8 +81,13 @@ def test_scorer_batching_does_not_change_credit(qwen_tok, qwen_model, method) ->
     outs = []
     for budget in (64, 8192):  # one sample per batch (chunked forwards) vs the whole group at once
         cfg = Config()
-        cfg.credit = CreditConfig(method=method, segments=3, token_budget=budget, uniform_mix=0.2)
-        outs.append(redistribute_group(group, cfg, Scorer(qwen_model, qwen_tok, cfg.credit.exit_string)))
+        cfg.credit = CreditConfig(
+            method=method,
+            segmentation=SegmentationConfig(segments=3),
+            scorer=ScorerConfig(token_budget=budget),
+            settings={"rredcot": {"uniform_mix": 0.2}},
+        )
+        outs.append(redistribute_group(group, cfg, Scorer(qwen_model, qwen_tok, cfg.credit.scorer.exit_string)))
     for a, b in zip(*(o.samples for o in outs)):
         np.testing.assert_allclose(a.sigma, b.sigma, atol=1e-6)
         np.testing.assert_allclose(a.exit_values, b.exit_values, atol=1e-4)
@@ -116,16 +129,15 @@ def test_return_equivalent_methods_sum_to_one(
     (tokens outside the span 1/|o|, λ/|o| + (1 − λ)(S/|o|)·m_k/(|seg_k|·Σm) inside) applied to the
     segment rewards it recorded, so a dropped factor fails here although the sum is renormalised."""
     cfg = Config()
-    cfg.credit = CreditConfig(
-        method=method,
-        sign=sign,
-        uniform_mix=lam,
-        value_space="prob" if answer_part == "terminal" and space == "log" else space,  # the config's rule
-        answer_part=answer_part,
-        segments=k,
-        group_refs=group_refs,
-    )
-    out = redistribute_group(make_group(qwen_tok), cfg, Scorer(qwen_model, qwen_tok, cfg.credit.exit_string))
+    rredcot = {
+        "sign": sign,
+        "uniform_mix": lam,
+        "value_space": "prob" if answer_part == "terminal" and space == "log" else space,  # the config's rule
+        "answer_part": answer_part,
+        "group_refs": group_refs,
+    }
+    cfg.credit = CreditConfig(method=method, segmentation=SegmentationConfig(segments=k), settings={"rredcot": rredcot})
+    out = redistribute_group(make_group(qwen_tok), cfg, Scorer(qwen_model, qwen_tok, cfg.credit.scorer.exit_string))
     for w in out.samples:
         assert np.all(w.sigma >= 0) and abs(float(w.sigma.sum(dtype=np.float64)) - 1) < 1e-5
         n = len(w.sigma)
@@ -139,10 +151,11 @@ def test_return_equivalent_methods_sum_to_one(
         np.testing.assert_allclose(w.sigma[[*range(exits[0]), *range(exits[-1], n)]], 1 / n, rtol=1e-5)
         for lo, hi in zip(exits[:-1], exits[1:]):
             np.testing.assert_allclose(w.sigma[lo:hi], w.sigma[lo], rtol=1e-6)
-        if cfg.credit.value_space != "prob":  # prob rewards (differences of v̂ ≈ e^-167) are 0 in float32
+        own = resolve_credit(cfg).settings
+        if own.value_space != "prob":  # prob rewards (differences of v̂ ≈ e^-167) are 0 in float32
             # σ from the recorded rewards through the formula written out in test_sigma (float64)
             rewards = w.segment_rewards.astype(np.float64).tolist()
-            masses = reference_masses(rewards, w.advantage, sign, cfg.credit.softmax_temperature)
+            masses = reference_masses(rewards, w.advantage, sign, own.softmax_temperature)
             np.testing.assert_allclose(w.sigma, reference_sigma(n, exits, masses, lam), rtol=1e-5, atol=1e-9)
 
 
@@ -161,10 +174,11 @@ def test_a_batch_kv_cache_is_released_before_the_next_batch(qwen_tok, qwen_model
             live.append(sum(c() is not None for c in caches))
 
     cfg = Config()
-    cfg.credit = CreditConfig(segments=2, token_budget=64)  # one sample per batch
+    # one sample per batch
+    cfg.credit = CreditConfig(segmentation=SegmentationConfig(segments=2), scorer=ScorerConfig(token_budget=64))
     hook = qwen_model.get_decoder().register_forward_pre_hook(count, with_kwargs=True)
     try:
-        out = redistribute_group(make_group(qwen_tok), cfg, Scorer(qwen_model, qwen_tok, cfg.credit.exit_string))
+        out = redistribute_group(make_group(qwen_tok), cfg, Scorer(qwen_model, qwen_tok, cfg.credit.scorer.exit_string))
     finally:
         hook.remove()
     assert len(live) == 4 and live == [1, 1, 1, 1]
@@ -175,15 +189,15 @@ def test_a_failed_allocation_in_the_entropy_pass_halves_the_token_budget(qwen_to
     """An out-of-memory error in the scorer's trace forward lost the whole group (a dead letter); the
     batch is redone with half the token budget, as the branches do, and the credit is unchanged."""
     cfg = Config()
-    cfg.credit = CreditConfig(method="entropy", token_budget=4096)
+    cfg.credit = CreditConfig(method="entropy", scorer=ScorerConfig(token_budget=4096))
     group = make_group(qwen_tok)
-    expected = redistribute_group(group, cfg, Scorer(qwen_model, qwen_tok, cfg.credit.exit_string))
+    expected = redistribute_group(group, cfg, Scorer(qwen_model, qwen_tok, cfg.credit.scorer.exit_string))
 
     def refuse_large(module, args, kwargs) -> None:  # the allocator refusing forwards of more than 40 tokens
         if kwargs["input_ids"].numel() > 40:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 19.00 GiB")
 
-    scorer = Scorer(qwen_model, qwen_tok, cfg.credit.exit_string)
+    scorer = Scorer(qwen_model, qwen_tok, cfg.credit.scorer.exit_string)
     hook = qwen_model.get_decoder().register_forward_pre_hook(refuse_large, with_kwargs=True)
     try:
         out = redistribute_group(group, cfg, scorer)
@@ -203,7 +217,7 @@ def test_token_ids_outside_the_scorers_vocabulary_are_the_records_fault(qwen_tok
     hook = qwen_model.get_decoder().register_forward_pre_hook(lambda *a: forwards.append(1))
     try:
         with pytest.raises(RecordError, match=r"samples\[2\].completion_ids holds token id 151669, outside"):
-            redistribute_group(group, Config(), Scorer(qwen_model, qwen_tok, CreditConfig().exit_string))
+            redistribute_group(group, Config(), Scorer(qwen_model, qwen_tok, ScorerConfig().exit_string))
     finally:
         hook.remove()
     assert not forwards
@@ -211,7 +225,7 @@ def test_token_ids_outside_the_scorers_vocabulary_are_the_records_fault(qwen_tok
 
 def test_degenerate_groups(qwen_tok, qwen_model) -> None:
     cfg = Config()
-    scorer = Scorer(qwen_model, qwen_tok, cfg.credit.exit_string)
+    scorer = Scorer(qwen_model, qwen_tok, cfg.credit.scorer.exit_string)
     # no reference pair: no values, zero rewards, uniform σ
     out = redistribute_group(make_group(qwen_tok, refs=False), cfg, scorer)
     for w in out.samples:
@@ -245,7 +259,7 @@ def test_empty_completion_rejected_by_nothing(qwen_tok, qwen_model) -> None:
     group = make_group(qwen_tok, traces=["", "84"], rewards=(0.0, 1.0))
     for method in ["grpo", "rredcot", "entropy", "top_entropy"]:
         cfg.credit.method = method
-        w = redistribute_group(group, cfg, Scorer(qwen_model, qwen_tok, cfg.credit.exit_string)).samples[0]
+        w = redistribute_group(group, cfg, Scorer(qwen_model, qwen_tok, cfg.credit.scorer.exit_string)).samples[0]
         assert w.sigma.size == 0
         if method == "rredcot":
             assert w.exit_points.tolist() == [0] and w.segment_rewards.size == 0
@@ -283,28 +297,42 @@ def test_top_entropy_property(h, fraction) -> None:
 
 
 def test_top_entropy_through_the_registry(qwen_tok, qwen_model) -> None:
-    """On the scorer's entropies (``score_trace``), with ``credit.settings.fraction``; the config
-    refuses a fraction outside (0, 1]."""
-    cfg = load_config("tests", ["credit.method=top_entropy", "credit.settings.fraction=0.3"])
-    method = CREDIT_METHODS.get("top_entropy")
+    """On the scorer's entropies (``score_trace``), with ``credit.settings.top_entropy.fraction``; the
+    config refuses a fraction outside (0, 1]."""
+    cfg = load_config("tests", ["credit.method=top_entropy", "credit.settings.top_entropy.fraction=0.3"])
+    credit = resolve_credit(cfg)
+    method = credit.method
     group = make_group(qwen_tok)
-    scorer = Scorer(qwen_model, qwen_tok, cfg.credit.exit_string)
-    out = redistribute_group(group, cfg, scorer, method, settings=method.typed_settings(cfg))
+    scorer = Scorer(qwen_model, qwen_tok, cfg.credit.scorer.exit_string)
+    out = redistribute_group(group, cfg, scorer, credit)
     for w, s in zip(out.samples, group.samples):
         h = score_trace(qwen_model, group.prompt_ids.tolist(), s.completion_ids.tolist(), 64).entropy
         np.testing.assert_array_equal(w.sigma, top_entropy_sigma(h.double().numpy(), 0.3))
         assert np.count_nonzero(w.sigma) == math.ceil(0.3 * len(w.sigma) - 1e-9) and w.credit_method == "top_entropy"
     assert method.return_equivalent and method.needs_scorer
     for bad in ("0", "1.5"):
-        with pytest.raises(ConfigError, match=r"credit.settings.fraction = .* expected a number in \(0.0, 1.0\]"):
-            load_config("tests", ["credit.method=top_entropy", f"credit.settings.fraction={bad}"])
+        with pytest.raises(ConfigError, match=r"top_entropy.fraction = .* expected a number in \(0.0, 1.0\]"):
+            load_config("tests", ["credit.method=top_entropy", f"credit.settings.top_entropy.fraction={bad}"])
 
 
 def test_scorer_weight_update(qwen_tok, qwen_model) -> None:
     other = build_tiny_model("qwen3", seed=9)
-    scorer = Scorer(build_tiny_model("qwen3", seed=3), qwen_tok, CreditConfig().exit_string)
+    scorer = Scorer(build_tiny_model("qwen3", seed=3), qwen_tok, ScorerConfig().exit_string)
     before = score_trace(scorer.model, [1, 2], [3, 4], 8).logprob
     scorer.load_weights(other.state_dict(), version=5)
     after = score_trace(scorer.model, [1, 2], [3, 4], 8).logprob
     assert scorer.version == 5 and not np.allclose(before, after)
     np.testing.assert_allclose(after, score_trace(other, [1, 2], [3, 4], 8).logprob)
+
+
+def test_a_group_takes_the_method_resolved_by_its_caller(monkeypatch) -> None:
+    """The worker resolves ``credit.method`` once and hands it to every group: no group resolves it
+    again (and one given the spec of another method runs that one, with its settings)."""
+    from rredcot.redistributor import credit
+
+    cfg = load_config("tests", ["credit.method=grpo"])
+    spec = resolve_credit(load_config("tests", ["credit.method=tests.extensions.last_token"]))
+    monkeypatch.setattr(credit, "resolve_credit", lambda cfg: pytest.fail("resolved again"))
+    out = redistribute_group(rollout_group(g=2, length=4), cfg, credit=spec)
+    assert [w.credit_method for w in out.samples] == ["last_token"] * 2
+    assert out.samples[0].sigma.tolist() == [0, 0, 0, 1]

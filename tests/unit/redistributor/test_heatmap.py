@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rredcot.common.codec import encode
-from rredcot.common.config import Config, CreditConfig
+from rredcot.common.config import Config
 from rredcot.common.errors import UserError
 from rredcot.common.streams import BATCHES, Producer, key
 from rredcot.models.tiny import build_tiny_model
@@ -18,14 +18,16 @@ from rredcot.redistributor.credit import redistribute_group
 from rredcot.redistributor.heatmap import baselined, inspect_command, load_group, render_heatmap
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.segmentation import token_texts
-from tests.unit.redistributor.cases import make_group
+from tests.unit.redistributor.cases import credit_config, make_group
 
 
 def _weighted(qwen_tok):
     cfg = Config()
-    cfg.credit = CreditConfig(segments=4, min_segment_tokens=2, uniform_mix=0.1)
+    cfg.credit = credit_config(segmentation={"segments": 4, "min_segment_tokens": 2}, uniform_mix=0.1)
     group = make_group(qwen_tok)
-    return redistribute_group(group, cfg, Scorer(build_tiny_model("qwen3", seed=3), qwen_tok, cfg.credit.exit_string))
+    return redistribute_group(
+        group, cfg, Scorer(build_tiny_model("qwen3", seed=3), qwen_tok, cfg.credit.scorer.exit_string)
+    )
 
 
 def test_render_heatmap(qwen_tok, tmp_path) -> None:

@@ -3,18 +3,20 @@ on a real tiny model, α = 0 as the entropy method, the settings and the transfo
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rredcot.common.config import ConfigError, load_config
+from rredcot.common.config import ConfigError, load_config, resolve_credit
 from rredcot.redistributor.credit import redistribute_group
 from rredcot.redistributor.entropy import score_trace
 from rredcot.redistributor.mc import HFContinuationSampler
-from rredcot.redistributor.progress import ProgressSettings, progress_sigma
-from rredcot.redistributor.registry import CREDIT_METHODS
+from rredcot.redistributor.methods import ProgressSettings
+from rredcot.redistributor.progress import progress_sigma
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.worker import build_scorer, scorer_sampler
 from tests.unit.redistributor.cases import make_group
@@ -84,7 +86,8 @@ def test_progress_sigma_properties(w, data, advantage, alpha) -> None:
 
 
 def _config(*extra: str):
-    return load_config("tests", ["credit.method=progress", "credit.segments=4", "credit.min_segment_tokens=1", *extra])
+    segments = ["credit.segmentation.segments=4", "credit.segmentation.min_segment_tokens=1"]
+    return load_config("tests", ["credit.method=progress", *segments, *extra])
 
 
 def test_progress_is_the_greedy_provers_value_change(qwen_tok, qwen_model) -> None:
@@ -93,18 +96,20 @@ def test_progress_is_the_greedy_provers_value_change(qwen_tok, qwen_model) -> No
     ``progress_sigma`` on the scorer's entropies."""
     group = make_group(qwen_tok, traces=[TRACE, "x"], rewards=(1.0, 0.0))
     comp = group.samples[0].completion_ids.tolist()
-    cfg = _config(f"generation.max_tokens={len(comp) + 3}")
+    own = ["credit.settings.progress.alpha=0.5", "credit.settings.progress.samples=2"]
+    cfg = _config(f"generation.max_tokens={len(comp) + 3}", *own)
     eos = qwen_tok.eos_token_id
     reward = lambda ids, gold, opened=False: float(sum(ids) % 2 == 0)  # depends on every token
-    method = CREDIT_METHODS.get("progress")
+    credit = resolve_credit(cfg)
+    method = credit.method
+    assert credit.settings == ProgressSettings(alpha=0.5, samples=2)
     out = redistribute_group(
         group,
         cfg,
-        Scorer(qwen_model, qwen_tok, cfg.credit.exit_string),
-        method,
+        Scorer(qwen_model, qwen_tok, cfg.credit.scorer.exit_string),
+        credit,
         sampler=HFContinuationSampler(qwen_model, temperature=0.0, eos_token_id=eos),
         reward_fn=reward,
-        settings=ProgressSettings(alpha=0.5, samples=2),
     )
     w = out.samples[0]
     prompt = group.prompt_ids.tolist()
@@ -121,34 +126,27 @@ def test_progress_is_the_greedy_provers_value_change(qwen_tok, qwen_model) -> No
 
 
 def test_alpha_zero_is_the_entropy_method(qwen_tok, qwen_model) -> None:
-    cfg = _config("credit.settings.alpha=0")
-    scorer = Scorer(qwen_model, qwen_tok, cfg.credit.exit_string)
-    method = CREDIT_METHODS.get("progress")
+    cfg = _config("credit.settings.progress.alpha=0")
+    scorer = Scorer(qwen_model, qwen_tok, cfg.credit.scorer.exit_string)
     group = make_group(qwen_tok)
     sampler = HFContinuationSampler(qwen_model, temperature=1.0, eos_token_id=qwen_tok.eos_token_id)
-    ours = redistribute_group(
-        group,
-        cfg,
-        scorer,
-        method,
-        sampler=sampler,
-        reward_fn=lambda ids, g, opened=False: 1.0,
-        settings=method.typed_settings(cfg),
-    )
-    entropy = redistribute_group(group, cfg, scorer, CREDIT_METHODS.get("entropy"))
+    ours = redistribute_group(group, cfg, scorer, sampler=sampler, reward_fn=lambda ids, g, opened=False: 1.0)
+    entropy_cfg = dataclasses.replace(cfg, credit=dataclasses.replace(cfg.credit, method="entropy"))
+    entropy = redistribute_group(group, entropy_cfg, scorer)
     for a, b in zip(ours.samples, entropy.samples):
         np.testing.assert_array_equal(a.sigma, b.sigma)
         assert len(a.exit_values) == len(a.exit_points) > 1
 
 
 def test_settings_are_validated() -> None:
-    assert CREDIT_METHODS.get("progress").typed_settings(_config()) == ProgressSettings(1.0, "initial", 4)
+    assert resolve_credit(_config()).settings == ProgressSettings(1.0, "initial", 4)
     for key, bad in (("alpha", "-0.5"), ("samples", "0")):
-        with pytest.raises(ConfigError, match=rf"credit.settings.{key} = {bad} .*expected"):
-            _config(f"credit.settings.{key}={bad}")
-    with pytest.raises(ConfigError, match="credit.settings.beta"):
-        _config("credit.settings.beta=1")
-    assert _config("credit.settings.prover=policy", "credit.settings.alpha=2.5").credit.settings["alpha"] == 2.5
+        with pytest.raises(ConfigError, match=rf"credit.settings.progress.{key} = {bad} .*expected"):
+            _config(f"credit.settings.progress.{key}={bad}")
+    with pytest.raises(ConfigError, match="credit.settings.progress.beta"):
+        _config("credit.settings.progress.beta=1")
+    cfg = _config("credit.settings.progress.prover=policy", "credit.settings.progress.alpha=2.5")
+    assert cfg.credit.settings["progress"]["alpha"] == 2.5
 
 
 def test_transformers_prover(qwen_tok) -> None:
@@ -157,7 +155,7 @@ def test_transformers_prover(qwen_tok) -> None:
     cfg = _config()
     scorer = build_scorer(cfg)
     assert scorer_sampler(scorer, cfg, "red0", "initial").model is scorer.model
-    cfg.credit.scorer = "policy"
+    cfg.credit.scorer.model = "policy"
     frozen = scorer_sampler(scorer, cfg, "red0", "initial")
     assert frozen.model is not scorer.model and frozen.version == 0
     for name, t in scorer.model.state_dict().items():

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rredcot.common.config import CreditConfig
+from rredcot.common.config import SegmentationConfig
 from rredcot.models.tiny import build_tiny_model
 from rredcot.redistributor.references import CONTEXT, Construct, Tail, U, Y, split_pair, suffix_starts, tails
 from rredcot.redistributor.scorer import Scorer
@@ -30,7 +30,7 @@ def _tail(tok, *parts: tuple[str, int], share: float = 1.0) -> Tail:
 
 
 def test_a_pair_splits_at_its_answer_template_with_suffixes_at_line_starts(scorer, qwen_tok) -> None:
-    (c,) = scorer.constructs([(_enc(qwen_tok, STEPS), _enc(qwen_tok, ANSWER))], CreditConfig().keywords, 8)
+    (c,) = scorer.constructs([(_enc(qwen_tok, STEPS), _enc(qwen_tok, ANSWER))], SegmentationConfig().keywords, 8)
     assert list(c.steps) == _enc(qwen_tok, STEPS)
     assert list(c.template) == _enc(qwen_tok, "Answer: ") and list(c.answer) == _enc(qwen_tok, "12")
     starts = [len(_enc(qwen_tok, STEPS[:i])) for i in (0, STEPS.index("1 *"), STEPS.index("4 *"), len(STEPS))]
@@ -40,7 +40,7 @@ def test_a_pair_splits_at_its_answer_template_with_suffixes_at_line_starts(score
 def test_suffix_tails_continue_the_reference_then_answer(scorer, qwen_tok) -> None:
     """After a line end the exit string loses its leading newline ("</think>\\n\\n", never a blank
     line); inside a line it is whole. Template tokens are context; each suffix has share 1/4."""
-    (c,) = scorer.constructs([(_enc(qwen_tok, STEPS), _enc(qwen_tok, ANSWER))], CreditConfig().keywords, 8)
+    (c,) = scorer.constructs([(_enc(qwen_tok, STEPS), _enc(qwen_tok, ANSWER))], SegmentationConfig().keywords, 8)
     lines = STEPS.splitlines(keepends=True)
     expected = [
         _tail(
@@ -55,7 +55,7 @@ def test_suffix_tails_continue_the_reference_then_answer(scorer, qwen_tok) -> No
 
 @pytest.mark.parametrize("after_line_end", [True, False])
 def test_solution_and_answer_tails(scorer, qwen_tok, after_line_end) -> None:
-    (c,) = scorer.constructs([(_enc(qwen_tok, STEPS), _enc(qwen_tok, ANSWER))], CreditConfig().keywords, 8)
+    (c,) = scorer.constructs([(_enc(qwen_tok, STEPS), _enc(qwen_tok, ANSWER))], SegmentationConfig().keywords, 8)
     exit_text = "</think>\n\n" if after_line_end else "\n</think>\n\n"
     solution = _tail(qwen_tok, (exit_text, CONTEXT), (STEPS, U), ("Answer: ", CONTEXT), ("12", Y))
     answer = _tail(qwen_tok, (exit_text, CONTEXT), ("Answer: ", CONTEXT), ("12", Y))
@@ -65,7 +65,7 @@ def test_solution_and_answer_tails(scorer, qwen_tok, after_line_end) -> None:
 
 def test_a_newline_exit_string_vanishes_after_a_line_end(qwen_tok) -> None:
     scorer = Scorer(build_tiny_model("qwen3", seed=0), qwen_tok, "\n")
-    (c,) = scorer.constructs([(_enc(qwen_tok, STEPS), _enc(qwen_tok, ANSWER))], CreditConfig().keywords, 8)
+    (c,) = scorer.constructs([(_enc(qwen_tok, STEPS), _enc(qwen_tok, ANSWER))], SegmentationConfig().keywords, 8)
     answer_only = tails([c], "answer", scorer.tail_text, True)
     assert answer_only == [_tail(qwen_tok, ("Answer: ", CONTEXT), ("12", Y))]
     assert tails([c], "answer", scorer.tail_text, False)[0].ids[0] == _enc(qwen_tok, "\n")[0]
@@ -75,7 +75,7 @@ def test_a_pair_without_the_template_is_all_answer_and_an_empty_one_is_none(scor
     """A group reference's answer part written without ``Answer:`` has no template to leave unscored:
     the whole of it is what the answer construct scores. An empty pair scores nothing: no reference."""
     ids = _enc(qwen_tok, "It is 84")
-    (c,) = scorer.constructs([(ids, []), ([], [])], CreditConfig().keywords, 8)
+    (c,) = scorer.constructs([(ids, []), ([], [])], SegmentationConfig().keywords, 8)
     assert c == Construct((), (0,), (), tuple(ids))
     assert tails([c], "answer", scorer.tail_text, True) == [
         Tail.of([(scorer.tail_text.bare_exit_ids, CONTEXT), (ids, Y)])

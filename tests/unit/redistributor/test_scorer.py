@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rredcot.common.config import CreditConfig
+from rredcot.common.config import ScorerConfig
 from rredcot.common.records import RecordError
 from rredcot.models.tiny import build_tiny_model
 from rredcot.redistributor.scorer import Scorer
@@ -15,7 +15,7 @@ VOCAB = 151_669  # the tiny Qwen3's, the tokenizer's
 
 @pytest.fixture(scope="module")
 def scorer(qwen_tok) -> Scorer:
-    return Scorer(build_tiny_model("qwen3"), qwen_tok, CreditConfig().exit_string)
+    return Scorer(build_tiny_model("qwen3"), qwen_tok, ScorerConfig().exit_string)
 
 
 @pytest.mark.parametrize(

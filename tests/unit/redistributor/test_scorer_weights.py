@@ -26,7 +26,7 @@ def _scorer() -> Scorer:
 @pytest.mark.parametrize(("transport", "settings"), TRANSPORTS)
 def test_each_published_version_reaches_the_scorer(redis_client, run_id, tmp_path, transport, settings) -> None:
     overrides = [f"generation.weight_transport={transport}", f"generation.transport_settings={settings}"]
-    cfg = load_config("tests", [f"run.name={run_id}", f"run.dir={tmp_path}", "credit.scorer=policy", *overrides])
+    cfg = load_config("tests", [f"run.name={run_id}", f"run.dir={tmp_path}", "credit.scorer.model=policy", *overrides])
     publisher = WEIGHT_TRANSPORTS.get(transport).publisher_class().from_config(cfg, redis_client, 0, tmp_path / "w")
     scorer = _scorer()
     receiver = weight_receiver(cfg, redis_client, ScorerPort(scorer), name="red0")
@@ -46,7 +46,7 @@ def test_each_published_version_reaches_the_scorer(redis_client, run_id, tmp_pat
 def test_a_version_that_does_not_fit_the_scorer_loses_it(redis_client, run_id, tmp_path) -> None:
     """A policy of another shape: load_state_dict copies what fits before it raises, so the scorer's
     weights are a mix and its worker must end (its supervisor restarts it), not score on."""
-    cfg = load_config("tests", [f"run.name={run_id}", f"run.dir={tmp_path}", "credit.scorer=policy"])
+    cfg = load_config("tests", [f"run.name={run_id}", f"run.dir={tmp_path}", "credit.scorer.model=policy"])
     publisher = WEIGHT_TRANSPORTS.get("file").publisher_class().from_config(cfg, redis_client, 0, tmp_path / "w")
     publisher.publish(build_tiny_model("qwen2", seed=1), 1)
     scorer = _scorer()

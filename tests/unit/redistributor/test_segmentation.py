@@ -10,7 +10,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from rredcot.common.config import CreditConfig
+from rredcot.common.config import SegmentationConfig
 from rredcot.redistributor.segmentation import (
     greedy_merge,
     keyword_boundaries,
@@ -20,7 +20,7 @@ from rredcot.redistributor.segmentation import (
     token_texts,
 )
 
-KW = CreditConfig().keywords
+KW = SegmentationConfig().keywords
 REASONING = (
     "<think>\nOkay, let's compute 12*7. First, 10*7 = 70. Then 2*7 = 14. So the total is 84.\n"
     "Wait, let me double-check: 12*7 = 84. Hmm, yes. Nowhere did I slip.\n\n"
@@ -151,7 +151,7 @@ def test_segment_properties(texts, data, k, min_len, switches) -> None:
         data.draw(st.lists(st.one_of(st.floats(0, 8), st.just(float("nan"))), min_size=len(texts), max_size=len(texts)))
     )
     split, merge, stop, homog = switches
-    cfg = CreditConfig(
+    cfg = SegmentationConfig(
         segments=k, min_segment_tokens=min_len, split_keywords=split, merge=merge, stop_at_k=stop, homogenise=homog
     )
     seg = segment(texts, ent, cfg, "<think>", "</think>")
@@ -174,14 +174,14 @@ def test_homogenising_keeps_the_minimum_length() -> None:
     """The partition alone re-cut the merged segments into [0, 10, 11, 12]: two 1-token segments."""
     lines = ["a\n"] * 12  # a keyword boundary before every token
     ent = np.array([1, 1, 0, 0, 0, 0, 0, 0, 2, 1, 5, 1], dtype=float)
-    cfg = CreditConfig(segments=4, min_segment_tokens=2)
+    cfg = SegmentationConfig(segments=4, min_segment_tokens=2)
     exits = segment(lines, ent, cfg, "<think>", "</think>").exit_points.tolist()
     assert exits[0] == 0 and exits[-1] == 12 and len(exits) - 1 <= 4
     assert min(np.diff(exits)) >= 2, exits
 
 
 def test_degenerate_segmentations() -> None:
-    cfg = CreditConfig()
+    cfg = SegmentationConfig()
     empty = segment([], np.zeros(0), cfg, "<think>", "</think>")
     assert empty.span == (0, 0) and empty.exit_points.tolist() == [0] and empty.n_segments == 0
     one = segment(["Hi"], np.array([1.0]), cfg, "<think>", "</think>")
@@ -211,7 +211,7 @@ def test_keywords_on_real_qwen_tokens(qwen_tok) -> None:
     starts = [texts[j].strip() for j in keyword_boundaries(texts, lo, hi, KW)]
     # "let me" after a comma and "Nowhere" are not boundaries; line starts always are
     assert starts == ["Okay", "First", "Then", "So", "Wait", "Hmm", "Alternatively", "Therefore"]
-    seg = segment(texts, np.ones(len(ids)), CreditConfig(segments=3, min_segment_tokens=1), "<think>", "</think>")
+    seg = segment(texts, np.ones(len(ids)), SegmentationConfig(segments=3, min_segment_tokens=1), "<think>", "</think>")
     assert seg.n_segments == 3
     pieces = ["".join(texts[a:b]) for a, b in zip(seg.exit_points[:-1], seg.exit_points[1:])]
     assert "".join(pieces) == "".join(texts[lo:hi])
@@ -224,7 +224,7 @@ def test_segment_long_trace_with_real_tokenizer(qwen_tok, n_lines: int) -> None:
     ids = qwen_tok("<think>\n" + body + "</think>\n\n42")["input_ids"]
     texts = token_texts(qwen_tok, ids)
     rng = np.random.default_rng(0)
-    cfg = CreditConfig(segments=40, min_segment_tokens=1)
+    cfg = SegmentationConfig(segments=40, min_segment_tokens=1)
     seg = segment(texts, rng.random(len(ids)), cfg, "<think>", "</think>")
     assert seg.n_segments == min(40, len(seg.candidates) + 1)
     assert texts[seg.exit_points[-1]] == "</think>"

@@ -9,16 +9,17 @@ import numpy as np
 import pytest
 import torch
 
-from rredcot.common.config import Config, CreditConfig
+from rredcot.common.config import Config, ScorerConfig
 from rredcot.models.tiny import build_tiny_model
 from rredcot.redistributor.credit import (
     redistribute_group,
 )
 from rredcot.redistributor.mc import HFContinuationSampler
+from rredcot.redistributor.methods import RredcotSettings
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.sigma import prob_rewards, segment_masses, token_sigma
 from rredcot.redistributor.value_credit import answer_line_start, reference_pairs, scored_exits
-from tests.unit.redistributor.cases import TRACES, make_group
+from tests.unit.redistributor.cases import TRACES, credit_config, make_group
 
 
 class RecordingSampler(HFContinuationSampler):
@@ -39,7 +40,7 @@ def credit_with_reference(tok, model, cfg: Config):
     group = make_group(tok)
     enc = lambda t: np.array(tok(t, add_special_tokens=False)["input_ids"], dtype=np.int32)  # noqa: E731
     group.ref_solution_ids, group.ref_answer_ids = [enc(REFERENCE[0])], [enc(REFERENCE[1] + REFERENCE[2])]
-    scorer = Scorer(model, tok, cfg.credit.exit_string)
+    scorer = Scorer(model, tok, cfg.credit.scorer.exit_string)
     return group, scorer, redistribute_group(group, cfg, scorer)
 
 
@@ -77,13 +78,15 @@ def test_each_construct_matches_a_brute_force_recomputation(qwen_tok, qwen_model
     """Exit values from the worker path (trace KV, anchors, tails, log-sum-exp) equal the values
     written out from text for every construct; σ follows from them."""
     cfg = Config()
-    cfg.credit = CreditConfig(segments=3, min_segment_tokens=1, value_space="log", reference=construct, baseline="none")
+    cfg.credit = credit_config(
+        segmentation={"segments": 3, "min_segment_tokens": 1}, value_space="log", reference=construct, baseline="none"
+    )
     group, scorer, out = credit_with_reference(qwen_tok, qwen_model, cfg)
     prompt = group.prompt_ids.tolist()
     for w, s in zip(out.samples, group.samples, strict=True):
         comp = s.completion_ids.tolist()
         brute = [
-            brute_log_value(qwen_model, qwen_tok, prompt + comp[:e], construct, cfg.credit.exit_string)
+            brute_log_value(qwen_model, qwen_tok, prompt + comp[:e], construct, cfg.credit.scorer.exit_string)
             for e in w.exit_points
         ]
         np.testing.assert_allclose(w.exit_values, brute, atol=1e-4, rtol=0)
@@ -102,8 +105,12 @@ def test_the_group_baseline_takes_the_other_traces_curves_away(qwen_tok, qwen_mo
     outs = {}
     for baseline in ("none", "group"):
         cfg = Config()
-        cfg.credit = CreditConfig(segments=3, min_segment_tokens=1, reference="suffix", baseline=baseline)
-        outs[baseline] = redistribute_group(group, cfg, Scorer(qwen_model, qwen_tok, cfg.credit.exit_string)).samples
+        cfg.credit = credit_config(
+            segmentation={"segments": 3, "min_segment_tokens": 1}, reference="suffix", baseline=baseline
+        )
+        outs[baseline] = redistribute_group(
+            group, cfg, Scorer(qwen_model, qwen_tok, cfg.credit.scorer.exit_string)
+        ).samples
     values = [w.exit_values.astype(np.float64) for w in outs["none"]]
     for i, (plain, based) in enumerate(zip(outs["none"], outs["group"], strict=True)):
         np.testing.assert_array_equal(plain.exit_values, based.exit_values)
@@ -125,7 +132,7 @@ def test_default_credit_gives_answer_tokens_their_uniform_share(qwen_tok, qwen_m
     (``</think>``, the answer) got σ = 0 whenever a segment had mass; they keep 1/|o| now."""
     cfg = Config()
     group = make_group(qwen_tok)
-    out = redistribute_group(group, cfg, Scorer(qwen_model, qwen_tok, cfg.credit.exit_string))
+    out = redistribute_group(group, cfg, Scorer(qwen_model, qwen_tok, cfg.credit.scorer.exit_string))
     for w, text in zip(out.samples[:3], TRACES[:3]):
         n, answer = len(w.sigma), _answer_tokens(qwen_tok, text)
         assert w.exit_points[-1] == n - answer  # the span ends at </think>
@@ -138,11 +145,10 @@ def test_terminal_answer_part_takes_the_outcome_never_a_scored_end_state(qwen_to
     """Issue 13.2: ``answer_part=terminal`` ends the answer part at the outcome R: its reward is
     R − v̂(s_K) and no branch runs after the full completion (a state the policy never visits)."""
     cfg = Config()
-    cfg.credit = CreditConfig(
+    cfg.credit = credit_config(
+        segmentation={"min_segment_tokens": 1, "segments": 3},
         answer_part="terminal",
         value_space="prob",
-        min_segment_tokens=1,
-        segments=3,
         reference="solution",
         baseline="none",
     )
@@ -154,7 +160,8 @@ def test_terminal_answer_part_takes_the_outcome_never_a_scored_end_state(qwen_to
         assert w.exit_points[-1] == n and scored[-1] == n - _answer_tokens(qwen_tok, text)
         comp = s.completion_ids.tolist()
         brute = [
-            brute_log_value(qwen_model, qwen_tok, prompt + comp[:e], "solution", cfg.credit.exit_string) for e in scored
+            brute_log_value(qwen_model, qwen_tok, prompt + comp[:e], "solution", cfg.credit.scorer.exit_string)
+            for e in scored
         ]
         np.testing.assert_allclose(w.exit_values[:-1], np.exp(brute), rtol=1e-4, atol=1e-12)
         assert w.exit_values[-1] == s.reward
@@ -171,7 +178,9 @@ def test_no_exit_point_after_the_end_of_sequence(qwen_tok, qwen_model) -> None:
     never scored); the EOS token keeps its uniform share."""
     cfg = Config()
     traces = [t + "<|im_end|>" for t in TRACES]
-    out = redistribute_group(make_group(qwen_tok, traces), cfg, Scorer(qwen_model, qwen_tok, cfg.credit.exit_string))
+    out = redistribute_group(
+        make_group(qwen_tok, traces), cfg, Scorer(qwen_model, qwen_tok, cfg.credit.scorer.exit_string)
+    )
     no_tags = out.samples[3]
     n = len(no_tags.sigma)
     assert no_tags.exit_points[-1] == n - 1 and no_tags.sigma[-1] == pytest.approx(1 / n, rel=1e-5)
@@ -202,10 +211,11 @@ def test_terminal_gives_a_final_eos_no_segment_of_its_own(qwen_tok, qwen_model, 
     uniform, and no value scored (nor continuation sampled) before the EOS."""
     cfg = Config()
     cfg.generation.max_tokens = 64
-    cfg.credit = CreditConfig(method=method, answer_part="terminal", value_space="prob", mc_samples=1)
+    own = {"samples": 1} if method == "mc" else {"value_space": "prob"}
+    cfg.credit = credit_config(method, answer_part="terminal", **own)
     group = make_group(qwen_tok, [TRACES[3] + "<|im_end|>", TRACES[2] + "<|im_end|>"], rewards=(1.0, 0.0))
     sampler = RecordingSampler(qwen_model, temperature=0)
-    scorer = Scorer(qwen_model, qwen_tok, cfg.credit.exit_string)
+    scorer = Scorer(qwen_model, qwen_tok, cfg.credit.scorer.exit_string)
     out = redistribute_group(group, cfg, scorer, sampler=sampler, reward_fn=lambda ids, gold, opened=False: 0.0)
     w = out.samples[0]
     assert w.exit_points.tolist() == [0, 9] and w.exit_values[-1] == 1.0
@@ -220,9 +230,9 @@ def test_softmax_sign_without_values_is_uniform_as_reported(qwen_tok, qwen_model
     """No reference pair: every segment reward is 0 and the sample reports ``no_reference``; softmax
     gave each segment 1/K, so σ ∝ 1/|seg_k| under a uniform label. Zero rewards give zero masses now."""
     cfg = Config()
-    cfg.credit = CreditConfig(sign="softmax", segments=3, min_segment_tokens=1)
+    cfg.credit = credit_config(segmentation={"segments": 3, "min_segment_tokens": 1}, sign="softmax")
     out = redistribute_group(
-        make_group(qwen_tok, refs=False), cfg, Scorer(qwen_model, qwen_tok, cfg.credit.exit_string)
+        make_group(qwen_tok, refs=False), cfg, Scorer(qwen_model, qwen_tok, cfg.credit.scorer.exit_string)
     )
     assert max(len(w.exit_points) for w in out.samples) > 2  # segments of unequal lengths to tell apart
     for w in out.samples:
@@ -236,12 +246,16 @@ def test_prob_space_sigma_survives_values_below_e_minus_745(qwen_tok, qwen_model
     silently fell back to uniform. σ now equals what the exact prob-space differences give."""
     group = make_group(qwen_tok)
     group.ref_solution_ids = [np.tile(group.ref_solution_ids[0], 20)]  # ~120 tokens: log p ≈ −1000
-    scorer = Scorer(qwen_model, qwen_tok, CreditConfig().exit_string)
+    scorer = Scorer(qwen_model, qwen_tok, ScorerConfig().exit_string)
     outs = {}
     for space in ("log", "prob"):
         cfg = Config()
-        cfg.credit = CreditConfig(
-            value_space=space, segments=3, min_segment_tokens=1, sign="abs", reference="solution", baseline="none"
+        cfg.credit = credit_config(
+            segmentation={"segments": 3, "min_segment_tokens": 1},
+            value_space=space,
+            sign="abs",
+            reference="solution",
+            baseline="none",
         )
         outs[space] = redistribute_group(group, cfg, scorer).samples
     for w_log, w_prob in zip(outs["log"][:3], outs["prob"][:3]):
@@ -254,7 +268,7 @@ def test_prob_space_sigma_survives_values_below_e_minus_745(qwen_tok, qwen_model
 
 def test_uniform_fallbacks_are_named(qwen_tok, qwen_model) -> None:
     cfg = Config()
-    scorer = Scorer(qwen_model, qwen_tok, cfg.credit.exit_string)
+    scorer = Scorer(qwen_model, qwen_tok, cfg.credit.scorer.exit_string)
     no_refs = redistribute_group(make_group(qwen_tok, refs=False), cfg, scorer).samples
     assert {w.sigma_fallback for w in no_refs} == {"no_reference"}
     flat = redistribute_group(make_group(qwen_tok, rewards=(1.0,) * 4), cfg, scorer).samples
@@ -268,13 +282,13 @@ def test_mc_terminal_never_continues_a_finished_completion(qwen_tok, qwen_model)
     part's end value is the sample's reward."""
     cfg = Config()
     cfg.generation.max_tokens = 128  # room left at every exit: each is sampled
-    cfg.credit = CreditConfig(method="mc", mc_samples=1, segments=2, answer_part="terminal")
+    cfg.credit = credit_config("mc", {"segments": 2}, samples=1, answer_part="terminal")
     group = make_group(qwen_tok, [t + "<|im_end|>" for t in TRACES[:2]], rewards=(1.0, 0.0))
     sampler = RecordingSampler(qwen_model, temperature=0)
     out = redistribute_group(
         group,
         cfg,
-        Scorer(qwen_model, qwen_tok, cfg.credit.exit_string),
+        Scorer(qwen_model, qwen_tok, cfg.credit.scorer.exit_string),
         sampler=sampler,
         reward_fn=lambda ids, gold, opened=False: 0.5,
     )
@@ -292,13 +306,13 @@ def test_mc_terminal_never_continues_a_finished_completion(qwen_tok, qwen_model)
 
 
 def test_group_references_never_include_a_samples_own_answer_nor_an_unclosed_trace(qwen_tok) -> None:
-    """credit.group_refs: sample i's references are the dataset pair plus the answer parts of the
+    """credit.settings.rredcot.group_refs: sample i's references are the dataset pair plus the answer parts of the
     *other* correct samples that stopped normally with their thinking closed."""
     traces = [*TRACES[:2], "<think>\nSo 12*7 = 84, Answer: 84", TRACES[3]]  # #2: thinking never closed
     group = make_group(qwen_tok, traces, rewards=(1.0, 1.0, 1.0, 1.0))
     group.samples[1].finish_reason = "length"  # truncated: its answer is no reference either
-    scorer = Scorer(build_tiny_model("qwen3", seed=3), qwen_tok, CreditConfig().exit_string)
-    refs = reference_pairs(group, scorer, CreditConfig(group_refs=True, max_refs=8))
+    scorer = Scorer(build_tiny_model("qwen3", seed=3), qwen_tok, ScorerConfig().exit_string)
+    refs = reference_pairs(group, scorer, RredcotSettings(group_refs=True, max_refs=8))
     enc = lambda t: qwen_tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731
     dataset = (enc("12*7 = 84.\n"), enc("Answer: 84"))
     answer_0, whole_3 = enc("Answer: 84"), group.samples[3].completion_ids.tolist()
@@ -306,7 +320,7 @@ def test_group_references_never_include_a_samples_own_answer_nor_an_unclosed_tra
     assert all(r[0] == dataset for r in refs)
     assert refs[0][1:] == [(whole_3, [])] and refs[3][1:] == [(answer_0, [])]  # never its own
     assert refs[1][1:] == refs[2][1:] == [(answer_0, []), (whole_3, [])]
-    assert reference_pairs(group, scorer, CreditConfig(group_refs=False)) == [[dataset]] * 4
+    assert reference_pairs(group, scorer, RredcotSettings(group_refs=False)) == [[dataset]] * 4
 
 
 def test_no_group_reference_from_a_thought_the_prompt_opened_and_never_closed(qwen_tok) -> None:
@@ -325,8 +339,8 @@ def test_no_group_reference_from_a_thought_the_prompt_opened_and_never_closed(qw
     group.prompt_ids = np.array(
         enc("<|im_start|>user\nWhat is 12*7?<|im_end|>\n<|im_start|>assistant\n<think>\n"), np.int32
     )
-    scorer = Scorer(build_tiny_model("qwen3", seed=3), qwen_tok, CreditConfig().exit_string)
-    refs = reference_pairs(group, scorer, CreditConfig(group_refs=True, max_refs=8))
+    scorer = Scorer(build_tiny_model("qwen3", seed=3), qwen_tok, ScorerConfig().exit_string)
+    refs = reference_pairs(group, scorer, RredcotSettings(group_refs=True, max_refs=8))
     answer_1, answer_3 = enc("Answer: 84"), enc("84")
     assert [r[1:] for r in refs] == [
         [(answer_1, []), (answer_3, [])],
@@ -340,7 +354,7 @@ def test_mc_credits_the_segment_that_makes_the_answer(qwen_tok, qwen_model) -> N
     """Reward 1 iff the token of ' 84' appears: only exits after its segment have value 1."""
     target = qwen_tok(" 84", add_special_tokens=False)["input_ids"][0]
     cfg = Config()
-    cfg.credit = CreditConfig(method="mc", mc_samples=2, segments=4, min_segment_tokens=1)
+    cfg.credit = credit_config("mc", {"segments": 4, "min_segment_tokens": 1}, samples=2)
     trace = "<think>\nFirst, 12*7 = 70 + 14.\nSo it is 84.\nWait, yes.\n</think>\n\nAnswer: 84"
     group = make_group(qwen_tok, traces=[trace, "x"], rewards=(1.0, 0.0))
     cfg.generation.max_tokens = len(group.samples[0].completion_ids) + 3  # every exit samples >= 3 tokens
@@ -348,7 +362,7 @@ def test_mc_credits_the_segment_that_makes_the_answer(qwen_tok, qwen_model) -> N
     out = redistribute_group(
         group,
         cfg,
-        Scorer(qwen_model, qwen_tok, cfg.credit.exit_string),
+        Scorer(qwen_model, qwen_tok, cfg.credit.scorer.exit_string),
         sampler=HFContinuationSampler(qwen_model),
         reward_fn=reward,
     )
@@ -368,14 +382,14 @@ def test_mc_rewards_know_whether_the_prompt_opened_the_thought(qwen_tok, qwen_mo
     """DeepSeek-R1-Distill style: a prompt ending with <think> makes every continuation's reward
     require the closing tag (the generator's and the evaluation's verifier get the same flag)."""
     cfg = Config()
-    cfg.credit = CreditConfig(method="mc", mc_samples=1, segments=2, min_segment_tokens=1)
+    cfg.credit = credit_config("mc", {"segments": 2, "min_segment_tokens": 1}, samples=1)
     group = make_group(qwen_tok, traces=["12*7 = 84.\nSo 84.\n</think>\nAnswer: 84", "x"], rewards=(1.0, 0.0))
     prompt = "<|im_start|>assistant\n" + ("<think>\n" if opened else "")
     group.prompt_ids = np.array(qwen_tok(prompt, add_special_tokens=False)["input_ids"], dtype=np.int32)
     cfg.generation.max_tokens = len(group.samples[0].completion_ids) + 2
     seen: list[bool] = []
     reward = lambda ids, gold, opened=False: seen.append(opened) or 0.0  # noqa: E731
-    scorer = Scorer(qwen_model, qwen_tok, cfg.credit.exit_string)
+    scorer = Scorer(qwen_model, qwen_tok, cfg.credit.scorer.exit_string)
     redistribute_group(group, cfg, scorer, sampler=HFContinuationSampler(qwen_model), reward_fn=reward)
     assert seen and set(seen) == {opened}
 
@@ -394,8 +408,8 @@ def test_a_completion_without_thinking_ends_its_segments_where_its_answer_line_s
     text = "12*7 = 70 + 14.\n70 + 14 = 84.\nAnswer: 84<|im_end|>"
     group = make_group(qwen_tok, [text, text.replace("84", "83")], rewards=(1.0, 0.0))
     cfg = Config()
-    cfg.credit = CreditConfig(segments=4, min_segment_tokens=1, reference="suffix")
-    out = redistribute_group(group, cfg, Scorer(qwen_model, qwen_tok, cfg.credit.exit_string))
+    cfg.credit = credit_config(segmentation={"segments": 4, "min_segment_tokens": 1}, reference="suffix")
+    out = redistribute_group(group, cfg, Scorer(qwen_model, qwen_tok, cfg.credit.scorer.exit_string))
     answer_at = len(qwen_tok("12*7 = 70 + 14.\n70 + 14 = 84.\n", add_special_tokens=False)["input_ids"])
     for w in out.samples:
         n = len(w.sigma)

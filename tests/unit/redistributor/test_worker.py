@@ -1,4 +1,5 @@
-"""Worker pieces that need no Redis: the MC reward function and the metrics snapshot."""
+"""Worker pieces: the MC reward function, the metrics snapshot, the scorer's attention check, and
+the credit method the worker is handed."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from rredcot.common.config import ConfigError, TaskConfig, load_config
+from rredcot.common.config import ConfigError, TaskConfig, load_config, resolve_credit
 from rredcot.common.onednn import PRIMITIVE_CACHE, PRIMITIVE_CACHE_ENV
 from rredcot.common.records import WeightedSample
-from rredcot.redistributor.worker import WorkerMetrics, build_scorer, verifier_reward
+from rredcot.redistributor import worker
+from rredcot.redistributor.worker import Redistributor, WorkerMetrics, build_scorer, verifier_reward
 from rredcot.tasks.verifier import Verifier
 from tests.factories import rollout
 
@@ -90,14 +92,14 @@ def test_mc_metrics_stderr_and_version_gap() -> None:
 
 
 def test_flex_branch_attention_is_refused_without_a_gpu() -> None:
-    """``credit.branch_attention=flex`` needs compiled flex attention on a CUDA scorer; a
+    """``credit.scorer.branch_attention=flex`` needs compiled flex attention on a CUDA scorer; a
     redistributor without one says so, naming the key and the alternatives, before any work (the
     config asks for a redistributor GPU, which passes the load-time rule: a node without one)."""
     if torch.cuda.is_available():
         pytest.skip("a GPU scorer may use flex (tests/gpu/test_values_cuda.py)")
-    with pytest.raises(ConfigError, match="credit.branch_attention = 'flex'.*'auto' or 'dense'"):
-        build_scorer(load_config("tests", ["credit.branch_attention=flex", "cluster.gpus_per_redistributor=1"]))
-    assert build_scorer(load_config("tests", ["credit.branch_attention=dense"])).model.device.type == "cpu"
+    with pytest.raises(ConfigError, match="credit.scorer.branch_attention = 'flex'.*'auto' or 'dense'"):
+        build_scorer(load_config("tests", ["credit.scorer.branch_attention=flex", "cluster.gpus_per_redistributor=1"]))
+    assert build_scorer(load_config("tests", ["credit.scorer.branch_attention=dense"])).model.device.type == "cpu"
 
 
 def test_the_scorer_bounds_onednns_primitive_cache_before_its_first_forward(monkeypatch) -> None:
@@ -105,3 +107,15 @@ def test_the_scorer_bounds_onednns_primitive_cache_before_its_first_forward(monk
     monkeypatch.delenv(PRIMITIVE_CACHE_ENV, raising=False)
     build_scorer(load_config("tests", []))
     assert os.environ[PRIMITIVE_CACHE_ENV] == str(PRIMITIVE_CACHE)
+
+
+def test_the_worker_takes_the_method_resolved_by_launch(redis_server, run_id, monkeypatch) -> None:
+    """``stage_parts`` resolves ``credit.method`` once and the worker keeps that spec (its settings
+    and prover) for every group; without one it resolves it itself, once."""
+    cfg = load_config("tests", [f"redis.url={redis_server.url}", f"run.name={run_id}", "credit.method=grpo"])
+    spec = resolve_credit(cfg)
+    monkeypatch.setattr(worker, "resolve_credit", lambda cfg: pytest.fail("resolved again"))
+    red = Redistributor(cfg, "red0", credit=spec)
+    assert red.credit is spec and red.scorer is None and red.sampler is None  # grpo needs neither
+    monkeypatch.setattr(worker, "resolve_credit", resolve_credit)
+    assert Redistributor(cfg, "red1").credit == spec

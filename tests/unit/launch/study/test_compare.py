@@ -104,14 +104,15 @@ def test_training_problems_are_compared_apart_from_held_out_ones(tmp_path: Path)
 
 def test_an_arm_is_a_method_with_its_own_overrides() -> None:
     assert arm_overrides("grpo") == ["credit.method=grpo"]
-    assert arm_overrides("rredcot@credit.uniform_mix=1.0@credit.baseline=none") == [
+    mix = "credit.settings.rredcot.uniform_mix"
+    assert arm_overrides(f"rredcot@{mix}=1.0@credit.settings.rredcot.baseline=none") == [
         "credit.method=rredcot",
-        "credit.uniform_mix=1.0",
-        "credit.baseline=none",
+        f"{mix}=1.0",
+        "credit.settings.rredcot.baseline=none",
     ]
-    assert run_name("rredcot@credit.uniform_mix=1.0", 3) == "rredcot__credit.uniform_mix-1.0-s3"
-    long = "rredcot@generation.drop_uniform_groups=true@credit.uniform_mix=0.5@learner.lr=4e-5"
-    for arm in ("grpo", "rredcot@credit.uniform_mix=1.0", "rredcot@generation.drop_uniform_groups=true", long):
+    assert run_name(f"rredcot@{mix}=1.0", 3) == f"rredcot__{mix}-1.0-s3"  # 51 characters: no digest yet
+    long = f"rredcot@generation.drop_uniform_groups=true@{mix}=0.5@learner.lr=4e-5"
+    for arm in ("grpo", f"rredcot@{mix}=1.0", "rredcot@generation.drop_uniform_groups=true", long):
         name = run_name(arm, 12)
         assert RUN_NAME.fullmatch(name), name  # a name run.name accepts (the '+' of an earlier version was not)
         load_config("tests", [f"run.name={name}"])

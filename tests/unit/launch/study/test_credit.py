@@ -8,14 +8,14 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rredcot.common.config import Config, CreditConfig
+from rredcot.common.config import Config, ScorerConfig
 from rredcot.common.sampling import ContinuationRequest, seed_of
 from rredcot.launch.study.credit import MC, rredcot_variants, segment_credit, study_group
 from rredcot.models.tiny import build_tiny_model
 from rredcot.redistributor.credit import redistribute_group
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.value_credit import outcome_mc_values
-from tests.unit.redistributor.cases import TRACES, make_group
+from tests.unit.redistributor.cases import TRACES, credit_config, make_group
 
 
 def test_segment_credit_by_hand() -> None:
@@ -64,9 +64,10 @@ def test_terminal_mc_never_continues_a_finished_completion(qwen_tok) -> None:
     rows (one per value construct) are in the run's prob space, and R ends their values too."""
     cfg = Config()
     cfg.generation.max_tokens = 64
-    cfg.credit = CreditConfig(answer_part="terminal", value_space="prob", segments=2, min_segment_tokens=1)
+    segmentation = {"segments": 2, "min_segment_tokens": 1}
+    cfg.credit = credit_config(segmentation=segmentation, answer_part="terminal", value_space="prob")
     group = make_group(qwen_tok, [t + "<|im_end|>" for t in TRACES[:2]], rewards=(1.0, 0.0))
-    scorer = Scorer(build_tiny_model("qwen3", seed=3), qwen_tok, cfg.credit.exit_string)
+    scorer = Scorer(build_tiny_model("qwen3", seed=3), qwen_tok, cfg.credit.scorer.exit_string)
     sampler = Scripted()
     traces = study_group(group, cfg, scorer, sampler, lambda ids, gold, opened=False: 0.5, 2)
     prompt = group.prompt_ids.tolist()
@@ -96,13 +97,22 @@ def test_outcome_mc_values_take_the_end_once_whether_or_not_the_exits_hold_it(qw
     ending at L (the study's, or a truncated completion's) keep one L, which MC never continues."""
     cfg = Config()
     cfg.generation.max_tokens = 64
-    cfg.credit = CreditConfig(answer_part="terminal")
     s = make_group(qwen_tok, TRACES[:1], rewards=(1.0,)).samples[0]
     n = len(s.completion_ids)
     for exits in ([0, 3], [0, 3, n]):
         sampler = Scripted()
         got, est = outcome_mc_values(
-            sampler, lambda ids, gold, opened=False: 0.5, [1, 2], s, np.array(exits, np.int32), 2, cfg, "4", s.id, False
+            sampler,
+            lambda ids, gold, opened=False: 0.5,
+            [1, 2],
+            s,
+            np.array(exits, np.int32),
+            2,
+            cfg,
+            "4",
+            s.id,
+            False,
+            True,  # answer_part=terminal
         )
         assert got.tolist() == [0, 3, n] and est.values.tolist() == [0.5, 0.5, 1.0]
         assert [len(r.prefix) - 2 for r in sampler.requests] == [0, 3]  # nothing asked at L
@@ -112,16 +122,16 @@ def test_rredcot_variants_equal_the_configured_runs(qwen_tok) -> None:
     """A construct with the group baseline as the study and the slip benchmark take it (the baseline
     re-weighing the stored exit values of the plain run) equals a run configured that way."""
     group = make_group(qwen_tok)
-    scorer = Scorer(build_tiny_model("qwen3", seed=3), qwen_tok, CreditConfig().exit_string)
+    scorer = Scorer(build_tiny_model("qwen3", seed=3), qwen_tok, ScorerConfig().exit_string)
     cfg = Config()
-    cfg.credit = CreditConfig(segments=3, min_segment_tokens=1)
+    cfg.credit = credit_config(segmentation={"segments": 3, "min_segment_tokens": 1})
     variants = rredcot_variants(group, cfg, scorer)
     assert set(variants) == {"solution", "answer", "suffix", "solution+group", "answer+group", "suffix+group"}
     for name, (credits, cost) in variants.items():
         construct, _, baseline = name.partition("+")
         configured = Config()
-        configured.credit = CreditConfig(
-            segments=3, min_segment_tokens=1, reference=construct, baseline=baseline or "none"
+        configured.credit = credit_config(
+            segmentation={"segments": 3, "min_segment_tokens": 1}, reference=construct, baseline=baseline or "none"
         )
         expected = redistribute_group(group, configured, scorer).samples
         for got, want in zip(credits, expected, strict=True):

@@ -1,0 +1,135 @@
+"""The built-in credit methods as registered: each one's settings dataclass (``credit.settings.<name>``),
+its rules between config keys (``check``) and its prover, its function named by ``"module:function"``
+and imported when a group is first credited. Light on purpose (no torch): loading a config checks
+every block of settings and the chosen method's rules without importing a stage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rredcot.common.config_fields import require
+from rredcot.common.config_schema import COUNT_MAX, Config, bounded, choice
+from rredcot.redistributor.registry import add_method, policy
+
+
+def _answer_part() -> Any:
+    """After the thinking span (docs/credit.md, "The answer part"): GRPO's weight, or one more
+    segment whose end value is the outcome R."""
+    return choice("uniform", "uniform", "terminal")
+
+
+@dataclass
+class TopEntropySettings:
+    """``credit.settings.top_entropy``."""
+
+    fraction: float = bounded(0.2, 0.0, 1.0, lo_open=True)  # share of the completion's tokens that get σ
+
+
+@dataclass
+class ValueSettings:
+    """What the value-based methods (``rredcot``, ``mc``) share: σ from the change of value."""
+
+    value_space: str = choice("log", "log", "prob", "mean_token_prob")
+    sign: str = choice("relu", "relu", "abs", "softmax")
+    softmax_temperature: float = bounded(1.0, 1e-6, 1e6)
+    uniform_mix: float = bounded(0.0, 0.0, 1.0)  # lambda
+    answer_part: str = _answer_part()
+
+
+@dataclass
+class RredcotSettings(ValueSettings):
+    """``credit.settings.rredcot``: exit values from the scorer's branches on reference pairs."""
+
+    group_refs: bool = False  # add the group's correct completions as reference pairs
+    # what a branch scores (docs/credit.md): the whole reference, the answer alone, or the reference's
+    # remaining steps from each of its step boundaries, then the answer
+    reference: str = choice("suffix", "solution", "answer", "suffix")
+    # reference=suffix: step boundaries per reference pair (0 and |u| kept)
+    max_suffixes: int = bounded(8, 2, COUNT_MAX)
+    # group: less the other traces' values at the same relative segment position
+    baseline: str = choice("group", "none", "group")
+    max_refs: int = bounded(4, 1, COUNT_MAX)
+
+
+@dataclass
+class McSettings(ValueSettings):
+    """``credit.settings.mc``: exit values from continuations sampled by the policy."""
+
+    samples: int = bounded(4, 1, COUNT_MAX)  # M: continuations per exit point
+
+
+@dataclass
+class ProgressSettings:
+    """``credit.settings.progress``."""
+
+    alpha: float = bounded(1.0, 0.0, 1e6)  # weight of the prover's progress against the outcome advantage
+    prover: str = "initial"  # "initial" (model.path's weights, frozen), "policy" (follows them), or a model path
+    samples: int = bounded(4, 1, COUNT_MAX)  # M: prover continuations per exit point
+    answer_part: str = _answer_part()
+
+
+def check_bnpo(cfg: Config, settings: None) -> None:
+    require(
+        cfg.learner.loss_agg == "token",
+        "learner.loss_agg",
+        cfg.learner.loss_agg,
+        "'token' with credit.method=bnpo (BNPO is the token mean over the batch)",
+    )
+
+
+def check_drgrpo(cfg: Config, settings: None) -> None:
+    require(
+        cfg.learner.loss_agg == "sample",
+        "learner.loss_agg",
+        cfg.learner.loss_agg,
+        "'sample' with credit.method=drgrpo (Dr. GRPO divides each sample by the constant max_tokens)",
+    )
+    require(
+        not cfg.credit.advantage_std_norm,
+        "credit.advantage_std_norm",
+        cfg.credit.advantage_std_norm,
+        "false with credit.method=drgrpo (Dr. GRPO does not divide advantages by their std)",
+    )
+
+
+def check_rredcot(cfg: Config, settings: RredcotSettings) -> None:
+    require(
+        settings.answer_part != "terminal" or settings.value_space != "log",
+        "credit.settings.rredcot.value_space",
+        settings.value_space,
+        "'prob' or 'mean_token_prob' with credit.settings.rredcot.answer_part=terminal (the outcome R is a "
+        "probability; log R is -inf for a wrong answer)",
+    )
+
+
+def own_prover(settings: ProgressSettings) -> str:
+    """``progress``'s prover: the one its settings name."""
+    return settings.prover
+
+
+CREDIT, VALUES = "rredcot.redistributor.credit", "rredcot.redistributor.value_credit"
+add_method("grpo", f"{CREDIT}:grpo", return_equivalent=True)
+add_method("bnpo", f"{CREDIT}:bnpo", return_equivalent=True, check=check_bnpo)
+add_method("drgrpo", f"{CREDIT}:drgrpo", return_equivalent=False, check=check_drgrpo)
+add_method("entropy", f"{CREDIT}:entropy_credit", return_equivalent=True, needs_scorer=True)
+add_method(
+    "top_entropy", f"{CREDIT}:top_entropy", return_equivalent=True, needs_scorer=True, settings=TopEntropySettings
+)
+add_method(
+    "rredcot",
+    f"{VALUES}:rredcot",
+    return_equivalent=True,
+    needs_scorer=True,
+    settings=RredcotSettings,
+    check=check_rredcot,
+)
+add_method("mc", f"{VALUES}:mc", return_equivalent=True, needs_scorer=True, settings=McSettings, prover=policy)
+add_method(
+    "progress",
+    "rredcot.redistributor.progress:progress",
+    return_equivalent=True,
+    needs_scorer=True,
+    settings=ProgressSettings,
+    prover=own_prover,
+)
