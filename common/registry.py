@@ -148,7 +148,7 @@ CREDIT_METHODS: Registry[Any] = Registry(
 WEIGHT_TRANSPORTS: Registry[Any] = Registry(
     "weight transport",
     "generation.weight_transport",
-    {name: "rredcot.transports" for name in ("file", "collective", "ipc")},
+    {name: "rredcot.transports" for name in ("file", "collective", "ipc", "redis")},
 )
 # a builtin ``model.path``: its entry turns (name, seed) into the model's directory, built on first use
 # (``models.store.resolve_model_path``); any other path is a directory or a hub id, never a module

@@ -173,11 +173,15 @@ def probe_nodes(run_dir: Path) -> list[NodeReport]:
 
 def shared_dir_needed(cfg: Config) -> bool:
     """Whether the run cannot go on without one ``run.dir`` for every node: weights travel as files
-    (the ``file`` transport; ``ipc`` receivers off the learner's node; the files ``collective`` writes
-    for the evaluator or a policy-following scorer), or learner ranks write one checkpoint together."""
-    g = cfg.generation
-    files_too = cfg.data.eval_size > 0 or cfg.credit.scorer.model == "policy"
-    return g.weight_transport != "collective" or files_too or cfg.cluster.learner_ranks > 1
+    (the ``file`` transport, and a transport of the user's; ``ipc`` receivers off the learner's node;
+    the files ``collective`` writes for the evaluator or a policy-following scorer; never ``redis``,
+    whose receivers all read the run's Redis), or learner ranks write one checkpoint together."""
+    transport = cfg.generation.weight_transport
+    if transport == "collective":
+        files = cfg.data.eval_size > 0 or cfg.credit.scorer.model == "policy"
+    else:
+        files = transport != "redis"
+    return files or cfg.cluster.learner_ranks > 1
 
 
 def cluster_problems(cfg: Config, reports: list[NodeReport], here: str) -> list[Check]:
@@ -200,8 +204,8 @@ def cluster_problems(cfg: Config, reports: list[NodeReport], here: str) -> list[
             error(
                 f"node {r.node} does not see run.dir ({r.sees_run_dir})",
                 "set run.dir to an absolute path on a filesystem every node mounts at the same place (weights "
-                "as files, checkpoints and logs go there), or send weights through generation.weight_transport="
-                "collective with one learner rank and no evaluations",
+                "as files, checkpoints and logs go there), or, with one learner rank, send weights through "
+                "generation.weight_transport=redis (the run's Redis) or collective (and no evaluations)",
             )
         elif r.sees_run_dir:
             out.append(
@@ -209,9 +213,9 @@ def cluster_problems(cfg: Config, reports: list[NodeReport], here: str) -> list[
                     "warning",
                     "cluster",
                     f"node {r.node} does not see run.dir ({r.sees_run_dir}): the run goes on (weights through "
-                    f"the collective group); the logs and traces of its workers, and the checkpoints of a learner "
-                    f"placed there, stay in run.dir on that node until the end of the run, when they are copied "
-                    f"to the head's",
+                    f"the {cfg.generation.weight_transport} transport); the logs and traces of its workers, and the "
+                    f"checkpoints of a learner placed there, stay in run.dir on that node until the end of the run, "
+                    f"when they are copied to the head's",
                     "a shared run.dir shows them on the head while the run goes on, and keeps them if the driver "
                     "is killed",
                 )

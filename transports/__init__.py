@@ -13,6 +13,8 @@ are registered here by ``"module:Class"`` references, so naming one imports no t
   falling back to files;
 - ``ipc`` (``transports.ipc``): shared slots on the learner's node, ``/dev/shm`` or CUDA IPC;
   receivers elsewhere ask for files.
+- ``redis`` (``transports.redis``): each version in the run's Redis, in chunks; any receiver that
+  reaches Redis, no shared filesystem.
 
 What they share: ``transports.ports`` (what a receiver updates, ``WeightPort``, and ``WeightsLost``),
 ``transports.manifest`` (the version's manifest in Redis, the file's format), ``transports.gather``
@@ -121,5 +123,12 @@ WEIGHT_TRANSPORTS.register("ipc")(
         "rredcot.transports.ipc:IpcPublisher",
         "rredcot.transports.ipc:IpcReceiver",
         "rredcot.transports.ipc:IpcSettings",
+    )
+)
+WEIGHT_TRANSPORTS.register("redis")(
+    WeightTransport(
+        "rredcot.transports.redis:RedisPublisher",
+        "rredcot.transports.redis:RedisReceiver",
+        "rredcot.transports.redis:RedisSettings",
     )
 )

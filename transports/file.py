@@ -134,7 +134,7 @@ class FileReceiver:
         log.error(
             "%s: weights v%d are published as %s, which does not exist on this node and no newer version "
             "pruned it: this receiver does not share the learner's filesystem. Put run.dir on a filesystem "
-            "that every node mounts, or use generation.weight_transport=collective; retrying",
+            "that every node mounts, or use generation.weight_transport=redis or collective; retrying",
             self.name,
             manifest.version,
             manifest.path,

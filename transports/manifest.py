@@ -35,7 +35,7 @@ import re
 import struct
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import msgpack
@@ -113,20 +113,18 @@ def weights_file(out_dir: str | Path, version: int) -> Path:
     return Path(out_dir) / f"weights-v{version:08d}.safetensors"
 
 
-def _checksum(data: bytes | memoryview) -> str:
+def sha256_of(data: bytes | memoryview) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-class WeightWriter:
-    """Streams one version's safetensors file: the header (from the names, shapes and dtypes known up
-    front), then each tensor's bytes as it comes, hashed while written; ``commit`` renames the
-    temporary file into place (atomic) and prunes old files. Host memory: one tensor at a time. As a
-    context manager, it removes the temporary file when left without a commit."""
+class SafetensorsStream:
+    """The bytes of one version's safetensors file, streamed: the header (from the names, shapes and
+    dtypes known up front), then each tensor's bytes as it comes, hashed as they go. Host memory: one
+    tensor at a time. A subclass says where the bytes go (``_sink``) and calls ``_start`` when its
+    sink is ready."""
 
-    def __init__(
-        self, version: int, names: list[str], shapes: list[list[int]], dtypes: list[str], out_dir: str | Path
-    ) -> None:
-        self.version, self.names, self.shapes, self.dtypes, self.out_dir = version, names, shapes, dtypes, out_dir
+    def __init__(self, version: int, names: list[str], shapes: list[list[int]], dtypes: list[str]) -> None:
+        self.version, self.names, self.shapes, self.dtypes = version, names, shapes, dtypes
         entries, offset = {"__metadata__": {"version": str(version)}}, 0
         for name, shape, dtype in zip(names, shapes, dtypes, strict=True):
             if dtype not in _ST_DTYPES:
@@ -136,18 +134,19 @@ class WeightWriter:
             offset = end
         header = json.dumps(entries, separators=(",", ":")).encode()
         header += b" " * (-len(header) % 8)  # the data starts 8-byte aligned, as safetensors writes it
-        self.nbytes = 8 + len(header) + offset
-        self.path = weights_file(out_dir, version).resolve()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-        self._file = open(self._tmp, "wb")  # noqa: SIM115 - closed by commit or on leaving the context
+        self._header = struct.pack("<Q", len(header)) + header
+        self.nbytes = len(self._header) + offset
         self._hash = hashlib.sha256()
         self._next = 0  # index of the next tensor to write
-        self._committed = False
-        self._write(struct.pack("<Q", len(header)) + header)
+
+    def _sink(self, data: bytes | memoryview) -> None:
+        raise NotImplementedError
+
+    def _start(self) -> None:
+        self._write(self._header)
 
     def _write(self, data: bytes | memoryview) -> None:
-        self._file.write(data)
+        self._sink(data)
         self._hash.update(data)
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
@@ -160,26 +159,52 @@ class WeightWriter:
         self._write(memoryview(flat.view(torch.uint8).numpy()))
         self._next += 1
 
-    def commit(self, keep: int = 2) -> WeightManifest:
-        """Flush, fsync and rename the file into place, prune old files; its manifest."""
+    def _finished(self, where: object) -> WeightManifest:
+        """The manifest of the whole stream (``transport`` "file" until the caller says otherwise)."""
         if self._next != len(self.names):
-            raise WeightSyncError(f"{self._next} of {len(self.names)} tensors written to {self.path}")
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        os.replace(self._tmp, self.path)
-        self._committed = True
-        prune(self.out_dir, keep)
+            raise WeightSyncError(f"{self._next} of {len(self.names)} tensors written to {where}")
         return WeightManifest(
             version=self.version,
             names=self.names,
             shapes=self.shapes,
             dtypes=self.dtypes,
             checksum="sha256:" + self._hash.hexdigest(),
-            path=str(self.path),
+            path="",
             nbytes=self.nbytes,
             created=time.time(),
         )
+
+
+class WeightWriter(SafetensorsStream):
+    """Streams one version's safetensors file to ``out_dir``; ``commit`` renames the temporary file
+    into place (atomic) and prunes old files. As a context manager, it removes the temporary file
+    when left without a commit."""
+
+    def __init__(
+        self, version: int, names: list[str], shapes: list[list[int]], dtypes: list[str], out_dir: str | Path
+    ) -> None:
+        super().__init__(version, names, shapes, dtypes)
+        self.out_dir = out_dir
+        self.path = weights_file(out_dir, version).resolve()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+        self._file = open(self._tmp, "wb")  # noqa: SIM115 - closed by commit or on leaving the context
+        self._committed = False
+        self._start()
+
+    def _sink(self, data: bytes | memoryview) -> None:
+        self._file.write(data)
+
+    def commit(self, keep: int = 2) -> WeightManifest:
+        """Flush, fsync and rename the file into place, prune old files; its manifest."""
+        manifest = self._finished(self.path)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        os.replace(self._tmp, self.path)
+        self._committed = True
+        prune(self.out_dir, keep)
+        return replace(manifest, path=str(self.path))
 
     def __enter__(self) -> WeightWriter:
         return self
@@ -260,7 +285,7 @@ def read_weights(manifest: WeightManifest) -> bytes:
     again) and ``WeightSyncError`` when the bytes do not match the manifest.
     """
     data = Path(manifest.path).read_bytes()
-    if len(data) != manifest.nbytes or _checksum(data) != manifest.checksum:
+    if len(data) != manifest.nbytes or sha256_of(data) != manifest.checksum:
         raise WeightSyncError(
             f"weights file {manifest.path} does not match its manifest (version {manifest.version}): "
             f"{len(data)} bytes, expected {manifest.nbytes} with {manifest.checksum}"

