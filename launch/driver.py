@@ -57,7 +57,7 @@ from rredcot.launch.run_dir import claim_run_dir, clear_run_dir, clear_run_keys
 from rredcot.launch.run_lock import hold as hold_run_lock
 from rredcot.launch.run_times import expected_seconds, record_seconds
 from rredcot.launch.services import embedded_redis, embedded_redis_line
-from rredcot.launch.stages import WORKER_PREFIX
+from rredcot.launch.stages import WORKER_PREFIX, stage_env
 from rredcot.launch.supervisor import StageActors
 from rredcot.launch.watch import Watch
 from rredcot.transports.group import group_key
@@ -274,7 +274,8 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
 
     evaluator = None
     if cfg.data.eval_size:
-        evaluator = ray.remote(Evaluator).options(**_evaluator_options(pg, len(plan), eval_tier)).remote(cfg_dict)
+        options = _evaluator_options(pg, len(plan), eval_tier)
+        evaluator = ray.remote(Evaluator).options(**options).remote(cfg_dict, stage_env(cfg, "evaluator"))
         stack.callback(ray.kill, evaluator)
         phases.enter("evaluation (before training)")
         before = watch.wait(evaluator.evaluate_latest.remote(), evals_left=1)

@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from rredcot.actors.engine import Engine, EngineSpec, Sampling
-from rredcot.common.config import Config, from_dict
-from rredcot.common.control import RunControl
-from rredcot.common.streams import connect
+from rredcot.common.config import Config
+from rredcot.common.run_context import RunContext
+from rredcot.launch.stages import start_worker_process
 from rredcot.tasks.data import Problem, train_and_held_out
 from rredcot.tasks.prompts import opens_thought, prompt_ids
 from rredcot.tasks.verifier import Verifier
@@ -124,33 +123,27 @@ def paired_change(before: list[float], after: list[float]) -> tuple[float, float
 
 
 class Evaluator:
-    """Ray actor body: a vLLM engine that follows the run's published weights for evaluations.
+    """Ray actor body: a vLLM engine that follows the run's published weights for evaluations,
+    started like every stage's worker (``launch.stages.start_worker_process``: ``logs/eval.log``,
+    the driver's ``stage_env(cfg, "evaluator")``) and connected to the run through ``RunContext``.
 
     While it evaluates it publishes its progress as worker ``eval`` (tier ``evaluator``): samples
     done and in all, for the driver's progress display."""
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        if not cfg["cluster"]["gpus_per_evaluator"] and not cfg["cluster"]["gpus_per_generator"]:
-            os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a CPU plan: Ray shows a GPU-less actor every GPU of its node
-        import torch
-
-        # Evaluations run while the other tiers wait (before training, at the end): use every core.
-        # (Before the engine starts: vLLM-CPU refuses set_num_threads afterwards.)
-        torch.set_num_threads(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-        self.cfg = from_dict(cfg)
-        c = self.cfg
+    def __init__(self, cfg: dict[str, Any], env: dict[str, str]) -> None:
+        self.cfg = c = start_worker_process("eval", cfg, env)
         self.engine = Engine(EngineSpec.from_config(c, seed_offset=1, gpus=c.cluster.gpus_per_evaluator))
-        self.client = connect(c.redis.url) if c.redis.url else None
-        self.control = RunControl(self.client, c.run.name) if self.client else None
+        run = RunContext.connect(c, "the evaluator")
+        self.control = run.control
         self.verifier = Verifier.from_config(c)
         train, self.problems = train_and_held_out(self.verifier.task, c.data, c.run.seed)
         self.train_problems = train[: c.logging.eval_train]  # ``logging.eval_train``: what the policy fits
-        self.receiver = weight_receiver(c, self.client, self.engine) if self.client else None
+        self.receiver = weight_receiver(c, run.client, self.engine)
         self._published = 0.0
 
     def _progress(self, done: int, total: int) -> None:
         now = time.monotonic()
-        if self.control is not None and (now - self._published > 1.0 or done == total):
+        if now - self._published > 1.0 or done == total:
             self._published = now
             self.control.publish_metrics("eval", "evaluator", {"samples_done": done, "samples_total": total})
 
@@ -167,19 +160,18 @@ class Evaluator:
         per_problem = self.cfg.generation.group_size + 1
         held, total = len(self.problems) * per_problem, (len(self.problems) + len(self.train_problems)) * per_problem
         self._progress(0, total)  # not the last one's count
-        if self.receiver is not None:
-            deadline = time.monotonic() + WEIGHTS_WAIT_S
+        deadline = time.monotonic() + WEIGHTS_WAIT_S
+        self.receiver.poll()
+        while self.engine.version < at_least and time.monotonic() < deadline:
+            time.sleep(0.2)
             self.receiver.poll()
-            while self.engine.version < at_least and time.monotonic() < deadline:
-                time.sleep(0.2)
-                self.receiver.poll()
-            if self.engine.version < at_least:
-                log.warning(
-                    "evaluation: v%d not published within %.0f s; evaluating v%d",
-                    at_least,
-                    WEIGHTS_WAIT_S,
-                    self.engine.version,
-                )
+        if self.engine.version < at_least:
+            log.warning(
+                "evaluation: v%d not published within %.0f s; evaluating v%d",
+                at_least,
+                WEIGHTS_WAIT_S,
+                self.engine.version,
+            )
         result = self._evaluate(self.problems, 0, total)
         if self.train_problems:
             result["train"] = self._evaluate(self.train_problems, held, total)

