@@ -42,6 +42,7 @@ MEANS = {
     "sigma_entropy_norm": ("sigma_entropy_norm", "samples"),
     "sigma_max_scaled_mean": ("sigma_max_scaled", "samples"),
     "sigma_sum_mean": ("sigma_sum", "samples"),
+    "sigma_zero_frac": ("sigma_zero", "tokens"),
 }
 SUM_KEYS = tuple(sorted({k for pair in MEANS.values() for k in pair if k} | {"samples", "tokens"}))
 MAX_KEYS = ("ratio_max", "is_weight_max", "sigma_max_scaled_max")
@@ -170,6 +171,7 @@ def _stats(
         "sigma_entropy_norm": torch.where(n > 1, ent / n.clamp(min=2).log(), 1.0).sum(),
         "sigma_max_scaled": (max_sig * n).sum(),
         "sigma_sum": sig_sum.sum(),
+        "sigma_zero": (sig == 0).sum(),  # tokens σ gives no gradient
     }
     zero = raw_ratio.new_zeros(())
     maxes = {

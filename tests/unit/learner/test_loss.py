@@ -93,6 +93,20 @@ def test_sigma_statistics_non_uniform(make_samples):
     m = stats.result()
     assert m["sigma_entropy"] == pytest.approx(-(0.7 * math.log(0.7) + 0.3 * math.log(0.1)), rel=1e-5)
     assert m["sigma_max_scaled_max"] == pytest.approx(2.8, rel=1e-5)
+    assert m["sigma_zero_frac"] == 0.0
+
+
+def test_sigma_zero_fraction_counts_the_tokens_sigma_leaves_without_gradient(make_samples):
+    """RREDCoT's relu σ with λ = 0 is zero on segments against the advantage's sign: 4 of 7 tokens here."""
+    a, b = make_samples(2, lengths=[4, 3])
+    mb = collate(
+        [
+            type(a)(**{**a.__dict__, "sigma": np.array([0.0, 0.0, 0.5, 0.5], np.float32)}),
+            type(b)(**{**b.__dict__, "sigma": np.array([1.0, 0.0, 0.0], np.float32)}),
+        ]
+    )
+    _, stats = policy_loss(mb.behaviour_logprobs, mb, 0, torch.ones(2), LossSettings())
+    assert stats.result()["sigma_zero_frac"] == pytest.approx(4 / 7)
 
 
 def test_stats_merge_and_tensor_roundtrip():
