@@ -132,8 +132,8 @@ class Evaluator:
 
     def __init__(self, cfg: dict[str, Any], env: dict[str, str]) -> None:
         self.cfg = c = start_worker_process("eval", cfg, env)
+        run = RunContext.connect(c, "the evaluator")  # before the engine: a missing redis.url fails at once
         self.engine = Engine(EngineSpec.from_config(c, seed_offset=1, gpus=c.cluster.gpus_per_evaluator))
-        run = RunContext.connect(c, "the evaluator")
         self.control = run.control
         self.verifier = Verifier.from_config(c)
         train, self.problems = train_and_held_out(self.verifier.task, c.data, c.run.seed)

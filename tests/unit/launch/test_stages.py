@@ -79,6 +79,7 @@ def test_a_worker_process_starts_with_the_drivers_environment_and_logs_to_its_fi
     """``start_worker_process`` (every worker's first step, a stage's or the evaluator's): the
     driver's environment, output to ``logs/<name>.log``, torch's threads as the environment says
     (every core when it names none), and the config back from its plain dict."""
+    import os
     import subprocess
     import sys
     import textwrap
@@ -94,7 +95,7 @@ def test_a_worker_process_starts_with_the_drivers_environment_and_logs_to_its_fi
         print("threads", torch.get_num_threads(), os.environ["RREDCOT_PROBE"], back == cfg, flush=True)
         """
     )
-    for threads, expected in (("1", 1), ("all", len(__import__("os").sched_getaffinity(0)))):
+    for threads, expected in (("1", 1), ("all", len(os.sched_getaffinity(0)))):
         subprocess.run([sys.executable, "-c", code, threads], check=True, timeout=120)
         assert f"threads {expected} yes True" in (tmp_path / "logs" / "eval.log").read_text()
 
