@@ -3,14 +3,16 @@
 bf16 halves memory traffic and is the right choice on GPUs with bf16 units and on CPUs with native
 bf16 instructions (AVX-512 BF16, AMX). Elsewhere torch emulates it: 4× slower than fp32 on an
 AVX-512 CPU without ``avx512_bf16``, ~470× slower on an AVX2-only CPU (PLATFORM.md). So ``auto``
-reads the CPU's flags (or, where the OS does not list them, times one small matmul each way) and
-falls back to fp32. The choice is made once per process, where the model runs, and says why.
+reads the CPU's flags (or, where the OS does not list them or the environment caps the instruction
+sets torch may use, times one small matmul each way) and falls back to fp32. The choice is made
+once per process, where the model runs, and says why.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
 import platform
 import time
 from dataclasses import dataclass
@@ -26,6 +28,9 @@ NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 # flags worth printing beside a measurement (what decides the speed of fp32 and bf16 matmuls)
 log = logging.getLogger(__name__)
 SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "bf16", "sve")
+# environment variables that cap the instruction sets torch's kernels use below what the flags list
+# (oneDNN's matmuls, ATen's vectorised ops, MKL): set, the flags no longer tell what runs natively
+ISA_CAPS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
 
 
 @dataclass(frozen=True)
@@ -88,15 +93,18 @@ def bf16_matmul_ratio(size: int = 256, repeats: int = 3) -> float:
 
 
 def cpu_native_bf16(info: CpuInfo) -> tuple[bool, str]:
-    """Whether this CPU runs bf16 matmuls natively, and the evidence."""
-    if info.flags:
+    """Whether this CPU runs bf16 matmuls natively, and the evidence: its flags, or a timed matmul
+    where it lists none or the environment caps the instruction sets (``ISA_CAPS``)."""
+    caps = [f"{k}={os.environ[k]}" for k in ISA_CAPS if os.environ.get(k)]
+    if info.flags and not caps:
         found = [f for f in NATIVE_BF16_FLAGS if f in info.flags]
         if found:
             return True, f"the CPU has native bf16 ({', '.join(found)})"
         return False, f"the CPU has no native bf16 (no {'/'.join(NATIVE_BF16_FLAGS)} flag)"
     ratio = bf16_matmul_ratio()
     verdict = ratio <= 1.0
-    return verdict, f"a bf16 matmul took {ratio:.2f}× the fp32 time on this CPU (flags not listed by the OS)"
+    why = f"the environment caps the instruction sets ({', '.join(caps)})" if caps else "flags not listed by the OS"
+    return verdict, f"a bf16 matmul took {ratio:.2f}× the fp32 time on this CPU ({why})"
 
 
 @functools.cache

@@ -42,6 +42,19 @@ def test_without_flags_the_choice_comes_from_timing(monkeypatch: pytest.MonkeyPa
     assert native is False and "4.00×" in why
 
 
+def test_capped_instruction_sets_make_the_choice_come_from_timing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An AVX-512 BF16 CPU whose oneDNN is held to AVX2 (a container's setting, or emulating an
+    AVX2-only machine) runs bf16 matmuls ~200× slower than fp32: the flags must not decide."""
+    for cap in precision.ISA_CAPS:
+        monkeypatch.delenv(cap, raising=False)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setattr(precision, "bf16_matmul_ratio", lambda: 200.0)
+    native, why = cpu_native_bf16(parse_cpuinfo(XEON_SAPPHIRE))
+    assert native is False and "ONEDNN_MAX_CPU_ISA=AVX2" in why and "200.00×" in why
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    assert cpu_native_bf16(parse_cpuinfo(XEON_SAPPHIRE))[0] is True  # uncapped: the flags decide again
+
+
 def test_bf16_matmul_ratio_measures_something() -> None:
     assert precision.bf16_matmul_ratio(size=32, repeats=1) > 0
 
