@@ -32,6 +32,7 @@ class RecordingSampler(HFContinuationSampler):
         return super().sample(requests)
 
 
+LAMBDA = RredcotSettings().uniform_mix  # the default floor of uniform weight (λ), in every σ below
 REFERENCE = ("12*7 = 70 + 14.\n70 + 14 = 84.\n", "Answer: ", "84")  # u, the template, the answer
 
 
@@ -92,7 +93,7 @@ def test_each_construct_matches_a_brute_force_recomputation(qwen_tok, qwen_model
         np.testing.assert_allclose(w.exit_values, brute, atol=1e-4, rtol=0)
         np.testing.assert_allclose(w.segment_rewards, np.diff(w.exit_values), atol=1e-4)
         masses = segment_masses(w.segment_rewards.astype(np.float64), w.advantage, "relu")
-        np.testing.assert_allclose(w.sigma, token_sigma(len(comp), w.exit_points, masses, 0.0), atol=1e-6)
+        np.testing.assert_allclose(w.sigma, token_sigma(len(comp), w.exit_points, masses, LAMBDA), atol=1e-6)
         assert 1 <= len(w.exit_points) - 1 <= 3 and set(w.timings) == {"entropy", "segment", "values", "sigma"}
     assert scorer.tokens.total > 0
     out.validate()
@@ -119,7 +120,7 @@ def test_the_group_baseline_takes_the_other_traces_curves_away(qwen_tok, qwen_mo
         np.testing.assert_allclose(based.segment_rewards, np.diff(values[i] - np.mean(others, axis=0)), atol=1e-5)
         masses = segment_masses(based.segment_rewards.astype(np.float64), based.advantage, "relu")
         np.testing.assert_allclose(
-            based.sigma, token_sigma(len(based.sigma), based.exit_points, masses, 0.0), atol=1e-6
+            based.sigma, token_sigma(len(based.sigma), based.exit_points, masses, LAMBDA), atol=1e-6
         )
 
 
@@ -261,7 +262,7 @@ def test_prob_space_sigma_survives_values_below_e_minus_745(qwen_tok, qwen_model
     for w_log, w_prob in zip(outs["log"][:3], outs["prob"][:3]):
         assert w_log.exit_values.max() < -745 and not w_prob.exit_values.any()  # e^-1000 = 0 in float64
         masses = segment_masses(prob_rewards(w_log.exit_values), w_prob.advantage, "abs")
-        expected = token_sigma(len(w_prob.sigma), w_prob.exit_points, masses, 0.0)
+        expected = token_sigma(len(w_prob.sigma), w_prob.exit_points, masses, LAMBDA)
         np.testing.assert_allclose(w_prob.sigma, expected, rtol=1e-2, atol=1e-5)  # log values stored in float32
         assert w_prob.sigma_fallback == "" and np.ptp(w_prob.sigma) > 0
 
