@@ -103,7 +103,7 @@ def cpu_native_bf16(info: CpuInfo) -> tuple[bool, str]:
         return False, f"the CPU has no native bf16 (no {'/'.join(NATIVE_BF16_FLAGS)} flag)"
     ratio = bf16_matmul_ratio()
     verdict = ratio <= 1.0
-    why = f"the environment caps the instruction sets ({', '.join(caps)})" if caps else "flags not listed by the OS"
+    why = "the environment caps its instruction sets: " + ", ".join(caps) if caps else "flags not listed by the OS"
     return verdict, f"a bf16 matmul took {ratio:.2f}× the fp32 time on this CPU ({why})"
 
 
