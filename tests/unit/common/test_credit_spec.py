@@ -10,9 +10,9 @@ from rredcot.common.registry import CREDIT_METHODS
 
 
 def test_the_method_comes_with_its_settings_and_its_prover():
-    spec = resolve_credit(load_config("tests", ["credit.settings.rredcot.uniform_mix=0.3"]))
+    spec = resolve_credit(load_config("tests", ["credit.settings.rredcot.uniform_mix=0.5"]))
     assert spec.method is CREDIT_METHODS.get("rredcot") and spec.settings_key == "credit.settings.rredcot"
-    assert spec.settings.uniform_mix == 0.3 and spec.settings.reference == "suffix"  # the rest: defaults
+    assert spec.settings.uniform_mix == 0.5 and spec.settings.reference == "suffix"  # the rest: defaults
     assert spec.prover is None and not spec.method.needs_sampler
     grpo = resolve_credit(load_config("tests", ["credit.method=grpo"]))
     assert grpo.settings is None and grpo.prover is None
