@@ -57,7 +57,7 @@ from rredcot.launch.run_dir import claim_run_dir, clear_run_dir, clear_run_keys
 from rredcot.launch.run_lock import hold as hold_run_lock
 from rredcot.launch.run_times import expected_seconds, record_seconds
 from rredcot.launch.services import embedded_redis, embedded_redis_line
-from rredcot.launch.stages import WORKER_PREFIX, stage_env
+from rredcot.launch.stages import WORKER_PREFIX, process_options, stage_env
 from rredcot.launch.supervisor import StageActors
 from rredcot.launch.watch import Watch
 from rredcot.transports.group import group_key
@@ -89,8 +89,9 @@ def _evaluator_options(pg: Any, index: int, tier: Tier | None) -> dict[str, Any]
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     if tier is None:
-        return {"num_cpus": 0}
+        return {"num_cpus": 0, **process_options()}
     return {
+        **process_options(),
         "num_cpus": tier.cpus,
         "num_gpus": tier.gpus,
         "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),

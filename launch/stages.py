@@ -54,6 +54,19 @@ def restart_options(cfg: Config, tier: str) -> dict[str, int]:
     return {"max_restarts": n, "max_task_retries": n}
 
 
+WAIT_POLICY = "OMP_WAIT_POLICY"
+
+
+def process_options() -> dict[str, Any]:
+    """Ray actor options that fix what a worker's process must hold from its first instruction: the
+    libraries read it as they load, before ``start_worker_process`` runs (this module imports torch).
+    OpenMP's wait policy is passive unless the driver's environment names one: on a node whose cores
+    the workers share, a thread that spins at a barrier while its team-mate is descheduled burns the
+    core the others need (``bench/omp_wait.py``: a 2-thread learner step beside two busy processes
+    took 2.6× as long and 2.6× the CPU time spinning as passive)."""
+    return {"runtime_env": {"env_vars": {WAIT_POLICY: os.environ.get(WAIT_POLICY, "PASSIVE")}}}
+
+
 def stage_parts(tier: str, cfg: Config, credit: CreditSpec | None = None) -> dict[str, Any]:
     """What launch builds for a stage beyond its config. A redistributor gets the credit method
     resolved once (``credit``, or resolved here: the method, its settings, its prover), and when the

@@ -26,7 +26,7 @@ from typing import Any
 from rredcot.common.config import Config, to_dict
 from rredcot.common.control import RunControl
 from rredcot.launch.logs import WorkerFailed, headline
-from rredcot.launch.stages import WORKER_PREFIX, StageWorker, restart_options, stage_env
+from rredcot.launch.stages import WORKER_PREFIX, StageWorker, process_options, restart_options, stage_env
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,7 @@ class StageActors:
                     scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=index),
                     name=name,
                     **restart_options(self.cfg, tier),
+                    **process_options(),
                 )
                 .remote(tier, self.cfg_dict, rank, stage_env(self.cfg, tier, rank, rendezvous), incarnation)
             )

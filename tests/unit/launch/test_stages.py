@@ -9,7 +9,7 @@ from rredcot.common.config import load_config, resolve_credit
 from rredcot.common.net import loopback_interface
 from rredcot.launch import stages
 from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
-from rredcot.launch.stages import STAGE_CLASSES, node_env, restart_options, stage_env, stage_parts
+from rredcot.launch.stages import STAGE_CLASSES, node_env, process_options, restart_options, stage_env, stage_parts
 from rredcot.learner.rendezvous import ENV as RENDEZVOUS_ENV
 
 
@@ -73,6 +73,13 @@ def test_the_evaluator_gets_a_stages_environment_with_every_core_and_its_gpu_rul
     env = stage_env(load_config("tests", overrides), "evaluator")
     assert "OMP_NUM_THREADS" not in env and "RANK" not in env and env["TOKENIZERS_PARALLELISM"] == "false"
     assert ("CUDA_VISIBLE_DEVICES" not in env) is sees
+
+
+def test_workers_start_with_a_passive_openmp_wait_unless_the_driver_names_a_policy(monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert process_options() == {"runtime_env": {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}}
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # e.g. a node with a core for every thread
+    assert process_options()["runtime_env"]["env_vars"] == {"OMP_WAIT_POLICY": "ACTIVE"}
 
 
 def test_a_worker_process_starts_with_the_drivers_environment_and_logs_to_its_file(tmp_path):

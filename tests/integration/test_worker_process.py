@@ -1,0 +1,35 @@
+"""A Ray worker's process holds the process options' environment from its start: OpenMP reads its
+wait policy when torch loads it, which is before a worker's own code runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from rredcot.launch.stages import process_options
+
+
+@pytest.fixture
+def ray_local():
+    import ray
+
+    ray.init(address="local", num_cpus=1, include_dashboard=False, object_store_memory=100 * 2**20, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+class InitialEnvironment:
+    """Reads its process's environment as it was at exec (``/proc/self/environ``), not ``os.environ``."""
+
+    def read(self) -> dict[str, str]:
+        with open("/proc/self/environ", "rb") as f:
+            pairs = [item.decode().split("=", 1) for item in f.read().split(b"\0") if b"=" in item]
+        return dict(pairs)
+
+
+def test_a_workers_process_starts_with_a_passive_openmp_wait(ray_local, monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    ray = ray_local
+    plain = ray.remote(InitialEnvironment).options(num_cpus=0).remote()
+    worker = ray.remote(InitialEnvironment).options(num_cpus=0, **process_options()).remote()
+    assert "OMP_WAIT_POLICY" not in ray.get(plain.read.remote())  # the check can fail: Ray adds nothing itself
+    assert ray.get(worker.read.remote())["OMP_WAIT_POLICY"] == "PASSIVE"
