@@ -6,7 +6,9 @@ processes that multiply matrices in a loop (the generator and redistributor of a
 Cases, each in a fresh process (OpenMP reads the policy when it loads): threads 2 with the policy
 unset (libgomp spins at a barrier before it sleeps), threads 2 passive (``OMP_WAIT_POLICY=PASSIVE``:
 sleeps at once), threads 1. Per case: the learner's seconds and CPU seconds per step, and the
-neighbours' work rate (loops/s). Quiet rows (no neighbours) show what passive costs alone.
+neighbours' work rate (loops/s). Quiet rows (no neighbours) show what passive costs alone. The
+last line (JSON): beside the neighbours, spinning ÷ passive for the step's seconds and CPU seconds,
+and the neighbours' rate passive ÷ spinning.
 
 Usage: python -P bench/omp_wait.py [--busy 2 --steps 3 --tokens 1360 --layers 30]
 """
@@ -94,6 +96,7 @@ def main() -> None:
     print(f"OpenMP wait policy: a learner step of {args.tokens} tokens, {args.layers} layers")
     print(f"CPU: {cpu_info().describe()}")
     print(f"  {'neighbours':>10} {'threads':>7} {'policy':>8} {'step s':>7} {'CPU s/step':>10} {'their loops/s':>13}")
+    rows = {}
     for busy in (0, args.busy):
         for threads, policy in CASES:
             env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | {"OMP_NUM_THREADS": threads}
@@ -102,9 +105,17 @@ def main() -> None:
             argv = [sys.executable, "-P", __file__, "--case", str(busy), "--steps", str(args.steps)]
             argv += ["--tokens", str(args.tokens), "--layers", str(args.layers)]
             out = subprocess.run(argv, env=env, check=True, capture_output=True, text=True).stdout
-            r = json.loads(out.strip().splitlines()[-1])
+            r = rows[busy, threads, policy] = json.loads(out.strip().splitlines()[-1])
             loops = f"{r['loops_per_s']:13.2f}" if busy else f"{'—':>13}"
-            print(f"  {busy:>10} {threads:>7} {policy or 'unset':>8} {r['step_s']:7.2f} {r['cpu_s']:10.2f} {loops}")
+            row = f"  {busy:>10} {threads:>7} {policy or 'unset':>8} {r['step_s']:7.2f} {r['cpu_s']:10.2f} {loops}"
+            print(row, flush=True)
+    spin, passive = rows[args.busy, "2", None], rows[args.busy, "2", "PASSIVE"]
+    ratios = {
+        "spin_vs_passive_step_s": spin["step_s"] / passive["step_s"],
+        "spin_vs_passive_cpu_s": spin["cpu_s"] / passive["cpu_s"],
+        "neighbours_passive_vs_spin": passive["loops_per_s"] / max(spin["loops_per_s"], 1e-9),
+    }
+    print(json.dumps({k: round(v, 3) for k, v in ratios.items()}))
 
 
 if __name__ == "__main__":

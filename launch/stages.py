@@ -62,8 +62,8 @@ def process_options() -> dict[str, Any]:
     libraries read it as they load, before ``start_worker_process`` runs (this module imports torch).
     OpenMP's wait policy is passive unless the driver's environment names one: on a node whose cores
     the workers share, a thread that spins at a barrier while its team-mate is descheduled burns the
-    core the others need (``bench/omp_wait.py``: a 2-thread learner step beside two busy processes
-    took 2.6× as long and 2.6× the CPU time spinning as passive)."""
+    core the others need (``bench/omp_wait.py``: beside two busy processes, a 2-thread learner step
+    took 1.4× as long spinning as passive, and up to 1.6× the CPU time)."""
     return {"runtime_env": {"env_vars": {WAIT_POLICY: os.environ.get(WAIT_POLICY, "PASSIVE")}}}
 
 
