@@ -1,4 +1,4 @@
-"""Shared fixtures: a real embedded Redis-protocol server, per-test run ids, the real Qwen tokenizer."""
+"""Shared fixtures: a real embedded Redis-protocol server, a local Ray, per-test run ids, the real Qwen tokenizer."""
 
 from __future__ import annotations
 
@@ -60,6 +60,16 @@ def redis_client(redis_server):
     client = connect(redis_server.url)
     yield client
     client.close()
+
+
+@pytest.fixture
+def ray_local():
+    """A local Ray of 2 CPUs for one test (loopback, no dashboard, a small object store)."""
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20, log_to_driver=False)
+    yield ray
+    ray.shutdown()
 
 
 @pytest.fixture

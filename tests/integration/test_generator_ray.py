@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 from rredcot.common.codec import decode
 from rredcot.common.config import load_config, to_dict
 from rredcot.common.ledger import group_id
@@ -16,15 +14,6 @@ from rredcot.launch.stages import StageWorker, stage_env
 from rredcot.models.store import load_tokenizer, qwen_tokenizer_dir, save_model_dir
 from rredcot.models.tiny import build_tiny_model
 from rredcot.transports.manifest import publish_weights
-
-
-@pytest.fixture
-def ray_local(tmp_path):
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20, log_to_driver=False)
-    yield ray
-    ray.shutdown()
 
 
 def test_killed_generator_resumes_with_latest_weights_and_no_lost_prompts(

@@ -3,18 +3,7 @@ wait policy when torch loads it, which is before a worker's own code runs."""
 
 from __future__ import annotations
 
-import pytest
-
 from rredcot.launch.stages import process_options
-
-
-@pytest.fixture
-def ray_local():
-    import ray
-
-    ray.init(address="local", num_cpus=1, include_dashboard=False, object_store_memory=100 * 2**20, log_to_driver=False)
-    yield ray
-    ray.shutdown()
 
 
 class InitialEnvironment:
