@@ -27,11 +27,12 @@ from dataclasses import asdict, dataclass
 from rredcot.actors.engine import Engine, EngineSpec, GroupOutput, PromptTooLong, Sampling
 from rredcot.actors.group_filter import UniformGroups
 from rredcot.actors.prompt_fit import PromptFit
+from rredcot.actors.retirement import Retirement, solved
 from rredcot.actors.rollouts import rollout_group
 from rredcot.common.codec import encode
 from rredcot.common.config import Config, ConfigError
 from rredcot.common.heap import trim_heap
-from rredcot.common.ledger import group_id, inflight_key
+from rredcot.common.ledger import group_id, inflight_key, mean_length
 from rredcot.common.overlong import overlong_window, penalize
 from rredcot.common.records import RecordError, RolloutGroup
 from rredcot.common.run_context import RunContext
@@ -54,6 +55,9 @@ class GeneratorMetrics:
     rejected_too_long: int = 0
     rejected_invalid: int = 0  # groups whose record failed validation (NaN/inf log-probs)
     dropped_uniform: int = 0  # groups whose samples all got one reward (generation.drop_uniform_groups)
+    dropped_solved: int = 0  # of those, groups whose samples were all correct
+    retired: int = 0  # problems this generator retired (generation.retire_solved)
+    skipped_retired: int = 0  # admissions of a retired problem, rejected before the engine saw them
     samples: int = 0
     truncated: int = 0
     overlong_penalized: int = 0  # samples whose reward the overlong penalty lowered (generation.overlong=penalty)
@@ -102,9 +106,10 @@ class Generator:
         self.order = ProblemOrder(train, cfg.data.shuffle_seed)
         pool = len({p.id for p in train})  # distinct problems
         self.uniform_groups = UniformGroups(cfg.generation.drop_uniform_groups, pool, name)
+        g = cfg.generation
+        self.retirement = Retirement(self.client, self.run_id, g.retire_solved, pool, floor=g.prompts_per_step)
         self.prompt_fit = PromptFit(pool, cfg.model.max_model_len)
         self.engine = engine or Engine(EngineSpec.from_config(cfg, gpus=cfg.cluster.gpus_per_generator))
-        g = cfg.generation
         self.sampling = Sampling(
             n=g.group_size, temperature=g.temperature, top_p=g.top_p, max_tokens=g.max_tokens, stop=tuple(g.stop)
         )
@@ -177,6 +182,10 @@ class Generator:
 
     def _submit(self, index: int) -> int:
         problem = self.order.at(index)
+        if self.retirement.is_retired(problem.id):  # solved often enough: another prompt takes its slot
+            self.metrics.skipped_retired += 1
+            self._reject(index, problem, None, "retired")
+            return 0
         ids = prompt_ids(problem, self.task, self.cfg.data, self.engine.tokenizer)
         rid = group_id(self.run_id, index)
         try:
@@ -190,9 +199,10 @@ class Generator:
         self._problems[rid] = (index, problem)
         return 1
 
-    def _reject(self, index: int, problem: Problem, why: Exception | None, reason: str) -> None:
-        """An admitted prompt that yields no group: free its slot, so the learner still gets a full step."""
-        self.ledger.record("rejected", {group_id(self.run_id, index): 0}, reason)  # frees its admission slot
+    def _reject(self, index: int, problem: Problem, why: Exception | None, reason: str, length: int = 0) -> None:
+        """An admitted prompt that yields no group: free its slot, so the learner still gets a full step.
+        ``length``: the mean completion length of a group generated and then dropped."""
+        self.ledger.record("rejected", {group_id(self.run_id, index): length}, reason)  # frees its admission slot
         self.admission.reopen()
         if why is not None:  # a fault to look at, not a dropped uniform group (dynamic sampling's routine)
             log.warning("generator %s: rejected problem %s: %s", self.name, problem.id, why)
@@ -204,9 +214,14 @@ class Generator:
             index, problem = self._problems.pop(group.request_id)
             try:
                 record = self._record(group, index, problem)
+                verdicts = [s.verdict for s in record.samples]
+                self.metrics.retired += self.retirement.observe(problem.id, verdicts)
                 if self.uniform_groups.drop([s.reward for s in record.samples]):  # before paying for its encoding
+                    all_correct = solved(verdicts)
                     self.metrics.dropped_uniform += 1
-                    self._reject(index, problem, None, "uniform")
+                    self.metrics.dropped_solved += all_correct
+                    length = mean_length([s.completion_ids for s in record.samples])
+                    self._reject(index, problem, None, "uniform_solved" if all_correct else "uniform", length)
                     continue
                 data = encode(record)
             except RecordError as e:  # e.g. a NaN log-prob from the engine: the learner cannot use it

@@ -102,6 +102,9 @@ class GenerationConfig:
     # DAPO's dynamic sampling: a group whose samples all got one reward (no advantage) is dropped at the
     # generator and another prompt admitted in its place, so each step trains on groups with a signal
     drop_uniform_groups: bool = False
+    # a problem whose group came back all correct this many times in a row is not generated again this
+    # run (actors/retirement.py: its admissions are rejected before the engine sees them); 0: off
+    retire_solved: int = bounded(0, 0, COUNT_MAX)
     # completions cut at max_tokens (common/overlong.py): none; penalty, a reward ramping to -1 over the
     # last overlong_window tokens (DAPO's soft punishment); filter, no advantage for a truncated sample
     overlong: str = choice("none", "none", "penalty", "filter")

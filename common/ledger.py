@@ -2,8 +2,9 @@
 
 Admitted prompt ``n`` (the global admission index) is group ``group_id(run, n)``. Each group ends
 in one outcome: ``trained`` (consumed by a learner step, recorded before its entry is
-acknowledged), ``dead`` (dead-lettered, with the reason) or ``rejected`` (it made no group: a
-prompt too long for the context, an invalid record). Until then it is in flight: held by a
+acknowledged), ``dead`` (dead-lettered, with the reason) or ``rejected`` (it made no group for the
+learner: a prompt too long for the context, an invalid record, a group dynamic sampling dropped, a
+retired problem; with the reason). Until then it is in flight: held by a
 generator, or an entry of the ``rollouts`` or ``batches`` stream. So at any quiet moment
 
     admitted = trained + dead + rejected + in flight,
@@ -62,6 +63,7 @@ class Balance:
     rejected: int
     in_flight: int
     dead_by_reason: dict[str, int] = field(default_factory=dict)
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)  # too_long, invalid, uniform, retired, ...
     dead_unattributed: int = 0
     missing: list[str] = field(default_factory=list)  # admitted, in no outcome and not in flight
     in_two_outcomes: list[str] = field(default_factory=list)
@@ -122,10 +124,11 @@ class Ledger:
         self.client, self.run_id = client, run_id
         self.ids_key = {o: run_key(client, run_id, f"ledger:{o}") for o in OUTCOMES}
         self.length_key = run_key(client, run_id, "ledger:length")  # group id -> mean completion tokens
-        self.reason_key = run_key(client, run_id, "ledger:reason")  # dead group id -> reason
+        self.reason_key = run_key(client, run_id, "ledger:reason")  # dead or rejected group id -> reason
 
     def record(self, outcome: str, groups: dict[str, int], reason: str = "") -> None:
-        """``groups`` (group id -> mean completion tokens) ended in ``outcome`` (``reason``: why, for dead)."""
+        """``groups`` (group id -> mean completion tokens) ended in ``outcome`` (``reason``: why, for dead
+        and rejected)."""
         if not groups:
             return
         pipe = self.client.pipeline(transaction=False)
@@ -145,9 +148,8 @@ class Ledger:
         unattributed = {i for i in ids["dead"] if i.startswith(UNATTRIBUTED)}
         ids["dead"] -= unattributed
         lengths = {k.decode(): int(v) for k, v in self.client.hgetall(self.length_key).items()}
-        reasons = Counter(
-            v.decode() for k, v in self.client.hgetall(self.reason_key).items() if k.decode() in ids["dead"]
-        )
+        reason_of = {k.decode(): v.decode() for k, v in self.client.hgetall(self.reason_key).items()}
+        reasons = {o: Counter(r for g, r in reason_of.items() if g in ids[o]) for o in ("dead", "rejected")}
         counts = Counter(i for o in OUTCOMES for i in ids[o])
         dispatched = [group_id(self.run_id, n) for n in range(admitted)]
         accounted = set(counts) | in_flight
@@ -157,7 +159,8 @@ class Ledger:
             dead=len(ids["dead"]),
             rejected=len(ids["rejected"]),
             in_flight=len(in_flight - set(counts)),
-            dead_by_reason=dict(reasons),
+            dead_by_reason=dict(reasons["dead"]),
+            rejected_by_reason=dict(reasons["rejected"]),
             dead_unattributed=len(unattributed),
             missing=[g for g in dispatched if g not in accounted],
             in_two_outcomes=sorted(g for g, c in counts.items() if c > 1),

@@ -92,6 +92,9 @@ def write_summary(
                 {"unreadable": ledger.dead_unattributed} if ledger.dead_unattributed else {}
             )
             lines += ["", "Dead letters by reason: " + ", ".join(f"{r} {n}" for r, n in sorted(reasons.items())) + "."]
+        if ledger.rejected_by_reason:
+            rejected = ledger.rejected_by_reason.items()
+            lines += ["", "Rejected by reason: " + ", ".join(f"{r} {n}" for r, n in sorted(rejected)) + "."]
     lines += ["", "## Final counters per worker", "", "| worker | tier | metrics |", "|---|---|---|"]
     for worker, values in sorted(final.items()):
         shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(values.items()) if k != "tier" and isinstance(v, float))

@@ -16,6 +16,7 @@ def test_outcomes_balance_and_the_missing_are_named(redis_client, run_id):
     balance = ledger.balance(admitted=8, in_flight={g[4], g[5]})
     assert (balance.trained, balance.dead, balance.rejected, balance.in_flight) == (2, 1, 1, 2)
     assert balance.dead_by_reason == {"RecordError": 1} and balance.dead_unattributed == 1
+    assert balance.rejected_by_reason == {"too_long": 1}
     assert balance.missing == [g[6], g[7]] and not balance.balanced
     assert balance.by_length == {"trained": {"lt1k": 1, "lt4k": 1}, "dead": {"ge16k": 1}, "rejected": {"lt1k": 1}}
     assert "MISSING 2" in balance.line()

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from rredcot.common.config import load_config
+from rredcot.common.ledger import Balance
 from rredcot.launch.monitor import Phases
 from rredcot.launch.report import RunOutcome, link_final_model, summary_json, write_report
 
@@ -62,6 +63,15 @@ def test_report_writes_both_summaries(tmp_path: Path, status: str) -> None:
     assert f"Status: {status}." in md and "secret" not in md
     assert ("Sampled accuracy improved" in md) == (paired["low"] > 0)
     assert Path(files["learning curves"]).exists()
+
+
+def test_the_ledger_section_names_why_groups_were_rejected(tmp_path: Path) -> None:
+    cfg = load_config("tests", [f"run.dir={tmp_path}"])
+    reasons = {"uniform_solved": 7, "retired": 3, "uniform": 2}
+    ledger = Balance(admitted=16, trained=4, dead=0, rejected=12, in_flight=0, rejected_by_reason=reasons)
+    write_report(cfg, tmp_path, RunOutcome(status="finished", phases=Phases(), monitor=FakeMonitor([]), ledger=ledger))
+    md = (tmp_path / "report" / "summary.md").read_text()
+    assert "Rejected by reason: retired 3, uniform 2, uniform_solved 7." in md and "Dead letters" not in md
 
 
 def test_training_problems_get_their_own_section_and_paired_change(tmp_path: Path) -> None:
