@@ -104,11 +104,11 @@ class Generator:
         self.task = self.verifier.task
         train, _ = train_and_held_out(self.task, cfg.data, cfg.run.seed)
         self.order = ProblemOrder(train, cfg.data.shuffle_seed)
-        pool = len({p.id for p in train})  # distinct problems
-        self.uniform_groups = UniformGroups(cfg.generation.drop_uniform_groups, pool, name)
+        self.pool = len({p.id for p in train})  # distinct problems
+        self.uniform_groups = UniformGroups(cfg.generation.drop_uniform_groups, self.pool, name)
         g = cfg.generation
-        self.retirement = Retirement(self.client, self.run_id, g.retire_solved, pool, floor=g.prompts_per_step)
-        self.prompt_fit = PromptFit(pool, cfg.model.max_model_len)
+        self.retirement = Retirement(self.client, self.run_id, g.retire_solved, self.pool, floor=g.prompts_per_step)
+        self.prompt_fit = PromptFit(self.pool, cfg.model.max_model_len)
         self.engine = engine or Engine(EngineSpec.from_config(cfg, gpus=cfg.cluster.gpus_per_generator))
         self.sampling = Sampling(
             n=g.group_size, temperature=g.temperature, top_p=g.top_p, max_tokens=g.max_tokens, stop=tuple(g.stop)
@@ -216,6 +216,7 @@ class Generator:
                 record = self._record(group, index, problem)
                 verdicts = [s.verdict for s in record.samples]
                 self.metrics.retired += self.retirement.observe(problem.id, verdicts)
+                self.uniform_groups.pool = self.pool - self.retirement.retired()  # the problems still drawn
                 if self.uniform_groups.drop([s.reward for s in record.samples]):  # before paying for its encoding
                     all_correct = solved(verdicts)
                     self.metrics.dropped_uniform += 1

@@ -3,8 +3,9 @@ nothing to learn from; the generator drops it before the redistributor and the l
 and admits another prompt in its place (its slot is freed as for a rejected prompt).
 
 When the policy gets every problem right (or wrong), every group would be dropped and the run would
-never step: after as many uniform groups in a row as the pool has problems, one is passed on (the
-learner skips it as it skips any zero-advantage group) and the count starts again.
+never step: after as many uniform groups in a row as the pool has problems still drawn (retired
+problems are not: ``actors/retirement.py``), one is passed on (the learner skips it as it skips any
+zero-advantage group) and the count starts again.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class UniformGroups:
     """Decides, group by group, which uniform groups to drop (``generation.drop_uniform_groups``)."""
 
     def __init__(self, enabled: bool, pool: int, name: str) -> None:
+        """``pool``: the problems still drawn (the generator lowers it as problems retire)."""
         self.enabled, self.pool, self.name = enabled, pool, name
         self.in_a_row = 0  # uniform groups dropped since the last group passed on
         self._warned = False

@@ -140,27 +140,27 @@ def test_uniform_groups_are_dropped_and_their_slots_refilled(setup, redis_server
 
 def test_solved_problems_are_retired_and_their_admissions_skipped(setup, redis_server, redis_client, run_id):
     """Every completion solves its problem (``tests.extensions.always_right``, 6 problems). With
-    ``retire_solved=1`` each solved group retires its problem until 2 (one step's prompts) stay
-    active; a retired problem's later admissions are rejected before the engine sees them, and the
-    2 groups that reach the stream (dynamic sampling passes one on after 6 drops in a row) are of
-    active problems. The ledger counts each rejection by reason."""
+    ``retire_solved=1`` the first 4 groups retire their problems; 2 (one step's prompts) stay active.
+    Dynamic sampling passes a group on after as many drops in a row as problems are still drawn: the
+    4th group (6 - 4 = 2 drawn, 3 dropped in a row), then every 3rd. Later admissions of a retired
+    problem are rejected before the engine sees them, and the ledger counts each rejection by reason."""
     path, engines, _, _ = setup
     _reset(engines)
-    steps = ("run.steps=1", "generation.prompts_per_step=2", "staleness.eta=0", "generation.drop_uniform_groups=true")
+    steps = ("run.steps=2", "generation.prompts_per_step=2", "staleness.eta=1", "generation.drop_uniform_groups=true")
     task = ("task.name=tests.extensions.always_right", "data.eval_size=0", "generation.retire_solved=1")
     gen = Generator(_cfg(path, redis_server.url, run_id, *task, *steps), "g0", engine=engines[0])
     metrics = gen.run(timeout_s=120, linger=False)
     gen.close()
     retired = {m.decode() for m in redis_client.smembers(key(run_id, "retire:retired"))}
-    assert metrics["retired"] == len(retired) == 4 and metrics["finished_groups"] == 2
-    assert metrics["skipped_retired"] >= 1 and metrics["dropped_uniform"] == metrics["dropped_solved"] == 12
+    assert metrics["retired"] == len(retired) == 4 and metrics["finished_groups"] == 4
+    assert metrics["dropped_uniform"] == metrics["dropped_solved"] == 3 + 3 * 2 and metrics["skipped_retired"] >= 1
     groups = [decode(f[b"d"], expect=RolloutGroup) for _, f in redis_client.xrange(key(run_id, ROLLOUTS))]
-    assert len(groups) == 2 and not {g.prompt_id for g in groups} & retired
+    assert [g.prompt_id in retired for g in groups] == [True, False, False, False]  # the 4th group retired its own
     assert all(s.verdict == "correct" for g in groups for s in g.samples)
-    balance = Ledger(redis_client, run_id).balance(int(metrics["admitted"]), set())
     skipped, dropped = int(metrics["skipped_retired"]), int(metrics["dropped_uniform"])
+    balance = Ledger(redis_client, run_id).balance(int(metrics["admitted"]), set())
     assert balance.rejected_by_reason == {"retired": skipped, "uniform_solved": dropped}
-    assert metrics["admitted"] == 2 + skipped + dropped
+    assert metrics["admitted"] == 4 + skipped + dropped
 
 
 def test_overlong_penalty_lowers_the_reward_of_long_completions(setup, redis_server, redis_client, run_id, tmp_path):
