@@ -11,7 +11,10 @@ step. With ``--total N``: ``rredcot advise`` takes the async run's rates and pro
 workers; it runs beside the default split, N − 2 generators, one redistributor and one learner
 (``advised_vs_default``; 1.0 without a run when the advice is the default). Last line: one JSON object.
 
-    python bench/pipeline.py [--config tests] [--steps 8] [--eta 2] [--total 4] [key=value ...]
+    python bench/pipeline.py [--config tests,demo_cpu] [--steps 8] [--eta 2] [--total 4] [key=value ...]
+
+``--config`` takes several configs (the tiny model's ``tests`` and the 135M demo's ``demo_cpu``):
+each gets its runs and its table, one after the other, and the JSON line holds them all.
 """
 
 from __future__ import annotations
@@ -61,7 +64,6 @@ def run(config: str, overrides: list[str], url: str, name: str, root: str) -> di
     updates = sum(float(v.get("weight_updates", 0.0)) for v in gens)
     loop_s = float(learner["busy_s"]) + float(learner["wait_s"])
     return {
-        "name": name,
         "wall_s": wall,
         "loop_s": loop_s,
         "samples_per_s": float(learner["samples_consumed"]) / loop_s,
@@ -87,9 +89,9 @@ def with_split(split: Split) -> list[str]:
     ]
 
 
-def advised(args: argparse.Namespace, base: list[str], url: str, root: str) -> dict[str, Any]:
+def advised(args: argparse.Namespace, config: str, base: list[str], url: str, root: str) -> dict[str, Any]:
     """The advisor's split of ``--total`` workers from the async run's rates, run beside the default."""
-    rates, _, _, _ = run_rates(Path(root) / "async")
+    rates, _, _, _ = run_rates(Path(root) / f"{config}-async")
     best = advise(args.total, rates, scorer=True)[0]
     default = Split(args.total - 2, 1, 1)
     out: dict[str, Any] = {"advised_split": str(best.split), "default_split": str(default)}
@@ -98,7 +100,7 @@ def advised(args: argparse.Namespace, base: list[str], url: str, root: str) -> d
         return out | {"advised_vs_default": 1.0}
     eta = f"staleness.eta={args.eta}"
     runs = {
-        name: run(args.config, [*base, eta, "credit.method=rredcot", *with_split(split)], url, name, root)
+        name: run(config, [*base, eta, "credit.method=rredcot", *with_split(split)], url, f"{config}-{name}", root)
         for name, split in (("default", default), ("advised", best.split))
     }
     return out | {
@@ -107,26 +109,18 @@ def advised(args: argparse.Namespace, base: list[str], url: str, root: str) -> d
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--config", default="tests")
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--eta", type=int, default=2)
-    ap.add_argument("--total", type=int, default=0, help="workers to split with the advisor (0: no advisor check)")
-    ap.add_argument("overrides", nargs="*")
-    args = ap.parse_args()
+def bench_config(args: argparse.Namespace, config: str, url: str, root: str) -> dict[str, Any]:
+    """Sync, async and async-grpo runs of ``config`` (and the advisor's check); prints its table."""
     base = [f"run.steps={args.steps}", "learner.skip_zero_advantage=false", *args.overrides]
     cores = os.cpu_count() or 1
-    with tempfile.TemporaryDirectory() as root, EmbeddedRedis(f"{root}/redis", appendonly=False) as server:
-        sync = run(args.config, [*base, "staleness.eta=0", "credit.method=rredcot"], server.url, "sync", root)
-        async_ = run(
-            args.config, [*base, f"staleness.eta={args.eta}", "credit.method=rredcot"], server.url, "async", root
-        )
-        grpo = run(args.config, [*base, f"staleness.eta={args.eta}", "credit.method=grpo"], server.url, "grpo", root)
-        splits = advised(args, base, server.url, root) if args.total else {}
+    root = f"{root}/{config}"
+    sync = run(config, [*base, "staleness.eta=0", "credit.method=rredcot"], url, f"{config}-sync", root)
+    async_ = run(config, [*base, f"staleness.eta={args.eta}", "credit.method=rredcot"], url, f"{config}-async", root)
+    grpo = run(config, [*base, f"staleness.eta={args.eta}", "credit.method=grpo"], url, f"{config}-grpo", root)
+    splits = advised(args, config, base, url, root) if args.total else {}
     bound = overlap_bound(sync, cores)
     result = {
-        "config": args.config,
+        "config": config,
         "steps": args.steps,
         "eta": args.eta,
         "cores": cores,
@@ -138,12 +132,12 @@ def main() -> None:
         "pause_vs_step": async_["pause_s"] / async_["step_s"],
         **splits,
     }
+    print(f"\n{config}")
     print(f"{'run':<8}{'samples/s':>11}{'loop s':>9}{'idle':>7}{'step s':>8}  tier busy s (gen / red / learn)")
-    for r in (sync, async_, grpo):
+    for label, r in (("sync", sync), ("async", async_), ("grpo", grpo)):
         busy = " / ".join(f"{r['tiers'][t]['busy_s']:.1f}" for t in ("generator", "redistributor", "learner"))
         print(
-            f"{r['name']:<8}{r['samples_per_s']:>11.2f}{r['loop_s']:>9.1f}{r['idle_frac']:>7.0%}"
-            f"{r['step_s']:>8.2f}  {busy}"
+            f"{label:<8}{r['samples_per_s']:>11.2f}{r['loop_s']:>9.1f}{r['idle_frac']:>7.0%}{r['step_s']:>8.2f}  {busy}"
         )
     print(
         f"async/sync {result['async_vs_sync']:.2f} (overlap bound {bound:.2f}, goal >= 0.85 x bound); "
@@ -156,7 +150,23 @@ def main() -> None:
             f"{splits['advised_predicted_vs_default']:.2f}x the default {splits['default_split']}); "
             f"measured {splits['advised_vs_default']:.2f}x"
         )
-    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}))
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument(
+        "--config", default="tests", help="configs to compare, comma-separated (tests,demo_cpu: both models)"
+    )
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--eta", type=int, default=2)
+    ap.add_argument("--total", type=int, default=0, help="workers to split with the advisor (0: no advisor check)")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as root, EmbeddedRedis(f"{root}/redis", appendonly=False) as server:
+        results = [bench_config(args, config, server.url, root) for config in args.config.split(",")]
+    rounded = [{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()} for r in results]
+    print(json.dumps(rounded[0] if len(rounded) == 1 else {"configs": rounded}))
 
 
 if __name__ == "__main__":
