@@ -214,11 +214,10 @@ class Generator:
             index, problem = self._problems.pop(group.request_id)
             try:
                 record = self._record(group, index, problem)
-                verdicts = [s.verdict for s in record.samples]
-                self.metrics.retired += self.retirement.observe(problem.id, verdicts)
+                all_correct = solved([s.verdict for s in record.samples])
+                self.metrics.retired += self.retirement.observe(problem.id, all_correct)
                 self.uniform_groups.pool = self.pool - self.retirement.retired()  # the problems still drawn
                 if self.uniform_groups.drop([s.reward for s in record.samples]):  # before paying for its encoding
-                    all_correct = solved(verdicts)
                     self.metrics.dropped_uniform += 1
                     self.metrics.dropped_solved += all_correct
                     length = mean_length([s.completion_ids for s in record.samples])

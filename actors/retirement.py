@@ -50,11 +50,12 @@ class Retirement:
         """Whether ``problem_id`` is retired (never, with retirement off)."""
         return bool(self.after) and bool(self.client.sismember(self.retired_key, problem_id))
 
-    def observe(self, problem_id: str, verdicts: list[str]) -> bool:
-        """Count a finished group of ``problem_id``; True if it retired the problem just now."""
+    def observe(self, problem_id: str, all_correct: bool) -> bool:
+        """Count a finished group of ``problem_id`` (``all_correct``: ``solved`` of its verdicts);
+        True if it retired the problem just now."""
         if not self.after:
             return False
-        if not solved(verdicts):
+        if not all_correct:
             self.client.hdel(self.streaks, problem_id)
             return False
         return bool(self._solved(keys=[self.streaks, self.retired_key], args=[problem_id, self.after, self.most]))
