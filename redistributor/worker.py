@@ -62,6 +62,8 @@ class WorkerMetrics:
     values_s: float = 0.0
     sigma_s: float = 0.0
     oom_retries: int = 0  # scorer passes redone with half the token budget after running out of memory
+    scorer_trace_tokens: int = 0  # tokens the scorer forwarded as traces (prompt ⊕ completion)
+    scorer_branch_tokens: int = 0  # and as branches after the exit points (the exit values' cost)
     # MC (credit.method=mc): the sampler's policy version, continuation tokens, exit values and the sum
     # of their standard errors; the version gap (sampler version − trace version) per sample
     mc_version: int = -1
@@ -103,6 +105,9 @@ class WorkerMetrics:
         out.update(out.pop("detail"))
         out["rollouts_per_s"] = self.rollouts / self.busy_s if self.busy_s else 0.0
         out["tokens_per_s"] = self.tokens / self.busy_s if self.busy_s else 0.0
+        out["scorer_branch_per_trace"] = (
+            self.scorer_branch_tokens / self.scorer_trace_tokens if self.scorer_trace_tokens else 0.0
+        )
         out["mc_stderr_mean"] = self.mc_stderr_sum / self.mc_exits if self.mc_exits else 0.0
         out["mc_version_gap_mean"] = self.mc_version_gap_sum / self.mc_samples if self.mc_samples else 0.0
         return out
@@ -278,6 +283,7 @@ class Redistributor:
         m.zero_advantage_groups += not any(s.advantage for s in samples)
         if self.scorer is not None:
             m.oom_retries = self.scorer.tokens.oom_retries
+            m.scorer_trace_tokens, m.scorer_branch_tokens = self.scorer.tokens.trace, self.scorer.tokens.branch
         if self.sampler is not None:
             m.mc_tokens = self.sampler.generated_tokens
         for s in samples:

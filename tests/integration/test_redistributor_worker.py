@@ -78,6 +78,10 @@ def test_every_rollout_becomes_one_weighted_sample_or_dead_letter(redis_client, 
     assert metrics["groups"] == 3 and metrics["rollouts"] == 12 and metrics["dead_letters"] == 2
     assert metrics["dead_letters.RecordError"] == 2 and metrics["samples.lt1k"] == 12  # by reason, by length
     assert 1.0 <= metrics["sigma_peak.lt1k"] <= max(len(s.sigma) for g in out for s in g.samples)
+    completion_tokens = sum(len(s.rollout.completion_ids) for g in out for s in g.samples)
+    assert metrics["scorer_trace_tokens"] == scorer.tokens.trace > completion_tokens  # prompts included
+    assert metrics["scorer_branch_tokens"] == scorer.tokens.branch > 0
+    assert metrics["scorer_branch_per_trace"] == pytest.approx(scorer.tokens.branch / scorer.tokens.trace)
     stored = redis_client.hgetall(key(run_id, "metrics:red0"))
     assert stored[b"tier"] == b"redistributor" and float(stored[b"rollouts"]) == 12
 
