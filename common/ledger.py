@@ -12,7 +12,10 @@ generator, or an entry of the ``rollouts`` or ``batches`` stream. So at any quie
 and an admitted group in none of them is *missing*: the report names it. Outcomes are sets of
 group ids, so recording one twice (a replayed step, a re-sent group) counts it once; a group in
 two outcomes is reported too. Each recorded group keeps its mean completion length, so the report
-shows every outcome by length bucket: a drop that favours short answers is visible. A dead letter
+shows every outcome by length bucket: a drop that favours short answers is visible. A trained group
+also keeps its version truth (``GroupVersions``): the policy versions of its oldest and newest
+tokens, of the scorer that computed its σ and of the learner that trained it, and how many updates
+its oldest token lagged. A dead letter
 whose payload could not be read has no group id; it is kept under its stream entry id and counted
 as ``dead_unattributed`` (each may explain one missing group).
 """
@@ -22,7 +25,7 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Sized
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, astuple, dataclass, field
 from typing import Any
 
 import redis
@@ -53,6 +56,26 @@ def mean_length(completions: Iterable[Sized]) -> int:
     return sum(lengths) // max(1, len(lengths))
 
 
+@dataclass(frozen=True)
+class GroupVersions:
+    """The policy versions behind a trained group: its tokens' oldest and newest, the scorer's that
+    computed its σ, the learner's that trained it, and ``lag``: the updates its oldest token was
+    behind the learner, along the run's history (``common.lineage``)."""
+
+    oldest: int
+    newest: int
+    scorer: int
+    learner: int
+    lag: int
+
+    def text(self) -> str:
+        return " ".join(str(v) for v in astuple(self))
+
+    @classmethod
+    def parse(cls, text: str | bytes) -> GroupVersions:
+        return cls(*(int(v) for v in (text.decode() if isinstance(text, bytes) else text).split()))
+
+
 @dataclass
 class Balance:
     """The ledger against the admission counter and what is in flight now."""
@@ -68,6 +91,7 @@ class Balance:
     missing: list[str] = field(default_factory=list)  # admitted, in no outcome and not in flight
     in_two_outcomes: list[str] = field(default_factory=list)
     by_length: dict[str, dict[str, int]] = field(default_factory=dict)  # outcome -> bucket -> groups
+    trained_by_lag: dict[int, int] = field(default_factory=dict)  # lag of the oldest token -> trained groups
 
     @property
     def balanced(self) -> bool:
@@ -125,10 +149,13 @@ class Ledger:
         self.ids_key = {o: run_key(client, run_id, f"ledger:{o}") for o in OUTCOMES}
         self.length_key = run_key(client, run_id, "ledger:length")  # group id -> mean completion tokens
         self.reason_key = run_key(client, run_id, "ledger:reason")  # dead or rejected group id -> reason
+        self.versions_key = run_key(client, run_id, "ledger:versions")  # trained group id -> GroupVersions
 
-    def record(self, outcome: str, groups: dict[str, int], reason: str = "") -> None:
+    def record(
+        self, outcome: str, groups: dict[str, int], reason: str = "", versions: dict[str, GroupVersions] | None = None
+    ) -> None:
         """``groups`` (group id -> mean completion tokens) ended in ``outcome`` (``reason``: why, for dead
-        and rejected)."""
+        and rejected; ``versions``: a trained group's version truth, kept from its first training)."""
         if not groups:
             return
         pipe = self.client.pipeline(transaction=False)
@@ -136,7 +163,13 @@ class Ledger:
         pipe.hset(self.length_key, mapping=groups)
         if reason:
             pipe.hset(self.reason_key, mapping=dict.fromkeys(groups, reason))
+        for g, v in (versions or {}).items():  # the first training holds; a re-sent copy or replay keeps it
+            pipe.hsetnx(self.versions_key, g, v.text())
         pipe.execute()
+
+    def versions(self) -> dict[str, GroupVersions]:
+        """Each trained group's version truth (group id -> ``GroupVersions``)."""
+        return {k.decode(): GroupVersions.parse(v) for k, v in self.client.hgetall(self.versions_key).items()}
 
     def record_unreadable(self, entry_id: bytes, reason: str) -> None:
         """A dead letter whose group id could not be read (malformed payload)."""
@@ -165,4 +198,5 @@ class Ledger:
             missing=[g for g in dispatched if g not in accounted],
             in_two_outcomes=sorted(g for g, c in counts.items() if c > 1),
             by_length={o: dict(Counter(length_bucket(lengths.get(g, 0)) for g in ids[o])) for o in OUTCOMES if ids[o]},
+            trained_by_lag=dict(sorted(Counter(v.lag for v in self.versions().values()).items())),
         )

@@ -95,6 +95,9 @@ def write_summary(
         if ledger.rejected_by_reason:
             rejected = ledger.rejected_by_reason.items()
             lines += ["", "Rejected by reason: " + ", ".join(f"{r} {n}" for r, n in sorted(rejected)) + "."]
+        if ledger.trained_by_lag:
+            lags = ", ".join(f"{lag}: {n}" for lag, n in sorted(ledger.trained_by_lag.items()))
+            lines += ["", f"Trained groups by the lag of their oldest token (updates behind the learner): {lags}."]
     lines += ["", "## Final counters per worker", "", "| worker | tier | metrics |", "|---|---|---|"]
     for worker, values in sorted(final.items()):
         shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(values.items()) if k != "tier" and isinstance(v, float))

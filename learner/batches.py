@@ -46,6 +46,7 @@ class Batch:
     entries: list[Entry] = field(default_factory=list)  # this rank's, acknowledged after the step
     samples: list[TrainSample] = field(default_factory=list)
     groups: dict[str, int] = field(default_factory=dict)  # group id -> mean length, of what this rank consumed
+    spans: dict[str, tuple[list[int], int]] = field(default_factory=dict)  # group id -> ``version_span``
     duplicates: int = 0  # samples dropped as already trained or seen twice
     trained: list[Trained] = field(default_factory=list)  # the groups ``samples`` come from (the replay log's)
 
@@ -53,6 +54,12 @@ class Batch:
 def group_length(group: WeightedGroup) -> int:
     """The group's mean completion length, as the ledger records it."""
     return mean_length(s.rollout.completion_ids for s in group.samples)
+
+
+def version_span(group: WeightedGroup) -> tuple[list[int], int]:
+    """The policy versions the group's tokens came from (distinct, ascending) and the scorer's behind its σ."""
+    versions = {int(v) for s in group.samples for v in s.rollout.version_runs[:, 1]}
+    return sorted(versions), group.scorer_version
 
 
 def assign(tokens: list[int], world: int) -> list[int]:
@@ -172,6 +179,7 @@ class BatchReader:
             if group is None:  # deleted from the stream meanwhile
                 continue
             batch.groups[group.group_id] = group_length(group)
+            batch.spans[group.group_id] = version_span(group)
             samples = samples_from_group(group)
             if i not in owner:
                 batch.duplicates += len(samples)

@@ -33,7 +33,7 @@ from rredcot.learner.engine import LearnerEngine, init_distributed, load_policy
 from rredcot.learner.packing import TrainSample, samples_from_group
 from rredcot.learner.rendezvous import join_from_env
 from rredcot.learner.replay import ReplayLog, steps_to_replay
-from rredcot.learner.version_truth import trajectory_metrics
+from rredcot.learner.version_truth import ledger_versions, trajectory_metrics
 from rredcot.models.store import load_tokenizer, resolve_model_path
 from rredcot.transports import Publisher
 from rredcot.transports.manifest import version_key
@@ -178,7 +178,10 @@ class Trainer:
         self.replay.record(self.step + 1, batch.trained)
         if result.applied and batch.samples:
             self.client.sadd(self.trained_key, *[s.id for s in batch.samples])
-        self.ledger.record("trained", batch.groups)  # before the ack: a crash between them trains it again
+        truth = ledger_versions(batch.spans, version, self.lineage.position)
+        self.ledger.record(
+            "trained", batch.groups, versions=truth
+        )  # before the ack: a crash between them trains it again
         self.consumer.ack([e.id for e in batch.entries])
         self.step += 1
         metrics = dict(result.metrics)

@@ -9,6 +9,7 @@ import torch
 from rredcot.common.codec import decode, encode
 from rredcot.common.config import load_config
 from rredcot.common.control import RunControl
+from rredcot.common.ledger import GroupVersions, Ledger
 from rredcot.common.records import RolloutRecord, WeightedGroup, WeightedSample, new_id
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import BATCHES, DEAD, Producer, key
@@ -122,6 +123,10 @@ def test_trainer_loop_end_to_end(tmp_path, redis_server, redis_client, run_id):
     assert resumed.step == 5 and redis_client.xlen(key(run_id, BATCHES)) == 0
     # the last step trains two version-0 groups at version 4; step 4 took the newer group (ahead) and a v0 one
     assert metrics["ahead_tokens"] > 0 and metrics["staleness_max"] == 4 and metrics["staleness_3plus"] == 1.0
+    truth = Ledger(redis_client, run_id).versions()  # the ledger keeps each trained group's version truth
+    assert set(truth) == {g.group_id for g in groups}
+    assert truth[groups[7].group_id] == GroupVersions(oldest=9, newest=9, scorer=0, learner=3, lag=0)  # ahead
+    assert sorted(v.lag for v in truth.values()) == [0, 0, 0, 1, 1, 2, 2, 3, 4, 4]  # g0's copy kept its first
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == ["step-00000003", "step-00000004", "step-00000005"]  # step 4 by time; nothing .partial
 

@@ -10,6 +10,7 @@ import ray
 
 from rredcot.common.config import load_config
 from rredcot.common.control import RunControl
+from rredcot.common.ledger import Ledger
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, key
 from rredcot.launch.doctor import PreflightError
@@ -69,6 +70,9 @@ def assert_every_sample_trained_once(redis_client, run_id: str, cfg, eta: int) -
     assert learner["step"] == learner["version"] == cfg.run.steps  # every step applied an update
     # η = 0: nothing older than the current version is trained on; η = 2: never more than two versions
     assert learner["staleness_max"] <= eta
+    versions = Ledger(redis_client, run_id).versions()  # each trained group's version truth, in the ledger
+    assert len(versions) == cfg.run.steps * cfg.generation.prompts_per_step
+    assert all(v.lag <= eta and v.oldest <= v.newest <= v.learner and v.scorer <= v.learner for v in versions.values())
     assert Admission(redis_client, run_id, 2, eta).admitted() == cfg.run.steps * cfg.generation.prompts_per_step
     assert min(g["version"] for g in gens) >= learner["version"] - (eta + 1)  # generators followed the learner
     # something to learn from: mixed rewards (the warm-started model is right sometimes), so some

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rredcot.common.ledger import Ledger, group_id, length_bucket, mean_length
+from rredcot.common.ledger import GroupVersions, Ledger, group_id, length_bucket, mean_length
 
 
 def test_outcomes_balance_and_the_missing_are_named(redis_client, run_id):
@@ -31,6 +31,18 @@ def test_a_group_in_two_outcomes_does_not_balance(redis_client, run_id):
     ledger.record("dead", {g: 5}, reason="x")
     balance = ledger.balance(admitted=1, in_flight=set())
     assert balance.in_two_outcomes == [g] and not balance.balanced and balance.missing == []
+
+
+def test_trained_groups_keep_their_version_truth(redis_client, run_id):
+    ledger = Ledger(redis_client, run_id)
+    g = [group_id(run_id, n) for n in range(3)]
+    mixed = GroupVersions(oldest=3, newest=5, scorer=4, learner=6, lag=3)  # an update landed mid-group
+    ledger.record("trained", {g[0]: 40, g[1]: 40}, versions={g[0]: mixed, g[1]: GroupVersions(5, 5, 0, 6, 1)})
+    ledger.record("trained", {g[1]: 40}, versions={g[1]: GroupVersions(5, 5, 0, 7, 2)})  # a re-sent copy
+    ledger.record("trained", {g[2]: 40}, versions={g[2]: GroupVersions(6, 6, 6, 6, 0)})
+    assert ledger.versions()[g[0]] == mixed and GroupVersions.parse(mixed.text()) == mixed
+    assert ledger.versions()[g[1]].learner == 6  # the first training holds
+    assert ledger.balance(admitted=3, in_flight=set()).trained_by_lag == {0: 1, 1: 1, 3: 1}
 
 
 def test_ids_and_buckets():

@@ -65,13 +65,22 @@ def test_report_writes_both_summaries(tmp_path: Path, status: str) -> None:
     assert Path(files["learning curves"]).exists()
 
 
-def test_the_ledger_section_names_why_groups_were_rejected(tmp_path: Path) -> None:
+def test_the_ledger_section_names_why_groups_were_rejected_and_how_stale_the_trained_ones_were(tmp_path: Path) -> None:
     cfg = load_config("tests", [f"run.dir={tmp_path}"])
     reasons = {"uniform_solved": 7, "retired": 3, "uniform": 2}
-    ledger = Balance(admitted=16, trained=4, dead=0, rejected=12, in_flight=0, rejected_by_reason=reasons)
+    ledger = Balance(
+        admitted=16,
+        trained=4,
+        dead=0,
+        rejected=12,
+        in_flight=0,
+        rejected_by_reason=reasons,
+        trained_by_lag={1: 3, 0: 1},
+    )
     write_report(cfg, tmp_path, RunOutcome(status="finished", phases=Phases(), monitor=FakeMonitor([]), ledger=ledger))
     md = (tmp_path / "report" / "summary.md").read_text()
     assert "Rejected by reason: retired 3, uniform 2, uniform_solved 7." in md and "Dead letters" not in md
+    assert "Trained groups by the lag of their oldest token (updates behind the learner): 0: 1, 1: 3." in md
 
 
 def test_training_problems_get_their_own_section_and_paired_change(tmp_path: Path) -> None:

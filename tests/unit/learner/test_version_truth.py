@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from rredcot.common.ledger import GroupVersions
 from rredcot.learner.packing import TrainSample
-from rredcot.learner.version_truth import trajectory_metrics
+from rredcot.learner.version_truth import ledger_versions, trajectory_metrics
 
 
 def sample(versions: list[int], scorer: int = 0) -> TrainSample:
@@ -42,3 +43,19 @@ def test_lags_count_updates_along_the_runs_history_across_a_restore():
     out = trajectory_metrics([sample([2, 3, 7, 8])], int(position(8)), position, scored=False)
     assert out["trajectory_span_max"] == 2.0  # positions 2, 3, 3, 4
     assert out["trajectory_lag_oldest_mean"] == 2.0 and out["trajectory_lag_newest_mean"] == 0.0
+
+
+def test_each_trained_group_gets_its_ledger_truth_judged_by_position():
+    """A restore published version 3's policy as 7: a group of tokens from v6 (discarded, position 6)
+    and v7 (position 3) trained at v8 (position 4) is oldest at v7 and newest at v6, and v6 is ahead of
+    the learner (lag never negative); a group from v2 only lags 2 updates."""
+
+    def position(v):
+        v = np.asarray(v, np.int64)
+        return np.where(v >= 7, v - 7 + 3, v)
+
+    out = ledger_versions({"a": ([6, 7], 7), "b": ([2], 0)}, 8, position)
+    assert out == {
+        "a": GroupVersions(oldest=7, newest=6, scorer=7, learner=8, lag=1),
+        "b": GroupVersions(2, 2, 0, 8, 2),
+    }
