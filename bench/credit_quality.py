@@ -139,9 +139,12 @@ def main() -> None:
         name: {src: score([gs[name] for gs in per_group[src]], sources[src][1]) for src in sources}
         for name in per_group["constructed"][0]
     }
-    c = cfg.credit
+    c = rredcot_settings(cfg)
     print(f"CPU: {cpu_info().describe()}; config {args.config}; policy and scorer {cfg.model.path}")
-    print(f"rredcot = {c.reference} construct, baseline {c.baseline}, {c.value_space} values, λ = {c.uniform_mix}")
+    print(
+        f"rredcot = {c.reference} construct (at most {c.max_suffixes} suffixes), baseline {c.baseline}, "
+        f"{c.value_space} values, λ = {c.uniform_mix}, {cfg.credit.segmentation.segments} segments"
+    )
     counts = {src: results["grpo"][src]["top1"].n for src in sources}
     print("wrong traces blamed on a line: " + ", ".join(f"{src} {n}" for src, n in counts.items()))
     head = f"{'method':<24}" + "".join(f" {src + ' ' + k:>24}" for src in sources for k in ("top1", "blame", "rho"))
