@@ -178,10 +178,10 @@ class Trainer:
         self.replay.record(self.step + 1, batch.trained)
         if result.applied and batch.samples:
             self.client.sadd(self.trained_key, *[s.id for s in batch.samples])
-        truth = ledger_versions(batch.spans, version, self.lineage.position)
+        # before the ack: a crash between them trains it again
         self.ledger.record(
-            "trained", batch.groups, versions=truth
-        )  # before the ack: a crash between them trains it again
+            "trained", batch.groups, versions=ledger_versions(batch.spans, version, self.lineage.position)
+        )
         self.consumer.ack([e.id for e in batch.entries])
         self.step += 1
         metrics = dict(result.metrics)
