@@ -10,7 +10,8 @@ groups and one scorer (the config's policy), the σ mass of each working line of
 Scores per wrong trace: top-1 (the most blamed line is the slip), blame share on the slip line,
 Spearman with the slip indicator; per constructed correct trace, the share of credit on the lines
 the answer depends on (not the filler). Means with 95% intervals clustered by group. Last line: JSON
-(``rredcot_*`` is the config's own rredcot settings; ``chance`` the top-1 of a random line).
+(``rredcot_*`` is the config's own rredcot settings; ``chance`` the top-1 of a random line;
+``*_scorer_tokens_per_sample`` what each construct forwarded through the scorer, trace and branches).
 
     rredcot bench credit_quality [--config study_cpu] [--problems 8] [--sampled 16]
 """
@@ -50,17 +51,23 @@ from rredcot.tasks.task import build_task  # noqa: E402
 from rredcot.tasks.verifier import Verifier  # noqa: E402
 
 
-def group_sigmas(group: RolloutGroup, cfg: Config, scorer: Scorer) -> dict[str, list[np.ndarray]]:
-    """Every sample's σ under each method, and under RREDCoT for each construct × baseline."""
+def group_sigmas(
+    group: RolloutGroup, cfg: Config, scorer: Scorer
+) -> tuple[dict[str, list[np.ndarray]], dict[str, int]]:
+    """Every sample's σ under each method, and under RREDCoT for each construct × baseline; and the
+    tokens per sample each construct forwarded through the scorer (its trace pass and its branches)."""
     out = {}
     for m in ("grpo", "entropy", "top_entropy"):
         out[m] = [w.sigma for w in redistribute_group(group, with_method(cfg, m, keep=False), scorer).samples]
-    for name, (credits, _) in rredcot_variants(group, cfg, scorer).items():
+    tokens = {}
+    for name, (credits, cost) in rredcot_variants(group, cfg, scorer).items():
         construct, _, baseline = name.partition("+")
         out[f"rredcot_{construct}_{baseline or 'none'}"] = [c.sigma for c in credits]
+        tokens[f"rredcot_{construct}"] = cost.tokens
     own = rredcot_settings(cfg)
     out["rredcot"] = out[f"rredcot_{own.reference}_{own.baseline}"]  # the config's own
-    return out
+    tokens["rredcot"] = tokens[f"rredcot_{own.reference}"]
+    return out, tokens
 
 
 def score(sigmas: list[list[np.ndarray]], labels: list[list[LabelledTrace]]) -> dict[str, Interval]:
@@ -134,7 +141,10 @@ def main() -> None:
     if args.save:
         first = sources["constructed"][0][0]
         Path(args.save).write_bytes(encode(redistribute_group(first, cfg, scorer)))
-    per_group = {src: [group_sigmas(g, cfg, scorer) for g in groups] for src, (groups, _) in sources.items()}
+    scored = {src: [group_sigmas(g, cfg, scorer) for g in groups] for src, (groups, _) in sources.items()}
+    per_group = {src: [sigmas for sigmas, _ in groups] for src, groups in scored.items()}
+    every = [t for groups in scored.values() for _, t in groups]
+    tokens = {k: round(float(np.mean([t[k] for t in every]))) for k in every[0]}  # per sample
     results = {
         name: {src: score([gs[name] for gs in per_group[src]], sources[src][1]) for src in sources}
         for name in per_group["constructed"][0]
@@ -142,8 +152,9 @@ def main() -> None:
     c = rredcot_settings(cfg)
     print(f"CPU: {cpu_info().describe()}; config {args.config}; policy and scorer {cfg.model.path}")
     print(
-        f"rredcot = {c.reference} construct (at most {c.max_suffixes} suffixes), baseline {c.baseline}, "
-        f"{c.value_space} values, λ = {c.uniform_mix}, {cfg.credit.segmentation.segments} segments"
+        f"rredcot = {c.reference} construct (at most {c.max_suffixes} suffixes, window {c.suffix_window or 'all'}), "
+        f"baseline {c.baseline}, {c.value_space} values, λ = {c.uniform_mix}, "
+        f"{cfg.credit.segmentation.segments} segments; scorer tokens per sample {tokens['rredcot']:,}"
     )
     counts = {src: results["grpo"][src]["top1"].n for src in sources}
     print("wrong traces blamed on a line: " + ", ".join(f"{src} {n}" for src, n in counts.items()))
@@ -163,6 +174,7 @@ def main() -> None:
     for src in sources:
         out["chance" + ("" if src == "constructed" else "_sampled")] = round(results["grpo"][src]["chance"].mean, 4)
         out["traces" + ("" if src == "constructed" else "_sampled")] = counts[src]
+    out |= {f"{name}_scorer_tokens_per_sample": n for name, n in tokens.items()}
     out["seconds"] = round(time.perf_counter() - start, 1)
     print(json.dumps(out))
 

@@ -6,7 +6,10 @@ split advisor checked against a run.
 second of the learner's loop (first batch wait to last step; start-up excluded). The overlap bound
 comes from the sync run's per-tier busy times and CPU seconds: (t_gen + t_red + t_learn) ÷
 max(t_gen, t_red, t_learn, CPU-seconds ÷ cores) — the most any overlap can give on this machine and
-plan. ``pause_vs_step``: the generators' seconds per weight update over the learner's seconds per
+plan. Under overlap the tiers share the cores, so their busy seconds grow (``contention``: Σ async ÷
+Σ sync busy seconds); the same bound taken at the async run's busy seconds says how much of the gap
+is that sharing and how much is scheduling (``async_vs_bound_at_async_busy``).
+``pause_vs_step``: the generators' seconds per weight update over the learner's seconds per
 step. With ``--total N``: ``rredcot advise`` takes the async run's rates and proposes a split of N
 workers; it runs beside the default split, N − 2 generators, one redistributor and one learner
 (``advised_vs_default``; 1.0 without a run when the advice is the default). Last line: one JSON object.
@@ -75,10 +78,17 @@ def run(config: str, overrides: list[str], url: str, name: str, root: str) -> di
     }
 
 
-def overlap_bound(sync: dict[str, Any], cores: int) -> float:
-    busy = [t["busy_s"] for t in sync["tiers"].values()]
-    cpu = sum(t["cpu_s"] for t in sync["tiers"].values())
-    return sum(busy) / max(*busy, cpu / cores)
+def overlap_bound(sync: dict[str, Any], cores: int, at: dict[str, Any] | None = None) -> float:
+    """Σ of the sync run's tier busy seconds over the longest tier (or CPU-seconds ÷ cores) of
+    ``at``'s (default: the sync run itself): the most overlap can give at ``at``'s busy seconds."""
+    at = at or sync
+    busy = [t["busy_s"] for t in at["tiers"].values()]
+    cpu = sum(t["cpu_s"] for t in at["tiers"].values())
+    return busy_total(sync) / max(*busy, cpu / cores)
+
+
+def busy_total(r: dict[str, Any]) -> float:
+    return sum(t["busy_s"] for t in r["tiers"].values())
 
 
 def with_split(split: Split) -> list[str]:
@@ -119,6 +129,7 @@ def bench_config(args: argparse.Namespace, config: str, url: str, root: str) -> 
     grpo = run(config, [*base, f"staleness.eta={args.eta}", "credit.method=grpo"], url, f"{config}-grpo", root)
     splits = advised(args, config, base, url, root) if args.total else {}
     bound = overlap_bound(sync, cores)
+    bound_async = overlap_bound(sync, cores, at=async_)
     result = {
         "config": config,
         "steps": args.steps,
@@ -126,6 +137,9 @@ def bench_config(args: argparse.Namespace, config: str, url: str, root: str) -> 
         "cores": cores,
         "async_vs_sync": async_["samples_per_s"] / sync["samples_per_s"],
         "overlap_bound": bound,
+        "contention": busy_total(async_) / busy_total(sync),
+        "overlap_bound_at_async_busy": bound_async,
+        "async_vs_bound_at_async_busy": async_["samples_per_s"] / sync["samples_per_s"] / bound_async,
         "rredcot_vs_grpo": async_["samples_per_s"] / grpo["samples_per_s"],
         "learner_idle_fraction": async_["idle_frac"],
         "sync_vs_step": async_["broadcast_s"] / async_["step_s"],
@@ -143,6 +157,10 @@ def bench_config(args: argparse.Namespace, config: str, url: str, root: str) -> 
         f"async/sync {result['async_vs_sync']:.2f} (overlap bound {bound:.2f}, goal >= 0.85 x bound); "
         f"rredcot/grpo {result['rredcot_vs_grpo']:.2f}; weight sync / step {result['sync_vs_step']:.3f}; "
         f"generation pause per update / step {result['pause_vs_step']:.3f}"
+    )
+    print(
+        f"contention: the tiers' busy seconds x{result['contention']:.2f} under overlap; the bound at "
+        f"those seconds {bound_async:.2f}, reached {result['async_vs_bound_at_async_busy']:.0%}"
     )
     if splits:
         print(

@@ -50,6 +50,8 @@ class RredcotSettings(ValueSettings):
     reference: str = choice("suffix", "solution", "answer", "suffix")
     # reference=suffix: step boundaries per reference pair (0 and |u| kept)
     max_suffixes: int = bounded(8, 2, COUNT_MAX)
+    # reference=suffix: score only the W starts nearest the exit's relative position (0: every start)
+    suffix_window: int = bounded(0, 0, COUNT_MAX)
     # group: less the other traces' values at the same relative segment position
     baseline: str = choice("group", "none", "group")
     max_refs: int = bounded(4, 1, COUNT_MAX)

@@ -11,7 +11,10 @@ A branch appended after the trace prefix ``x ⊕ o[:e_t]`` is a *tail* of tokens
   |u| included; at most ``credit.settings.rredcot.max_suffixes``, evenly spread): continue the reference from
   wherever the trace stands, then stop thinking and answer. The pair's weight is shared by its
   suffixes (1/S each), so v̂(s_t) = Σ_i (1/S_i) Σ_j p(u_i[j:] ⊕ a_i | s_t): a uniform prior over
-  where in reference i the trace stands (docs/credit.md).
+  where in reference i the trace stands (docs/credit.md). With ``credit.settings.rredcot.suffix_window``
+  W > 0 the prior narrows to the W starts nearest the exit's relative position in the trace
+  (``nearest_starts``: a trace 40% through is most likely 40% through the reference), each of share
+  1/W: S/W times fewer branch forwards.
 
 Two rules keep a branch a state the policy visits: the exit string loses its leading newlines
 after text that already ended a line (no blank line the policy never writes), and template tokens
@@ -82,6 +85,17 @@ def suffix_starts(boundaries: Sequence[int], length: int, cap: int) -> tuple[int
     return tuple(every[i] for i in keep)
 
 
+def nearest_starts(starts: Sequence[int], length: int, at: float, width: int) -> tuple[int, ...]:
+    """The ``width`` suffix ``starts`` (token offsets in steps of ``length`` tokens) nearest the
+    relative position ``at`` ∈ [0, 1], in their order; ties go to the earlier start; all of them
+    when ``width`` ≥ their number or ``width`` ≤ 0."""
+    if width <= 0 or width >= len(starts):
+        return tuple(starts)
+    rel = np.asarray(starts, dtype=np.float64) / max(length, 1)
+    keep = np.sort(np.argsort(np.abs(rel - at), kind="stable")[:width])
+    return tuple(int(starts[i]) for i in keep)
+
+
 def split_pair(
     ids: Sequence[int], texts: Sequence[str], template: str, boundaries: Sequence[int], cap: int
 ) -> Construct | None:
@@ -106,19 +120,28 @@ def split_pair(
     return Construct(steps, suffix_starts(boundaries, len(steps), cap), ids[lo:hi], ids[hi:])
 
 
-def tails(pairs: Sequence[Construct], construct: str, text: TailText, prefix_ends_line: bool) -> list[Tail]:
+def tails(
+    pairs: Sequence[Construct],
+    construct: str,
+    text: TailText,
+    prefix_ends_line: bool,
+    at: float = 0.0,
+    window: int = 0,
+) -> list[Tail]:
     """The tails of every pair at an exit whose prefix ends a line (``prefix_ends_line``) or not, in
-    pair order (a ``suffix`` pair contributes one tail per start, each of share 1/S)."""
+    pair order (a ``suffix`` pair contributes one tail per start, each of share 1/S; with ``window``
+    W > 0, one per start of the W nearest the exit's relative position ``at``, each of share 1/W)."""
     if construct not in CONSTRUCTS:
         raise ValueError(f"credit.settings.rredcot.reference {construct!r} not in {CONSTRUCTS}")
     out: list[Tail] = []
     for p in pairs:
         answer = [(p.template, CONTEXT), (p.answer, Y)]
         if construct == "suffix":
-            for j in p.starts:
+            starts = nearest_starts(p.starts, len(p.steps), at, window)
+            for j in starts:
                 rest = p.steps[j:]
                 exit_ids = text.exit(text.ends_line(rest[-1]) if rest else prefix_ends_line)
-                out.append(Tail.of([(rest, U), (exit_ids, CONTEXT), *answer], 1.0 / len(p.starts)))
+                out.append(Tail.of([(rest, U), (exit_ids, CONTEXT), *answer], 1.0 / len(starts)))
             continue
         steps = p.steps if construct == "solution" or not p.answer else ()  # no answer: the steps are it
         out.append(Tail.of([(text.exit(prefix_ends_line), CONTEXT), (steps, U), *answer]))

@@ -150,12 +150,26 @@ def _sigma(
 
 
 def exit_tails(
-    scorer: Scorer, reference: str, pairs: Sequence[Construct], context: Sequence[int], ends: Sequence[int]
+    scorer: Scorer,
+    settings: RredcotSettings,
+    pairs: Sequence[Construct],
+    context: Sequence[int],
+    exits: Sequence[int],
+    prompt_len: int,
 ) -> list[list[Tail]]:
-    """Each exit's tails (``references.tails`` of the construct ``reference``); ``ends``: where each
-    exit's prefix ends in ``context`` (prompt ⊕ completion), so its last token is ``context[end - 1]``."""
-    by_line_end = {b: tails(pairs, reference, scorer.tail_text, b) for b in (False, True)}
-    return [by_line_end[scorer.ends_line(int(context[e - 1]))] for e in ends]
+    """Each exit's tails (``references.tails`` of the construct ``settings.reference``); ``exits``:
+    offsets in the completion, which follows ``prompt_len`` prompt tokens in ``context``, so an
+    exit's last token is ``context[prompt_len + e - 1]``; its relative position is e over the
+    completion's length without its end tokens (for ``settings.suffix_window``)."""
+    length = max(scorer.content_end(context[prompt_len:]), 1)
+
+    def at(e: int) -> list[Tail]:
+        ends_line = scorer.ends_line(int(context[prompt_len + e - 1]))
+        return tails(
+            pairs, settings.reference, scorer.tail_text, ends_line, min(e / length, 1.0), settings.suffix_window
+        )
+
+    return [at(int(e)) for e in exits]
 
 
 Found = tuple[np.ndarray, np.ndarray, np.ndarray | None]  # exits, values, log values (prob space)
@@ -171,7 +185,7 @@ def sample_values(
     if not constructs:
         return exits, np.zeros(0), None
     context = [*ctx.group.prompt_ids.tolist(), *s.completion_ids.tolist()]
-    per_exit = exit_tails(scorer, c.reference, constructs, context, [trace.prompt_len + int(e) for e in exits])
+    per_exit = exit_tails(scorer, c, constructs, context, exits.tolist(), trace.prompt_len)
     bl = branch_logprobs_fast(
         scorer.model,
         trace,

@@ -9,7 +9,17 @@ from hypothesis import strategies as st
 
 from rredcot.common.config import SegmentationConfig
 from rredcot.models.tiny import build_tiny_model
-from rredcot.redistributor.references import CONTEXT, Construct, Tail, U, Y, split_pair, suffix_starts, tails
+from rredcot.redistributor.references import (
+    CONTEXT,
+    Construct,
+    Tail,
+    U,
+    Y,
+    nearest_starts,
+    split_pair,
+    suffix_starts,
+    tails,
+)
 from rredcot.redistributor.scorer import Scorer
 
 STEPS = "2 - 1 = 1.\n1 * 4 = 4.\n4 * 3 = 12.\n"
@@ -103,3 +113,30 @@ def test_suffix_starts_keep_both_ends_and_respect_the_cap(bounds, length, cap) -
         assert set(starts) <= {0, length, *inner}
     else:
         assert starts == (0,)
+
+
+def test_nearest_starts_by_hand() -> None:
+    starts = (0, 10, 20, 40)  # relative 0, 0.25, 0.5, 1
+    assert nearest_starts(starts, 40, 0.0, 2) == (0, 10)
+    assert nearest_starts(starts, 40, 0.6, 2) == (10, 20)  # |0.25 − 0.6| = 0.35 < |1 − 0.6| = 0.4
+    assert nearest_starts(starts, 40, 0.75, 1) == (20,)  # a tie (0.5 and 1 both 0.25 away): the earlier
+    assert nearest_starts(starts, 40, 1.0, 3) == (10, 20, 40)
+    assert nearest_starts(starts, 40, 0.3, 0) == starts == nearest_starts(starts, 40, 0.3, 9)
+
+
+@given(st.lists(st.integers(0, 60), min_size=1, max_size=12, unique=True), st.floats(0, 1), st.integers(1, 14))
+def test_nearest_starts_keep_the_closest_in_order(starts, at, width) -> None:
+    starts, length = tuple(sorted(starts)), max(starts) or 1
+    kept = nearest_starts(starts, length, at, width)
+    assert list(kept) == sorted(kept) and set(kept) <= set(starts) and len(kept) == min(width, len(starts))
+    far = max(abs(k / length - at) for k in kept)
+    assert all(abs(j / length - at) >= far - 1e-12 for j in set(starts) - set(kept))
+
+
+def test_a_suffix_window_scores_the_starts_nearest_the_exit_each_of_share_one_over_w(scorer, qwen_tok) -> None:
+    (c,) = scorer.constructs([(_enc(qwen_tok, STEPS), _enc(qwen_tok, ANSWER))], SegmentationConfig().keywords, 8)
+    every = tails([c], "suffix", scorer.tail_text, True)  # 4 starts: 0, line 2, line 3, the end
+    early = tails([c], "suffix", scorer.tail_text, True, at=0.0, window=2)
+    late = tails([c], "suffix", scorer.tail_text, True, at=1.0, window=2)
+    assert [t.ids for t in early] == [t.ids for t in every[:2]] and {t.share for t in early} == {0.5}
+    assert [t.ids for t in late] == [t.ids for t in every[2:]] and {t.share for t in late} == {0.5}

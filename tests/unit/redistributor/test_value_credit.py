@@ -45,19 +45,26 @@ def credit_with_reference(tok, model, cfg: Config):
     return group, scorer, redistribute_group(group, cfg, scorer)
 
 
-def brute_log_value(model, tok, prefix: list[int], construct: str, exit_string: str) -> float:
+def brute_log_value(
+    model, tok, prefix: list[int], construct: str, exit_string: str, at: float = 0.0, window: int = 0
+) -> float:
     """log v̂ after ``prefix`` (prompt ⊕ o[:e_t]) for ``REFERENCE``, written out from text: every
     branch tokenised part by part and forwarded whole, without the trace's cache, the anchors or the
-    tail builder; log Σ_i share_i · p(scored tokens of branch i)."""
+    tail builder; log Σ_i share_i · p(scored tokens of branch i). ``window`` W > 0 (``suffix``): only
+    the W line starts whose token offset ÷ |u| lies nearest ``at``, the earlier on a tie."""
     u, template, answer = REFERENCE
     lines = u.splitlines(keepends=True)
+    starts = list(range(len(lines) + 1))
+    if window:
+        size = lambda text: len(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+        starts = sorted(sorted(starts, key=lambda j: (abs(size("".join(lines[:j])) / size(u) - at), j))[:window])
 
     def exit_after(text_ends_line: bool) -> str:
         return exit_string.lstrip("\n") if text_ends_line else exit_string
 
     after = tok.decode(prefix[-1:]).endswith("\n")
     if construct == "suffix":
-        rests = ["".join(lines[j:]) for j in range(len(lines) + 1)]
+        rests = ["".join(lines[j:]) for j in starts]
         branches = [[(r, True), (exit_after(r.endswith("\n") if r else after), False)] for r in rests]
     else:
         branches = [[(exit_after(after), False), (u if construct == "solution" else "", True)]]
@@ -74,20 +81,26 @@ def brute_log_value(model, tok, prefix: list[int], construct: str, exit_string: 
     return float(torch.logsumexp(torch.tensor(terms), 0))
 
 
-@pytest.mark.parametrize("construct", ["solution", "answer", "suffix"])
-def test_each_construct_matches_a_brute_force_recomputation(qwen_tok, qwen_model, construct) -> None:
+@pytest.mark.parametrize(("construct", "window"), [("solution", 0), ("answer", 0), ("suffix", 0), ("suffix", 2)])
+def test_each_construct_matches_a_brute_force_recomputation(qwen_tok, qwen_model, construct, window) -> None:
     """Exit values from the worker path (trace KV, anchors, tails, log-sum-exp) equal the values
-    written out from text for every construct; σ follows from them."""
+    written out from text for every construct (``suffix`` also with a window of 2 of its 3 starts);
+    σ follows from them."""
     cfg = Config()
     cfg.credit = credit_config(
-        segmentation={"segments": 3, "min_segment_tokens": 1}, value_space="log", reference=construct, baseline="none"
+        segmentation={"segments": 3, "min_segment_tokens": 1},
+        value_space="log",
+        reference=construct,
+        baseline="none",
+        suffix_window=window,
     )
     group, scorer, out = credit_with_reference(qwen_tok, qwen_model, cfg)
     prompt = group.prompt_ids.tolist()
     for w, s in zip(out.samples, group.samples, strict=True):
         comp = s.completion_ids.tolist()
+        exit_string, length = cfg.credit.scorer.exit_string, scorer.content_end(comp)
         brute = [
-            brute_log_value(qwen_model, qwen_tok, prompt + comp[:e], construct, cfg.credit.scorer.exit_string)
+            brute_log_value(qwen_model, qwen_tok, prompt + comp[:e], construct, exit_string, e / length, window)
             for e in w.exit_points
         ]
         np.testing.assert_allclose(w.exit_values, brute, atol=1e-4, rtol=0)
