@@ -11,8 +11,8 @@ plan. Under overlap the tiers share the cores, so their busy seconds grow (``con
 is that sharing and how much is scheduling (``async_vs_bound_at_async_busy``).
 ``pause_vs_step``: the generators' seconds per weight update over the learner's seconds per
 step. With ``--total N``: ``rredcot advise`` takes the async run's rates and proposes a split of N
-workers; it runs beside the default split, N − 2 generators, one redistributor and one learner
-(``advised_vs_default``; 1.0 without a run when the advice is the default). Last line: one JSON object.
+workers; it runs beside the default split, N − 2 generators, one redistributor and one learner, each
+worker one CPU (``advised_vs_default``; 1.0 without a run when the advice is the default). Last line: one JSON object.
 
     python bench/pipeline.py [--config tests,demo_cpu] [--steps 8] [--eta 2] [--total 4] [key=value ...]
 
@@ -92,10 +92,12 @@ def busy_total(r: dict[str, Any]) -> float:
 
 
 def with_split(split: Split) -> list[str]:
+    """The split's worker counts, one CPU each: N workers are N CPUs, whatever the config gives a tier."""
     return [
         f"cluster.generators={split.generator}",
         f"cluster.redistributors={split.redistributor}",
         f"cluster.learner_ranks={split.learner}",
+        *(f"cluster.cpus_per_{tier}=1" for tier in ("generator", "redistributor", "learner")),
     ]
 
 
