@@ -72,7 +72,7 @@ def test_the_value_methods_share_their_value_settings():
     assert set(ValueSettings.__dataclass_fields__) == shared
     assert set(McSettings.__dataclass_fields__) == shared | {"samples"}
     assert set(ProgressSettings.__dataclass_fields__) == {"alpha", "prover", "samples", "answer_part"}
-    assert RredcotSettings() == RredcotSettings("log", "relu", 1.0, 0.3, "uniform", False, "suffix", 8, "group", 4)
+    assert RredcotSettings() == RredcotSettings("log", "relu", 1.0, 0.3, "uniform", False, "suffix", 8, 0, "group", 4)
     assert McSettings().uniform_mix == 0.0  # λ = 0.3 was measured for rredcot's σ only (docs/study.md)
 
 
