@@ -162,14 +162,15 @@ def exit_tails(
     exit's last token is ``context[prompt_len + e - 1]``; its relative position is e over the
     completion's length without its end tokens (for ``settings.suffix_window``)."""
     length = max(scorer.content_end(context[prompt_len:]), 1)
-
-    def at(e: int) -> list[Tail]:
-        ends_line = scorer.ends_line(int(context[prompt_len + e - 1]))
-        return tails(
-            pairs, settings.reference, scorer.tail_text, ends_line, min(e / length, 1.0), settings.suffix_window
-        )
-
-    return [at(int(e)) for e in exits]
+    window = settings.suffix_window
+    built: dict[tuple[bool, float], list[Tail]] = {}  # without a window, two tail lists serve every exit
+    out = []
+    for e in exits:
+        key = (scorer.ends_line(int(context[prompt_len + e - 1])), min(e / length, 1.0) if window else 0.0)
+        if key not in built:
+            built[key] = tails(pairs, settings.reference, scorer.tail_text, *key, window)
+        out.append(built[key])
+    return out
 
 
 Found = tuple[np.ndarray, np.ndarray, np.ndarray | None]  # exits, values, log values (prob space)
