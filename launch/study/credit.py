@@ -3,8 +3,9 @@
 For each sample of a group with a non-zero advantage, on the exit points of RREDCoT's
 segmentation (the scorer's entropy, ``credit.segmentation``, ``credit.scorer``), with the run's
 RREDCoT settings (``credit.settings.rredcot``, whichever method the run used):
-- exit values and segment rewards of RREDCoT for each value construct (its ``reference``) in the
-  run's value space, and its segment rewards with the group baseline (``baseline=group``);
+- exit values and segment rewards of RREDCoT for each value construct (its ``reference``; the
+  suffix also at each window of ``STUDY_WINDOWS``) in the run's value space, and its segment
+  rewards with the group baseline (``baseline=group``);
 - each σ method's signed segment credit sgn(A)·Σ_{j∈seg} σ_j (what the learner multiplies A by):
   `grpo` (segment length), `entropy`, `top_entropy`, RREDCoT's own σ, and `progress` (its default
   settings but RREDCoT's answer part; its prover is the study's engine, the policy at the
@@ -122,26 +123,47 @@ def trace_mc(
     return outcome_mc_values(sampler, reward_fn, prompt, s, exits, m, cfg, group.answer, s.id, opened, terminal)[1]
 
 
-def rredcot_variants(group: RolloutGroup, cfg: Config, scorer: Scorer) -> dict[str, tuple[list[Any], Cost]]:
-    """RREDCoT in the run's value space for every construct (``references.CONSTRUCTS``), keyed
-    ``<construct>`` and ``<construct>+group``: each sample's credit (σ, exit points and values,
-    segment rewards) and the cost. The group baseline re-weighs the same exit values
-    (``credit_from_values``), so it costs nothing more."""
+STUDY_WINDOWS = (0, 2)  # suffix windows the study scores besides the run's own (0: every start)
+
+
+def construct_name(reference: str, window: int) -> str:
+    """A value construct's row name: the construct, and ``:w<W>`` for a suffix window W > 0."""
+    return f"{reference}:w{window}" if reference == "suffix" and window else reference
+
+
+def constructs(run: RredcotSettings, windows: tuple[int, ...] = ()) -> dict[str, dict[str, object]]:
+    """The value constructs to score, by row name, each as its settings over the run's: every
+    construct (``references.CONSTRUCTS``) at the run's suffix window, and ``suffix`` at each of
+    ``windows`` too."""
+    out: dict[str, dict[str, object]] = {c: {"reference": c} for c in CONSTRUCTS if c != "suffix"}
+    for w in sorted({run.suffix_window, *windows}):
+        out[construct_name("suffix", w)] = {"reference": "suffix", "suffix_window": w}
+    return out
+
+
+def rredcot_variants(
+    group: RolloutGroup, cfg: Config, scorer: Scorer, windows: tuple[int, ...] = ()
+) -> dict[str, tuple[list[Any], Cost]]:
+    """RREDCoT in the run's value space for every construct (``constructs``), keyed ``<construct>``
+    and ``<construct>+group``: each sample's credit (σ, exit points and values, segment rewards) and
+    the cost. The group baseline re-weighs the same exit values (``credit_from_values``), so it
+    costs nothing more."""
     out: dict[str, tuple[list[Any], Cost]] = {}
-    for construct in CONSTRUCTS:
-        wg, cost = _run(group, with_method(cfg, "rredcot", reference=construct, baseline="none"), scorer)
-        based = resolve_credit(with_method(cfg, "rredcot", reference=construct, baseline="group")).settings
+    for name, settings in constructs(rredcot_settings(cfg), windows).items():
+        wg, cost = _run(group, with_method(cfg, "rredcot", **settings, baseline="none"), scorer)
+        based = resolve_credit(with_method(cfg, "rredcot", **settings, baseline="group")).settings
         ctx = CreditContext(group, np.array([s.advantage for s in wg.samples]), cfg, scorer, settings=based)
         found = [(s.exit_points, s.exit_values.astype(np.float64), None) for s in wg.samples]
-        out[construct] = wg.samples, cost
-        out[f"{construct}+group"] = credit_from_values(ctx, found), cost
+        out[name] = wg.samples, cost
+        out[f"{name}+group"] = credit_from_values(ctx, found), cost
     return out
 
 
 def _rredcot_rows(group: RolloutGroup, cfg: Config, scorer: Scorer) -> dict[int, TraceCredit]:
     """The traces (samples with a non-zero advantage and a segment) with every RREDCoT row: exit
-    values and segment rewards per construct, baselined segment rewards, and the run's own σ."""
-    variants = rredcot_variants(group, cfg, scorer)
+    values and segment rewards per construct (the suffix at ``STUDY_WINDOWS`` too), baselined
+    segment rewards, and the run's own σ."""
+    variants = rredcot_variants(group, cfg, scorer, STUDY_WINDOWS)
     first = next(iter(variants.values()))[0]
     traces = {
         i: TraceCredit(group.group_id, i, s.advantage, s.rollout.reward, len(s.sigma), s.exit_points.astype(np.int64))
@@ -149,7 +171,7 @@ def _rredcot_rows(group: RolloutGroup, cfg: Config, scorer: Scorer) -> dict[int,
         if s.advantage and len(s.exit_points) > 1
     }
     run = rredcot_settings(cfg)
-    own = run.reference + ("+group" if run.baseline == "group" else "")
+    own = construct_name(run.reference, run.suffix_window) + ("+group" if run.baseline == "group" else "")
     for name, (credits, cost) in variants.items():
         for i, tr in traces.items():
             c = credits[i]

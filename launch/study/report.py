@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ POSITION_BINS = 5  # relative exit position quintiles for the correlation-vs-pos
 
 SIGNS = ("all", "A>0", "A<0")  # every trace, the credited (correct) ones, the blamed (wrong) ones
 PAIRED_AGAINST = "entropy"  # the method every other is compared with, trace by trace
+WINDOW_ROW = re.compile(r"^rredcot:suffix:w\d+")  # a suffix construct at a window, paired with every start
 
 
 @dataclass
@@ -61,6 +63,12 @@ def paired_agreement(traces: list[TraceCredit], method: str, against: str) -> In
     """Per trace, ``method``'s Spearman with MC's segment rewards less ``against``'s, clustered."""
     a, b = (_per_trace(traces, m, "segment_scores") for m in (method, against))
     return paired_interval([x[0] for x in a], [x[0] for x in b], [t.group_id for t in traces])
+
+
+def every_start(method: str) -> str:
+    """The row a windowed suffix row (``rredcot:suffix:w2+group``) is paired with: the same
+    construct and baseline at every start (``rredcot:suffix+group``)."""
+    return WINDOW_ROW.sub("rredcot:suffix", method)
 
 
 def half_agreement(traces: list[TraceCredit]) -> Interval:
@@ -112,6 +120,9 @@ def _by_sign(traces: list[TraceCredit]) -> dict[str, Any]:
         "segment_rewards": {m: asdict(agreement(traces, m, "segment_scores")) for m in methods},
         "paired": {
             m: asdict(paired_agreement(traces, m, PAIRED_AGAINST)) for m in methods if PAIRED_AGAINST in methods
+        },
+        "paired_windows": {
+            m: asdict(paired_agreement(traces, m, every_start(m))) for m in methods if WINDOW_ROW.match(m)
         },
         "half_agreement": asdict(halves),
         "ceiling": noise_ceiling(halves.mean),
@@ -233,7 +244,8 @@ def write_report(traces: list[TraceCredit], meta: dict[str, Any], out: Path) -> 
         "a prompt and a policy sample). Traces where either series is constant are excluded (counted). "
         "**Ceiling**: two disjoint halves of each exit's continuations agree with ρ_half (test-retest); a method "
         "that knew the true segment rewards would reach √(2ρ_half / (1 + ρ_half)) against the full MC "
-        f"(Spearman–Brown); `÷ ceiling` is a method's ρ over it. **Paired**: per trace, ρ less `{PAIRED_AGAINST}`'s.",
+        f"(Spearman–Brown); `÷ ceiling` is a method's ρ over it. **Paired**: per trace, ρ less `{PAIRED_AGAINST}`'s; "
+        "a suffix window's rows (`suffix:wW`) are also paired with the same construct at every start.",
         "",
     ]
     for sign, table in s["by_sign"].items():
@@ -248,6 +260,10 @@ def write_report(traces: list[TraceCredit], meta: dict[str, Any], out: Path) -> 
         ]
         lines += [_row(m, table, table["ceiling"]) for m in table["segment_rewards"]]
         lines.append("")
+        if table["paired_windows"]:
+            lines += ["| suffix window, paired with every start | Spearman difference |", "|---|---|"]
+            lines += [f"| {m} − {every_start(m)} | {Interval(**d)} |" for m, d in table["paired_windows"].items()]
+            lines.append("")
     lines += ["## Exit values vs MC", "", "| method | Spearman | Kendall | excluded |", "|---|---|---|---:|"]
     for m, a in s["exit_values"].items():
         rho, tau = Interval(**a["spearman"]), Interval(**a["kendall"])

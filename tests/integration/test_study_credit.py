@@ -21,7 +21,7 @@ def test_study_credit_writes_the_report(tmp_path) -> None:
     assert summary["traces"] >= 2 and summary["checkpoint"] == "tiny-qwen3-arith" and summary["mc_samples"] == 4
     table = summary["by_sign"]["all"]
     methods = set(table["segment_rewards"])
-    constructs = {"rredcot:solution", "rredcot:answer", "rredcot:suffix"}
+    constructs = {"rredcot:solution", "rredcot:answer", "rredcot:suffix", "rredcot:suffix:w2"}
     assert constructs | {f"{c}+group" for c in constructs} | {"rredcot:sigma", "grpo", "entropy"} <= methods
     assert {"top_entropy", "progress"} <= methods
     assert set(summary["exit_values"]) == constructs
@@ -29,6 +29,7 @@ def test_study_credit_writes_the_report(tmp_path) -> None:
         for stat in agreement.values():
             assert stat["n"] + stat["excluded"] == summary["traces"]
             assert math.isnan(stat["mean"]) or -1 <= stat["mean"] <= 1
+    assert set(table["paired_windows"]) == {"rredcot:suffix:w2", "rredcot:suffix:w2+group"}
     entropy_vs_itself = table["paired"]["entropy"]
     assert set(table["paired"]) == methods and (entropy_vs_itself["n"] == 0 or entropy_vs_itself["mean"] == 0)
     assert {t for t in summary["by_sign"]} <= {"all", "A>0", "A<0"} and len(summary["by_sign"]) >= 2

@@ -1,7 +1,9 @@
-"""The study's signed segment credit of a σ method, by hand; its MC at a terminal answer part."""
+"""The study's signed segment credit of a σ method, by hand; its MC at a terminal answer part; its
+RREDCoT rows equal the configured runs."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -10,9 +12,10 @@ from hypothesis import strategies as st
 
 from rredcot.common.config import Config, ScorerConfig
 from rredcot.common.sampling import ContinuationRequest, seed_of
-from rredcot.launch.study.credit import MC, rredcot_variants, segment_credit, study_group
+from rredcot.launch.study.credit import MC, constructs, rredcot_variants, segment_credit, study_group
 from rredcot.models.tiny import build_tiny_model
 from rredcot.redistributor.credit import redistribute_group
+from rredcot.redistributor.methods import RredcotSettings
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.value_credit import outcome_mc_values
 from tests.unit.redistributor.cases import TRACES, credit_config, make_group
@@ -87,7 +90,7 @@ def test_terminal_mc_never_continues_a_finished_completion(qwen_tok) -> None:
         assert t.mc_rewards.tolist() == [[0.5, 0.5]] * len(scored) + [[s.reward] * 2]
         assert t.mc_stderr.tolist() == [0.0] * len(t.exits)
         assert t.cost[MC].tokens == 2 * len(scored)  # one token per continuation, none at L
-        assert t.values.keys() - {MC} == {"rredcot:solution", "rredcot:answer", "rredcot:suffix"}
+        assert t.values.keys() - {MC} == {"rredcot:solution", "rredcot:answer", "rredcot:suffix", "rredcot:suffix:w2"}
         assert all(t.values[f"rredcot:{c}"][-1] == s.reward for c in ("solution", "answer", "suffix"))
     assert not any(r.prefix[-1] == qwen_tok.convert_tokens_to_ids("<|im_end|>") for r in sampler.requests)
 
@@ -125,13 +128,18 @@ def test_rredcot_variants_equal_the_configured_runs(qwen_tok) -> None:
     scorer = Scorer(build_tiny_model("qwen3", seed=3), qwen_tok, ScorerConfig().exit_string)
     cfg = Config()
     cfg.credit = credit_config(segmentation={"segments": 3, "min_segment_tokens": 1})
-    variants = rredcot_variants(group, cfg, scorer)
-    assert set(variants) == {"solution", "answer", "suffix", "solution+group", "answer+group", "suffix+group"}
+    variants = rredcot_variants(group, cfg, scorer, windows=(1,))
+    rows = {"solution", "answer", "suffix", "suffix:w1"}
+    assert set(variants) == rows | {f"{r}+group" for r in rows}
     for name, (credits, cost) in variants.items():
-        construct, _, baseline = name.partition("+")
+        row, _, baseline = name.partition("+")
+        construct, _, window = row.partition(":w")
         configured = Config()
         configured.credit = credit_config(
-            segmentation={"segments": 3, "min_segment_tokens": 1}, reference=construct, baseline=baseline or "none"
+            segmentation={"segments": 3, "min_segment_tokens": 1},
+            reference=construct,
+            baseline=baseline or "none",
+            suffix_window=int(window or 0),
         )
         expected = redistribute_group(group, configured, scorer).samples
         for got, want in zip(credits, expected, strict=True):
@@ -139,3 +147,17 @@ def test_rredcot_variants_equal_the_configured_runs(qwen_tok) -> None:
             np.testing.assert_allclose(got.sigma, want.sigma, atol=1e-5)
             np.testing.assert_allclose(got.segment_rewards, want.segment_rewards, atol=1e-4)
         assert cost.tokens > 0
+
+
+def test_constructs_score_the_suffix_at_the_run_window_and_each_study_window() -> None:
+    """Every construct at the run's window, the suffix at each asked window too, named ``suffix:wW``
+    (``suffix`` is every start)."""
+    every = RredcotSettings()
+    assert constructs(every) == {
+        "solution": {"reference": "solution"},
+        "answer": {"reference": "answer"},
+        "suffix": {"reference": "suffix", "suffix_window": 0},
+    }
+    windowed = dataclasses.replace(every, suffix_window=3)
+    assert list(constructs(windowed, (0, 2))) == ["solution", "answer", "suffix", "suffix:w2", "suffix:w3"]
+    assert constructs(windowed, (0, 2))["suffix:w3"] == {"reference": "suffix", "suffix_window": 3}

@@ -11,6 +11,7 @@ from rredcot.launch.study.credit import MC, Cost, TraceCredit
 from rredcot.launch.study.report import (
     agreement,
     costs,
+    every_start,
     half_agreement,
     paired_agreement,
     position_correlation,
@@ -108,3 +109,19 @@ def test_signs_pairs_and_the_test_retest_agreement_by_hand():
     assert paired_agreement(plus, "signed", "entropy").mean == pytest.approx(1 - entropy.mean)
     halves = half_agreement(traces)
     assert halves.n > 0 and halves.mean == pytest.approx(1)
+
+
+def test_a_windowed_suffix_row_is_paired_with_the_same_row_at_every_start(traces, tmp_path):
+    """``rredcot:suffix:w2+group`` copies MC and ``rredcot:suffix+group`` reverses it: the paired
+    difference is +2 per trace; rows without a window are not paired this way."""
+    assert every_start("rredcot:suffix:w2+group") == "rredcot:suffix+group"
+    assert every_start("rredcot:suffix:w12") == "rredcot:suffix"
+    for t in traces:
+        t.segment_scores["rredcot:suffix:w2+group"] = t.segment_scores["same"]
+        t.segment_scores["rredcot:suffix+group"] = t.segment_scores["reversed"]
+    paired = summarize(traces, META)["by_sign"]["all"]["paired_windows"]
+    assert set(paired) == {"rredcot:suffix:w2+group"}
+    assert paired["rredcot:suffix:w2+group"]["mean"] == pytest.approx(2) and paired["rredcot:suffix:w2+group"]["n"] == 6
+    assert (
+        "| rredcot:suffix:w2+group − rredcot:suffix+group | +2.000" in write_report(traces, META, tmp_path).read_text()
+    )
