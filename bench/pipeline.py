@@ -11,8 +11,10 @@ plan. Under overlap the tiers share the cores, so their busy seconds grow (``con
 is that sharing and how much is scheduling (``async_vs_bound_at_async_busy``).
 ``pause_vs_step``: the generators' seconds per weight update over the learner's seconds per
 step. With ``--total N``: ``rredcot advise`` takes the async run's rates and proposes a split of N
-workers; it runs beside the default split, N − 2 generators, one redistributor and one learner, each
-worker one CPU (``advised_vs_default``; 1.0 without a run when the advice is the default). Last line: one JSON object.
+workers, its workers sharing this machine's cores (so on a tie, such as the core budget binding every
+split, it keeps the default); it runs beside the default split, N − 2 generators, one redistributor and
+one learner, each worker one CPU (``advised_vs_default``; 1.0 without a run when the advice is the
+default). Last line: one JSON object.
 
     python bench/pipeline.py [--config tests,demo_cpu] [--steps 8] [--eta 2] [--total 4] [key=value ...]
 
@@ -103,9 +105,9 @@ def with_split(split: Split) -> list[str]:
 
 def advised(args: argparse.Namespace, config: str, base: list[str], url: str, root: str) -> dict[str, Any]:
     """The advisor's split of ``--total`` workers from the async run's rates, run beside the default."""
-    rates, _, _, _ = run_rates(Path(root) / f"{config}-async")
-    best = advise(args.total, rates, scorer=True)[0]
+    rates, _, _, _ = run_rates(Path(root) / f"{config}-async", cores=os.cpu_count() or 1)
     default = Split(args.total - 2, 1, 1)
+    best = advise(args.total, rates, scorer=True, keep=default)[0]
     out: dict[str, Any] = {"advised_split": str(best.split), "default_split": str(default)}
     out["advised_predicted_vs_default"] = best.samples_per_s / predict(default, rates).samples_per_s
     if best.split == default:

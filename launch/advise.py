@@ -5,10 +5,13 @@ A small model of the pipeline: three tiers in a row, each of ``n`` workers that 
 runs at the slowest tier's capacity, ``min(n_g·r_g, n_r·r_r, n_l·r_l)``; with η = 0 generation and
 training alternate, so their times per sample add (the redistributor overlaps the generators as it
 reads their stream). Learner ranks are taken to scale linearly (data parallel), which is optimistic
-past a node. The rates come from a run (its own workers' counters: samples over the seconds they
-were not waiting for another tier, ``launch/timeline.py``), or from a model size, a completion
-length and a GPU's peak (``paper_rates``): decoding is bound by memory bandwidth (weights and the
-KV cache read once per step of the batch), scoring and training by compute at a utilisation.
+past a node. Workers that share cores (a CPU box) meet one more bound: every worker's CPU seconds per
+trained sample, summed, cannot exceed the cores; more workers there add no compute. The rates come
+from a run (its own workers' counters: samples over the seconds they were not waiting for another
+tier, ``launch/timeline.py``; the generators' counted in trained samples, at the run's yield after
+filtering), or from a model size, a completion length and a GPU's peak (``paper_rates``): decoding is
+bound by memory bandwidth (weights and the KV cache read once per step of the batch), scoring and
+training by compute at a utilisation.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 TIERS = ("generator", "redistributor", "learner")
+CORES = "cores"  # the bound of workers that share cores
 COUNTS = {"generator": "samples", "redistributor": "rollouts", "learner": "samples_consumed"}
 
 
@@ -31,6 +35,8 @@ class Rates:
     redistributor: float
     learner: float
     overlap: bool = True  # η ≥ 1: the tiers run at once
+    cpu_per_sample: float = 0.0  # every worker's CPU seconds per trained sample (0: not measured)
+    cores: float = 0.0  # cores all workers share (0: each unit has its own device)
 
     def of(self, tier: str) -> float:
         return getattr(self, tier)
@@ -53,12 +59,13 @@ class Split:
 class Prediction:
     split: Split
     samples_per_s: float
-    bound: str  # the tier at its capacity
-    busy: dict[str, float]  # each tier's share of time at work at that throughput
+    bound: str  # the tier at its capacity, or ``CORES``
+    busy: dict[str, float]  # each tier's share of time at work at that throughput (and the cores')
 
 
 def predict(split: Split, rates: Rates) -> Prediction:
-    """Samples/s of ``split`` under ``rates``; the bounding tier and every tier's utilisation."""
+    """Samples/s of ``split`` under ``rates``; the bound (a tier, or the shared cores) and every
+    tier's utilisation."""
     capacity = {t: split.of(t) * rates.of(t) for t in TIERS if split.of(t) > 0}
     if rates.overlap:
         x = min(capacity.values())
@@ -66,6 +73,10 @@ def predict(split: Split, rates: Rates) -> Prediction:
         x = 1.0 / (1.0 / capacity["generator"] + 1.0 / capacity["learner"])
         x = min(x, capacity.get("redistributor", math.inf))
     bound = min(capacity, key=capacity.get)
+    if rates.cores and rates.cpu_per_sample:
+        capacity[CORES] = rates.cores / rates.cpu_per_sample
+        if capacity[CORES] < x:
+            x, bound = capacity[CORES], CORES
     return Prediction(split, x, bound, {t: x / c for t, c in capacity.items()})
 
 
@@ -80,16 +91,29 @@ def splits(total: int, scorer: bool) -> list[Split]:
     return out
 
 
-def advise(total: int, rates: Rates, scorer: bool, top: int = 5) -> list[Prediction]:
-    """The ``top`` splits of ``total`` units by predicted samples/s (fewer generators first on a tie)."""
-    ranked = sorted((predict(s, rates) for s in splits(total, scorer)), key=lambda p: (-p.samples_per_s, str(p.split)))
+def moved(split: Split, own: Split | None) -> int:
+    """How far ``split`` is from ``own``: the tiers' unit differences, summed (0 without ``own``)."""
+    return sum(abs(split.of(t) - own.of(t)) for t in TIERS) if own else 0
+
+
+def advise(total: int, rates: Rates, scorer: bool, top: int = 5, keep: Split | None = None) -> list[Prediction]:
+    """The ``top`` splits of ``total`` units by predicted samples/s; on a tie (a bound no split moves,
+    such as shared cores) the one closest to ``keep``, then fewer generators first."""
+    ranked = sorted(
+        (predict(s, rates) for s in splits(total, scorer)),
+        key=lambda p: (-p.samples_per_s, moved(p.split, keep), str(p.split)),
+    )
     return ranked[:top]
 
 
-def measured_rates(history: list[dict[str, Any]], cfg: dict[str, Any]) -> tuple[Rates, Split, float]:
+def measured_rates(
+    history: list[dict[str, Any]], cfg: dict[str, Any], cores: float = 0.0
+) -> tuple[Rates, Split, float]:
     """Per-unit rates from a run's history (``report/metrics.jsonl``), the run's own split (in units:
     GPUs where the tier has them, else workers) and its measured samples/s (what the learner consumed
-    over its observed window)."""
+    over its observed window). The generators' rate counts the samples that reached the learner (the
+    run's yield: groups filtered as uniform or rejected as stale never do); every worker's CPU seconds
+    (``cpu_s``, the evaluator's too) per trained sample go with ``cores``, the cores they shared."""
     cluster = cfg["cluster"]
     per_unit = {t: cluster[f"gpus_per_{t}"] or 1.0 for t in TIERS}
     count = {
@@ -113,15 +137,27 @@ def measured_rates(history: list[dict[str, Any]], cfg: dict[str, Any]) -> tuple[
         working[w.tier] += sum(s for n, s in w.seconds.items() if n not in WAITS[w.tier])
     if not all(working.values()):
         raise ValueError("the run's history has no interval of work for every tier: let it run a few steps")
+    if done["generator"] > done["learner"]:  # the generators' samples in trained ones
+        done["generator"] = done["learner"]
     rate = {t: done[t] / working[t] / per_unit[t] for t in TIERS}  # per worker-second, then per unit
     window = max(w.times[-1] - w.times[0] for w in timelines if w.tier == "learner")
     measured = done["learner"] / window if window > 0 else 0.0
     own = Split(*(round(count[t] * per_unit[t]) for t in TIERS))
-    return Rates(rate["generator"], rate["redistributor"], rate["learner"], cfg["staleness"]["eta"] >= 1), own, measured
+    cpu = sum(last[w]["values"].get("cpu_s", 0.0) - first[w]["values"].get("cpu_s", 0.0) for w in last)
+    rates = Rates(
+        rate["generator"],
+        rate["redistributor"],
+        rate["learner"],
+        cfg["staleness"]["eta"] >= 1,
+        cpu / done["learner"] if done["learner"] else 0.0,
+        cores,
+    )
+    return rates, own, measured
 
 
-def run_rates(run_dir: Path) -> tuple[Rates, Split, float, dict[str, Any]]:
-    """``measured_rates`` of the run in ``run_dir`` (its ``report/metrics.jsonl`` and ``config.yaml``)."""
+def run_rates(run_dir: Path, cores: float = 0.0) -> tuple[Rates, Split, float, dict[str, Any]]:
+    """``measured_rates`` of the run in ``run_dir`` (its ``report/metrics.jsonl`` and ``config.yaml``),
+    its workers sharing ``cores``."""
     from omegaconf import OmegaConf
 
     from rredcot.launch.report import HISTORY_FILE, read_history
@@ -130,7 +166,7 @@ def run_rates(run_dir: Path) -> tuple[Rates, Split, float, dict[str, Any]]:
     if not history_file.is_file():
         raise FileNotFoundError(f"{history_file} not found: a run of this version saves it as it goes")
     cfg = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
-    rates, own, measured = measured_rates(read_history(history_file), cfg)
+    rates, own, measured = measured_rates(read_history(history_file), cfg, cores)
     return rates, own, measured, cfg
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import importlib.util
+import os
 import re
 import runpy
 import sys
@@ -107,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
     advise.add_argument("--completion", type=int, default=25000, help="mean completion tokens (25000)")
     advise.add_argument("--scored", type=float, default=0.0, help="extra tokens the scorer runs per sample (0: GRPO)")
     advise.add_argument("--sync", action="store_true", help="staleness.eta = 0: generation and training alternate")
+    advise.add_argument(
+        "--cores",
+        type=float,
+        default=None,
+        help="cores the workers share (a CPU run: this machine's; 0: each unit has its own device)",
+    )
     _add_debug(study := sub.add_parser("study", help="measure credit methods (docs/study.md)"))
     study_sub = study.add_subparsers(dest="action", required=True, metavar="ACTION")
     _add_config_args(credit := study_sub.add_parser("credit", help="every credit method against MC on a policy"))
@@ -256,6 +264,8 @@ def _call_advise(args: argparse.Namespace) -> int:
         except (FileNotFoundError, ValueError) as e:
             raise UserError(str(e)) from None
         on_cpu = not any(cfg["cluster"][f"gpus_per_{t}"] for t in a.TIERS)
+        cores = args.cores if args.cores is not None else (os.cpu_count() or 1) if on_cpu else 0.0
+        rates = dataclasses.replace(rates, cores=cores)
         scorer = on_cpu or bool(cfg["cluster"]["gpus_per_redistributor"])
         total = args.total or own_split.generator + own_split.redistributor + own_split.learner
         own = a.predict(own_split, rates)
@@ -285,7 +295,13 @@ def _call_advise(args: argparse.Namespace) -> int:
         f"per {unit} samples/s: generator {rates.generator:.3g}, redistributor {rates.redistributor:.3g}, "
         f"learner {rates.learner:.3g} ({'overlapped' if rates.overlap else 'alternating'} tiers)"
     )
-    print(a.table(a.advise(total, rates, scorer), own, measured))
+    if rates.cores and rates.cpu_per_sample:
+        print(
+            f"shared cores: {rates.cores:g}, at {rates.cpu_per_sample:.3g} CPU s per trained sample (every worker): "
+            f"at most {rates.cores / rates.cpu_per_sample:.3g} samples/s whatever the split"
+        )
+    keep = own.split if own else None
+    print(a.table(a.advise(total, rates, scorer, keep=keep), own, measured))
     return 0
 
 

@@ -36,18 +36,40 @@ def test_every_split_is_searched_and_the_best_is_the_brute_force_best():
     assert best.samples_per_s == brute[0] == 3.5 and best.split == Split(7, 1, 2) and best.bound == "generator"
 
 
+def counted(history: list[dict], counts: list[float], cpu: list[float]) -> list[dict]:
+    """``history`` with each report's tier counter and CPU seconds set."""
+    for p, count, seconds in zip(history, counts, cpu, strict=True):
+        key = {"generator": "samples", "redistributor": "rollouts", "learner": "samples_consumed"}[p["tier"]]
+        p["values"][key], p["values"]["cpu_s"] = float(count), seconds
+    return history
+
+
 def test_rates_measured_from_a_runs_own_counters():
     """The timeline's pipeline over 10 s: the generator made 8 samples in 10 s of work (never waiting),
-    the redistributor scored 8 in 2 s, the learner consumed 6 in its 4 s of work (10 s less 6 waiting)."""
-    history = pipeline_waiting_for_generation()
-    for p, count in zip(history, [0, 0, 0, 8, 8, 6]):
-        key = {"generator": "samples", "redistributor": "rollouts", "learner": "samples_consumed"}[p["tier"]]
-        p["values"][key] = float(count)
+    of which 6 reached the learner (a uniform group filtered: 0.6 trained samples/s); the
+    redistributor scored 8 in 2 s, the learner consumed 6 in its 4 s of work (10 s less 6 waiting).
+    The workers spent 9 + 2 + 4 CPU seconds: 2.5 per trained sample."""
+    history = counted(pipeline_waiting_for_generation(), [0, 0, 0, 8, 8, 6], [1.0, 1.0, 1.0, 10.0, 3.0, 5.0])
     cfg = to_dict(load_config("tests", ["staleness.eta=1"]))
-    rates, own, measured = measured_rates(history, cfg)
-    assert rates == Rates(generator=0.8, redistributor=4.0, learner=1.5, overlap=True)
+    rates, own, measured = measured_rates(history, cfg, cores=2)
+    assert rates == Rates(0.6, 4.0, 1.5, overlap=True, cpu_per_sample=2.5, cores=2)
     assert own == Split(1, 1, 1) and measured == pytest.approx(0.6)
     assert predict(own, rates).bound == "generator"
+
+
+def test_shared_cores_bound_every_split_and_the_advice_keeps_the_run_split():
+    """Capacities 2 / 4 / 3 at 2:1:1, but 2 cores at 1.25 CPU s a sample allow 1.6 samples/s: the cores
+    bound it. Of 5 units, 2:1:2, 2:2:1 and 3:1:1 all reach the cores' 1.6: the advisor keeps the
+    split it was given, or moves the fewest units from it. Without the cores, 3:1:1 (3 / 4 / 3) wins."""
+    rates = Rates(generator=1.0, redistributor=4.0, learner=3.0, cpu_per_sample=1.25, cores=2)
+    p = predict(Split(2, 1, 1), rates)
+    assert p.samples_per_s == pytest.approx(1.6) and p.bound == "cores" and p.busy["cores"] == pytest.approx(1.0)
+    assert p.busy["generator"] == pytest.approx(0.8)
+    ranked = advise(5, rates, scorer=True, keep=Split(2, 1, 2))
+    assert [p.split for p in ranked[:3]] == [Split(2, 1, 2), Split(2, 2, 1), Split(3, 1, 1)]
+    assert all(p.samples_per_s == pytest.approx(1.6) and p.bound == "cores" for p in ranked[:3])
+    assert advise(5, rates, scorer=True, keep=Split(1, 1, 3))[0].split == Split(2, 1, 2)  # one unit moved
+    assert advise(5, Rates(1.0, 4.0, 3.0), scorer=True)[0].split == Split(3, 1, 1)
 
 
 def test_paper_rates_by_hand():
@@ -65,17 +87,18 @@ def test_paper_rates_by_hand():
 
 def test_advise_command_on_a_run_and_on_paper(tmp_path, capsys):
     (tmp_path / "report").mkdir()
-    history = pipeline_waiting_for_generation()
-    for p, count in zip(history, [0, 0, 0, 8, 8, 6]):
-        key = {"generator": "samples", "redistributor": "rollouts", "learner": "samples_consumed"}[p["tier"]]
-        p["values"][key] = float(count)
+    history = counted(pipeline_waiting_for_generation(), [0, 0, 0, 8, 8, 6], [1.0, 1.0, 1.0, 10.0, 3.0, 5.0])
     (tmp_path / "report" / "metrics.jsonl").write_text("".join(json.dumps(p) + "\n" for p in history))
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(to_dict(load_config("tests"))))
-    assert main(["advise", str(tmp_path), "--total", "5"]) == 0
+    assert main(["advise", str(tmp_path), "--total", "5", "--cores", "0"]) == 0
     out = capsys.readouterr().out
-    assert "generator 0.8, redistributor 4, learner 1.5" in out
-    assert out.splitlines()[2].startswith("2:1:2 ") and "1:1:1 (this run)" in out
-    assert "this run measured 0.6 samples/s; the model predicts 0.8 for its split" in out
+    assert "generator 0.6, redistributor 4, learner 1.5" in out and "shared cores" not in out
+    assert out.splitlines()[2].startswith("3:1:1 ") and "1:1:1 (this run)" in out
+    assert "this run measured 0.6 samples/s; the model predicts 0.6 for its split" in out
+    assert main(["advise", str(tmp_path), "--total", "5", "--cores", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "shared cores: 2, at 2.5 CPU s per trained sample (every worker): at most 0.8 samples/s" in out
+    assert out.splitlines()[3].startswith("2:1:2 ") and " cores " in out.splitlines()[3]  # 0.8: the cores bind
     assert (
         main(["advise", "--params", "4e9", "--layers", "36", "--heads", "32", "--kv-heads", "8", "--total", "8"]) == 0
     )
