@@ -35,7 +35,7 @@ from typing import Any
 from rredcot.common.config import load_config
 from rredcot.common.control import RunControl
 from rredcot.common.streams import connect
-from rredcot.launch.advise import Split, advise, predict, run_rates
+from rredcot.launch.advise import TIERS, Split, advise, predict, run_rates
 from rredcot.launch.driver import train
 from rredcot.launch.services import EmbeddedRedis
 
@@ -99,7 +99,7 @@ def with_split(split: Split) -> list[str]:
         f"cluster.generators={split.generator}",
         f"cluster.redistributors={split.redistributor}",
         f"cluster.learner_ranks={split.learner}",
-        *(f"cluster.cpus_per_{tier}=1" for tier in ("generator", "redistributor", "learner")),
+        *(f"cluster.cpus_per_{tier}=1" for tier in TIERS),
     ]
 
 

@@ -264,8 +264,10 @@ def _call_advise(args: argparse.Namespace) -> int:
         except (FileNotFoundError, ValueError) as e:
             raise UserError(str(e)) from None
         on_cpu = not any(cfg["cluster"][f"gpus_per_{t}"] for t in a.TIERS)
-        cores = args.cores if args.cores is not None else (os.cpu_count() or 1) if on_cpu else 0.0
-        rates = dataclasses.replace(rates, cores=cores)
+        if args.cores is not None:
+            rates = dataclasses.replace(rates, cores=args.cores)
+        elif on_cpu:  # a CPU run's workers share this machine's cores
+            rates = dataclasses.replace(rates, cores=os.cpu_count() or 1)
         scorer = on_cpu or bool(cfg["cluster"]["gpus_per_redistributor"])
         total = args.total or own_split.generator + own_split.redistributor + own_split.learner
         own = a.predict(own_split, rates)

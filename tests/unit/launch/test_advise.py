@@ -9,7 +9,18 @@ import pytest
 import yaml
 
 from rredcot.common.config import load_config, to_dict
-from rredcot.launch.advise import Gpu, Rates, Split, Workload, advise, measured_rates, paper_rates, predict, splits
+from rredcot.launch.advise import (
+    COUNTS,
+    Gpu,
+    Rates,
+    Split,
+    Workload,
+    advise,
+    measured_rates,
+    paper_rates,
+    predict,
+    splits,
+)
 from rredcot.launch.cli import main
 from tests.unit.launch.test_timeline import pipeline_waiting_for_generation
 
@@ -39,8 +50,7 @@ def test_every_split_is_searched_and_the_best_is_the_brute_force_best():
 def counted(history: list[dict], counts: list[float], cpu: list[float]) -> list[dict]:
     """``history`` with each report's tier counter and CPU seconds set."""
     for p, count, seconds in zip(history, counts, cpu, strict=True):
-        key = {"generator": "samples", "redistributor": "rollouts", "learner": "samples_consumed"}[p["tier"]]
-        p["values"][key], p["values"]["cpu_s"] = float(count), seconds
+        p["values"][COUNTS[p["tier"]]], p["values"]["cpu_s"] = float(count), seconds
     return history
 
 
