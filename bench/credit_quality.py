@@ -32,7 +32,7 @@ from rredcot.common.codec import encode  # noqa: E402
 from rredcot.common.config import Config, load_config  # noqa: E402
 from rredcot.common.precision import cpu_info  # noqa: E402
 from rredcot.common.records import RolloutGroup  # noqa: E402
-from rredcot.launch.study.credit import rredcot_settings, rredcot_variants, with_method  # noqa: E402
+from rredcot.launch.study.credit import construct_name, rredcot_settings, rredcot_variants, with_method  # noqa: E402
 from rredcot.launch.study.slips import (  # noqa: E402
     Format,
     LabelledTrace,
@@ -65,8 +65,9 @@ def group_sigmas(
         out[f"rredcot_{construct}_{baseline or 'none'}"] = [c.sigma for c in credits]
         tokens[f"rredcot_{construct}"] = cost.tokens
     own = rredcot_settings(cfg)
-    out["rredcot"] = out[f"rredcot_{own.reference}_{own.baseline}"]  # the config's own
-    tokens["rredcot"] = tokens[f"rredcot_{own.reference}"]
+    name = construct_name(own.reference, own.suffix_window)
+    out["rredcot"] = out[f"rredcot_{name}_{own.baseline}"]  # the config's own
+    tokens["rredcot"] = tokens[f"rredcot_{name}"]
     return out, tokens
 
 
