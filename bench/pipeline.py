@@ -64,15 +64,17 @@ def run(config: str, overrides: list[str], url: str, name: str, root: str) -> di
         t = tiers.setdefault(str(values["tier"]), {"busy_s": 0.0, "cpu_s": 0.0})
         t["busy_s"] += float(values.get(BUSY[str(values["tier"])], 0.0))
         t["cpu_s"] += float(values.get("cpu_s", 0.0))
-    learner = next(v for v in snaps.values() if v["tier"] == "learner")
+    ranks = [v for v in snaps.values() if v["tier"] == "learner"]  # rank 0 first (sorted names)
+    learner = ranks[0]
     gens = [v for v in snaps.values() if v["tier"] == "generator"]
     updates = sum(float(v.get("weight_updates", 0.0)) for v in gens)
-    loop_s = float(learner["busy_s"]) + float(learner["wait_s"])
+    loop_s = max(float(r["busy_s"]) + float(r["wait_s"]) for r in ranks)
     return {
         "wall_s": wall,
         "loop_s": loop_s,
-        "samples_per_s": float(learner["samples_consumed"]) / loop_s,
-        "idle_frac": float(learner["idle_frac"]),
+        # each rank counts its own share of a batch: the ranks' sum is what the learner trained
+        "samples_per_s": sum(float(r["samples_consumed"]) for r in ranks) / loop_s,
+        "idle_frac": sum(float(r["idle_frac"]) for r in ranks) / len(ranks),
         "step_s": float(learner["busy_s"]) / max(float(learner["step"]), 1.0),
         "broadcast_s": float(learner["broadcast_s_total"]) / max(float(learner["version"]), 1.0),
         "tiers": tiers,
