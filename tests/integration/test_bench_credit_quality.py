@@ -33,5 +33,7 @@ def test_the_slip_bench_scores_every_method_and_prints_its_json_line() -> None:
     for method in ("grpo", "entropy", "top_entropy", "rredcot", "rredcot_suffix:w2_group", "rredcot_answer_none"):
         assert 0 <= result[f"{method}_slip_top1"] <= 1 and 0 <= result[f"{method}_slip_blame"] <= 1
     tokens = {c: result[f"rredcot_{c}_scorer_tokens_per_sample"] for c in ("answer", "solution", "suffix:w2")}
-    assert 0 < tokens["answer"] < tokens["solution"] and tokens["suffix:w2"] == result["rredcot_scorer_tokens_per_sample"]
+    assert (
+        0 < tokens["answer"] < tokens["solution"] and tokens["suffix:w2"] == result["rredcot_scorer_tokens_per_sample"]
+    )
     assert "window 2" in out
