@@ -65,9 +65,9 @@ def group_sigmas(
         out[f"rredcot_{construct}_{baseline or 'none'}"] = [c.sigma for c in credits]
         tokens[f"rredcot_{construct}"] = cost.tokens
     own = rredcot_settings(cfg)
-    name = construct_name(own.reference, own.suffix_window)
-    out["rredcot"] = out[f"rredcot_{name}_{own.baseline}"]  # the config's own
-    tokens["rredcot"] = tokens[f"rredcot_{name}"]
+    own_row = construct_name(own.reference, own.suffix_window)  # not the loop's last ``name``
+    out["rredcot"] = out[f"rredcot_{own_row}_{own.baseline}"]  # the config's own
+    tokens["rredcot"] = tokens[f"rredcot_{own_row}"]
     return out, tokens
 
 
