@@ -10,10 +10,12 @@ plan. Under overlap the tiers share the cores, so their busy seconds grow (``con
 Σ sync busy seconds); the same bound taken at the async run's busy seconds says how much of the gap
 is that sharing and how much is scheduling (``async_vs_bound_at_async_busy``).
 ``pause_vs_step``: the generators' seconds per weight update over the learner's seconds per
-step. With ``--total N``: ``rredcot advise`` takes the async run's rates and proposes a split of N
-workers, its workers sharing this machine's cores (so on a tie, such as the core budget binding every
-split, it keeps the default); it runs beside the default split, N − 2 generators, one redistributor and
-one learner, each worker one CPU (``advised_vs_default``; 1.0 without a run when the advice is the
+step. ``filtered_fraction``: of the groups the async run's generators finished, the share dynamic
+sampling dropped (all rewards equal; 0 when ``generation.drop_uniform_groups`` is off). With
+``--total N``: ``rredcot advise`` takes the async run's rates and proposes a split of N workers, its
+workers sharing this machine's cores (so on a tie, such as the core budget binding every split, it
+keeps the default); it runs beside the default split, N − 2 generators, one redistributor and one
+learner, each worker one CPU (``advised_vs_default``; 1.0 without a run when the advice is the
 default). Last line: one JSON object.
 
     python bench/pipeline.py [--config tests,demo_cpu] [--steps 8] [--eta 2] [--total 4] [key=value ...]
@@ -69,6 +71,8 @@ def run(config: str, overrides: list[str], url: str, name: str, root: str) -> di
     gens = [v for v in snaps.values() if v["tier"] == "generator"]
     updates = sum(float(v.get("weight_updates", 0.0)) for v in gens)
     loop_s = max(float(r["busy_s"]) + float(r["wait_s"]) for r in ranks)
+    dropped = sum(float(v.get("dropped_uniform", 0.0)) for v in gens)
+    published = sum(float(v.get("finished_groups", 0.0)) for v in gens)
     return {
         "wall_s": wall,
         "loop_s": loop_s,
@@ -79,6 +83,8 @@ def run(config: str, overrides: list[str], url: str, name: str, root: str) -> di
         "broadcast_s": float(learner["broadcast_s_total"]) / max(float(learner["version"]), 1.0),
         "tiers": tiers,
         "pause_s": sum(float(v.get("weight_update_s", 0.0)) for v in gens) / max(updates, 1.0),
+        # groups dynamic sampling dropped (all rewards equal) of all the generators finished
+        "filtered_frac": dropped / max(dropped + published, 1.0),
     }
 
 
@@ -150,6 +156,7 @@ def bench_config(args: argparse.Namespace, config: str, url: str, root: str) -> 
         "learner_idle_fraction": async_["idle_frac"],
         "sync_vs_step": async_["broadcast_s"] / async_["step_s"],
         "pause_vs_step": async_["pause_s"] / async_["step_s"],
+        "filtered_fraction": async_["filtered_frac"],
         **splits,
     }
     print(f"\n{config}")
@@ -162,7 +169,8 @@ def bench_config(args: argparse.Namespace, config: str, url: str, root: str) -> 
     print(
         f"async/sync {result['async_vs_sync']:.2f} (overlap bound {bound:.2f}, goal >= 0.85 x bound); "
         f"rredcot/grpo {result['rredcot_vs_grpo']:.2f}; weight sync / step {result['sync_vs_step']:.3f}; "
-        f"generation pause per update / step {result['pause_vs_step']:.3f}"
+        f"generation pause per update / step {result['pause_vs_step']:.3f}; "
+        f"groups filtered (all rewards equal) {result['filtered_fraction']:.0%}"
     )
     print(
         f"contention: the tiers' busy seconds x{result['contention']:.2f} under overlap; the bound at "
