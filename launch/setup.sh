@@ -62,15 +62,18 @@ out = subprocess.run([find_server_binary(), "--version"], capture_output=True, t
 print("rredcot: embedded server:", out.stdout.strip().split(" sha=")[0])
 PY
 
-# DeepSpeed JIT-builds a shared-memory op on the first init_distributed (~20 s); build it now, where
-# the learner looks for it (rredcot.learner.extensions.extensions_dir).
+# DeepSpeed JIT-builds its shared-memory op when a learner's engine first starts (20-45 s on 2 cores, while
+# every other process that needs it waits); build it now, where the learner looks for it
+# (rredcot.learner.extensions.extensions_dir). A one-rank init_distributed alone does not load it.
 if $VENV/bin/python -c "import deepspeed" 2>/dev/null; then
   $VENV/bin/python - <<'PY' 2>&1 | grep -E "^rredcot" || true
 import time
 t = time.time()
 from rredcot.learner.engine import init_distributed
 init_distributed()
-print(f"rredcot: DeepSpeed distributed init warm ({time.time() - t:.1f}s)")
+from deepspeed.comm.torch import build_shm_op
+build_shm_op()  # None on a GPU accelerator: nothing to build there
+print(f"rredcot: DeepSpeed distributed init and its shared-memory op warm ({time.time() - t:.1f}s)")
 PY
 fi
 echo "$want" > "$STAMP"
