@@ -16,9 +16,13 @@ sampling dropped (all rewards equal; 0 when ``generation.drop_uniform_groups`` i
 workers sharing this machine's cores (so on a tie, such as the core budget binding every split, it
 keeps the default); it runs beside the default split, N − 2 generators, one redistributor and one
 learner, each worker one CPU (``advised_vs_default``; 1.0 without a run when the advice is the
-default). Last line: one JSON object.
+default). ``--repeat R`` runs the three R times, interleaved, and reports each ratio's median with
+its range over the rounds (``<ratio>_range``): on a model this small two runs of the same command
+differ by tens of percent. ``--keep DIR`` keeps the run folders, so ``rredcot report DIR/<config>/<run>``
+redraws each run's timeline. Last line: one JSON object.
 
-    python bench/pipeline.py [--config tests,demo_cpu] [--steps 8] [--eta 2] [--total 4] [key=value ...]
+    python bench/pipeline.py [--config tests,demo_cpu] [--steps 8] [--eta 2] [--total 4] [--repeat 3]
+                             [--keep DIR] [key=value ...]
 
 ``--config`` takes several configs (the tiny model's ``tests`` and the 135M demo's ``demo_cpu``):
 each gets its runs and its table, one after the other, and the JSON line holds them all.
@@ -27,8 +31,10 @@ each gets its runs and its table, one after the other, and the JSON line holds t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -111,9 +117,9 @@ def with_split(split: Split) -> list[str]:
     ]
 
 
-def advised(args: argparse.Namespace, config: str, base: list[str], url: str, root: str) -> dict[str, Any]:
-    """The advisor's split of ``--total`` workers from the async run's rates, run beside the default."""
-    rates, _, _, _ = run_rates(Path(root) / f"{config}-async", cores=os.cpu_count() or 1)
+def advised(args: argparse.Namespace, config: str, base: list[str], url: str, root: str, source: str) -> dict[str, Any]:
+    """The advisor's split of ``--total`` workers from the rates of the async run ``source``, run beside the default."""
+    rates, _, _, _ = run_rates(Path(root) / source, cores=os.cpu_count() or 1)
     default = Split(args.total - 2, 1, 1)
     best = advise(args.total, rates, scorer=True, keep=default)[0]
     out: dict[str, Any] = {"advised_split": str(best.split), "default_split": str(default)}
@@ -131,24 +137,33 @@ def advised(args: argparse.Namespace, config: str, base: list[str], url: str, ro
     }
 
 
-def bench_config(args: argparse.Namespace, config: str, url: str, root: str) -> dict[str, Any]:
-    """Sync, async and async-grpo runs of ``config`` (and the advisor's check); prints its table."""
-    base = [f"run.steps={args.steps}", "learner.skip_zero_advantage=false", *args.overrides]
+# the ratios one round of sync, async and grpo runs gives (each reported as the median over rounds)
+RATIOS = (
+    "async_vs_sync",
+    "overlap_bound",
+    "contention",
+    "overlap_bound_at_async_busy",
+    "async_vs_bound_at_async_busy",
+    "rredcot_vs_grpo",
+    "learner_idle_fraction",
+    "sync_vs_step",
+    "pause_vs_step",
+    "filtered_fraction",
+)
+
+
+def bench_round(args: argparse.Namespace, config: str, base: list[str], url: str, root: str, tag: str) -> dict:
+    """One sync, async and async-grpo run of ``config``: its ratios and its table."""
     cores = os.cpu_count() or 1
-    root = f"{root}/{config}"
-    sync = run(config, [*base, "staleness.eta=0", "credit.method=rredcot"], url, f"{config}-sync", root)
-    async_ = run(config, [*base, f"staleness.eta={args.eta}", "credit.method=rredcot"], url, f"{config}-async", root)
-    grpo = run(config, [*base, f"staleness.eta={args.eta}", "credit.method=grpo"], url, f"{config}-grpo", root)
-    splits = advised(args, config, base, url, root) if args.total else {}
-    bound = overlap_bound(sync, cores)
+    sync = run(config, [*base, "staleness.eta=0", "credit.method=rredcot"], url, f"{config}-sync{tag}", root)
+    async_ = run(
+        config, [*base, f"staleness.eta={args.eta}", "credit.method=rredcot"], url, f"{config}-async{tag}", root
+    )
+    grpo = run(config, [*base, f"staleness.eta={args.eta}", "credit.method=grpo"], url, f"{config}-grpo{tag}", root)
     bound_async = overlap_bound(sync, cores, at=async_)
-    result = {
-        "config": config,
-        "steps": args.steps,
-        "eta": args.eta,
-        "cores": cores,
+    ratios = {
         "async_vs_sync": async_["samples_per_s"] / sync["samples_per_s"],
-        "overlap_bound": bound,
+        "overlap_bound": overlap_bound(sync, cores),
         "contention": busy_total(async_) / busy_total(sync),
         "overlap_bound_at_async_busy": bound_async,
         "async_vs_bound_at_async_busy": async_["samples_per_s"] / sync["samples_per_s"] / bound_async,
@@ -157,30 +172,59 @@ def bench_config(args: argparse.Namespace, config: str, url: str, root: str) -> 
         "sync_vs_step": async_["broadcast_s"] / async_["step_s"],
         "pause_vs_step": async_["pause_s"] / async_["step_s"],
         "filtered_fraction": async_["filtered_frac"],
-        **splits,
     }
-    print(f"\n{config}")
+    print(f"\n{config}{tag}")
     print(f"{'run':<8}{'samples/s':>11}{'loop s':>9}{'idle':>7}{'step s':>8}  tier busy s (gen / red / learn)")
     for label, r in (("sync", sync), ("async", async_), ("grpo", grpo)):
         busy = " / ".join(f"{r['tiers'][t]['busy_s']:.1f}" for t in ("generator", "redistributor", "learner"))
         print(
             f"{label:<8}{r['samples_per_s']:>11.2f}{r['loop_s']:>9.1f}{r['idle_frac']:>7.0%}{r['step_s']:>8.2f}  {busy}"
         )
+    return ratios
+
+
+def median_and_range(rounds: list[dict[str, float]]) -> dict[str, Any]:
+    """Each ratio's median over the rounds, and its [min, max] as ``<ratio>_range`` when there are several."""
+    out: dict[str, Any] = {}
+    for name in RATIOS:
+        values = [r[name] for r in rounds]
+        out[name] = statistics.median(values)
+        if len(values) > 1:
+            out[f"{name}_range"] = [min(values), max(values)]
+    return out
+
+
+def bench_config(args: argparse.Namespace, config: str, url: str, root: str) -> dict[str, Any]:
+    """``--repeat`` rounds of sync, async and async-grpo runs of ``config`` (and the advisor's check)."""
+    base = [f"run.steps={args.steps}", "learner.skip_zero_advantage=false", *args.overrides]
+    root = f"{root}/{config}"
+    tags = [f"-r{i}" if args.repeat > 1 else "" for i in range(1, args.repeat + 1)]
+    rounds = [bench_round(args, config, base, url, root, tag) for tag in tags]
+    result = {"config": config, "steps": args.steps, "eta": args.eta, "cores": os.cpu_count() or 1}
+    result |= median_and_range(rounds)
+    result |= advised(args, config, base, url, root, f"{config}-async{tags[-1]}") if args.total else {}
+
+    def shown(name: str, digits: int = 2) -> str:
+        lo_hi = result.get(f"{name}_range")
+        return f"{result[name]:.{digits}f}" + (f" [{lo_hi[0]:.{digits}f}, {lo_hi[1]:.{digits}f}]" if lo_hi else "")
+
+    print(f"\n{config}: " + (f"median [range] of {args.repeat} rounds" if args.repeat > 1 else "one round"))
     print(
-        f"async/sync {result['async_vs_sync']:.2f} (overlap bound {bound:.2f}, goal >= 0.85 x bound); "
-        f"rredcot/grpo {result['rredcot_vs_grpo']:.2f}; weight sync / step {result['sync_vs_step']:.3f}; "
-        f"generation pause per update / step {result['pause_vs_step']:.3f}; "
-        f"groups filtered (all rewards equal) {result['filtered_fraction']:.0%}"
+        f"async/sync {shown('async_vs_sync')} (overlap bound {shown('overlap_bound')}, goal >= 0.85 x bound); "
+        f"rredcot/grpo {shown('rredcot_vs_grpo')}; weight sync / step {shown('sync_vs_step', 3)}; "
+        f"generation pause per update / step {shown('pause_vs_step', 3)}; "
+        f"learner idle {shown('learner_idle_fraction')}; "
+        f"groups filtered (all rewards equal) {shown('filtered_fraction')}"
     )
     print(
-        f"contention: the tiers' busy seconds x{result['contention']:.2f} under overlap; the bound at "
-        f"those seconds {bound_async:.2f}, reached {result['async_vs_bound_at_async_busy']:.0%}"
+        f"contention: the tiers' busy seconds x{shown('contention')} under overlap; the bound at "
+        f"those seconds {shown('overlap_bound_at_async_busy')}, reached {shown('async_vs_bound_at_async_busy')}"
     )
-    if splits:
+    if args.total:
         print(
-            f"advisor, {args.total} workers: {splits['advised_split']} (predicted "
-            f"{splits['advised_predicted_vs_default']:.2f}x the default {splits['default_split']}); "
-            f"measured {splits['advised_vs_default']:.2f}x"
+            f"advisor, {args.total} workers: {result['advised_split']} (predicted "
+            f"{result['advised_predicted_vs_default']:.2f}x the default {result['default_split']}); "
+            f"measured {result['advised_vs_default']:.2f}x"
         )
     return result
 
@@ -193,9 +237,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--eta", type=int, default=2)
     ap.add_argument("--total", type=int, default=0, help="workers to split with the advisor (0: no advisor check)")
+    ap.add_argument("--repeat", type=int, default=1, help="rounds of the three runs (ratios: median and range)")
+    ap.add_argument("--keep", help="a folder to keep the run folders in (default: a temporary one)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as root, EmbeddedRedis(f"{root}/redis", appendonly=False) as server:
+    with contextlib.ExitStack() as stack:
+        root = args.keep or stack.enter_context(tempfile.TemporaryDirectory())
+        server = stack.enter_context(EmbeddedRedis(f"{root}/redis", appendonly=False))
         results = [bench_config(args, config, server.url, root) for config in args.config.split(",")]
     rounded = [{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()} for r in results]
     print(json.dumps(rounded[0] if len(rounded) == 1 else {"configs": rounded}))
