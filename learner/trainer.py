@@ -84,6 +84,7 @@ class Trainer:
         self.totals = Counter(
             {
                 "wait_s": 0.0,
+                "fill_wait_s": 0.0,  # the part of wait_s before the first batch (start-up and the pipeline's fill)
                 "busy_s": 0.0,
                 "broadcast_s": 0.0,
                 "duplicates": 0,
@@ -218,7 +219,10 @@ class Trainer:
             own = None
         else:  # the groups two ranks both read, counted once; None: a stop while reading what was missing
             own = self.reader.top_up(own, self.engine.all_gather, self.control.stop_requested)
-        self.totals["wait_s"] += time.perf_counter() - t0
+        waited = time.perf_counter() - t0
+        self.totals["wait_s"] += waited
+        if not self.totals["samples"]:  # no batch yet: the tiers are starting and filling the pipeline
+            self.totals["fill_wait_s"] += waited
         if own is None:
             return None
         batch = self.reader.balance(own, self.engine.all_gather)
@@ -253,13 +257,16 @@ class Trainer:
         return path
 
     def _pipeline_metrics(self, samples: list[TrainSample], version: int) -> dict[str, float]:
-        busy, wait = self.totals["busy_s"], self.totals["wait_s"]
+        busy, wait, fill = self.totals["busy_s"], self.totals["wait_s"], self.totals["fill_wait_s"]
         out = {
             "step": float(self.step),
             "version": float(self.engine.version),
             "busy_s": busy,
             "wait_s": wait,
             "idle_frac": wait / max(busy + wait, 1e-9),
+            "fill_wait_s": fill,
+            # once the first batch came: what the pipeline's throughput, not its start-up, leaves the learner idle
+            "steady_idle_frac": (wait - fill) / max(busy + wait - fill, 1e-9),
             "duplicates": float(self.totals["duplicates"]),
             "checkpoint_failures": float(self.totals["checkpoint_failures"]),
             "skipped_nonfinite": float(self.engine.counters["skipped_nonfinite"]),

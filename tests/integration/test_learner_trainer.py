@@ -110,6 +110,8 @@ def test_trainer_loop_end_to_end(tmp_path, redis_server, redis_client, run_id):
     assert all(torch.equal(received[n], t) for n, t in trained.items())
     snapshot = RunControl(redis_client, run_id).all_metrics()["learner0"]
     assert snapshot["step"] == 3 and 0 <= snapshot["idle_frac"] <= 1 and np.isfinite(snapshot["loss"])
+    # the wait for the first batch is part of the wait; leaving it out can only lower the idle share
+    assert 0 < snapshot["fill_wait_s"] <= snapshot["wait_s"] and snapshot["steady_idle_frac"] <= snapshot["idle_frac"]
     assert metrics["staleness_2"] == 1.0 and "broadcast_s" in metrics
     assert list((tmp_path / "tensorboard" / "learner").glob("events.*"))
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000002", "step-00000003"]
