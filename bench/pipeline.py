@@ -139,21 +139,6 @@ def advised(args: argparse.Namespace, config: str, base: list[str], url: str, ro
     }
 
 
-# the ratios one round of sync, async and grpo runs gives (each reported as the median over rounds)
-RATIOS = (
-    "async_vs_sync",
-    "overlap_bound",
-    "contention",
-    "overlap_bound_at_async_busy",
-    "async_vs_bound_at_async_busy",
-    "rredcot_vs_grpo",
-    "learner_idle_fraction",
-    "sync_vs_step",
-    "pause_vs_step",
-    "filtered_fraction",
-)
-
-
 def bench_round(args: argparse.Namespace, config: str, base: list[str], url: str, root: str, tag: str) -> dict:
     """One sync, async and async-grpo run of ``config``: its ratios and its table."""
     cores = os.cpu_count() or 1
@@ -188,7 +173,7 @@ def bench_round(args: argparse.Namespace, config: str, base: list[str], url: str
 def median_and_range(rounds: list[dict[str, float]]) -> dict[str, Any]:
     """Each ratio's median over the rounds, and its [min, max] as ``<ratio>_range`` when there are several."""
     out: dict[str, Any] = {}
-    for name in RATIOS:
+    for name in rounds[0]:
         values = [r[name] for r in rounds]
         out[name] = statistics.median(values)
         if len(values) > 1:
