@@ -31,7 +31,7 @@ import redis
 import torch
 
 from rredcot.common.config import Config
-from rredcot.transports.gather import columns, gathered_buckets, take_part
+from rredcot.transports.gather import columns, gathered_tensors, take_part
 from rredcot.transports.manifest import (
     WeightManifest,
     WeightWriter,
@@ -64,17 +64,13 @@ class FilePublisher:
         if self.rank != 0 or self.client is None:  # only rank 0 delivers
             take_part(module)
             return None, time.perf_counter() - t0
-        buckets = gathered_buckets(module)
-        try:
-            with WeightWriter(version, *columns(module), self.out_dir) as writer:
-                for bucket in buckets:
-                    for name, tensor in bucket:
-                        writer.write(name, tensor)
-                manifest = writer.commit(self.keep)
-        except OSError:  # e.g. a full disk: finish the gathers first, the other ZeRO-3 ranks wait in them
-            for _ in buckets:
-                pass
-            raise
+        with (
+            gathered_tensors(module, OSError) as tensors,  # e.g. a full disk
+            WeightWriter(version, *columns(module), self.out_dir) as writer,
+        ):
+            for name, tensor in tensors:
+                writer.write(name, tensor)
+            manifest = writer.commit(self.keep)
         publish_manifest(self.client, self.run_id, manifest)
         return manifest, time.perf_counter() - t0
 

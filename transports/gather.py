@@ -9,6 +9,7 @@ first gather, not with this module.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -52,6 +53,20 @@ def take_part(module: torch.nn.Module, bucket_bytes: int = BUCKET_BYTES) -> None
     """A rank that delivers nothing: take part in the gathers (collectives under ZeRO-3), copy nothing."""
     for _ in gathered_buckets(module, bucket_bytes):
         pass
+
+
+@contextmanager
+def gathered_tensors(module: torch.nn.Module, *errors: type[Exception]) -> Iterator[Iterator[tuple[str, torch.Tensor]]]:
+    """Rank 0's side of a publish: every (HF name, full parameter) in order, bucket by bucket. On one
+    of ``errors`` raised in the block (a full disk, Redis out of memory), even before the first
+    tensor, finish the gathers first, since the other ZeRO-3 ranks wait in them, then re-raise."""
+    buckets = gathered_buckets(module)
+    try:
+        yield (item for bucket in buckets for item in bucket)
+    except errors:
+        for _ in buckets:
+            pass
+        raise
 
 
 def columns(module: torch.nn.Module) -> tuple[list[str], list[list[int]], list[str]]:

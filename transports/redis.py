@@ -35,7 +35,7 @@ from rredcot.common.config import Config, bounded
 from rredcot.common.registry import WEIGHT_TRANSPORTS
 from rredcot.common.streams import key, registry_key
 from rredcot.transports.file import FileReceiver, receiver_name
-from rredcot.transports.gather import columns, gathered_buckets, take_part
+from rredcot.transports.gather import columns, gathered_tensors, take_part
 from rredcot.transports.manifest import (
     SafetensorsStream,
     WeightManifest,
@@ -123,16 +123,13 @@ class RedisPublisher:
         if self.rank != 0 or self.client is None:  # only rank 0 delivers
             take_part(module)
             return None, time.perf_counter() - t0
-        buckets = gathered_buckets(module)
         writer = ChunkWriter(self.client, self.run_id, version, self.settings.chunk_mb * MIB, *columns(module))
         try:
-            for bucket in buckets:
-                for name, tensor in bucket:
+            with gathered_tensors(module, redis.RedisError) as tensors:  # e.g. out of memory
+                for name, tensor in tensors:
                     writer.write(name, tensor)
-            manifest = writer.commit()
-        except redis.RedisError:  # e.g. out of memory: finish the gathers first, the other ZeRO-3 ranks wait in them
-            for _ in buckets:
-                pass
+                manifest = writer.commit()
+        except redis.RedisError:  # the chunks written so far go
             delete_version(self.client, self.run_id, version, writer.chunks)
             raise
         publish_manifest(self.client, self.run_id, manifest)

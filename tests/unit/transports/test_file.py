@@ -64,7 +64,7 @@ def test_rank_0_that_cannot_write_still_joins_every_gather(make_model, tmp_path,
             seen.append(i)
             yield bucket
 
-    monkeypatch.setattr("rredcot.transports.file.gathered_buckets", counted)
+    monkeypatch.setattr("rredcot.transports.gather.gathered_buckets", counted)
     model, blocker = make_model(), tmp_path / "weights"
     blocker.write_text("not a directory")
     with pytest.raises(OSError):

@@ -7,12 +7,13 @@ import logging
 import math
 
 import pytest
+import redis
 import torch
 from safetensors.torch import load as st_load
 
 from rredcot.common.streams import registry_key
-from rredcot.transports.gather import columns
-from rredcot.transports.manifest import WeightSyncError, publish_manifest
+from rredcot.transports.gather import columns, gathered_buckets
+from rredcot.transports.manifest import WeightSyncError, latest_manifest, publish_manifest
 from rredcot.transports.redis import ChunkWriter, RedisPublisher, RedisReceiver, RedisSettings, chunk_key
 
 
@@ -101,3 +102,38 @@ def test_a_corrupted_chunk_is_refused(redis_client, run_id):
     redis_client.set(chunk_key(run_id, 1, 1), bytes(chunk))
     with pytest.raises(WeightSyncError, match="do not match their manifest"):
         RedisReceiver(redis_client, run_id, _Loads(), "gen0").poll()
+
+
+def test_rank_0_refused_by_a_full_redis_joins_every_gather_and_leaves_no_chunk(redis_client, run_id, monkeypatch):
+    """Redis at ``maxmemory`` (no eviction) refuses a chunk mid-version: rank 0 still takes part in
+    every bucket's gather (the other ZeRO-3 ranks wait in them), deletes the chunks it wrote and
+    raises; no manifest is published."""
+    seen: list[int] = []
+
+    def counted(module, bucket_bytes=0):
+        for i, bucket in enumerate(gathered_buckets(module, bucket_bytes=2**20)):
+            seen.append(i)
+            yield bucket
+
+    monkeypatch.setattr("rredcot.transports.gather.gathered_buckets", counted)
+    model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])  # 4 MiB in 4+ buckets
+    publisher = RedisPublisher(redis_client, run_id, 0, RedisSettings(chunk_mb=1))
+    written: list[int] = []
+    flush = ChunkWriter._flush
+
+    def counting_flush(self, n):
+        flush(self, n)
+        written.append(self.chunks)
+
+    monkeypatch.setattr(ChunkWriter, "_flush", counting_flush)
+    used = int(redis_client.info("memory")["used_memory"])
+    old = redis_client.config_get("maxmemory")["maxmemory"]
+    redis_client.config_set("maxmemory", used + 5 * 2**19)  # room for about 2.5 chunks
+    try:
+        with pytest.raises(redis.RedisError, match="maxmemory"):
+            publisher.publish(model, 1)
+    finally:
+        redis_client.config_set("maxmemory", old)
+    assert written and len(seen) == len(list(gathered_buckets(model, bucket_bytes=2**20))) > 3
+    assert not any(redis_client.exists(chunk_key(run_id, 1, i)) for i in range(len(written) + 1))
+    assert latest_manifest(redis_client, run_id) is None
