@@ -1,8 +1,11 @@
-"""The config reference (docs/config.md) names every config key and every bundled config."""
+"""The docs: the config reference (docs/config.md) names every config key and every bundled config,
+and every relative link and anchor in the README and docs/ resolves."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -58,3 +61,54 @@ def test_every_bundled_config_is_documented(config_doc: str) -> None:
     assert "tests" in names and "demo_cpu" in names
     missing = [n for n in names if f"`{n}`" not in config_doc]
     assert not missing, f"docs/config.md does not mention the bundled configs: {missing}"
+
+
+ROOT = DOCS.parent
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def github_anchor(heading: str, seen: dict[str, int]) -> str:
+    """The anchor GitHub gives a heading: lower case, only letters, marks, numbers, ``_``, spaces and
+    ``-`` kept, spaces as ``-``; a repeated anchor gets ``-1``, ``-2``, ..."""
+    kept = "".join(c for c in heading.lower() if c in " -" or unicodedata.category(c)[0] in "LMN" or c == "_")
+    slug = kept.replace(" ", "-")
+    n = seen.get(slug, 0)
+    seen[slug] = n + 1
+    return f"{slug}-{n}" if n else slug
+
+
+def anchors(path: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)  # no headings in code
+    return {github_anchor(m[1].strip(), seen) for m in re.finditer(r"^#{1,6} (.+)$", text, flags=re.M)}
+
+
+def test_github_anchor_on_hand_cases() -> None:
+    seen: dict[str, int] = {}
+    assert github_anchor("On the chain task (issue 36): five seeds, `grpo` against `rredcot`", seen) == (
+        "on-the-chain-task-issue-36-five-seeds-grpo-against-rredcot"
+    )
+    assert (
+        github_anchor("Slip localisation (`bench/credit_quality.py`)", seen)
+        == "slip-localisation-benchcredit_qualitypy"
+    )
+    assert github_anchor("σ × 2 – again", seen) == "σ--2--again"
+    assert [github_anchor("Seed 2", seen) for _ in range(3)] == ["seed-2", "seed-2-1", "seed-2-2"]
+
+
+@pytest.mark.parametrize("doc", ["README.md", *sorted(p.name for p in DOCS.glob("*.md"))])
+def test_every_relative_link_and_anchor_resolves(doc: str) -> None:
+    """A user clicks these: every relative link names a file that exists, and every ``#anchor`` a
+    heading of that file."""
+    page = ROOT / doc if doc == "README.md" else DOCS / doc
+    broken = []
+    for target in LINK.findall(re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)):
+        if re.match(r"[a-z]+://|mailto:", target):
+            continue
+        file, _, anchor = target.partition("#")
+        linked = (page.parent / file).resolve() if file else page
+        if not linked.exists():
+            broken.append(f"{target}: no file {linked.relative_to(ROOT) if linked.is_relative_to(ROOT) else linked}")
+        elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+            broken.append(f"{target}: no heading with that anchor in {linked.name}")
+    assert not broken, f"{doc}: " + "; ".join(broken)
