@@ -1,17 +1,21 @@
-"""The docs: the config reference (docs/config.md) names every config key and every bundled config,
-and every relative link and anchor in the README and docs/ resolves."""
+"""The docs: the config reference (docs/config.md) names every config key and every bundled config;
+every relative link and anchor in the README and docs/ resolves; every ``rredcot`` command they show
+parses, and its config with its overrides (and every arm's) loads."""
 
 from __future__ import annotations
 
 import dataclasses
 import re
+import shlex
 import unicodedata
 from pathlib import Path
 
 import pytest
 
-from rredcot.common.config import Config, available_configs
+from rredcot.common.config import Config, available_configs, load_config
 from rredcot.common.registry import CREDIT_METHODS, load_class
+from rredcot.launch.cli import benchmarks, parse_args
+from rredcot.launch.study.compare import arm_overrides
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -112,3 +116,80 @@ def test_every_relative_link_and_anchor_resolves(doc: str) -> None:
         elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
             broken.append(f"{target}: no heading with that anchor in {linked.name}")
     assert not broken, f"{doc}: " + "; ".join(broken)
+
+
+PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+PLACEHOLDER = re.compile(r"^[A-Z]+$|[<…]|\.\.\.")  # CONFIG, N, <t>, …: a value for the user to fill in
+
+
+def fenced_commands() -> list[tuple[str, list[str]]]:
+    """(page, arguments after ``rredcot``) of every ``rredcot`` command in the docs' code blocks,
+    continuation lines joined, comments dropped, one per ``&&`` / ``;`` part."""
+    found = []
+    for page in PAGES:
+        for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S):
+            for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+                for part in re.split(r"&&|;", line.split(" #")[0]):
+                    m = re.match(r"\s*(?:\.venv/bin/)?rredcot (.*)", part)
+                    if m and not line.lstrip().startswith("#"):
+                        found.append((page.name, shlex.split(m[1])))
+    return found
+
+
+def inline_overrides() -> list[tuple[str, str, str]]:
+    """(page, config, ``key=value``) of every override in an inline ``rredcot ...`` code span, its
+    arms' overrides included; the config is the span's bundled config, else ``demo_cpu``."""
+    found = []
+    for page in PAGES:
+        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+        for span in re.findall(r"`(?:\.venv/bin/)?rredcot ([^`]+)`", text):
+            words = span.split()
+            config = next((w for w in words if w in available_configs()), "demo_cpu")
+            for word in words:
+                for item in word.split(",") if "@" in word else [word]:
+                    for override in item.split("@")[1:] if "@" in item else [item]:
+                        key, eq, value = override.partition("=")
+                        if eq and re.fullmatch(r"[a-z_]+(\.[a-z_0-9]+)+", key) and not PLACEHOLDER.search(value):
+                            found.append((page.name, config, override))
+    return found
+
+
+def test_the_docs_show_commands_to_check() -> None:
+    commands, overrides = fenced_commands(), inline_overrides()
+    assert len(commands) >= 25 and ["config", "list"] in [argv for _, argv in commands]
+    assert len(overrides) >= 20
+    assert ("study.md", "study_cpu", "credit.settings.rredcot.suffix_window=2") in overrides
+
+
+def test_every_documented_command_parses_and_its_config_loads() -> None:
+    """A command copied from the docs runs: argparse accepts it, its config with its overrides loads
+    and validates (a renamed key fails here), every ``--methods`` arm's too, and a benchmark exists."""
+    broken = []
+    for page, argv in fenced_commands():
+        try:
+            args = parse_args(argv)
+        except SystemExit:
+            broken.append(f"{page}: rredcot {shlex.join(argv)}: not accepted by the CLI")
+            continue
+        if args.command == "bench" and args.name not in benchmarks():
+            broken.append(f"{page}: no benchmark {args.name}")
+        config = getattr(args, "config", None)
+        if config is None or not (config in available_configs() or (ROOT / config).exists()):
+            continue  # a placeholder (CONFIG) or the user's own file
+        arms = [arm_overrides(m) for m in getattr(args, "methods", "").split(",") if m] or [[]]
+        for arm in arms:
+            try:
+                load_config(config, [*args.overrides, *arm])
+            except Exception as e:
+                broken.append(f"{page}: rredcot {shlex.join(argv)}: {e}")
+    assert not broken, "\n".join(broken)
+
+
+def test_every_override_in_the_docs_inline_commands_is_valid() -> None:
+    broken = []
+    for page, config, override in inline_overrides():
+        try:
+            load_config(config, [override])
+        except Exception as e:
+            broken.append(f"{page}: {override} on {config}: {e}")
+    assert not broken, "\n".join(broken)
