@@ -42,7 +42,7 @@ class RredcotSettings(ValueSettings):
     """``credit.settings.rredcot``: exit values from the scorer's branches on reference pairs."""
 
     # λ: a floor of uniform weight. At 0 the relu sign with the group baseline left 40% of the chain
-    # task's tokens with σ = 0 and learned less than GRPO; at 0.3 as much (docs/study.md, one seed)
+    # task's tokens with σ = 0 and learned less than GRPO (one seed); at 0.3 as much (five seeds, docs/study.md)
     uniform_mix: float = bounded(0.3, 0.0, 1.0)
     group_refs: bool = False  # add the group's correct completions as reference pairs
     # what a branch scores (docs/credit.md): the whole reference, the answer alone, or the reference's
