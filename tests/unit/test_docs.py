@@ -58,6 +58,9 @@ def test_every_builtin_credit_methods_settings_are_documented(config_doc: str) -
     assert "credit.settings.rredcot.uniform_mix" in keys and "credit.settings.mc.samples" in keys
     missing = [k for k in keys if f"`{k}`" not in config_doc]
     assert not missing, f"docs/config.md does not document: {missing}"
+    credit_doc = (DOCS / "credit.md").read_text(encoding="utf-8")  # in full, or bare in its key lists
+    missing = [k for k in keys if f"`{k}`" not in credit_doc and f"`{k.rsplit('.', 1)[1]}`" not in credit_doc]
+    assert not missing, f"docs/credit.md does not name: {missing}"
 
 
 def test_every_bundled_config_is_documented(config_doc: str) -> None:
