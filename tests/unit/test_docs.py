@@ -5,6 +5,7 @@ parses, and its config with its overrides (and every arm's) loads."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import shlex
 import unicodedata
@@ -71,7 +72,14 @@ def test_every_bundled_config_is_documented(config_doc: str) -> None:
 
 
 ROOT = DOCS.parent
+PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+@functools.cache
+def prose(path: Path) -> str:
+    """A markdown page without its fenced code blocks (no headings or links there)."""
+    return re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
 
 
 def github_anchor(heading: str, seen: dict[str, int]) -> str:
@@ -84,10 +92,10 @@ def github_anchor(heading: str, seen: dict[str, int]) -> str:
     return f"{slug}-{n}" if n else slug
 
 
+@functools.cache
 def anchors(path: Path) -> set[str]:
     seen: dict[str, int] = {}
-    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)  # no headings in code
-    return {github_anchor(m[1].strip(), seen) for m in re.finditer(r"^#{1,6} (.+)$", text, flags=re.M)}
+    return {github_anchor(m[1].strip(), seen) for m in re.finditer(r"^#{1,6} (.+)$", prose(path), flags=re.M)}
 
 
 def test_github_anchor_on_hand_cases() -> None:
@@ -103,13 +111,12 @@ def test_github_anchor_on_hand_cases() -> None:
     assert [github_anchor("Seed 2", seen) for _ in range(3)] == ["seed-2", "seed-2-1", "seed-2-2"]
 
 
-@pytest.mark.parametrize("doc", ["README.md", *sorted(p.name for p in DOCS.glob("*.md"))])
-def test_every_relative_link_and_anchor_resolves(doc: str) -> None:
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_relative_link_and_anchor_resolves(page: Path) -> None:
     """A user clicks these: every relative link names a file that exists, and every ``#anchor`` a
     heading of that file."""
-    page = ROOT / doc if doc == "README.md" else DOCS / doc
     broken = []
-    for target in LINK.findall(re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)):
+    for target in LINK.findall(prose(page)):
         if re.match(r"[a-z]+://|mailto:", target):
             continue
         file, _, anchor = target.partition("#")
@@ -118,10 +125,9 @@ def test_every_relative_link_and_anchor_resolves(doc: str) -> None:
             broken.append(f"{target}: no file {linked.relative_to(ROOT) if linked.is_relative_to(ROOT) else linked}")
         elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
             broken.append(f"{target}: no heading with that anchor in {linked.name}")
-    assert not broken, f"{doc}: " + "; ".join(broken)
+    assert not broken, f"{page.name}: " + "; ".join(broken)
 
 
-PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
 PLACEHOLDER = re.compile(r"^[A-Z]+$|[<…]|\.\.\.")  # CONFIG, N, <t>, …: a value for the user to fill in
 
 
@@ -132,9 +138,10 @@ def fenced_commands() -> list[tuple[str, list[str]]]:
     for page in PAGES:
         for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S):
             for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+                if line.lstrip().startswith("#"):
+                    continue
                 for part in re.split(r"&&|;", line.split(" #")[0]):
-                    m = re.match(r"\s*(?:\.venv/bin/)?rredcot (.*)", part)
-                    if m and not line.lstrip().startswith("#"):
+                    if m := re.match(r"\s*(?:\.venv/bin/)?rredcot (.*)", part):
                         found.append((page.name, shlex.split(m[1])))
     return found
 
@@ -144,8 +151,7 @@ def inline_overrides() -> list[tuple[str, str, str]]:
     arms' overrides included; the config is the span's bundled config, else ``demo_cpu``."""
     found = []
     for page in PAGES:
-        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
-        for span in re.findall(r"`(?:\.venv/bin/)?rredcot ([^`]+)`", text):
+        for span in re.findall(r"`(?:\.venv/bin/)?rredcot ([^`]+)`", prose(page)):
             words = span.split()
             config = next((w for w in words if w in available_configs()), "demo_cpu")
             for word in words:
