@@ -329,15 +329,13 @@ def _call_study(args: argparse.Namespace) -> int:
 
 
 def _call_compare(args: argparse.Namespace, cfg: Config) -> int:
-    from rredcot.launch.study.compare import arm_overrides, compare_study, run_name
+    from rredcot.launch.study.compare import compare_study
 
     methods = [m for m in args.methods.split(",") if m]
     if len(methods) < 2 or args.seeds < 1:
         raise UserError(
             f"--methods needs two or more methods (got {args.methods!r}) and --seeds >= 1 (got {args.seeds})"
         )
-    for m in methods:  # every arm's config (its rules, its runs' names) must load before any run starts
-        load_config(args.config, [*args.overrides, *arm_overrides(m), f"run.name={run_name(m, args.seeds)}"])
     out = Path(args.out) if args.out else Path("runs") / f"compare-{cfg.run.name}"
     report = compare_study(args.config, args.overrides, methods, args.seeds, out, args.keep_checkpoints)
     print(f"rredcot: comparison report {report}")

@@ -71,11 +71,44 @@ def arm_overrides(arm: str) -> list[str]:
 def run_name(arm: str, seed: int) -> str:
     """The run (and folder) name of ``arm`` at ``seed``, within ``run.name``'s characters and length:
     ``rredcot@credit.settings.rredcot.uniform_mix=1.0`` at seed 3 is
-    ``rredcot__credit.settings.rredcot.uniform_mix-1.0-s3``."""
-    name = re.sub(r"[^A-Za-z0-9._-]", "_", arm.replace("@", "__").replace("=", "-"))
-    if len(name) > 52:  # run.name holds 64 characters: keep a readable head and a digest of the whole arm
+    ``rredcot__credit.settings.rredcot.uniform_mix-1.0-s3``. An arm with a character outside
+    ``[A-Za-z0-9._-@=]`` (``grpo@data.system_prompt=be brief``) or a long one keeps a readable head and
+    gets a digest of the whole arm, so that it never shares a folder with another arm
+    (``…be_brief-<digest>-s1``, while ``grpo@data.system_prompt=be_brief`` stays ``…be_brief-s1``)."""
+    readable = arm.replace("@", "__").replace("=", "-")
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", readable)
+    if name != readable or len(name) > 52:  # run.name holds 64 characters
         name = f"{name[:43]}-{hashlib.sha1(arm.encode()).hexdigest()[:8]}"
     return f"{name}-s{seed}"
+
+
+def check_arms(config: str, overrides: list[str], methods: list[str], seeds: int) -> None:
+    """Before any run starts: no two arms share a run folder, and every arm's config loads and has
+    what a run reads (its model, tokenizer and prover paths, its dataset's first rows; the doctor's
+    checks), so that no arm fails only when it starts, after the earlier arms trained."""
+    from rredcot.common.config import load_config
+    from rredcot.common.config_schema import ConfigError
+    from rredcot.launch.doctor import PreflightError
+    from rredcot.launch.input_checks import check_data, check_paths
+
+    seen: dict[str, str] = {}
+    for arm in methods:
+        name = run_name(arm, 1)
+        if name in seen:
+            raise UserError(
+                f"arms {seen[name]!r} and {arm!r} would be one run (folder {name}): "
+                "give each arm of --methods once, with settings that differ"
+            )
+        seen[name] = arm
+    for arm in methods:
+        try:
+            cfg = load_config(config, [*overrides, *arm_overrides(arm), f"run.name={run_name(arm, seeds)}"])
+        except UserError as e:
+            raise ConfigError(f"arm {arm!r}: {e}") from e
+        errors = [c for c in (*check_paths(cfg), *check_data(cfg)) if c.level == "error"]
+        if errors:
+            found = "; ".join(f"{c.topic}: {c.found}" + (f" -> {c.fix}" if c.fix else "") for c in errors)
+            raise PreflightError(f"arm {arm!r}: {found}")
 
 
 def finished(folder: Path, keep_checkpoints: bool) -> dict[str, Any] | None:
@@ -289,6 +322,7 @@ def compare_study(
     """Every (method, seed) run, then ``compare.md``, ``compare.json`` and ``compare_curves.png``."""
     from rredcot.common.precision import cpu_info
 
+    check_arms(config, overrides, methods, seeds)  # every arm's name and config before the first run trains
     out.mkdir(parents=True, exist_ok=True)
     runs = [
         train_once(config, overrides, m, seed, out, keep_checkpoints) for seed in range(1, seeds + 1) for m in methods

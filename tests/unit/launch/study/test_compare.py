@@ -9,9 +9,12 @@ import pytest
 
 from rredcot.common.config import RUN_NAME, load_config
 from rredcot.common.errors import UserError
+from rredcot.launch import cli
+from rredcot.launch.study import compare
 from rredcot.launch.study.compare import (
     Run,
     arm_overrides,
+    check_arms,
     paired_cell,
     run_name,
     steps_to_reach,
@@ -120,3 +123,47 @@ def test_an_arm_is_a_method_with_its_own_overrides() -> None:
     for bad in ("rredcot@uniform", "@credit.x=1"):
         with pytest.raises(UserError, match="METHOD@key=value"):
             arm_overrides(bad)
+
+
+def test_arms_that_sanitise_to_one_name_are_distinct_runs() -> None:
+    """``be brief`` and ``be_brief`` used to share a folder: the second arm reused the first's run."""
+    spaced, underscored = "grpo@data.system_prompt=be brief", "grpo@data.system_prompt=be_brief"
+    assert run_name(underscored, 1) == "grpo__data.system_prompt-be_brief-s1"  # an ordinary arm keeps its name
+    assert run_name(spaced, 1) != run_name(underscored, 1)
+    assert run_name(spaced, 1).startswith("grpo__data.system_prompt-be_brief-")
+    for arm in (spaced, "grpo@data.system_prompt=be:brief", "grpo@model.path=/models/a b"):
+        assert RUN_NAME.fullmatch(run_name(arm, 12)), arm
+    assert run_name("grpo@model.path=/m/a", 1) != run_name("grpo@model.path=_m_a", 1)
+    check_arms("tests", [], [spaced, underscored], 1)  # distinct: accepted
+
+
+def _no_training(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    started: list[str] = []
+    monkeypatch.setattr(compare, "train_once", lambda config, overrides, arm, *a, **k: started.append(arm))
+    return started
+
+
+def test_an_arm_given_twice_is_refused_before_any_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    started, out = _no_training(monkeypatch), tmp_path / "cmp"
+    assert cli.main(["study", "compare", "tests", "--methods", "grpo,rredcot,grpo", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert started == [] and not out.exists()
+    assert err.count("\n") == 0 and "arms 'grpo' and 'grpo' would be one run" in err, err
+
+
+def test_every_arms_model_path_is_checked_before_the_first_run_trains(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An arm whose model path does not exist used to fail only when it started, after the earlier
+    arms trained."""
+    started, out = _no_training(monkeypatch), tmp_path / "cmp"
+    arms = f"grpo,rredcot@model.path={tmp_path / 'nope'}"
+    assert cli.main(["study", "compare", "tests", "--methods", arms, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert started == [] and not out.exists()
+    assert err.startswith("rredcot: cannot start: arm 'rredcot@model.path=") and err.count("\n") == 0, err
+    assert f"model.path {tmp_path / 'nope'}: no such directory" in err
+    with pytest.raises(UserError, match="arm 'grpo@learner.lrr=1'.*unknown config key 'learner.lrr'"):
+        check_arms("tests", [], ["rredcot", "grpo@learner.lrr=1"], 1)
