@@ -15,9 +15,11 @@ from pathlib import Path
 
 from rredcot.common.config import Config, available_configs, load_config, redacted, to_yaml
 from rredcot.common.errors import UserError
+from rredcot.launch.arguments import bounded_float, bounded_int
 from rredcot.launch.logs import WorkerFailed, headline, own_error
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+ADVISE_MAX_UNITS = 100_000  # GPUs (or workers) ``advise`` splits: a cluster's, as the config's worker counts
 
 # subcommand -> (module, function taking a Config, help)
 STAGES: dict[str, tuple[str, str, str]] = {
@@ -99,19 +101,33 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("run_dir", help="the run's directory (run.dir)")
     _add_debug(advise := sub.add_parser("advise", help="predict samples/s per generator:redistributor:learner split"))
     advise.add_argument("run_dir", nargs="?", help="a run to take the per-tier rates from (its report/metrics.jsonl)")
-    advise.add_argument("--total", type=int, default=None, help="GPUs (or CPU workers) to split; default: the run's")
-    advise.add_argument("--params", type=float, help="without a run: parameters of the model (e.g. 4e9)")
-    advise.add_argument("--layers", type=int, help="its layers")
-    advise.add_argument("--heads", type=int, help="its query heads")
-    advise.add_argument("--kv-heads", type=int, help="its key-value heads")
-    advise.add_argument("--head-dim", type=int, default=128, help="its head dimension (128)")
-    advise.add_argument("--prompt", type=int, default=512, help="prompt tokens (512)")
-    advise.add_argument("--completion", type=int, default=25000, help="mean completion tokens (25000)")
-    advise.add_argument("--scored", type=float, default=0.0, help="extra tokens the scorer runs per sample (0: GRPO)")
+    advise.add_argument(
+        "--total",
+        type=bounded_int(2, ADVISE_MAX_UNITS),
+        default=None,
+        help="GPUs (or CPU workers) to split; default: the run's",
+    )
+    advise.add_argument(
+        "--params", type=bounded_float(0, 1e15, lo_open=True), help="without a run: parameters of the model (e.g. 4e9)"
+    )
+    advise.add_argument("--layers", type=bounded_int(1, 100_000), help="its layers")
+    advise.add_argument("--heads", type=bounded_int(1, 100_000), help="its query heads")
+    advise.add_argument("--kv-heads", type=bounded_int(1, 100_000), help="its key-value heads")
+    advise.add_argument("--head-dim", type=bounded_int(1, 65_536), default=128, help="its head dimension (128)")
+    advise.add_argument("--prompt", type=bounded_int(1, 10**8), default=512, help="prompt tokens (512)")
+    advise.add_argument(
+        "--completion", type=bounded_int(1, 10**8), default=25000, help="mean completion tokens (25000)"
+    )
+    advise.add_argument(
+        "--scored",
+        type=bounded_float(0, 1e12),
+        default=0.0,
+        help="extra tokens the scorer runs per sample (0: GRPO)",
+    )
     advise.add_argument("--sync", action="store_true", help="staleness.eta = 0: generation and training alternate")
     advise.add_argument(
         "--cores",
-        type=float,
+        type=bounded_float(0, 10**7),
         default=None,
         help="cores the workers share (a CPU run: this machine's; 0: each unit has its own device)",
     )
@@ -275,6 +291,8 @@ def _call_advise(args: argparse.Namespace) -> int:
     else:
         if not (args.params and args.layers and args.heads and args.kv_heads and args.total):
             raise UserError("advise: give a run directory, or --params, --layers, --heads, --kv-heads and --total")
+        if args.kv_heads > args.heads:
+            raise UserError(f"advise: --kv-heads {args.kv_heads} is more than --heads {args.heads}")
         work = a.Workload(
             args.params,
             args.layers,
@@ -293,6 +311,10 @@ def _call_advise(args: argparse.Namespace) -> int:
             None,
         )
         unit = "GPU"
+    if scorer and total < 3:
+        raise UserError(
+            f"advise: --total {total} cannot hold a generator, a redistributor and a learner: give --total 3 or more"
+        )
     print(
         f"per {unit} samples/s: generator {rates.generator:.3g}, redistributor {rates.redistributor:.3g}, "
         f"learner {rates.learner:.3g} ({'overlapped' if rates.overlap else 'alternating'} tiers)"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
+import time
 
 import pytest
 import yaml
@@ -17,6 +19,7 @@ from rredcot.launch.advise import (
     Workload,
     advise,
     measured_rates,
+    moved,
     paper_rates,
     predict,
     splits,
@@ -114,3 +117,88 @@ def test_advise_command_on_a_run_and_on_paper(tmp_path, capsys):
     )
     assert "per GPU samples/s" in capsys.readouterr().out
     assert main(["advise", str(tmp_path / "nothing")]) == 2
+
+
+def exhaustive(total: int, rates: Rates, scorer: bool, top: int = 5, keep: Split | None = None) -> list:
+    """Every split predicted and ranked (what ``advise`` did before it searched by the model's shape)."""
+    key = lambda p: (-p.samples_per_s, moved(p.split, keep), p.split.generator, p.split.redistributor)  # noqa: E731
+    return sorted((predict(s, rates) for s in splits(total, scorer)), key=key)[:top]
+
+
+def test_the_search_finds_what_ranking_every_split_finds():
+    """Random rates (round ones, so that ties are common; the cores' bound ties whole regions),
+    overlapped or alternating tiers, with and without a split to keep: the same splits, in the same
+    order. Below 10 units the order is also the old one (which broke ties by the split's text)."""
+    rng = random.Random(62)
+    for _ in range(400):
+        total = rng.choice([3, 4, 5, 6, 7, 9, 10, 13, 24, 50, 97])
+        pick = (
+            (lambda: rng.choice([0.25, 0.5, 1.0, 2.0, 3.0, 6.0]))
+            if rng.random() < 0.5
+            else lambda: rng.uniform(0.01, 9)
+        )
+        cores = rng.choice([0, 0, 2, 5])
+        rates = Rates(pick(), pick(), pick(), rng.random() < 0.6, rng.choice([0.5, 1.25]) if cores else 0.0, cores)
+        keep = Split(rng.randint(1, 8), rng.randint(0, 8), rng.randint(1, 8)) if rng.random() < 0.4 else None
+        top, scorer = rng.choice([1, 3, 5, 8]), rng.random() < 0.85
+        got = advise(total, rates, scorer, top=top, keep=keep)
+        assert got == exhaustive(total, rates, scorer, top, keep), (total, rates, scorer, top, keep)
+        if total < 10:
+            old = sorted(
+                (predict(s, rates) for s in splits(total, scorer)),
+                key=lambda p: (-p.samples_per_s, moved(p.split, keep), str(p.split)),
+            )
+            assert got == old[:top]
+
+
+def test_a_clusters_total_is_advised_in_seconds():
+    """``--total 100000`` used to build every split (5·10⁹) until memory ran out."""
+    for rates in (Rates(0.5, 6.0, 2.0), Rates(0.5, 6.0, 2.0, overlap=False), Rates(1.0, 4.0, 3.0, True, 1.25, 2)):
+        start = time.monotonic()
+        best = advise(100_000, rates, scorer=True, keep=Split(2, 1, 2))
+        assert time.monotonic() - start < 20 and len(best) == 5
+    assert [str(p.split) for p in advise(100_000, Rates(0.5, 6.0, 2.0), scorer=True)][:1] == ["75000:6250:18750"]
+    assert len(advise(100_000, Rates(0.5, 6.0, 2.0), scorer=False)) == 5
+
+
+PAPER = ["--params", "4e9", "--layers", "36", "--heads", "32", "--kv-heads", "8", "--total", "8"]
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "allowed"),
+    [
+        ("--params", "-4e9", "a finite number in (0, 1e+15]"),
+        ("--params", "nan", "a finite number in (0, 1e+15]"),
+        ("--params", "inf", "a finite number in (0, 1e+15]"),
+        ("--layers", "-1", "an integer in [1, 100000]"),
+        ("--heads", "0", "an integer in [1, 100000]"),
+        ("--kv-heads", "0", "an integer in [1, 100000]"),
+        ("--head-dim", "0", "an integer in [1, 65536]"),
+        ("--prompt", "0", "an integer in [1, 100000000]"),
+        ("--completion", "0", "an integer in [1, 100000000]"),
+        ("--scored", "-5", "a finite number in [0, 1e+12]"),
+        ("--scored", "nan", "a finite number in [0, 1e+12]"),
+        ("--cores", "-2", "a finite number in [0, 1e+07]"),
+        ("--total", "1", "an integer in [2, 100000]"),
+        ("--total", "100001", "an integer in [2, 100000]"),
+        ("--total", "many", "an integer in [2, 100000]"),
+    ],
+)
+def test_advise_refuses_an_argument_out_of_its_range_in_one_line(flag, value, allowed, capsys):
+    """``--params=-4e9`` printed -35 samples/s, ``nan`` a table of NaN, ``--completion 0`` a ZeroDivisionError."""
+    with pytest.raises(SystemExit) as exit:
+        main(["advise", *PAPER, f"{flag}={value}"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit.value.code == 2
+    assert err.endswith(f"error: argument {flag}: must be {allowed} (got {value if value != 'many' else repr(value)})")
+
+
+def test_advise_refuses_a_split_that_cannot_hold_every_tier(capsys):
+    assert main(["advise", *PAPER[:-1], "2", "--scored", "5"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "rredcot: error: advise: --total 2 cannot hold a generator, a redistributor and a learner: "
+        "give --total 3 or more"
+    )
+    assert main(["advise", *PAPER[:-1], "2"]) == 0  # GRPO: a generator and a learner
+    assert main(["advise", *PAPER[:7], "64", *PAPER[8:]]) == 2  # more key-value heads than heads
+    assert "--kv-heads 64 is more than --heads 32" in capsys.readouterr().err
