@@ -32,6 +32,7 @@ from rredcot.common.codec import encode  # noqa: E402
 from rredcot.common.config import Config, load_config  # noqa: E402
 from rredcot.common.precision import cpu_info  # noqa: E402
 from rredcot.common.records import RolloutGroup  # noqa: E402
+from rredcot.launch.arguments import bounded_int  # noqa: E402
 from rredcot.launch.study.credit import construct_name, rredcot_settings, rredcot_variants, with_method  # noqa: E402
 from rredcot.launch.study.slips import (  # noqa: E402
     Format,
@@ -122,8 +123,12 @@ def _cell(iv: Interval) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="study_cpu")
-    parser.add_argument("--problems", type=int, default=8, help="constructed groups (one per problem)")
-    parser.add_argument("--sampled", type=int, default=16, help="problems sampled from the policy (0: none)")
+    parser.add_argument(
+        "--problems", type=bounded_int(1, 10**6), default=8, help="constructed groups (one per problem)"
+    )
+    parser.add_argument(
+        "--sampled", type=bounded_int(0, 10**6), default=16, help="problems sampled from the policy (0: none)"
+    )
     parser.add_argument(
         "--save",
         default=None,
@@ -134,6 +139,10 @@ def main() -> None:
     args = parser.parse_args()
     start = time.perf_counter()
     cfg = load_config(args.config, args.overrides)
+    available = len(train_and_held_out(build_task(cfg.task), cfg.data, cfg.run.seed)[0])
+    for flag, wanted in (("--problems", args.problems), ("--sampled", args.sampled)):
+        if wanted > available:  # they take the first training problems: fewer would pass silently
+            parser.error(f"{flag} {wanted} is more than the {available} training problems of config {args.config}")
     scorer = build_scorer(cfg)
     fmt = Format(cfg.model.think_start, cfg.model.think_end, scorer.answer_template)
     sources = {"constructed": constructed(cfg, scorer.tokenizer, fmt, args.problems)}

@@ -317,6 +317,28 @@ def test_bench_queue_refuses_zero_records_with_a_usage_error() -> None:
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--problems", "0"], "argument --problems: must be an integer in [1, 1000000] (got 0)"),
+        (["--problems", "-1"], "argument --problems: must be an integer in [1, 1000000] (got -1)"),
+        (["--sampled", "-1"], "argument --sampled: must be an integer in [0, 1000000] (got -1)"),
+        (["--problems", "50", "--sampled", "0"], "--problems 50 is more than the 10 training problems of config tests"),
+    ],
+)
+def test_bench_credit_quality_refuses_a_count_out_of_range_in_one_line(args: list[str], said: str) -> None:
+    """``--problems 0`` ended in an IndexError after the scorer loaded; ``--problems -1`` meant "all
+    but one", silently."""
+    out = subprocess.run(
+        [sys.executable, "-m", "rredcot.launch.cli", "bench", "credit_quality", "--config", "tests", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1] == f"credit_quality.py: error: {said}"
+    assert "Traceback" not in out.stderr
+
+
 def test_a_compare_arm_with_a_bad_value_stops_before_any_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
