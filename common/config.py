@@ -124,7 +124,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             sources.append(f"config file {file}: ")
         if overrides:
             _check_overrides(overrides)
-            layers.append(OmegaConf.from_dotlist(list(overrides)))
+            layers.append(OmegaConf.from_dotlist(_literal_if_not_yaml(overrides)))
             sources.append("override ")
         for layer, source in zip(layers, sources, strict=True):
             values = OmegaConf.to_container(layer)
@@ -166,6 +166,25 @@ def _check_overrides(overrides: list[str]) -> None:
             raise ConfigError(f"override {o!r} must look like key=value (e.g. learner.lr=1e-6)")
         if not value.strip():
             raise ConfigError(f"override {o!r} has no value (use {key}=null for null)")
+
+
+def _literal_if_not_yaml(overrides: list[str]) -> list[str]:
+    """Overrides whose value YAML cannot read (``run.name=*``, an alias without its anchor) with the
+    value as the literal string, so that the key's own check names it (it was a raw ``ScannerError``)."""
+    import json
+
+    import yaml
+    from omegaconf._yaml import get_yaml_loader
+
+    out = []
+    for o in overrides:
+        key, _, value = o.partition("=")
+        try:
+            yaml.load(value, Loader=get_yaml_loader())
+        except yaml.YAMLError:
+            o = f"{key}={json.dumps(value)}"
+        out.append(o)
+    return out
 
 
 def _check_shapes(values: dict[Any, Any], schema: type, prefix: str = "") -> None:

@@ -337,6 +337,11 @@ def _call_study(args: argparse.Namespace) -> int:
         return _call_compare(args, cfg)
     if args.mc_samples < 2 or args.problems < 1:
         raise UserError(f"--mc-samples must be >= 2 (got {args.mc_samples}) and --problems >= 1 (got {args.problems})")
+    from rredcot.launch.input_checks import check_model
+
+    policy = check_model("--checkpoint" if args.checkpoint else "model.path", args.checkpoint or cfg.model.path)
+    if policy.level == "error":  # before any engine: Hugging Face's own text names no key
+        raise UserError(f"{policy.found} -> {policy.fix}")
     path = credit_study(
         cfg,
         args.config,

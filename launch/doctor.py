@@ -132,6 +132,16 @@ def check_services(cfg: Config) -> list[Check]:
                     "start the server, fix host/port/password, or unset redis.url for an embedded one",
                 )
             )
+        if cfg.redis.password:  # the clients read the server's password from the URL only
+            out.append(
+                Check(
+                    "warning",
+                    "redis",
+                    "redis.password is ignored: redis.url is set, and a redis.url server's password is read "
+                    "from the URL",
+                    "put it in redis.url (redis://:PASSWORD@host:port/db) and unset redis.password",
+                )
+            )
     else:
         from rredcot.launch.services import find_server_binary
 

@@ -41,6 +41,9 @@ def test_invalid_values_name_key_value_and_allowed(override, fragments):
         ("run.name=exp[12]", ["run.name = 'exp[12]'"]),
         ("run.name=ex?", ["run.name = 'ex?'"]),
         ("run.name=a:b", ["run.name = 'a:b'"]),
+        ("run.name=*", ["run.name = '*'", "letters, digits"]),  # not YAML (an alias): a raw ScannerError
+        ("run.name=*x", ["run.name = '*x'", "letters, digits"]),
+        ("run.name=@x", ["run.name = '@x'", "letters, digits"]),
         ("run.name=" + "x" * 65, ["run.name", "at most 64"]),
         ("redis.url=redis://", ["redis.url = 'redis://'", "has no host"]),
         ("redis.url=redis://localhost:port", ["redis.url", "does not parse", "rediss://"]),
@@ -136,3 +139,11 @@ def test_the_same_keys_load_where_the_rules_allow_them():
     with pytest.raises(ConfigError, match="generation.kv_block_size = 16 is not allowed"):
         load_config("tests", mc)  # the MC engine runs on the redistributor's CPU
     assert load_config("tests", [*mc, "cluster.gpus_per_redistributor=1"]).credit.method == "mc"
+
+
+def test_an_override_value_yaml_cannot_read_is_taken_as_its_text():
+    """``run.name=*`` ended in YAML's ScannerError; a string key takes such a value as it is."""
+    assert load_config("tests", ["data.system_prompt=*bold* [x"]).data.system_prompt == "*bold* [x"
+    assert load_config("tests", ["data.system_prompt=be brief"]).data.system_prompt == "be brief"
+    with pytest.raises(ConfigError, match="learner.lr"):
+        load_config("tests", ["learner.lr=*"])

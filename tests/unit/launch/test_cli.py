@@ -339,6 +339,24 @@ def test_bench_credit_quality_refuses_a_count_out_of_range_in_one_line(args: lis
     assert "Traceback" not in out.stderr
 
 
+def test_study_credit_with_a_checkpoint_that_does_not_exist_names_the_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It used to show Hugging Face's "Repo id must be in the form ..." once the engine loaded."""
+    import rredcot.launch.study.command as command
+
+    started: list[str] = []
+    monkeypatch.setattr(command, "credit_study", lambda cfg, name, checkpoint, *a: started.append(checkpoint))
+    assert main(["study", "credit", "tests", "--checkpoint", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err.strip()
+    nope = tmp_path / "nope"
+    assert started == [] and err == (
+        f"rredcot: error: --checkpoint {nope}: no such directory -> point --checkpoint at a model directory"
+    )
+    assert main(["study", "credit", "tests", f"model.path={tmp_path / 'nope'}"]) == 2
+    assert f"model.path {tmp_path / 'nope'}: no such directory" in capsys.readouterr().err and started == []
+
+
 def test_a_compare_arm_with_a_bad_value_stops_before_any_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

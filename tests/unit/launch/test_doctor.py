@@ -203,3 +203,18 @@ def test_a_dashboard_host_beyond_loopback_is_a_warning_that_says_what_it_exposes
     for host in ("127.0.0.1", "localhost", "::1"):
         quiet = load_config("tests", [f"cluster.dashboard_host={host}", "cluster.dashboard=true"])
         assert not [c for c in check_services(quiet) if "dashboard_host" in c.found]
+
+
+def test_a_redis_password_beside_a_redis_url_is_a_warning_naming_both():
+    """``redis.password`` with ``redis.url`` was ignored without a word: the URL carries the password."""
+    from rredcot.launch.doctor import check_services
+
+    checks = check_services(load_config("tests", ["redis.url=redis://127.0.0.1:1", "redis.password=x"]))
+    (warning,) = [c for c in checks if c.topic == "redis" and c.level == "warning"]
+    assert "redis.password is ignored: redis.url is set" in warning.found
+    assert "redis://:PASSWORD@host" in warning.fix and "unset redis.password" in warning.fix
+    assert not [
+        c
+        for c in check_services(load_config("tests", ["redis.url=redis://127.0.0.1:1"]))
+        if c.level == "warning" and c.topic == "redis"
+    ]
