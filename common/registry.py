@@ -142,7 +142,18 @@ CREDIT_METHODS: Registry[Any] = Registry(
     # registered by a light module (settings, checks, provers; no torch): the config checks them cheaply
     {
         name: "rredcot.redistributor.methods"
-        for name in ("grpo", "bnpo", "drgrpo", "entropy", "top_entropy", "rredcot", "mc", "progress")
+        for name in (
+            "grpo",
+            "bnpo",
+            "drgrpo",
+            "entropy",
+            "top_entropy",
+            "rredcot",
+            "shuffled",
+            "oracle",
+            "mc",
+            "progress",
+        )
     },
 )
 WEIGHT_TRANSPORTS: Registry[Any] = Registry(

@@ -1,7 +1,7 @@
 """Credit methods that need no exit values (grpo, bnpo, drgrpo, entropy, top_entropy; ``rredcot``
-and ``mc`` live in ``value_credit.py``, ``progress`` in ``progress.py``; all registered, with their
-settings, in ``methods.py``), group advantages, the scorer's batched trace pass, and
-``redistribute_group``: RolloutGroup in, WeightedGroup out."""
+and ``mc`` live in ``value_credit.py``; ``progress``, ``shuffled`` and ``oracle`` in modules of their
+own; all registered, with their settings, in ``methods.py``), group advantages, the scorer's
+batched trace pass, and ``redistribute_group``: RolloutGroup in, WeightedGroup out."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 
@@ -144,10 +145,12 @@ def redistribute_group(
     credit: CreditSpec | None = None,
     sampler: ContinuationSampler | None = None,
     reward_fn: RewardFn | None = None,
+    tokenizer: Any = None,
 ) -> WeightedGroup:
     """Advantages + the credit method for one group (``credit``: the method and its settings,
-    resolved once by the caller, else from ``cfg``). Raises ``RecordError`` for token ids outside the
-    scorer's vocabulary before any forward (``Scorer.check_ids``)."""
+    resolved once by the caller, else from ``cfg``; ``tokenizer``: the run's, else the scorer's).
+    Raises ``RecordError`` for token ids outside the scorer's vocabulary before any forward
+    (``Scorer.check_ids``)."""
     if scorer is not None:
         scorer.check_ids(group)
     credit = credit or resolve_credit(cfg)
@@ -159,7 +162,8 @@ def redistribute_group(
         # every advantage is 0: no σ changes the loss, so the scorer's work is skipped (σ uniform)
         credits = [SampleCredit(uniform_sigma(len(s.completion_ids)), fallback="skipped") for s in group.samples]
     else:
-        credits = method(CreditContext(group, adv, cfg, scorer, sampler, reward_fn, credit.settings))
+        tok = tokenizer if tokenizer is not None or scorer is None else scorer.tokenizer
+        credits = method(CreditContext(group, adv, cfg, scorer, sampler, reward_fn, credit.settings, tok))
     samples = [
         WeightedSample(
             s,

@@ -11,6 +11,7 @@ from typing import Any
 from rredcot.common.config_fields import require
 from rredcot.common.config_schema import COUNT_MAX, Config, bounded, choice
 from rredcot.redistributor.registry import add_method, policy
+from rredcot.tasks.task import build_task
 
 
 def _answer_part() -> Any:
@@ -55,6 +56,13 @@ class RredcotSettings(ValueSettings):
     # group: less the other traces' values at the same relative segment position
     baseline: str = choice("group", "none", "group")
     max_refs: int = bounded(4, 1, COUNT_MAX)
+
+
+@dataclass
+class OracleSettings:
+    """``credit.settings.oracle``: the positive control's floor of uniform weight."""
+
+    uniform_mix: float = bounded(0.3, 0.0, 1.0)  # λ, rredcot's default: the two compare at the same floor
 
 
 @dataclass
@@ -108,6 +116,40 @@ def check_rredcot(cfg: Config, settings: RredcotSettings) -> None:
     )
 
 
+def check_oracle(cfg: Config, settings: OracleSettings) -> None:
+    task = build_task(cfg.task)
+    op = getattr(task.settings, "op", None)
+    which = f"task {cfg.task.name!r}" + (f" with task.settings.op={op!r}" if op is not None else "")
+    require(
+        task.checks_slips,
+        "credit.method",
+        cfg.credit.method,
+        f"a task with a slip checker (Task.checks_slips; e.g. task.name=arith with task.settings.op=chain): "
+        f"the oracle blames the first wrong line the checker names, and {which} has none",
+    )
+
+
+def check_shuffled(cfg: Config, settings: RredcotSettings) -> None:
+    """rredcot's rules, and a segmentation that can make two segments (one has nothing to permute)."""
+    check_rredcot(cfg, settings)
+    seg = cfg.credit.segmentation
+    if not (seg.merge or seg.homogenise):  # every keyword piece is a segment
+        return
+    why = "with credit.method=shuffled (its segments' masses are permuted: one segment leaves nothing to permute)"
+    require(
+        seg.segments > 1 or not seg.stop_at_k,
+        "credit.segmentation.segments",
+        seg.segments,
+        f">= 2 {why}",
+    )
+    require(
+        2 * seg.min_segment_tokens <= cfg.generation.max_tokens,
+        "credit.segmentation.min_segment_tokens",
+        seg.min_segment_tokens,
+        f"<= half of generation.max_tokens ({cfg.generation.max_tokens}) {why}",
+    )
+
+
 def own_prover(settings: ProgressSettings) -> str:
     """``progress``'s prover: the one its settings name."""
     return settings.prover
@@ -128,6 +170,22 @@ add_method(
     needs_scorer=True,
     settings=RredcotSettings,
     check=check_rredcot,
+)
+add_method(
+    "shuffled",
+    "rredcot.redistributor.shuffled:shuffled",
+    return_equivalent=True,
+    needs_scorer=True,
+    settings_of="rredcot",
+    check=check_shuffled,
+)
+add_method(
+    "oracle",
+    "rredcot.redistributor.oracle:oracle",
+    return_equivalent=True,
+    needs_tokenizer=True,
+    settings=OracleSettings,
+    check=check_oracle,
 )
 add_method("mc", f"{VALUES}:mc", return_equivalent=True, needs_scorer=True, settings=McSettings, prover=policy)
 add_method(

@@ -1,8 +1,9 @@
 """Credit methods: a new method is a function plus ``@register("name", ...)`` in any module.
 
 Methods live in ``common.registry.CREDIT_METHODS`` (so the config checks ``credit.method`` against
-them). A method declares what it needs: the scorer (``needs_scorer``), a settings dataclass (filled
-from its block ``credit.settings.<name>`` and handed to it as ``ctx.settings``), a ``check`` of its
+them). A method declares what it needs: the scorer (``needs_scorer``), or only the run's tokenizer
+(``needs_tokenizer``), a settings dataclass (filled from its block ``credit.settings.<name>`` and
+handed to it as ``ctx.settings``) or another method's settings (``settings_of``), a ``check`` of its
 rules between config keys, and a ``prover``: whose continuations it samples, from its settings (None:
 none). ``credit.method: mypkg.my_method`` imports your module on first use. This module imports no
 torch: the built-ins register in ``methods.py``, naming their functions by ``"module:function"``.
@@ -54,6 +55,7 @@ class CreditContext:
     sampler: ContinuationSampler | None = None
     reward_fn: RewardFn | None = None
     settings: Any = None  # the method's own settings (its ``settings`` dataclass), if it declares any
+    tokenizer: Any = None  # the run's tokenizer: the scorer's, or loaded for a method that ``needs_tokenizer``
 
 
 CreditFn = Callable[[CreditContext], list[SampleCredit]]
@@ -72,7 +74,9 @@ class CreditMethod:
     fn: CreditFn | str  # the function, or "module:function" (imported on first use)
     return_equivalent: bool  # Σσ = 1 for every sample by design
     needs_scorer: bool = False
+    needs_tokenizer: bool = False  # reads token texts (``ctx.tokenizer``) without a scorer
     settings: type | str | None = None  # dataclass of credit.settings.<name> (or "module:Class")
+    settings_of: str | None = None  # takes that method's settings (its dataclass and block) instead
     check: Check | None = None  # rules between config keys, run while the config is loaded
     prover: Prover | None = None  # whose continuations it samples; None: it samples none
 
@@ -94,7 +98,8 @@ def add_method(name: str, fn: CreditFn | str, **declared: Any) -> CreditMethod:
 
 def register(name: str, **declared: Any) -> Callable[[CreditFn], CreditFn]:
     """Decorator: make ``fn`` the credit method ``name`` (``credit.method=name``); ``declared``:
-    ``return_equivalent`` (required), ``needs_scorer``, ``settings``, ``check``, ``prover``."""
+    ``return_equivalent`` (required), ``needs_scorer``, ``needs_tokenizer``, ``settings`` or
+    ``settings_of``, ``check``, ``prover``."""
 
     def wrap(fn: CreditFn) -> CreditFn:
         add_method(name, fn, **declared)

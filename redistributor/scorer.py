@@ -8,6 +8,7 @@ from typing import Any
 
 from rredcot.common.records import RolloutGroup, check_vocabulary
 from rredcot.redistributor.entropy import TokenCounter
+from rredcot.redistributor.lines import content_end
 from rredcot.redistributor.references import Construct, Pair, TailText, split_pair
 from rredcot.redistributor.segmentation import keyword_boundaries, token_texts
 from rredcot.tasks.prompts import opens_thought
@@ -63,10 +64,7 @@ class Scorer:
 
     def content_end(self, ids: Sequence[int]) -> int:
         """The length of ``ids`` without its trailing end tokens (EOS, end of turn)."""
-        n = len(ids)
-        while n and ids[n - 1] in self.end_ids:
-            n -= 1
-        return n
+        return content_end(ids, self.end_ids)
 
     def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
         """Accept a weight update (e.g. the policy at ``version`` when ``credit.scorer.model=policy``).

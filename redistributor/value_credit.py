@@ -7,7 +7,8 @@ of value over each segment into σ (``sigma.py``). Their exit points: the thinki
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 
 import numpy as np
 
@@ -17,6 +18,7 @@ from rredcot.common.sampling import ContinuationSampler, RewardFn
 from rredcot.redistributor.baseline import group_baselines
 from rredcot.redistributor.credit import scored_traces, scorer_of, uniform_sigma
 from rredcot.redistributor.entropy import TraceScores
+from rredcot.redistributor.lines import answer_line_start
 from rredcot.redistributor.mc import MCValues, mc_values
 from rredcot.redistributor.methods import RredcotSettings
 from rredcot.redistributor.references import Construct, Pair, Tail, tails
@@ -43,24 +45,6 @@ def exit_points(ctx: CreditContext, s: RolloutRecord, trace: TraceScores) -> np.
     entropy = trace.entropy[:body].double().cpu().numpy()
     exits = segment(texts, entropy, ctx.cfg.credit.segmentation, scorer.think_start, scorer.think_end).exit_points
     return scored_exits(exits, len(ids), body) if ctx.settings.answer_part == "terminal" else exits
-
-
-def answer_line_start(texts: Sequence[str], template: str) -> int:
-    """The index of the first token of the last line that starts with ``template`` (leading spaces
-    allowed); ``len(texts)`` when no line does (or the template is blank)."""
-    head = template.strip()
-    text = "".join(texts)
-    if not head:
-        return len(texts)
-    at = max((m for m in _line_starts(text) if text[m:].lstrip(" \t").startswith(head)), default=None)
-    if at is None:
-        return len(texts)
-    off = np.cumsum([0, *(len(t) for t in texts)])
-    return int(np.searchsorted(off, at, side="right")) - 1
-
-
-def _line_starts(text: str) -> list[int]:
-    return [0, *(i + 1 for i, ch in enumerate(text) if ch == "\n" and i + 1 < len(text))]
 
 
 def scored_exits(exits: np.ndarray, n_tokens: int, content_end: int) -> np.ndarray:
@@ -124,6 +108,9 @@ def reference_pairs(group: RolloutGroup, scorer: Scorer, c: RredcotSettings) -> 
     ]
 
 
+Rearrange = Callable[[RolloutRecord, np.ndarray], np.ndarray]  # a sample and its segment masses -> σ's masses
+
+
 def _sigma(
     exits: np.ndarray,
     values: np.ndarray,
@@ -132,16 +119,18 @@ def _sigma(
     ctx: CreditContext,
     log_values: np.ndarray | None = None,
     baseline: np.ndarray | None = None,
+    rearrange: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> SampleCredit:
     """σ from the exit values; ``log_values`` (prob space) gives relu/abs masses that never underflow;
-    ``baseline`` (one per exit) is subtracted from the values before their changes are taken."""
+    ``baseline`` (one per exit) is subtracted from the values before their changes are taken;
+    ``rearrange`` moves the segment masses before σ spreads them (``shuffled``)."""
     c = ctx.settings
     based = values if baseline is None else values - baseline
     rewards = segment_rewards(based) if values.size else np.zeros(max(len(exits) - 1, 0))
     scaled = prob_rewards(log_values) if log_values is not None and c.sign != "softmax" else rewards
     masses = segment_masses(scaled, advantage, c.sign, c.softmax_temperature)
     return SampleCredit(
-        token_sigma(n, exits, masses, c.uniform_mix),
+        token_sigma(n, exits, masses if rearrange is None else rearrange(masses), c.uniform_mix),
         exits.astype(np.int32),
         values.astype(np.float32),
         rewards.astype(np.float32),
@@ -206,8 +195,9 @@ def sample_values(
     return (exits, np.exp(values), values) if prob else (exits, values, None)
 
 
-def rredcot(ctx: CreditContext) -> list[SampleCredit]:
-    """Entropy → segments → importance-sampled exit values → (group baseline) → segment rewards → σ."""
+def rredcot(ctx: CreditContext, rearrange: Rearrange | None = None) -> list[SampleCredit]:
+    """Entropy → segments → importance-sampled exit values → (group baseline) → segment rewards → σ;
+    ``rearrange``: see ``credit_from_values``."""
     samples = ctx.group.samples
     refs = reference_pairs(ctx.group, scorer_of(ctx), ctx.settings)
     found: list[Found] = [(np.zeros(1, np.int32), np.zeros(0), None)] * len(samples)
@@ -218,23 +208,29 @@ def rredcot(ctx: CreditContext) -> list[SampleCredit]:
         t2 = time.perf_counter()
         found[i] = sample_values(ctx, s, trace, exits, refs[i])
         timings[i] = {"entropy": t_entropy, "segment": t2 - t1, "values": time.perf_counter() - t2}
-    out = credit_from_values(ctx, found)
+    out = credit_from_values(ctx, found, rearrange)
     for i, credit in enumerate(out):
         credit.timings = timings[i] | credit.timings
     return out
 
 
-def credit_from_values(ctx: CreditContext, found: Sequence[Found]) -> list[SampleCredit]:
+def credit_from_values(
+    ctx: CreditContext, found: Sequence[Found], rearrange: Rearrange | None = None
+) -> list[SampleCredit]:
     """RREDCoT's last stage for every sample of the group: its exit values (less the group baseline
-    with ``baseline=group``), segment rewards, masses and σ."""
+    with ``baseline=group``), segment rewards, masses and σ; ``rearrange`` (sample, masses) gives the
+    masses σ spreads instead (the recorded rewards stay the sample's own)."""
     grouped = ctx.settings.baseline == "group"
     baselines = group_baselines([v for _, v, _ in found]) if grouped else [None] * len(found)
     out = []
     for i, ((exits, values, log_values), baseline) in enumerate(zip(found, baselines, strict=True)):
         t = time.perf_counter()
         # a baseline is taken in the value space itself: prob values then lose their log-space masses
-        n, adv = len(ctx.group.samples[i].completion_ids), float(ctx.advantages[i])
-        out.append(_sigma(exits, values, n, adv, ctx, None if grouped else log_values, baseline))
+        s, adv = ctx.group.samples[i], float(ctx.advantages[i])
+        own = None if rearrange is None else partial(rearrange, s)
+        out.append(
+            _sigma(exits, values, len(s.completion_ids), adv, ctx, None if grouped else log_values, baseline, own)
+        )
         out[i].timings = {"sigma": time.perf_counter() - t}
     return out
 

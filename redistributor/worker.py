@@ -132,6 +132,12 @@ def build_scorer(cfg: Config) -> Scorer:
     )
 
 
+def build_tokenizer(cfg: Config) -> Any:
+    """The run's tokenizer (``model.tokenizer``, else ``model.path``'s), for a method that reads token
+    texts without a scorer (``needs_tokenizer``)."""
+    return load_tokenizer(cfg.model.tokenizer or resolve_model_path(cfg.model.path, seed=cfg.run.seed))
+
+
 def verifier_reward(verifier: Verifier, tokenizer: Any) -> RewardFn:
     """RewardFn for MC: decode, then score with the run's task through the isolated verifier."""
 
@@ -186,6 +192,8 @@ class Redistributor:
         self.consumer = Consumer(self.client, rollouts, GROUP, name, dead, cfg.redis.claim_idle_ms)
         self.producer = Producer(self.client, batches, cfg.redis.maxlen, cfg.redis.block_timeout_s)
         self.scorer = scorer if scorer is not None or not credit.method.needs_scorer else build_scorer(cfg)
+        # a method that reads token texts without a scorer (oracle) loads only the tokenizer
+        self.tokenizer = build_tokenizer(cfg) if credit.method.needs_tokenizer and self.scorer is None else None
         following = cfg.credit.scorer.model == "policy" and self.scorer is not None
         self.scorer_weights = (
             weight_receiver(cfg, self.client, ScorerPort(self.scorer), name=name) if following else None
@@ -235,7 +243,9 @@ class Redistributor:
         try:
             group = decode(entry.payload, RolloutGroup)
             with torch.inference_mode():
-                out = redistribute_group(group, self.cfg, self.scorer, self.credit, self.sampler, self.reward_fn)
+                out = redistribute_group(
+                    group, self.cfg, self.scorer, self.credit, self.sampler, self.reward_fn, self.tokenizer
+                )
             payload = encode(out)
         except (RecordError, ValueError) as e:  # the entry's fault; anything else is the worker's
             self._dead(entry, f"{type(e).__name__}: {e}", type(e).__name__, group)

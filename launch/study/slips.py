@@ -27,8 +27,8 @@ from scipy import stats
 
 from rredcot.common.config import DataConfig
 from rredcot.common.records import RolloutGroup, RolloutRecord
-from rredcot.redistributor.segmentation import thinking_span, token_texts
-from rredcot.redistributor.value_credit import answer_line_start
+from rredcot.redistributor.lines import line_texts, working_lines
+from rredcot.redistributor.segmentation import token_texts
 from rredcot.tasks.arith import chain_lines, first_slip, parse_chain, solution_text
 from rredcot.tasks.data import Problem
 from rredcot.tasks.prompts import prompt_ids
@@ -47,25 +47,6 @@ class LabelledTrace:
     lines: list[tuple[int, int]]  # token spans [lo, hi) of the working lines
     slip: int | None  # the first wrong working line (wrong traces); None for a correct one
     filler: int | None = None  # the irrelevant line of a constructed correct trace
-
-
-def working_lines(texts: Sequence[str], think_start: str, think_end: str, template: str) -> list[tuple[int, int]]:
-    """Token spans of the non-blank lines of the working: the thinking span, or without tags the
-    completion up to its answer line; a line runs to the token that ends it (its newline included)."""
-    lo, hi, has_think = thinking_span(texts, think_start, think_end)
-    if not has_think:
-        hi = answer_line_start(texts, template)
-    spans, start = [], lo
-    for j in range(lo, hi):
-        if "\n" in texts[j] or j == hi - 1:
-            if "".join(texts[start : j + 1]).strip():
-                spans.append((start, j + 1))
-            start = j + 1
-    return spans
-
-
-def line_texts(texts: Sequence[str], spans: Sequence[tuple[int, int]]) -> list[str]:
-    return ["".join(texts[a:b]).strip() for a, b in spans]
 
 
 def line_mass(sigma: np.ndarray, spans: Sequence[tuple[int, int]]) -> np.ndarray:

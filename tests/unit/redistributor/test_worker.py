@@ -12,6 +12,7 @@ import torch
 from rredcot.common.config import ConfigError, TaskConfig, load_config, resolve_credit
 from rredcot.common.onednn import PRIMITIVE_CACHE, PRIMITIVE_CACHE_ENV
 from rredcot.common.records import WeightedSample
+from rredcot.models.store import qwen_tokenizer_dir
 from rredcot.redistributor import worker
 from rredcot.redistributor.worker import Redistributor, WorkerMetrics, build_scorer, verifier_reward
 from rredcot.tasks.verifier import Verifier
@@ -119,3 +120,12 @@ def test_the_worker_takes_the_method_resolved_by_launch(redis_server, run_id, mo
     assert red.credit is spec and red.scorer is None and red.sampler is None  # grpo needs neither
     monkeypatch.setattr(worker, "resolve_credit", resolve_credit)
     assert Redistributor(cfg, "red1").credit == spec
+
+
+def test_a_method_that_reads_token_texts_gets_the_tokenizer_and_no_scorer(redis_server, run_id) -> None:
+    """``oracle`` (``needs_tokenizer``) costs what grpo costs: no scorer model, only ``model.tokenizer``
+    (else model.path's) loaded; grpo loads neither."""
+    base = [f"redis.url={redis_server.url}", f"run.name={run_id}", f"model.tokenizer={qwen_tokenizer_dir()}"]
+    oracle = Redistributor(load_config("tests", [*base, "credit.method=oracle", "task.settings.op=chain"]), "red0")
+    assert oracle.scorer is None and oracle.tokenizer.decode([40]) == "I"
+    assert Redistributor(load_config("tests", [*base, "credit.method=grpo"]), "red1").tokenizer is None
