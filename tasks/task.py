@@ -13,6 +13,7 @@ Subclass ``Task``, decorate it with ``@TASKS.register("name")`` and override wha
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from rredcot.common.config import Config, ConfigError, DataConfig, TaskConfig
@@ -79,6 +80,17 @@ class Task:
     def answers_match(self, predicted: str, gold: str) -> bool:
         """Whether ``predicted`` is the gold answer. Runs in the verifier's process, under a timeout."""
         return predicted.strip().casefold() == gold.strip().casefold()
+
+    @property
+    def checks_slips(self) -> bool:
+        """Whether ``first_slip`` can name the first wrong line of a trace's working (the ``oracle``
+        credit method and the slip reports need it)."""
+        return False
+
+    def first_slip(self, problem: Problem, lines: Sequence[str]) -> int | None:
+        """The index of the first wrong line of working in ``lines`` (the trace's non-blank lines before
+        its answer line); ``len(lines)`` when steps are missing; None when the working is right."""
+        raise NotImplementedError(f"task {type(self).__name__} has no slip checker")
 
     def reference(self, problem: Problem) -> tuple[str, str]:
         """(u, y): the reference solution without its final answer line, and the answer line."""

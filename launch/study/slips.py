@@ -29,7 +29,8 @@ from rredcot.common.config import DataConfig
 from rredcot.common.records import RolloutGroup, RolloutRecord
 from rredcot.redistributor.lines import line_texts, working_lines
 from rredcot.redistributor.segmentation import token_texts
-from rredcot.tasks.arith import chain_lines, first_slip, parse_chain, solution_text
+from rredcot.tasks.arith import solution_text
+from rredcot.tasks.chain import chain_lines, first_slip, parse_chain
 from rredcot.tasks.data import Problem
 from rredcot.tasks.prompts import prompt_ids
 from rredcot.tasks.task import Task

@@ -102,7 +102,7 @@ def test_deterministic_in_seed():
     [
         ("task.settings.operand_min=9", "task.settings.operand_min = 9 is not allowed; expected <= task.settings"),
         ("task.settings.size=5", "data.eval_size = 5 is not allowed; expected < task.settings.size (5)"),
-        ("task.settings.chain_steps=0", "task.settings.chain_steps = 0 is not allowed; expected a number in [1, 8]"),
+        ("task.settings.chain_steps=0", "task.settings.chain_steps = 0 is not allowed; expected a number in [1, 16]"),
         # 15 distinct products a × b (2 <= a <= b <= 6), 5 held out: 10 to train on
         ("data.train_size=11", "data.train_size = 11 is not allowed; expected 0 (every problem not held out) or <= 10"),
         ("logging.eval_train=11", "logging.eval_train = 11 is not allowed; expected <= 10, the problems the run"),
@@ -157,7 +157,7 @@ def test_the_thinking_format_puts_the_working_inside_the_tags_and_u_without_them
 
 
 def test_chain_lines_carry_a_slip_forward_and_the_checker_finds_it():
-    from rredcot.tasks.arith import chain_lines, first_slip, parse_chain
+    from rredcot.tasks.chain import chain_lines, first_slip, parse_chain
 
     p = arith(op="chain", chain_steps=4, operand_max=5, size=30).problems(DATA, seed=0)[0]
     ops, operands = parse_chain(p)
@@ -175,7 +175,8 @@ def test_chain_lines_carry_a_slip_forward_and_the_checker_finds_it():
 
 
 def test_chain_problems_and_texts_by_hand():
-    from rredcot.tasks.arith import chain_lines, make_problem, solution_text
+    from rredcot.tasks.arith import make_problem, solution_text
+    from rredcot.tasks.chain import chain_lines
 
     p = make_problem("x", ("+", "*"), (2, 3, 4))
     assert (p.problem, p.answer) == ("What is (2 + 3) * 4?", "20")

@@ -17,7 +17,7 @@ from rredcot.launch.study.slips import (
     slip_scores,
     working_lines,
 )
-from rredcot.tasks.arith import first_slip
+from rredcot.tasks.chain import first_slip
 from rredcot.tasks.task import build_task
 
 FMT = Format("<think>", "</think>", "Answer: ")
