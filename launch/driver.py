@@ -30,6 +30,7 @@ from rredcot.common.control import RunControl
 from rredcot.common.files import write_text_atomic
 from rredcot.common.ledger import balance_now
 from rredcot.common.precision import cpu_info, dtype_settings, planned_dtype
+from rredcot.common.run_uid import dir_uid, publish_uid
 from rredcot.common.streams import connect
 from rredcot.launch.cluster_checks import check_nodes, wait_for_placement
 from rredcot.launch.doctor import preflight
@@ -54,6 +55,7 @@ from rredcot.launch.monitor import Monitor, Phases, Progress, fmt_duration
 from rredcot.launch.plan import Tier, bundles, evaluator_tier
 from rredcot.launch.report import HISTORY_FILE, RunOutcome, write_report
 from rredcot.launch.run_dir import claim_run_dir, clear_run_dir, clear_run_keys
+from rredcot.launch.run_lock import NameLease, hold_name
 from rredcot.launch.run_lock import hold as hold_run_lock
 from rredcot.launch.run_times import expected_seconds, record_seconds
 from rredcot.launch.services import embedded_redis, embedded_redis_line
@@ -122,12 +124,15 @@ def train(cfg: Config, verbose: bool = False) -> Path:
     """Run the whole pipeline; returns the report directory."""
     run_dir = Path(cfg.run.dir).resolve()
     warnings = preflight(cfg)  # paths, data, services, cores: a PreflightError before anything starts
-    claim_run_dir(run_dir, cfg.run.name, cfg.run.resume)
     phases = Phases()
     outcome = RunOutcome(status="failed", phases=phases)
     received.clear()
     with contextlib.ExitStack() as stack:
+        # a live run of this name in the same Redis, whatever its run.dir: refused before anything is touched
+        lease = stack.enter_context(hold_name(cfg.redis.url, cfg.run.name, run_dir)) if cfg.redis.url else None
+        claim_run_dir(run_dir, cfg.run.name, cfg.run.resume)
         stack.callback(hold_run_lock(run_dir, cfg.run.name))  # before anything in run_dir is touched
+        uid = dir_uid(run_dir)  # names what the run holds on a machine (its /dev/shm slots)
         fresh = cfg.run.resume == "never"  # an earlier run's driver.log is overwritten
         stack.callback(setup_driver_logging(run_dir / "logs" / "driver.log", verbose, append=not fresh))
         log.info(first_line(cfg, run_dir))
@@ -135,7 +140,7 @@ def train(cfg: Config, verbose: bool = False) -> Path:
         for warning in warnings:
             log.warning(warning.line())
         try:
-            _run(cfg, run_dir, phases, outcome, stack)
+            _run(cfg, run_dir, phases, outcome, stack, uid, lease)
         except KeyboardInterrupt as e:
             outcome.status = f"interrupted ({received[-1] if received else str(e) or 'SIGINT'})"
             log.warning("stopping: %s; the learner checkpoints and the report is written", outcome.status)
@@ -211,7 +216,15 @@ def lead_own_process_group(cfg: Config) -> None:
             os.setpgrp()
 
 
-def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack: contextlib.ExitStack) -> None:
+def _run(
+    cfg: Config,
+    run_dir: Path,
+    phases: Phases,
+    outcome: RunOutcome,
+    stack: contextlib.ExitStack,
+    uid: str,
+    lease: NameLease | None,
+) -> None:
     local_ray_env(cfg)  # before the first import of ray
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
@@ -221,7 +234,7 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     # Ctrl-C while ray.init starts the local Ray can be swallowed inside it (seen under load: the
     # run went on to the end); ours records the signal, so that the run stops as soon as it returns
     catch_interrupts(stack)
-    stack.callback(_say_slots_left, cfg.run.name)  # after Ray's shutdown: what a failed learner left in /dev/shm
+    stack.callback(_say_slots_left, cfg.run.name, uid)  # after Ray's shutdown: what a failed learner left in /dev/shm
     stack.callback(end_leftovers, run_dir, after_own_stop=True)  # after Ray's shutdown: what outlived it
     session = init_ray(cfg, stack)
     raise_if_interrupted()
@@ -249,6 +262,7 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     client = connect(cfg.redis.url)
     if cfg.run.resume == "never":
         clear_run_keys(client, cfg.run.name)
+    publish_uid(client, cfg.run.name, uid)  # the learner names its /dev/shm slots by it
     control = outcome.control = RunControl(client, cfg.run.name)
     control.clear_stop()
     monitor = outcome.monitor = Monitor(
@@ -257,7 +271,7 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     stack.callback(monitor.close)
     progress = Progress(cfg, phases)
     stack.callback(progress.close)
-    watch = Watch(cfg, monitor, progress, client, server)
+    watch = Watch(cfg, monitor, progress, client, server, lease)
 
     plan, eval_tier = bundles(cfg), evaluator_tier(cfg)
     extra = [eval_tier.bundle()] if eval_tier else []
@@ -298,9 +312,9 @@ def _run(cfg: Config, run_dir: Path, phases: Phases, outcome: RunOutcome, stack:
     outcome.status = "finished"
 
 
-def _say_slots_left(run_id: str) -> None:
+def _say_slots_left(run_id: str, uid: str) -> None:
     """Say that a killed or failed learner's ``ipc`` slots stay in ``/dev/shm``, and how to free them."""
-    if left := host_slots_left(run_id):
+    if left := host_slots_left(run_id, uid):
         mib = sum(p.stat().st_size for p in left) / 2**20
         log.warning(
             "the learner's weight slots stay in /dev/shm (%.0f MiB) for run.resume=auto, whose generators start "

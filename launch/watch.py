@@ -10,6 +10,7 @@ from rredcot.common.config import Config
 from rredcot.common.streams import BATCHES, ROLLOUTS, key
 from rredcot.launch.interrupts import raise_if_interrupted
 from rredcot.launch.monitor import Monitor, Progress
+from rredcot.launch.run_lock import NameLease
 from rredcot.launch.services import EmbeddedRedis
 from rredcot.launch.supervisor import StageActors
 
@@ -20,13 +21,22 @@ class Watch:
     """The driver's waiting: polls metrics, shows progress, and surfaces any actor's failure at once."""
 
     def __init__(
-        self, cfg: Config, monitor: Monitor, progress: Progress, client: Any, server: EmbeddedRedis | None
+        self,
+        cfg: Config,
+        monitor: Monitor,
+        progress: Progress,
+        client: Any,
+        server: EmbeddedRedis | None,
+        lease: NameLease | None = None,
     ) -> None:
         self.cfg, self.monitor, self.progress, self.client, self.server = cfg, monitor, progress, client, server
+        self.lease = lease  # the run's lease on its name in a redis.url server (renewed by its own thread)
         self.redis_restarts = 0
 
     def tick(self, evals_left: int) -> None:
         raise_if_interrupted()
+        if self.lease is not None:
+            self.lease.check()  # another driver took the name: stop before both write the same keys
         self._keep_redis()
         self.monitor.poll()
         depths = {s: self.client.xlen(key(self.cfg.run.name, s)) for s in (ROLLOUTS, BATCHES)}

@@ -34,6 +34,7 @@ import torch
 
 from rredcot.common.config import Config, ConfigError, choice
 from rredcot.common.registry import WEIGHT_TRANSPORTS
+from rredcot.common.run_uid import run_uid
 from rredcot.transports.file import FilePublisher, FileReceiver
 from rredcot.transports.gather import CPU, columns, gathered_buckets, take_part
 from rredcot.transports.group import bucket_nbytes, flat_nbytes, flatten, unflatten
@@ -138,7 +139,7 @@ class IpcPublisher(FilePublisher):
             for i in range(SLOTS):  # a restarted learner: what the old slots held is gone
                 stamp(self.client, self.run_id, i, -1)
             try:
-                self._ring = SlotRing(self.run_id, nbytes, device, self.shm_dir)
+                self._ring = SlotRing(self.run_id, run_uid(self.client, self.run_id), nbytes, device, self.shm_dir)
             except (OSError, torch.OutOfMemoryError) as e:
                 log.warning("ipc: %d MiB of shared slots do not fit (%s); publishing files", nbytes >> 20, e)
                 self._files_only = True

@@ -56,15 +56,17 @@ def node_id() -> str:
     return f"{socket.gethostname()}/{boot.read_text().strip() if boot.exists() else ''}"
 
 
-def slot_path(run_id: str, index: int, shm_dir: Path = SHM_DIR) -> Path:
-    """Slot ``index``'s file of run ``run_id`` (one name per run: a restarted learner replaces it)."""
-    return shm_dir / f"rredcot-{re.sub(r'[^A-Za-z0-9_.-]', '_', run_id)}-slot{index}"
+def slot_path(run_id: str, uid: str, index: int, shm_dir: Path = SHM_DIR) -> Path:
+    """Slot ``index``'s file of run ``run_id`` whose own id is ``uid`` (``common.run_uid``): one name
+    per run, which a restarted or resumed learner replaces; another run of the same name has another
+    id, so its learner never replaces these."""
+    return shm_dir / f"rredcot-{re.sub(r'[^A-Za-z0-9_.-]', '_', run_id)}-{uid}-slot{index}"
 
 
-def host_slots_left(run_id: str, shm_dir: Path = SHM_DIR) -> list[Path]:
+def host_slots_left(run_id: str, uid: str, shm_dir: Path = SHM_DIR) -> list[Path]:
     """Run ``run_id``'s host slot files on this node: what a learner that was killed or failed left
     (they hold its newest weights, which a resumed run's generators start from)."""
-    return [p for i in range(SLOTS) if (p := slot_path(run_id, i, shm_dir)).exists()]
+    return [p for i in range(SLOTS) if (p := slot_path(run_id, uid, i, shm_dir)).exists()]
 
 
 def _map(path: Path, nbytes: int) -> torch.Tensor:
@@ -90,26 +92,28 @@ def _visible_gpus() -> list[str]:
 class SlotRing:
     """Learner rank 0's slots: allocated once, each shared by one handle for the whole run."""
 
-    def __init__(self, run_id: str, nbytes: int, device: torch.device, shm_dir: Path = SHM_DIR) -> None:
-        """``device``: a CUDA device for ``cuda`` slots, the CPU for ``host`` ones. Raises ``OSError``
+    def __init__(self, run_id: str, uid: str, nbytes: int, device: torch.device, shm_dir: Path = SHM_DIR) -> None:
+        """``uid``: the run's own id, which names its host slots; ``device``: a CUDA device for
+        ``cuda`` slots, the CPU for ``host`` ones. Raises ``OSError``
         (host memory) or ``torch.OutOfMemoryError`` (GPU) when the slots do not fit."""
         self.nbytes, self.kind = nbytes, "cuda" if device.type == "cuda" else "host"
         self.buffers: list[torch.Tensor] = []
         self.handles: list[dict[str, Any]] = []
         self._paths: list[Path] = []
         try:
-            self._allocate(run_id, device, shm_dir)
+            self._allocate(run_id, uid, device, shm_dir)
         except BaseException:
             self.close()
             raise
 
-    def _allocate(self, run_id: str, device: torch.device, shm_dir: Path) -> None:
+    def _allocate(self, run_id: str, uid: str, device: torch.device, shm_dir: Path) -> None:
         nbytes, node = self.nbytes, node_id()
         for i in range(SLOTS):
             base = {"node": node, "nbytes": nbytes, "index": i}
             if self.kind == "host":
-                path = slot_path(run_id, i, shm_dir)
-                path.unlink(missing_ok=True)  # a killed learner's slot: receivers still mapping it keep their pages
+                path = slot_path(run_id, uid, i, shm_dir)
+                # this run's killed learner's slot: receivers still mapping it keep their pages
+                path.unlink(missing_ok=True)
                 self._paths.append(path)
                 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
                 try:

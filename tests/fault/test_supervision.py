@@ -95,7 +95,7 @@ def test_killed_worker_is_restarted_and_the_run_loses_nothing(
     assert_ledger_balanced(report, prompts)
     if transport == "ipc":  # the successor's slots carried every version, and went with it
         assert all(v["broadcast_fallbacks"] == 0 for v in learners)
-        assert not list(Path("/dev/shm").glob(f"rredcot-{run_id}-slot*"))
+        assert not list(Path("/dev/shm").glob(f"rredcot-{run_id}-*-slot*"))
 
 
 def assert_ledger_balanced(report: Path, prompts: int) -> None:
@@ -165,7 +165,7 @@ def test_a_learner_lost_past_its_restarts_stops_the_run_and_says_how_to_resume(
     killer.join(timeout=5)
     summary = json.loads((tmp_path / run_id / "report" / "summary.json").read_text())
     assert killed and summary["status"].startswith("failed") and "run.resume=auto" in summary["status"]
-    slots = sorted(Path("/dev/shm").glob(f"rredcot-{run_id}-slot*"))  # the killed learner's newest weights
+    slots = sorted(Path("/dev/shm").glob(f"rredcot-{run_id}-*-slot*"))  # the killed learner's newest weights
     log = (tmp_path / run_id / "logs" / "driver.log").read_text()
     for slot in slots:
         slot.unlink()

@@ -36,7 +36,7 @@ def _pattern(n: int, shift: int) -> torch.Tensor:
 
 def test_a_gpu_slot_is_read_by_another_process_on_the_same_gpu_and_again_after_a_rewrite():
     n = 48 * 2**20 + 16  # larger than one allocator block class, not a power of two
-    ring = SlotRing("gpu-test", n, torch.device("cuda", torch.cuda.current_device()))
+    ring = SlotRing("gpu-test", "0123456789ab", n, torch.device("cuda", torch.cuda.current_device()))
     assert ring.kind == "cuda" and ring.handles[1]["ipc"][0] == str(torch.cuda.get_device_properties(0).uuid)
     receiver = subprocess.Popen(
         [sys.executable, "-c", RECEIVER],

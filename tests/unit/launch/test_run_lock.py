@@ -1,19 +1,23 @@
-"""A run holds its name: a second driver of the same run refuses before it touches the run's files."""
+"""A run holds its name: a second driver of the same run refuses before it touches the run's files;
+a second run of a live name against the same Redis, whatever its run.dir, before it touches anything."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from rredcot.common.config import load_config
+from rredcot.common.streams import registry_key, run_key
 from rredcot.launch.driver import train
 from rredcot.launch.run_dir import RUN_MARKER
-from rredcot.launch.run_lock import RunLocked, hold
+from rredcot.launch.run_lock import LeaseLost, NameLease, RunLocked, describe, hold, lease_key
 
 HOLDER = "import sys, time\nfrom pathlib import Path\nfrom rredcot.launch.run_lock import hold\n"
 HOLDER += "hold(Path(sys.argv[1]), 'x')\nprint('held', flush=True)\ntime.sleep(600)\n"
@@ -54,3 +58,104 @@ def test_train_refuses_a_live_run_before_touching_its_files(tmp_path: Path) -> N
         release()
     assert (run_dir / "logs" / "driver.log").read_text() == "the live run's log\n"
     assert (run_dir / "logs" / "gen0.log").read_text() == "a worker's log\n"
+
+
+# ----- the lease on a run's name in its Redis -----
+
+LEASE_HOLDER = """
+import sys, time
+from pathlib import Path
+from rredcot.common.streams import connect
+from rredcot.launch.run_lock import NameLease
+lease = NameLease(connect(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), ttl_s=1.0, renew_every_s=0.2)
+lease.take()
+lease.start()
+print('held', flush=True)
+time.sleep(600)
+"""
+
+
+def _holder(url: str, name: str, run_dir: Path) -> subprocess.Popen:
+    """A live driver of run ``name`` (its lease renewed by its thread), in a process of its own."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LEASE_HOLDER, url, name, str(run_dir)], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_live_lease_refuses_a_second_start_naming_the_live_run_and_expires_once_its_driver_is_killed(
+    redis_server, redis_client, run_id, tmp_path
+):
+    """The live driver is named (pid, host, run.dir) with how to stop and resume it; a driver killed
+    by SIGKILL stops renewing, so its lease expires and the name can be taken over (run.resume=auto)."""
+    proc = _holder(redis_server.url, run_id, tmp_path / "first")
+    try:
+        time.sleep(2.5)  # past the lease's 1 s: its thread renews it
+        second = NameLease(redis_client, run_id, tmp_path / "second", where=" at redis://…")
+        with pytest.raises(RunLocked) as refused:
+            second.take()
+        line = str(refused.value)
+        assert "\n" not in line and f"run {run_id!r} is already running with Redis at redis://… (driver pid " in line
+        assert f"{proc.pid} on {socket.gethostname()}, run.dir {tmp_path / 'first'}" in line
+        assert f"kill -TERM {proc.pid}" in line and f"run.resume=auto run.dir={tmp_path / 'first'}" in line
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        deadline = time.monotonic() + 5
+        while True:  # expires within its 1 s
+            try:
+                second.take()
+                break
+            except RunLocked:
+                assert time.monotonic() < deadline, "the killed driver's lease did not expire"
+                time.sleep(0.1)
+        assert describe(redis_client.get(lease_key(run_id)))["run_dir"] == str(tmp_path / "second")
+        assert second.release()
+    finally:
+        proc.kill()
+        proc.wait(30)
+
+
+def test_renewal_keeps_the_lease_past_its_ttl_and_release_deletes_only_our_own(redis_client, run_id, tmp_path):
+    lease = NameLease(redis_client, run_id, tmp_path, ttl_s=0.5, renew_every_s=0.1).hold()
+    time.sleep(1.5)  # three TTLs
+    assert redis_client.get(lease_key(run_id)) == lease.token.encode() and redis_client.pttl(lease_key(run_id)) > 0
+    assert lease.release() and redis_client.get(lease_key(run_id)) is None
+    # a driver that could not renew in time: another took the name; its release leaves the other's lease
+    stale = NameLease(redis_client, run_id, tmp_path / "a", ttl_s=0.2, renew_every_s=60)
+    stale.take()
+    time.sleep(0.5)
+    other = NameLease(redis_client, run_id, tmp_path / "b")
+    other.take()
+    assert not stale.renew() and "another driver (driver pid" in stale.lost and str(tmp_path / "b") in stale.lost
+    with pytest.raises(LeaseLost):
+        stale.check()
+    assert not stale.release()
+    assert redis_client.get(lease_key(run_id)) == other.token.encode()
+    assert other.release()
+
+
+def test_train_refuses_a_live_name_in_its_redis_whatever_its_run_dir_before_touching_anything(
+    redis_server, redis_client, run_id, tmp_path
+):
+    """A second run of a live name against the same redis.url, in another run.dir, with
+    run.resume=never: it used to log `deleting the earlier run's Redis keys` and delete the live
+    run's keys (the live run died with NOGROUP). Now it is refused before it creates its run.dir,
+    starts Ray or deletes a key."""
+    live = NameLease(redis_client, run_id, tmp_path / "live").hold()
+    kept = run_key(redis_client, run_id, "admitted")
+    redis_client.set(kept, 8)  # the live run's keys
+    second = tmp_path / "second"
+    cfg = load_config(
+        "tests", ["model.path=tiny-qwen3", f"run.name={run_id}", f"run.dir={second}", f"redis.url={redis_server.url}"]
+    )
+    try:
+        with pytest.raises(
+            RunLocked, match=rf"run '{run_id}' is already running with Redis at .*run.dir {tmp_path / 'live'}"
+        ):
+            train(cfg)
+        assert redis_client.get(kept) == b"8" and redis_client.exists(registry_key(run_id))
+        assert not second.exists()
+        assert redis_client.get(lease_key(run_id)) == live.token.encode()  # still the live run's
+    finally:
+        live.release()

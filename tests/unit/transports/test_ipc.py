@@ -107,3 +107,32 @@ def test_zero3_rank_0_gathers_into_the_slot_and_another_rank_only_takes_part(
     manifest, _ = publisher.publish(engine.module, 1)
     assert manifest.names == list(original) and all(torch.equal(_in_slot(manifest)[n], t) for n, t in original.items())
     publisher.close()
+
+
+def test_two_runs_of_one_name_on_one_machine_keep_their_own_slots(make_model, tmp_path, redis_server, run_id):
+    """Two ``ipc`` runs of one ``run.name``, each with its own Redis (here two databases of one
+    server, as two embedded servers in two run.dirs): the second learner's slots are named by its
+    own run id, so starting it leaves the first run's slots (and the weights in them) alone. They
+    were named by ``run.name``, and a starting learner unlinked the other run's files."""
+    from rredcot.common.streams import connect
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    base = redis_server.url.rsplit("/", 1)[0]
+    clients = [connect(f"{base}/1"), connect(f"{base}/2")]
+    try:
+        first, second = (IpcPublisher(c, run_id, tmp_path / f"w{i}", 0, shm_dir=shm) for i, c in enumerate(clients))
+        model = make_model()
+        kept = _params(model)
+        manifest, _ = first.publish(model, 1)
+        _bump(model)
+        other, _ = second.publish(model, 1)  # the second run's learner starts
+        assert other.shared["path"] != manifest.shared["path"] and len(list(shm.iterdir())) == 4
+        assert all(torch.equal(_in_slot(manifest)[n], t) for n, t in kept.items())  # the first run's weights
+        first.close()
+        assert len(list(shm.iterdir())) == 2  # each run frees its own slots only
+        second.close()
+        assert not any(shm.iterdir())
+    finally:
+        for c in clients:
+            c.close()

@@ -24,8 +24,8 @@ sys.stdout.write(",".join(str(x) for x in own[:: handle["nbytes"] // 8].tolist()
 
 
 def test_a_slot_written_here_is_read_by_another_process(tmp_path):
-    ring = SlotRing("r/1", 4096, CPU, tmp_path)
-    assert [p.name for p in sorted(tmp_path.iterdir())] == [f"rredcot-r_1-slot{i}" for i in range(SLOTS)]
+    ring = SlotRing("r/1", "0123456789ab", 4096, CPU, tmp_path)
+    assert [p.name for p in sorted(tmp_path.iterdir())] == [f"rredcot-r_1-0123456789ab-slot{i}" for i in range(SLOTS)]
     pattern = torch.arange(4096, dtype=torch.int64).remainder(251).to(torch.uint8)
     ring.buffers[1].copy_(pattern)
     handle = ring.handles[1]
@@ -41,11 +41,11 @@ def test_a_slot_written_here_is_read_by_another_process(tmp_path):
 
 
 def test_a_restarted_learner_replaces_its_slots_and_an_old_mapping_keeps_its_pages(tmp_path):
-    old = SlotRing("r", 64, CPU, tmp_path)
+    old = SlotRing("r", "u1", 64, CPU, tmp_path)
     old.buffers[0].fill_(7)
     mapped = copy_slot(old.handles[0], CPU)
-    new = SlotRing("r", 128, CPU, tmp_path)  # the old learner was killed: its files are replaced
-    assert slot_path("r", 0, tmp_path).stat().st_size == 128
+    new = SlotRing("r", "u1", 128, CPU, tmp_path)  # the old learner was killed: its files are replaced
+    assert slot_path("r", "u1", 0, tmp_path).stat().st_size == 128
     assert int(old.buffers[0].sum()) == 7 * 64 and int(mapped.sum()) == 7 * 64  # unlinked, still readable
     assert int(copy_slot(new.handles[0], CPU).sum()) == 0
     new.close()
@@ -53,10 +53,10 @@ def test_a_restarted_learner_replaces_its_slots_and_an_old_mapping_keeps_its_pag
 
 def test_slots_that_do_not_fit_are_an_error_at_allocation_and_leave_no_file(tmp_path):
     with pytest.raises(OSError):
-        SlotRing("r", 2**55, CPU, tmp_path)  # 32 PiB: no tmpfs or disk has that much
+        SlotRing("r", "u1", 2**55, CPU, tmp_path)  # 32 PiB: no tmpfs or disk has that much
     assert not any(tmp_path.iterdir())
     with pytest.raises(FileNotFoundError):
-        SlotRing("r", 64, CPU, tmp_path / "missing")
+        SlotRing("r", "u1", 64, CPU, tmp_path / "missing")
 
 
 def test_the_stamp_names_the_version_a_slot_holds(redis_client, run_id):
