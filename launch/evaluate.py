@@ -19,6 +19,7 @@ from rredcot.common.run_context import RunContext
 from rredcot.launch.stages import start_worker_process
 from rredcot.tasks.data import Problem, train_and_held_out
 from rredcot.tasks.prompts import opens_thought, prompt_ids
+from rredcot.tasks.task import Task, answer_line
 from rredcot.tasks.verifier import Verifier
 from rredcot.transports import weight_receiver
 
@@ -61,9 +62,27 @@ class EvalResult:
     seconds: float
     sampled_per_problem: list[float]  # for paired comparisons between evaluations of the same problems
     too_long: int = 0  # held-out problems left out: their prompt fills model.max_model_len
+    # where the task checks its lines (``Task.checks_slips``): per kind of step, [wrong, checked] over
+    # the sampled completions ("all") and over the wrong ones ("in_wrong"); None otherwise
+    steps: dict[str, dict[str, list[int]]] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def step_counts(task: Task, scored: list[tuple[str, float]]) -> dict[str, dict[str, list[int]]]:
+    """Per kind of step, [wrong, checked] lines of working (``Task.checked_steps``) over the
+    (completion, reward) pairs ``scored`` ("all") and over those with reward 0 ("in_wrong")."""
+    counts: dict[str, dict[str, list[int]]] = {"all": {}, "in_wrong": {}}
+    for text, reward in scored:
+        lines = [line for line in text.splitlines() if line.strip()]
+        answer = next((i for i in reversed(range(len(lines))) if answer_line(lines[i]) is not None), len(lines))
+        for kind, right in task.checked_steps(lines[:answer]):
+            for part in ("all", "in_wrong") if reward <= 0 else ("all",):
+                tally = counts[part].setdefault(kind, [0, 0])
+                tally[0] += not right
+                tally[1] += 1
+    return counts
 
 
 def evaluate(
@@ -99,17 +118,30 @@ def evaluate(
         None if progress is None else lambda done: progress(done, total),
     )
 
-    def accuracy(group: Any, problem: Problem) -> float:
+    scored: list[tuple[str, float]] = []  # the sampled completions and their rewards
+
+    def accuracy(group: Any, problem: Problem, keep: bool = False) -> float:
         texts = [engine.tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in group.completions]
         opened = opens_thought(group.prompt_ids, engine.tokenizer, verifier.think[0])
-        return sum(verifier.score(t, problem.answer, opened).reward for t in texts) / len(texts)
+        rewards = [verifier.score(t, problem.answer, opened).reward for t in texts]
+        if keep:
+            scored.extend(zip(texts, rewards))
+        return sum(rewards) / len(texts)
 
-    per_problem = [accuracy(grp, p) for grp, p in zip(groups[: len(prompts)], problems)]
+    per_problem = [accuracy(grp, p, keep=True) for grp, p in zip(groups[: len(prompts)], problems)]
     s = mean_ci(per_problem)
     gr = mean_ci([accuracy(grp, p) for grp, p in zip(groups[len(prompts) :], problems)])
     seconds = time.perf_counter() - start
     return EvalResult(
-        engine.version, len(problems), g.group_size, *s, *gr, seconds, per_problem, too_long=len(every) - len(fitting)
+        engine.version,
+        len(problems),
+        g.group_size,
+        *s,
+        *gr,
+        seconds,
+        per_problem,
+        too_long=len(every) - len(fitting),
+        steps=step_counts(verifier.task, scored) if verifier.task.checks_slips else None,
     )
 
 

@@ -49,19 +49,40 @@ def sft_pairs(tokenizer: Any, task_cfg: TaskConfig, data: DataConfig, seed: int)
 
 
 def sft(
-    model: Any, tokenizer: Any, pairs: list[tuple[list[int], list[int]]], steps: int, lr: float, batch: int, seed: int
+    model: Any,
+    tokenizer: Any,
+    pairs: list[tuple[list[int], list[int]]],
+    steps: int,
+    lr: float,
+    batch: int,
+    seed: int,
+    warmup: int = 0,
+    bucketed: bool = False,
+    log: Any = None,
 ) -> Any:
     """Supervised steps on (prompt, solution) token id ``pairs`` (``sft_pairs``); loss on solution
-    tokens only."""
+    tokens only. ``warmup`` > 0 (a model trained from scratch): the learning rate rises over that many
+    steps, then falls on a cosine to 0, with gradients clipped to norm 1. ``bucketed``: a batch is
+    ``batch`` pairs of neighbouring lengths (little padding where lengths vary). ``log(step, loss)``
+    every 50 steps."""
+    import math
+
     import torch
     import torch.nn.functional as F
 
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    shape = (lambda t: min(1.0, (t + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * t / steps))) if warmup else None
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, shape) if shape else None
     model.train()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    for _ in range(steps):
-        chosen = [pairs[int(i)] for i in torch.randint(0, len(pairs), (batch,), generator=gen)]
+    by_length = sorted(pairs, key=lambda pair: len(pair[0]) + len(pair[1])) if bucketed else pairs
+    for step in range(steps):
+        if bucketed:
+            first = int(torch.randint(0, len(pairs) - batch + 1, (1,), generator=gen))
+            chosen = by_length[first : first + batch]
+        else:
+            chosen = [pairs[int(i)] for i in torch.randint(0, len(pairs), (batch,), generator=gen)]
         width = max(len(a) + len(b) for a, b in chosen)
         ids = torch.full((batch, width), pad)
         targets = torch.full((batch, width), -1)
@@ -73,5 +94,11 @@ def sft(
         loss = F.cross_entropy(model.lm_head(hidden), targets[where])
         opt.zero_grad()
         loss.backward()
+        if schedule is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if schedule is not None:
+            schedule.step()
+        if log is not None and step % 50 == 0:
+            log(step, loss.item())
     return model.eval()

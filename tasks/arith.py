@@ -25,6 +25,7 @@ from rredcot.tasks.chain import (
     PHRASINGS,
     Draw,
     chain_lines,
+    checked_steps,
     count_bounded,
     draw_bounded,
     first_slip,
@@ -176,6 +177,9 @@ class Arith(MathVerified):
 
     def first_slip(self, problem: Problem, lines: Sequence[str]) -> int | None:
         return first_slip(problem, lines)
+
+    def checked_steps(self, lines: Sequence[str]) -> list[tuple[str, bool]]:
+        return checked_steps(lines)
 
     def answers_match(self, predicted: str, gold: str) -> bool:
         """Equal integers, the prediction written as a number (``as_integer``)."""

@@ -145,3 +145,10 @@ def first_slip(problem: Problem, lines: Sequence[str]) -> int | None:
             return i
         value = c
     return len(lines) if len(lines) < len(ops) else None
+
+
+def checked_steps(lines: Sequence[str]) -> list[tuple[str, bool]]:
+    """Each line of working that reads as a step: its operation and whether its result is right from
+    its own operands (a slip carried forward is no new error; a line that is no step is left out)."""
+    read = [read_step(line) for line in lines]
+    return [(op, c == OPS[op](a, b)) for _, a, op, b, c in filter(None, read)]

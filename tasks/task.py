@@ -92,6 +92,11 @@ class Task:
         its answer line); ``len(lines)`` when steps are missing; None when the working is right."""
         raise NotImplementedError(f"task {type(self).__name__} has no slip checker")
 
+    def checked_steps(self, lines: Sequence[str]) -> list[tuple[str, bool]]:
+        """Each line of working that reads as a step: its kind and whether it is right in itself
+        (the evaluator's per-kind slip rates, where ``checks_slips``)."""
+        raise NotImplementedError(f"task {type(self).__name__} has no slip checker")
+
     def reference(self, problem: Problem) -> tuple[str, str]:
         """(u, y): the reference solution without its final answer line, and the answer line."""
         lines = problem.solution.rstrip().splitlines()

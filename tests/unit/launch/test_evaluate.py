@@ -62,3 +62,19 @@ def test_a_held_out_problem_too_long_for_the_context_is_left_out_not_fatal(engin
         verifier.close()
     for r in results:
         assert r.problems == 3 and r.too_long == 1 and len(r.sampled_per_problem) == 3
+
+
+def test_step_counts_tally_each_kind_of_line_in_all_and_in_wrong_completions():
+    """Hand-counted: a right chain, and a wrong one whose product slipped (its sum after is right from
+    its own operands, a carried slip); the answer line and a line that is no step are not counted."""
+    from rredcot.common.config import TaskConfig
+    from rredcot.launch.evaluate import step_counts
+    from rredcot.tasks.task import build_task
+
+    task = build_task(TaskConfig("arith", {"op": "chain", "chain_steps": 2, "layout": "steps", "phrasings": 3}))
+    right = "Step 1: 3 times 4 is 12.\nStep 2: 12 + 5 gives 17.\nAnswer: 17"
+    slipped = "Step 1: 3 * 4 = 13.\nso far so good\nStep 2: 13 plus 5 is 18.\nAnswer: 18"
+    assert step_counts(task, [(right, 1.0), (slipped, 0.0)]) == {
+        "all": {"*": [1, 2], "+": [0, 2]},
+        "in_wrong": {"*": [1, 1], "+": [0, 1]},
+    }

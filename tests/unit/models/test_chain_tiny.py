@@ -1,0 +1,37 @@
+"""``tiny-chain``'s recipe: its training solutions slip only on products, about as often as planted,
+and its byte tokenizer turns the prompt and the solution into ids and back."""
+
+import numpy as np
+
+from rredcot.common.config import TaskConfig
+from rredcot.models.chain_tiny import CHAIN_TASK, PROMPT, SLIP, byte_tokenizer, planted_solution, sft_pairs
+from rredcot.tasks.chain import checked_steps, first_slip
+from rredcot.tasks.task import build_task
+
+
+def test_planted_slips_fall_on_products_at_the_planted_rate_and_nowhere_else():
+    task = build_task(TaskConfig("arith", {**CHAIN_TASK, "chain_steps": 16, "size": 300}))
+    rng = np.random.default_rng(0)
+    kinds: dict[str, list[int]] = {}
+    first_on_product = 0
+    for p in task.problems(PROMPT, 0):
+        lines = planted_solution(p, rng).splitlines()[:-1]
+        for kind, right in checked_steps(lines):
+            kinds.setdefault(kind, [0, 0])[0] += not right
+            kinds[kind][1] += 1
+        slip = first_slip(p, lines)
+        first_on_product += slip is not None and " * " in p.problem.splitlines()[slip + 1]
+        assert slip is None or not checked_steps([lines[slip]])[0][1]  # the checker's line is the slipped one
+    assert kinds["+"][0] == kinds["-"][0] == 0
+    wrong, made = kinds["*"]
+    assert made > 300 and abs(wrong / made - SLIP["rate"]) < 0.06
+    assert first_on_product > 0
+
+
+def test_the_byte_tokenizer_round_trips_the_training_pairs():
+    tok = byte_tokenizer()
+    pairs = sft_pairs(tok, 2, seed=1)
+    assert len(pairs) == 2 * 15 and len(tok) == 384
+    prompt, solution = pairs[-1]
+    assert tok.decode(prompt).startswith("Solve the problem.") and "Step 16: " in tok.decode(prompt + solution)
+    assert solution[-1] == tok.eos_token_id and tok.decode(solution[:-1]).splitlines()[-1].startswith("Answer: ")
