@@ -31,6 +31,7 @@ import numpy as np  # noqa: E402
 from rredcot.common.errors import UserError  # noqa: E402
 from rredcot.launch.evaluate import mean_ci  # noqa: E402
 from rredcot.launch.study.stats import Interval, mean_interval  # noqa: E402
+from rredcot.launch.study.step_slips import arm_slips, slips_table  # noqa: E402
 
 log = logging.getLogger("rredcot.study")
 
@@ -292,6 +293,9 @@ def _table(s: dict[str, Any], where: str) -> list[str]:
 
 def write_report(runs: list[Run], methods: list[str], meta: dict[str, Any], out: Path) -> Path:
     s = {**meta, **summarize(runs, methods)}
+    slips = arm_slips({m: [r.evals for r in runs if r.method == m] for m in methods})
+    if slips is not None:
+        s["step_slips"] = slips
     (out / "compare.json").write_text(json.dumps(s, indent=1))
     plot(runs, methods, out / "compare_curves.png")
     lines = [
@@ -310,6 +314,8 @@ def write_report(runs: list[Run], methods: list[str], meta: dict[str, Any], out:
             "",
             *_table(s["train"], "training"),
         ]
+    if slips is not None:
+        lines += ["", *slips_table(slips)]
     lines += ["", "![training reward and accuracy](compare_curves.png)", ""]
     path = out / "compare.md"
     path.write_text("\n".join(lines))
