@@ -150,6 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--keep-checkpoints", action="store_true", help="keep each finished run's optimizer state (GBs per run)"
     )
+    _add_config_args(task := study_sub.add_parser("task", help="what a chain task gives credit to find, per length"))
+    task.add_argument("--lengths", default="2,4,8,16", help="comma-separated chain lengths (task.settings.chain_steps)")
+    task.add_argument("--problems", type=bounded_int(1, 10**5), default=32, help="groups sampled per length")
+    task.add_argument("--out", default=None, help="report folder (default: <run.dir>/task)")
     _add_debug(bench := sub.add_parser("bench", help="run a benchmark from bench/ (prints a table and a JSON line)"))
     bench.add_argument("name", help=" | ".join(benchmarks()) or "none here: run from a source checkout")
     bench.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own arguments (--debug is rredcot's)")
@@ -335,6 +339,8 @@ def _call_study(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     if args.action == "compare":
         return _call_compare(args, cfg)
+    if args.action == "task":
+        return _call_task(args, cfg)
     if args.mc_samples < 2 or args.problems < 1:
         raise UserError(f"--mc-samples must be >= 2 (got {args.mc_samples}) and --problems >= 1 (got {args.problems})")
     from rredcot.launch.input_checks import check_model
@@ -352,6 +358,20 @@ def _call_study(args: argparse.Namespace) -> int:
         args.mc_samples,
     )
     print(f"rredcot: study report {path}")
+    return 0
+
+
+def _call_task(args: argparse.Namespace, cfg: Config) -> int:
+    from rredcot.launch.study.task_report import task_report
+
+    try:
+        lengths = [int(n) for n in args.lengths.split(",") if n]
+    except ValueError:
+        lengths = []
+    if not lengths or any(not 1 <= n <= 16 for n in lengths):
+        raise UserError(f"--lengths {args.lengths!r}: expected comma-separated chain lengths in [1, 16], e.g. 2,4,8,16")
+    report = task_report(cfg, lengths, args.problems, Path(args.out) if args.out else Path(cfg.run.dir) / "task")
+    print(f"rredcot: task report {report}")
     return 0
 
 
