@@ -89,6 +89,7 @@ class Balance:
     rejected_by_reason: dict[str, int] = field(default_factory=dict)  # too_long, invalid, uniform, retired, ...
     dead_unattributed: int = 0
     missing: list[str] = field(default_factory=list)  # admitted, in no outcome and not in flight
+    in_flight_ids: list[str] = field(default_factory=list)  # admitted, in no outcome, in flight now
     in_two_outcomes: list[str] = field(default_factory=list)
     by_length: dict[str, dict[str, int]] = field(default_factory=dict)  # outcome -> bucket -> groups
     trained_by_lag: dict[int, int] = field(default_factory=dict)  # lag of the oldest token -> trained groups
@@ -111,6 +112,22 @@ class Balance:
         if self.in_two_outcomes:
             text += f"; in two outcomes: {', '.join(self.in_two_outcomes[:10])}"
         return text + ("" if self.balanced else " (does not balance)")
+
+    def untrained(self) -> str:
+        """What a run that took all its steps left of its promise that every admitted group ends
+        trained, dead-lettered or rejected once: groups still in flight at its end, missing ones, a
+        group in two outcomes; "" when nothing."""
+        why = []
+        if self.in_flight:
+            why.append(
+                f"{self.in_flight} admitted group(s) never trained (in flight at the end: "
+                f"{', '.join(self.in_flight_ids[:10])})"
+            )
+        if self.missing:
+            why.append(f"{len(self.missing)} admitted group(s) missing ({', '.join(self.missing[:10])})")
+        if self.in_two_outcomes:
+            why.append(f"{len(self.in_two_outcomes)} group(s) in two outcomes ({', '.join(self.in_two_outcomes[:10])})")
+        return "; ".join(why)
 
 
 def inflight_key(client: redis.Redis, run_id: str, worker: str) -> str:
@@ -192,6 +209,7 @@ class Ledger:
             dead=len(ids["dead"]),
             rejected=len(ids["rejected"]),
             in_flight=len(in_flight - set(counts)),
+            in_flight_ids=sorted(in_flight - set(counts)),
             dead_by_reason=dict(reasons["dead"]),
             rejected_by_reason=dict(reasons["rejected"]),
             dead_unattributed=len(unattributed),

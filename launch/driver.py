@@ -28,7 +28,7 @@ from typing import Any
 from rredcot.common.config import Config, redact_url, redacted, to_dict, to_yaml
 from rredcot.common.control import RunControl
 from rredcot.common.files import write_text_atomic
-from rredcot.common.ledger import balance_now
+from rredcot.common.ledger import Balance, balance_now
 from rredcot.common.precision import cpu_info, dtype_settings, planned_dtype
 from rredcot.common.run_uid import dir_uid, publish_uid
 from rredcot.common.streams import connect
@@ -67,6 +67,7 @@ from rredcot.transports.slots import host_slots_left
 
 log = logging.getLogger(__name__)
 
+UNTRAINED = "failed: ledger: "  # the status of a run that took all its steps without training every group
 STOP_GRACE_S = 18.0  # on SIGTERM / Ctrl-C: how long the learner gets to finish its step and checkpoint
 
 
@@ -161,6 +162,8 @@ def train(cfg: Config, verbose: bool = False) -> Path:
                 _finish(cfg, run_dir, outcome, phases)
     if outcome.status == "finished":
         record_seconds(cfg, phases.elapsed())
+    elif outcome.status.startswith(UNTRAINED):  # after the report, which says the same: exit 1 with the line
+        raise LedgerError(outcome.status.removeprefix("failed: "))
     return run_dir / "report"
 
 
@@ -168,6 +171,9 @@ def _finish(cfg: Config, run_dir: Path, outcome: RunOutcome, phases: Phases) -> 
     """Close the ledger and write the report, whatever ended the run."""
     if outcome.control is not None:
         _close_ledger(outcome)
+        if (status := final_status(outcome.status, outcome.ledger)) != outcome.status:
+            log.error("the run took all its steps, but not every admitted group: %s", outcome.ledger.untrained())
+            outcome.status = status
     if outcome.monitor is None:  # stopped before anything ran
         return
     if outcome.apart:  # what workers wrote on nodes without the shared run.dir: the report reads it
@@ -191,6 +197,19 @@ def _finish(cfg: Config, run_dir: Path, outcome: RunOutcome, phases: Phases) -> 
         run_dir / "report",
         ", ".join(artefacts),
     )
+
+
+def final_status(status: str, ledger: Balance | None) -> str:
+    """A run that took all its steps is ``finished`` only if every group it admitted ended trained,
+    dead-lettered or rejected, once: one still in flight at its end (a resumed run that trained a
+    copy in its place), missing, or in two outcomes makes it a failure that says what is left."""
+    if status != "finished" or ledger is None or not (why := ledger.untrained()):
+        return status
+    return f"{UNTRAINED}{why}: every admitted group must be trained once (docs/reliability.md, The ledger)"
+
+
+class LedgerError(RuntimeError):
+    """The run took all its steps but did not train every group it admitted (``final_status``)."""
 
 
 def _close_ledger(outcome: RunOutcome) -> None:

@@ -177,7 +177,10 @@ class Trainer:
         version = self.engine.version
         result = self.engine.train_step(batch.samples)
         self.replay.record(self.step + 1, batch.trained)
-        if result.applied and batch.samples:
+        # consumed, applied or not: a skipped step (zero advantages, a non-finite loss) counts its groups
+        # trained in the ledger, so a copy that comes again (re-sent or re-generated after a crash) is a
+        # duplicate, not a new group that would take the place of one still to come
+        if batch.samples:
             self.client.sadd(self.trained_key, *[s.id for s in batch.samples])
         # before the ack: a crash between them trains it again
         self.ledger.record(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -246,3 +248,27 @@ def test_the_last_version_is_published_at_the_end_even_between_broadcasts(tmp_pa
     assert trainer.engine.version == 3 and manifest.version == 3
     received = load_tensors(manifest)
     assert all(torch.equal(received[n], t) for n, t in full_state(trainer.engine.module).items())
+
+
+def test_a_copy_of_a_group_a_skipped_step_consumed_is_a_duplicate_not_a_new_group(
+    tmp_path, redis_server, redis_client, run_id
+):
+    """A step with nothing to learn (every advantage 0: no update) still consumes its groups, and the
+    ledger counts them trained. A copy of one that comes again (a redistributor re-sends it, a
+    generator re-generates it after a driver killed during a checkpoint write is resumed) used to
+    count as a new group, since only an applied step marked its samples trained: the next step took
+    it in place of a group still to come, and the run ended `finished` with `trained 7 + in flight 1`."""
+    rng = np.random.default_rng(7)
+    flat = [weighted_group(rng, version=0) for _ in range(2)]
+    flat = [dataclasses.replace(g, samples=[dataclasses.replace(s, advantage=0.0) for s in g.samples]) for g in flat]
+    fresh = [weighted_group(rng, version=0) for _ in range(2)]
+    producer = Producer(redis_client, key(run_id, BATCHES), maxlen=64)
+    for g in [*flat, flat[0], *fresh]:  # flat[0] again, after the step that consumed it
+        producer.put(encode(g))
+    trainer = Trainer(load_config("tests", [*_overrides(run_id, tmp_path, redis_server.url), "run.steps=2"]))
+    trainer.run()
+    assert trainer.engine.counters["skipped_empty"] == 1 and trainer.engine.version == 1  # step 1 skipped
+    assert redis_client.xlen(key(run_id, BATCHES)) == 0  # both fresh groups trained by step 2, none left
+    assert trainer.totals["duplicates"] == len(flat[0].samples)  # the copy: acknowledged, not trained
+    trained = {m.decode() for m in redis_client.smembers(key(run_id, "ledger:trained"))}
+    assert trained == {g.group_id for g in [*flat, *fresh]}
