@@ -33,10 +33,13 @@ def prob_rewards(log_values: np.ndarray) -> np.ndarray:
 
 def uniform_reason(n_segments: int, values: np.ndarray, rewards: np.ndarray, masses: np.ndarray) -> str:
     """Why a sample's σ fell back to uniform over its span ('' when it did not): ``no_segment``,
-    ``no_reference`` (no values), ``underflow`` (no finite non-zero value), ``zero_mass`` (all
-    rewards 0, or none of the sign the advantage credits)."""
+    ``one_segment`` (one segment takes the span's whole share, whatever its value), ``no_reference``
+    (no values), ``underflow`` (no finite non-zero value), ``zero_mass`` (all rewards 0, or none of
+    the sign the advantage credits)."""
     if n_segments == 0:
         return "no_segment"
+    if n_segments == 1:
+        return "one_segment"
     if values.size == 0:
         return "no_reference"
     if not rewards.any() and not (np.isfinite(values) & (values != 0)).any():

@@ -24,27 +24,42 @@ from rredcot.redistributor.methods import RredcotSettings
 from rredcot.redistributor.references import Construct, Pair, Tail, tails
 from rredcot.redistributor.registry import CreditContext, SampleCredit
 from rredcot.redistributor.scorer import Scorer
-from rredcot.redistributor.segmentation import segment, thinking_span, token_texts
+from rredcot.redistributor.segmentation import keyword_boundaries, segment, thinking_span, token_texts
 from rredcot.redistributor.sigma import prob_rewards, segment_masses, segment_rewards, token_sigma, uniform_reason
 from rredcot.redistributor.values import branch_logprobs_fast, exit_values
 
 
-def exit_points(ctx: CreditContext, s: RolloutRecord, trace: TraceScores) -> np.ndarray:
-    """The exit points of the thinking span's segments. A completion that ends with special tokens
-    (EOS) ends before them: no exit point lies past them, where the policy never continues. Without
-    thinking tags the span ends where the answer line starts (``answer_line_start``): the answer
-    part is the answer, never a segment of working after which the answer would be asked again. With
-    the method's ``answer_part=terminal``, less a last one that only end tokens follow (``scored_exits``)."""
+def working_texts(ctx: CreditContext, s: RolloutRecord) -> list[str]:
+    """The token texts of a completion's working: up to its end tokens (EOS), and without thinking
+    tags up to where its answer line starts (``answer_line_start``): the answer part is the answer,
+    never a segment of working after which the answer would be asked again."""
     scorer = scorer_of(ctx)
     ids = s.completion_ids.tolist()
-    body = scorer.content_end(ids)
-    texts = token_texts(scorer.tokenizer, ids[:body])
+    texts = token_texts(scorer.tokenizer, ids[: scorer.content_end(ids)])
     if not thinking_span(texts, scorer.think_start, scorer.think_end)[2]:
-        body = answer_line_start(texts, scorer.answer_template)
-        texts = texts[:body]
-    entropy = trace.entropy[:body].double().cpu().numpy()
+        texts = texts[: answer_line_start(texts, scorer.answer_template)]
+    return texts
+
+
+def can_split(ctx: CreditContext, s: RolloutRecord) -> bool:
+    """Whether segmentation could cut the working into two segments or more: its span holds a
+    keyword boundary (with ``split_keywords`` off, every token is one). Needs no scorer pass."""
+    scorer, seg = scorer_of(ctx), ctx.cfg.credit.segmentation
+    texts = working_texts(ctx, s)
+    lo, hi, _ = thinking_span(texts, scorer.think_start, scorer.think_end)
+    return hi - lo >= 2 if not seg.split_keywords else bool(keyword_boundaries(texts, lo, hi, seg.keywords))
+
+
+def exit_points(ctx: CreditContext, s: RolloutRecord, trace: TraceScores) -> np.ndarray:
+    """The exit points of the segments of the working (``working_texts``): no exit point lies past
+    the end tokens, where the policy never continues. With the method's ``answer_part=terminal``,
+    less a last one that only end tokens follow (``scored_exits``)."""
+    scorer = scorer_of(ctx)
+    texts = working_texts(ctx, s)
+    entropy = trace.entropy[: len(texts)].double().cpu().numpy()
     exits = segment(texts, entropy, ctx.cfg.credit.segmentation, scorer.think_start, scorer.think_end).exit_points
-    return scored_exits(exits, len(ids), body) if ctx.settings.answer_part == "terminal" else exits
+    n, body = len(s.completion_ids), scorer.content_end(s.completion_ids.tolist())
+    return scored_exits(exits, n, body) if ctx.settings.answer_part == "terminal" else exits
 
 
 def scored_exits(exits: np.ndarray, n_tokens: int, content_end: int) -> np.ndarray:
@@ -200,6 +215,8 @@ def rredcot(ctx: CreditContext, rearrange: Rearrange | None = None) -> list[Samp
     ``rearrange``: see ``credit_from_values``."""
     samples = ctx.group.samples
     refs = reference_pairs(ctx.group, scorer_of(ctx), ctx.settings)
+    if ctx.settings.answer_part == "uniform" and not any(can_split(ctx, s) for s in samples):
+        refs = [[] for _ in samples]  # one segment each: σ is uniform whatever the values, no branch scored
     found: list[Found] = [(np.zeros(1, np.int32), np.zeros(0), None)] * len(samples)
     timings: list[dict[str, float]] = [{} for _ in samples]
     for i, s, trace, t_entropy in scored_traces(ctx, keep_cache=any(refs)):

@@ -241,8 +241,9 @@ def test_terminal_gives_a_final_eos_no_segment_of_its_own(qwen_tok, qwen_model, 
 
 
 def test_softmax_sign_without_values_is_uniform_as_reported(qwen_tok, qwen_model) -> None:
-    """No reference pair: every segment reward is 0 and the sample reports ``no_reference``; softmax
-    gave each segment 1/K, so σ ∝ 1/|seg_k| under a uniform label. Zero rewards give zero masses now."""
+    """No reference pair: every segment reward is 0 and the sample reports ``no_reference`` (one of a
+    single segment ``one_segment``); softmax gave each segment 1/K, so σ ∝ 1/|seg_k| under a uniform
+    label. Zero rewards give zero masses now."""
     cfg = Config()
     cfg.credit = credit_config(segmentation={"segments": 3, "min_segment_tokens": 1}, sign="softmax")
     out = redistribute_group(
@@ -250,7 +251,7 @@ def test_softmax_sign_without_values_is_uniform_as_reported(qwen_tok, qwen_model
     )
     assert max(len(w.exit_points) for w in out.samples) > 2  # segments of unequal lengths to tell apart
     for w in out.samples:
-        assert w.sigma_fallback == "no_reference"
+        assert w.sigma_fallback == ("one_segment" if len(w.exit_points) == 2 else "no_reference")
         np.testing.assert_allclose(w.sigma, 1 / len(w.sigma), rtol=1e-6)
 
 
@@ -429,3 +430,26 @@ def test_a_completion_without_thinking_ends_its_segments_where_its_answer_line_s
         n = len(w.sigma)
         assert w.exit_points[0] == 0 and w.exit_points[-1] == answer_at and len(w.exit_points) == 3  # two lines
         np.testing.assert_allclose(w.sigma[answer_at:], 1 / n, rtol=1e-5)
+
+
+def test_a_group_whose_traces_cannot_split_scores_no_branch_and_gets_the_same_sigma(qwen_tok, qwen_model) -> None:
+    """The CPU demo's traces (one line of working, then the answer line) have one segment each, and
+    one segment takes the span's whole share whatever its value: no branch is scored for them, and σ
+    is what scoring every branch gave (uniform). A group with one two-line trace scores branches."""
+    cfg = Config()
+    cfg.credit = credit_config(segmentation={"segments": 4, "min_segment_tokens": 1}, uniform_mix=0.0)
+    one_line = ["12*7 = 84.\nAnswer: 84", "12*7 = 74.\nAnswer: 74", "12*7 = 84.\nAnswer: 84"]
+    group = make_group(qwen_tok, one_line, rewards=(1.0, 0.0, 1.0))
+    scorer = Scorer(qwen_model, qwen_tok, cfg.credit.scorer.exit_string)
+    out = redistribute_group(group, cfg, scorer)
+    assert scorer.tokens.branch == 0
+    assert [w.sigma_fallback for w in out.samples] == ["one_segment"] * 3
+    for w in out.samples:
+        np.testing.assert_allclose(w.sigma, 1 / len(w.sigma), rtol=1e-6)
+    split = make_group(qwen_tok, [*one_line[:2], "12*7 = 70 + 14.\nSo 84.\nAnswer: 84"], rewards=(1.0, 0.0, 1.0))
+    scored = Scorer(qwen_model, qwen_tok, cfg.credit.scorer.exit_string)
+    both = redistribute_group(split, cfg, scored)
+    assert scored.tokens.branch > 0 and len(both.samples[2].exit_points) == 3
+    for w in both.samples[:2]:  # the one-segment traces of a scored group: uniform as well
+        assert w.sigma_fallback == "one_segment" and w.exit_values.size == 2
+        np.testing.assert_allclose(w.sigma, 1 / len(w.sigma), rtol=1e-6)
