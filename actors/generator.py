@@ -24,6 +24,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 
+from rredcot.actors.data_digest import checked_split
 from rredcot.actors.engine import Engine, EngineSpec, GroupOutput, PromptTooLong, Sampling
 from rredcot.actors.group_filter import UniformGroups
 from rredcot.actors.prompt_fit import PromptFit
@@ -38,7 +39,7 @@ from rredcot.common.records import RecordError, RolloutGroup
 from rredcot.common.run_context import RunContext
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import ROLLOUTS, Producer, key, registered_keys, run_key
-from rredcot.tasks.data import Problem, ProblemOrder, train_and_held_out
+from rredcot.tasks.data import Problem, ProblemOrder
 from rredcot.tasks.prompts import prompt_ids
 from rredcot.tasks.verifier import Verifier
 from rredcot.transports import weight_receiver
@@ -102,7 +103,8 @@ class Generator:
         self.inflight_key = inflight_key(self.client, self.run_id, name)
         self.verifier = Verifier.from_config(cfg)
         self.task = self.verifier.task
-        train, _ = train_and_held_out(self.task, cfg.data, cfg.run.seed)
+        # data.path's rows as the run's first start read them, or a DatasetError
+        train, _ = checked_split(self.client, self.run_id, self.task, cfg.data, cfg.run.seed)
         self.order = ProblemOrder(train, cfg.data.shuffle_seed)
         self.pool = len({p.id for p in train})  # distinct problems
         self.uniform_groups = UniformGroups(cfg.generation.drop_uniform_groups, self.pool, name)
