@@ -340,8 +340,37 @@ def check_weight_transport(cfg: Config) -> list[Check]:
     ]
 
 
+def check_unused_settings(cfg: Config) -> list[Check]:
+    """Settings that the mode beside them leaves unused, a warning naming both keys (errors where no
+    config or test relies on them: ``redistributor.methods``; these two have tests that set them alone)."""
+    g, learner = cfg.generation, cfg.learner
+    out = []
+    if g.overlong_window and g.overlong != "penalty":
+        out.append(
+            Check(
+                "warning",
+                "config",
+                f"generation.overlong_window = {g.overlong_window} is ignored: generation.overlong = {g.overlong!r}, "
+                "and only the penalty ramps over a window",
+                "set generation.overlong=penalty, or unset generation.overlong_window",
+            )
+        )
+    if learner.lr_schedule != "cosine" and learner.lr_min_ratio != type(learner)().lr_min_ratio:
+        out.append(
+            Check(
+                "warning",
+                "config",
+                f"learner.lr_min_ratio = {learner.lr_min_ratio:g} is ignored: learner.lr_schedule = "
+                f"{learner.lr_schedule!r}, and only the cosine schedule decays to it",
+                "set learner.lr_schedule=cosine, or unset learner.lr_min_ratio",
+            )
+        )
+    return out
+
+
 CHECKS: list[Callable[[Config], list[Check]]] = [
     check_cpu,
+    check_unused_settings,
     check_resources,
     check_services,
     check_engines,
@@ -354,6 +383,7 @@ CHECKS: list[Callable[[Config], list[Check]]] = [
 
 # what ``rredcot train`` checks before it starts any service (the CPU's dtype lines are in its first line)
 PREFLIGHT: list[Callable[[Config], list[Check]]] = [
+    check_unused_settings,
     check_resources,
     check_services,
     check_ray_answers,

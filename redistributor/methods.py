@@ -106,6 +106,23 @@ def check_drgrpo(cfg: Config, settings: None) -> None:
     )
 
 
+def _unset(settings: Any, name: str) -> bool:
+    """Whether ``settings.<name>`` holds its default (a value the run would not use is no mistake then)."""
+    return getattr(settings, name) == getattr(type(settings)(), name)
+
+
+def check_values(settings: ValueSettings, block: str) -> None:
+    """What rredcot and mc share: a setting the value settings around it leave unused is an error
+    naming both keys, not a silent no-op."""
+    require(
+        settings.sign == "softmax" or _unset(settings, "softmax_temperature"),
+        f"credit.settings.{block}.softmax_temperature",
+        settings.softmax_temperature,
+        f"1.0 (its default) with credit.settings.{block}.sign={settings.sign!r}: only sign=softmax uses a "
+        f"temperature; set credit.settings.{block}.sign=softmax, or leave the temperature unset",
+    )
+
+
 def check_rredcot(cfg: Config, settings: RredcotSettings) -> None:
     require(
         settings.answer_part != "terminal" or settings.value_space != "log",
@@ -114,6 +131,20 @@ def check_rredcot(cfg: Config, settings: RredcotSettings) -> None:
         "'prob' or 'mean_token_prob' with credit.settings.rredcot.answer_part=terminal (the outcome R is a "
         "probability; log R is -inf for a wrong answer)",
     )
+    for name in ("suffix_window", "max_suffixes"):  # only the suffix construct has starts to choose from
+        require(
+            settings.reference == "suffix" or _unset(settings, name),
+            f"credit.settings.rredcot.{name}",
+            getattr(settings, name),
+            f"{getattr(RredcotSettings(), name)} (its default) with credit.settings.rredcot.reference="
+            f"{settings.reference!r}: only reference=suffix scores suffix starts; set "
+            f"credit.settings.rredcot.reference=suffix, or leave {name} unset",
+        )
+    check_values(settings, "rredcot")
+
+
+def check_mc(cfg: Config, settings: McSettings) -> None:
+    check_values(settings, "mc")
 
 
 def check_oracle(cfg: Config, settings: OracleSettings) -> None:
@@ -187,7 +218,9 @@ add_method(
     settings=OracleSettings,
     check=check_oracle,
 )
-add_method("mc", f"{VALUES}:mc", return_equivalent=True, needs_scorer=True, settings=McSettings, prover=policy)
+add_method(
+    "mc", f"{VALUES}:mc", return_equivalent=True, needs_scorer=True, settings=McSettings, prover=policy, check=check_mc
+)
 add_method(
     "progress",
     "rredcot.redistributor.progress:progress",

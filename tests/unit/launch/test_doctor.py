@@ -218,3 +218,40 @@ def test_a_redis_password_beside_a_redis_url_is_a_warning_naming_both():
         for c in check_services(load_config("tests", ["redis.url=redis://127.0.0.1:1"]))
         if c.level == "warning" and c.topic == "redis"
     ]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "found", "fix"),
+    [
+        (
+            ["generation.overlong_window=8"],
+            "generation.overlong_window = 8 is ignored: generation.overlong = 'none'",
+            "set generation.overlong=penalty, or unset generation.overlong_window",
+        ),
+        (
+            ["generation.overlong=filter", "generation.overlong_window=8"],
+            "generation.overlong_window = 8 is ignored: generation.overlong = 'filter'",
+            "set generation.overlong=penalty",
+        ),
+        (
+            ["learner.lr_min_ratio=0.5"],
+            "learner.lr_min_ratio = 0.5 is ignored: learner.lr_schedule = 'constant'",
+            "set learner.lr_schedule=cosine, or unset learner.lr_min_ratio",
+        ),
+    ],
+)
+def test_a_setting_its_mode_leaves_unused_is_a_warning_naming_both_keys(overrides, found, fix):
+    """Issue 62: settings ignored without a word (errors where nothing relies on them: test_methods.py;
+    a window without the penalty is set alone by tests of the window)."""
+    from rredcot.launch.doctor import PREFLIGHT, check_unused_settings
+
+    assert check_unused_settings in PREFLIGHT  # rredcot train logs it before it starts
+    (warning,) = check_unused_settings(load_config("tests", overrides))
+    assert warning.level == "warning" and warning.topic == "config"
+    assert found in warning.found and fix in warning.fix
+    used = [
+        ["generation.overlong=penalty", "generation.overlong_window=8"],
+        ["learner.lr_schedule=cosine", "learner.lr_min_ratio=0.5"],
+        [],
+    ]
+    assert not [c for o in used for c in check_unused_settings(load_config("tests", o))]

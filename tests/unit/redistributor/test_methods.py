@@ -49,6 +49,51 @@ def test_methods_require_the_learner_settings_that_define_them(overrides, fragme
     load_config("tests", mc)  # MC values are probabilities
 
 
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        (
+            ["credit.settings.rredcot.reference=answer", "credit.settings.rredcot.suffix_window=2"],
+            "credit.settings.rredcot.suffix_window = 2 is not allowed; expected 0 (its default) with "
+            "credit.settings.rredcot.reference='answer': only reference=suffix scores suffix starts; set "
+            "credit.settings.rredcot.reference=suffix, or leave suffix_window unset",
+        ),
+        (
+            [
+                "credit.method=shuffled",
+                "credit.settings.rredcot.reference=solution",
+                "credit.settings.rredcot.max_suffixes=3",
+            ],
+            "credit.settings.rredcot.max_suffixes = 3 is not allowed; expected 8 (its default) with "
+            "credit.settings.rredcot.reference='solution'",
+        ),
+        (
+            ["credit.settings.rredcot.softmax_temperature=0.5"],
+            "credit.settings.rredcot.softmax_temperature = 0.5 is not allowed; expected 1.0 (its default) with "
+            "credit.settings.rredcot.sign='relu': only sign=softmax uses a temperature",
+        ),
+        (
+            ["credit.method=mc", "credit.settings.mc.sign=abs", "credit.settings.mc.softmax_temperature=2"],
+            "credit.settings.mc.softmax_temperature = 2.0 is not allowed; expected 1.0 (its default) with "
+            "credit.settings.mc.sign='abs'",
+        ),
+    ],
+)
+def test_a_setting_that_the_settings_around_it_leave_unused_is_an_error_naming_both(overrides, fragment):
+    """Issue 62: suffix_window > 0 with reference=answer (and max_suffixes with another reference, a
+    temperature without sign=softmax) was ignored without a word."""
+    with pytest.raises(ConfigError) as e:
+        load_config("tests", overrides)
+    assert fragment in str(e.value)
+    load_config("tests", ["credit.settings.rredcot.suffix_window=2", "credit.settings.rredcot.max_suffixes=3"])
+    load_config("tests", ["credit.settings.rredcot.reference=answer", "credit.settings.rredcot.suffix_window=0"])
+    load_config("tests", ["credit.settings.rredcot.sign=softmax", "credit.settings.rredcot.softmax_temperature=0.5"])
+    load_config(
+        "tests",
+        ["credit.method=grpo", "credit.settings.rredcot.reference=answer", "credit.settings.rredcot.suffix_window=2"],
+    )
+
+
 def test_only_the_chosen_methods_check_runs():
     """A run of grpo keeps rredcot's block as it is (checked key by key, not against rredcot's rule)."""
     cfg = load_config("tests", ["credit.method=grpo", "credit.settings.rredcot.answer_part=terminal"])
