@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import redis
-from redis.backoff import ExponentialWithJitterBackoff
+from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.retry import Retry
+
+from rredcot.common.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,56 @@ def connect(url: str, retries: int = 20, cap_s: float = 2.0) -> redis.Redis:
         retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError],
         health_check_interval=30,
     )
+
+
+REDIS_WAIT_S = 30.0  # how long a stage started alone waits for redis.url to answer before it gives up
+
+
+class RedisUnreachable(UserError):
+    """``redis.url`` does not answer (or refuses the client); the message names it, password hidden."""
+
+    label = "cannot start"
+
+
+def wait_for_redis(url: str, wait_s: float, say: Callable[[str], None], what: str = "redis.url") -> None:
+    """Return once the server at ``url`` answers a PING; else say so at once, in one line (naming
+    ``what`` and the URL without its password, and until when it keeps trying), and keep probing
+    until ``wait_s`` seconds have passed, then raise ``RedisUnreachable`` with the fix. A server that
+    answers with an error (a wrong password, a URL that does not parse) is refused at once: waiting
+    cures only a server that is not up yet. ``connect``'s client retries silently for half a minute,
+    so this comes first."""
+    from rredcot.common.config_rules import redact_url
+
+    shown, start, delay, said = redact_url(url), time.monotonic(), 0.25, False
+    fix = f"start the server, or fix host, port and password in {what}"
+    while True:
+        try:
+            probe = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2, retry=Retry(NoBackoff(), 0))
+            try:
+                probe.ping()
+            finally:
+                probe.close()
+        except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as e:
+            if isinstance(e, redis.AuthenticationError):  # a ConnectionError that no wait cures
+                raise RedisUnreachable(
+                    f"{what} {shown} refuses the client (AuthenticationError: {e}) -> {fix}"
+                ) from None
+            error = f"{type(e).__name__}: {e}"
+        except (redis.RedisError, ValueError) as e:
+            raise RedisUnreachable(f"{what} {shown} does not answer ({type(e).__name__}: {e}) -> {fix}") from None
+        else:
+            if said:
+                say(f"Redis at {shown} answers after {time.monotonic() - start:.0f} s")
+            return
+        left = start + wait_s - time.monotonic()
+        if left <= 0:
+            waited = f" after {wait_s:g} s" if wait_s > 0 else ""
+            raise RedisUnreachable(f"{what} {shown} does not answer{waited} ({error}) -> {fix}")
+        if not said:
+            say(f"Redis at {shown} ({what}) does not answer ({error}); trying until {wait_s:g} s, then stopping")
+            said = True
+        time.sleep(min(delay, left))
+        delay = min(2 * delay, 2.0)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rredcot.common.config import Config, available_configs, load_config, redacted, to_yaml
 from rredcot.common.errors import UserError
+from rredcot.common.streams import REDIS_WAIT_S, wait_for_redis
 from rredcot.launch.arguments import bounded_float, bounded_int
 from rredcot.launch.logs import WorkerFailed, headline, own_error
 
@@ -188,7 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in STAGES:
             module, func, _ = STAGES[args.command]
             cfg = load_config(args.config, args.overrides)
-            return _call_stage(module, func, cfg, **_stage_options(args, cfg))
+            options = _stage_options(args, cfg)
+            if args.command != "train" and cfg.redis.url:  # a stage alone: say at once that its Redis is not up
+                wait_for_redis(cfg.redis.url, REDIS_WAIT_S, lambda line: print(f"rredcot: {line}", file=sys.stderr))
+            return _call_stage(module, func, cfg, **options)
         if args.command == "doctor":
             from rredcot.launch.doctor import doctor
 

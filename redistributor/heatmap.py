@@ -16,7 +16,7 @@ from rredcot.common.config import redact_url
 from rredcot.common.errors import UserError
 from rredcot.common.files import unreadable_file
 from rredcot.common.records import RecordError, WeightedGroup, WeightedSample
-from rredcot.common.streams import BATCHES, connect, key
+from rredcot.common.streams import BATCHES, RedisUnreachable, connect, key, wait_for_redis
 from rredcot.models.store import load_tokenizer, qwen_tokenizer_dir
 from rredcot.redistributor.segmentation import token_texts
 
@@ -170,8 +170,11 @@ def load_group(source: str, run: str | None) -> WeightedGroup:
     if source.startswith(("redis://", "rediss://", "unix://")):
         if not run:
             raise UserError("reading from Redis needs --run (the run id, run.name)")
-        try:
+        try:  # one probe, not connect's half a minute of silent retries
+            wait_for_redis(source, 0, print, what="the source")
             entries = connect(source).xrevrange(key(run, BATCHES), count=1)
+        except RedisUnreachable as e:
+            raise UserError(str(e)) from None
         except (redis.RedisError, ValueError) as e:
             raise UserError(f"{redact_url(source)} does not answer ({type(e).__name__}): check the URL") from None
         if not entries:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -297,6 +298,47 @@ def test_inspect_mistakes_are_user_errors(
     assert main(["inspect", *argv(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("rredcot: error: ") and says in err and "\n" not in err and "--debug" not in err, err
+
+
+@pytest.mark.parametrize("stage", ["generate", "learn"])
+def test_a_stage_alone_says_at_once_that_its_redis_does_not_answer(
+    stage: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 62: ``rredcot generate/redistribute/learn`` retried an unreachable redis.url for 27-34 s
+    in silence. Now the first line comes at once (naming redis.url, its password hidden, and until
+    when it keeps trying), and the last one gives up with the fix (the wait shortened here)."""
+    monkeypatch.setattr(cli, "REDIS_WAIT_S", 1.5)
+    start = time.monotonic()
+    assert main([stage, "tests", "redis.url=redis://:secret@127.0.0.1:1/0"]) == 2
+    assert time.monotonic() - start < 6
+    first, last = capsys.readouterr().err.strip().splitlines()
+    assert first.startswith("rredcot: Redis at redis://:***@127.0.0.1:1/0 (redis.url) does not answer (ConnectionError")
+    assert first.endswith("trying until 1.5 s, then stopping")
+    assert last.startswith("rredcot: cannot start: redis.url redis://:***@127.0.0.1:1/0 does not answer after 1.5 s")
+    assert last.endswith("-> start the server, or fix host, port and password in redis.url")
+    assert "secret" not in first + last
+
+
+def test_waiting_for_redis_says_so_within_a_second_and_gives_up_at_its_time() -> None:
+    from rredcot.common.streams import RedisUnreachable, wait_for_redis
+
+    said: list[tuple[float, str]] = []
+    start = time.monotonic()
+    with pytest.raises(RedisUnreachable, match=r"does not answer after 2 s \(ConnectionError"):
+        wait_for_redis("redis://127.0.0.1:1/0", 2.0, lambda line: said.append((time.monotonic() - start, line)))
+    assert 2.0 <= time.monotonic() - start < 4.5
+    ((when, line),) = said  # one line, however many probes
+    assert when < 1.0 and "trying until 2 s" in line
+
+
+def test_inspect_of_a_redis_that_does_not_answer_fails_at_once(capsys: pytest.CaptureFixture[str]) -> None:
+    """It retried for half a minute before its one line; now one probe."""
+    start = time.monotonic()
+    assert main(["inspect", "redis://:secret@127.0.0.1:1/0", "--run", "x"]) == 2
+    assert time.monotonic() - start < 3
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("rredcot: error: the source redis://:***@127.0.0.1:1/0 does not answer (ConnectionError")
+    assert "\n" not in err and "secret" not in err and "-> start the server" in err
 
 
 def test_doctor_takes_an_override_without_a_config_and_debug_on_command_groups() -> None:
