@@ -7,10 +7,13 @@ stdout and stderr — vLLM's, Ray's and DeepSpeed's INFO lines included — to `
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
+import shutil
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +37,86 @@ class ConsoleFilter(logging.Filter):
         return self.verbose or record.name.startswith("rredcot") or record.levelno >= logging.ERROR
 
 
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk, a quota, a file-size limit
+
+
+def free_mib(path: str | Path) -> float | None:
+    """Free space (MiB) on the filesystem of ``path`` or of its nearest existing parent; None if unknown."""
+    here = Path(path)
+    for folder in (here, *here.parents):
+        try:
+            return shutil.disk_usage(folder).free / 2**20
+        except OSError:
+            continue
+    return None
+
+
+def write_failed_line(path: str | Path, error: OSError) -> str:
+    """The one line that says a run's write failed: the path, why, the free space left there, the fix."""
+    why = error.strerror or str(error) or type(error).__name__
+    free = free_mib(path)
+    room = f"; {free:.0f} MiB free there" if free is not None else ""
+    if error.errno in DISK_FULL:
+        fix = "free disk space or set run.dir elsewhere"
+    else:
+        fix = "check the path's filesystem and permissions"
+    return (
+        f"cannot write {path} ({why}{room}) -> {fix}; until a write to it succeeds again, its failures are not repeated"
+    )
+
+
+class WriteFailures:
+    """Writes of a run that may fail (a full disk): the first failure of each path is one line
+    (``write_failed_line``) given to ``say``, the later ones are dropped in silence, until a write to
+    that path succeeds again (said too), so a full disk is a line, not a traceback per record."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say = say
+        self.failing: set[str] = set()
+        self.dropped = 0  # failed writes not said
+
+    def failed(self, path: str | Path, error: OSError) -> None:
+        if str(path) in self.failing:
+            self.dropped += 1
+            return
+        self.failing.add(str(path))
+        self.say(write_failed_line(path, error))
+
+    def succeeded(self, path: str | Path) -> None:
+        if str(path) in self.failing:
+            self.failing.discard(str(path))
+            self.say(f"{path} is written again")
+
+
+def say_on_console(line: str) -> None:
+    """A warning on the driver's console (stderr), past logging: for what cannot go through a log file."""
+    print(f"{time.strftime('%H:%M:%S')} rredcot: warning: {line}", file=sys.stderr, flush=True)
+
+
+class RunLogHandler(logging.FileHandler):
+    """``driver.log``: a record it cannot write (a full disk) is one line on the console, not
+    logging's traceback per record (470 console lines in a run on a full disk)."""
+
+    def __init__(self, path: Path, mode: str, say: Callable[[str], None] = say_on_console) -> None:
+        super().__init__(path, mode=mode, encoding="utf-8")
+        self.failures = WriteFailures(say)
+        self._failed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._failed = False
+        super().emit(record)
+        if not self._failed and self.failures.failing:
+            self.failures.succeeded(self.baseFilename)
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError):
+            super().handleError(record)
+            return
+        self._failed = True
+        self.failures.failed(self.baseFilename, error)
+
+
 def setup_driver_logging(log_file: Path, verbose: bool = False, append: bool = True) -> Callable[[], None]:
     """Root logger → ``log_file`` (INFO, everything; overwritten unless ``append``) and stdout
     (filtered, short lines); returns the function that puts the previous handlers and level back."""
@@ -43,7 +126,7 @@ def setup_driver_logging(log_file: Path, verbose: bool = False, append: bool = T
     for h in before:
         root.removeHandler(h)
     root.setLevel(logging.INFO)
-    to_file = logging.FileHandler(log_file, mode="a" if append else "w", encoding="utf-8")
+    to_file = RunLogHandler(log_file, mode="a" if append else "w")
     to_file.setFormatter(logging.Formatter(FORMAT))
     console = logging.StreamHandler(sys.stdout)
     console.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))

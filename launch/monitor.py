@@ -20,6 +20,7 @@ from rredcot.common.config import Config
 from rredcot.common.control import RunControl
 from rredcot.common.ledger import Balance
 from rredcot.common.streams import BATCHES, ROLLOUTS
+from rredcot.launch.logs import WriteFailures
 
 log = logging.getLogger("rredcot.progress")
 
@@ -39,6 +40,8 @@ class Monitor:
         self.history: list[dict[str, Any]] = []
         # every history point, as it comes, one JSON object a line: `rredcot report RUN` redraws from it
         self._history_file = None if history_file is None else open(history_file, "a", buffering=1)  # noqa: SIM115
+        self._history_path, self._tb_dir = history_file, tb_dir
+        self.write_failures = WriteFailures(logging.getLogger("rredcot").warning)  # a full disk: one line each
         self.evals: list[dict[str, Any]] = []
         self.last: dict[str, dict[str, Any]] = {}  # the latest snapshot of every worker
         self._last_step: dict[str, float] = {}
@@ -72,14 +75,24 @@ class Monitor:
             point = {"t": now, "tier": values.get("tier", "?"), "worker": worker, "step": step, "values": nums}
             self.history.append(point)
             if self._history_file is not None:
-                self._history_file.write(json.dumps(point) + "\n")
+                try:
+                    self._history_file.write(json.dumps(point) + "\n")
+                except OSError as e:  # the history stays in memory for the report
+                    self.write_failures.failed(self._history_path, e)
+                else:
+                    self.write_failures.succeeded(self._history_path)
             self._log({f"{values.get('tier', '?')}/{worker}/{k}": v for k, v in nums.items()}, step)
         return snaps
 
     def _log(self, scalars: dict[str, float], step: int) -> None:
         if self.writer is not None:
-            for name, v in scalars.items():
-                self.writer.add_scalar(name, v, step)
+            try:
+                for name, v in scalars.items():
+                    self.writer.add_scalar(name, v, step)
+            except OSError as e:
+                self.write_failures.failed(self._tb_dir, e)
+            else:
+                self.write_failures.succeeded(self._tb_dir)
         if self.wandb is not None:
             self.wandb.log(scalars, step=step)
 

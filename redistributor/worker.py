@@ -279,9 +279,15 @@ class Redistributor:
         if self.saved >= self.cfg.credit.save_traces or not any(s.advantage for s in out.samples):
             return
         folder = Path(self.cfg.run.dir) / "traces"
-        (folder / "rollouts").mkdir(parents=True, exist_ok=True)
-        (folder / f"{self.name}-{out.group_id}.msgpack").write_bytes(payload)
-        (folder / "rollouts" / f"{self.name}-{out.group_id}.msgpack").write_bytes(rollouts)
+        try:
+            (folder / "rollouts").mkdir(parents=True, exist_ok=True)
+            (folder / f"{self.name}-{out.group_id}.msgpack").write_bytes(payload)
+            (folder / "rollouts" / f"{self.name}-{out.group_id}.msgpack").write_bytes(rollouts)
+        except OSError as e:  # a full disk: the traces are for the report, the run goes on without more
+            why = e.strerror or str(e)
+            log.warning("%s: could not save a trace in %s (%s): no more traces saved this run", self.name, folder, why)
+            self.saved = self.cfg.credit.save_traces
+            return
         self.saved += 1
 
     def _count(self, group: RolloutGroup, samples: list[WeightedSample], seconds: float) -> None:

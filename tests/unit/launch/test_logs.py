@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from rredcot.launch.logs import ConsoleFilter, WorkerFailed, route_ray_errors_to_log, tail
 
@@ -89,3 +92,93 @@ def test_rays_error_printer_writes_to_the_log_not_the_console(caplog, capsys) ->
     assert out.out == out.err == ""
     assert [r.getMessage() for r in caplog.records] == ["(raylet) A worker died or was killed"]
     assert all(r.console is False for r in caplog.records)
+
+
+class FullDisk:
+    """A stub file whose writes fail as on a full disk (or work again when ``full`` is False)."""
+
+    def __init__(self) -> None:
+        self.full, self.written = True, ""
+
+    def write(self, text: str) -> int:
+        if self.full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.written += text
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_full_disk_under_the_driver_log_is_one_console_line_not_a_traceback_per_record(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 62: a full disk flooded the console with 470 lines (logging's traceback for every record
+    driver.log could not take); now the first failure is one line naming the file, why and the free
+    space, the rest are dropped until a write succeeds again."""
+    from rredcot.launch.logs import setup_driver_logging
+
+    log_file = tmp_path / "logs" / "driver.log"
+    restore = setup_driver_logging(log_file)
+    try:
+        (handler,) = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+        disk = handler.stream = FullDisk()
+        for i in range(300):
+            logging.getLogger("rredcot.launch.driver").info("progress line %d", i)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, err[:20]
+        assert f"cannot write {log_file} (No space left on device; " in err[0] and " MiB free there)" in err[0]
+        assert "-> free disk space or set run.dir elsewhere" in err[0]
+        disk.full = False
+        logging.getLogger("rredcot.launch.driver").info("room again")
+        assert capsys.readouterr().err.strip().endswith(f"{log_file} is written again")
+        assert disk.written.rstrip().endswith("room again")
+    finally:
+        restore()
+
+
+def test_write_failures_say_each_paths_first_failure_once_with_its_free_space(tmp_path: Path) -> None:
+    from rredcot.launch.logs import WriteFailures, write_failed_line
+
+    said: list[str] = []
+    failures, disk = WriteFailures(said.append), FullDisk()
+    for path in (tmp_path / "history.jsonl", tmp_path / "tensorboard") * 100:
+        try:
+            disk.write("x")
+        except OSError as e:
+            failures.failed(path, e)
+    assert len(said) == 2 and failures.dropped == 198
+    assert said[0].startswith(f"cannot write {tmp_path / 'history.jsonl'} (No space left on device; ")
+    failures.succeeded(tmp_path / "tensorboard")
+    failures.failed(tmp_path / "tensorboard", OSError(errno.ENOSPC, "No space left on device"))
+    assert said[2:] == [f"{tmp_path / 'tensorboard'} is written again", said[1]]
+    line = write_failed_line(tmp_path / "nope" / "deeper" / "x", OSError(errno.EACCES, "Permission denied"))
+    assert "(Permission denied; " in line and "MiB free there" in line and "check the path's filesystem" in line
+
+
+def test_the_monitor_keeps_its_history_in_memory_when_its_file_cannot_be_written(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from rredcot.common.config import load_config
+    from rredcot.launch.monitor import Monitor
+
+    class Control:
+        n = 0
+
+        def all_metrics(self) -> dict:
+            self.n += 1
+            return {"learner0": {"tier": "learner", "step": float(self.n), "version": float(self.n)}}
+
+    cfg = load_config("tests", ["logging.tensorboard=false"])
+    monitor = Monitor(cfg, Control(), tmp_path / "tb", {}, tmp_path / "history.jsonl")
+    monitor._history_file.close()
+    monitor._history_file = FullDisk()
+    with caplog.at_level(logging.WARNING):
+        for _ in range(50):
+            monitor.poll()
+    assert len(monitor.history) == 50
+    (line,) = [r.getMessage() for r in caplog.records if "cannot write" in r.getMessage()]
+    assert line.startswith(f"cannot write {tmp_path / 'history.jsonl'} (No space left on device")

@@ -129,3 +129,20 @@ def test_a_method_that_reads_token_texts_gets_the_tokenizer_and_no_scorer(redis_
     oracle = Redistributor(load_config("tests", [*base, "credit.method=oracle", "task.settings.op=chain"]), "red0")
     assert oracle.scorer is None and oracle.tokenizer.decode([40]) == "I"
     assert Redistributor(load_config("tests", [*base, "credit.method=grpo"]), "red1").tokenizer is None
+
+
+def test_a_trace_that_cannot_be_saved_is_one_warning_and_the_worker_goes_on(tmp_path, caplog) -> None:
+    """A full disk under run.dir/traces: the traces serve the report, so the worker says so once and
+    saves no more this run (an OSError used to end the worker, restarted into the same error)."""
+    import logging
+    from types import SimpleNamespace
+
+    (tmp_path / "traces").write_text("a file where the folder goes: mkdir fails as on a full disk")
+    cfg = load_config("tests", [f"run.dir={tmp_path}", "credit.save_traces=5"])
+    me = SimpleNamespace(cfg=cfg, name="red0", saved=0)
+    group = SimpleNamespace(group_id="g1", samples=[SimpleNamespace(advantage=0.5)])
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            Redistributor._maybe_save(me, group, b"x", b"y")
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"red0: could not save a trace in {tmp_path / 'traces'}") and me.saved == 5
