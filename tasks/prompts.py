@@ -1,7 +1,7 @@
 """Prompt formatting: a task's instruction (optionally after its worked example) → prompt token ids.
 
 A one-shot example of the same task is what makes a small instruct model write the final
-``Answer: ...`` line the verifier reads (PLATFORM.md: ~1% without, 75-85% with).
+``Answer: ...`` line the verifier reads (SmolLM2-135M-Instruct writes it ~1% of the time without, 75-85% with).
 """
 
 from __future__ import annotations
