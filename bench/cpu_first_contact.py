@@ -24,6 +24,7 @@ import torch  # noqa: E402
 from rredcot.actors.engine import Engine, EngineSpec  # noqa: E402
 from rredcot.common.config import load_config  # noqa: E402
 from rredcot.common.precision import cpu_info, resolve_dtype  # noqa: E402
+from rredcot.launch.arguments import bounded_int  # noqa: E402
 from rredcot.launch.evaluate import evaluate  # noqa: E402
 from rredcot.tasks.data import train_and_held_out  # noqa: E402
 from rredcot.tasks.verifier import Verifier  # noqa: E402
@@ -54,7 +55,7 @@ def eval_seconds(block: int, problems: int) -> tuple[float, float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--problems", type=int, default=32)
+    p.add_argument("--problems", type=bounded_int(1, 10**6), default=32)
     args = p.parse_args()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

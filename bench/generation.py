@@ -25,6 +25,7 @@ from safetensors.torch import save  # noqa: E402
 from rredcot.actors.engine import Engine, EngineSpec, Sampling  # noqa: E402
 from rredcot.actors.generator import Generator  # noqa: E402
 from rredcot.common.config import Config, load_config  # noqa: E402
+from rredcot.launch.arguments import bounded_int  # noqa: E402
 from rredcot.launch.services import EmbeddedRedis  # noqa: E402
 from rredcot.models.store import load_tokenizer, qwen_tokenizer_dir, save_model_dir  # noqa: E402
 from rredcot.models.tiny import build_tiny_model  # noqa: E402
@@ -116,10 +117,10 @@ def bench_model(label: str, root: Path, url: str, args: argparse.Namespace) -> d
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--prompts", type=int, default=8, help="groups per step (one step = all)")
-    p.add_argument("--group", type=int, default=4)
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--prompts", type=bounded_int(1, 10**6), default=8, help="groups per step (one step = all)")
+    p.add_argument("--group", type=bounded_int(1, 10**4), default=4)
+    p.add_argument("--max-tokens", type=bounded_int(1, 10**7), default=64)
+    p.add_argument("--repeats", type=bounded_int(1, 10**6), default=5)
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(Path(tmp) / "redis") as redis_server:
         rows = {label: bench_model(label, Path(tmp), redis_server.url, args) for label in MODELS}

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from rredcot.common.config import LearnerConfig
+from rredcot.launch.arguments import bounded_int
 from rredcot.learner.engine import LearnerEngine
 from rredcot.learner.packing import micro_batches
 
@@ -34,20 +35,25 @@ from tests.learner_samples import random_samples, tiny_lm  # noqa: E402
 
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--samples", type=int, default=24)
-    p.add_argument("--min-len", type=int, default=16)
-    p.add_argument("--max-len", type=int, default=1024)
-    p.add_argument("--budget", type=int, default=2048, help="learner.micro_token_budget")
+    p.add_argument("--samples", type=bounded_int(1, 10**6), default=24)
+    p.add_argument("--min-len", type=bounded_int(1, 10**7), default=16)
+    p.add_argument("--max-len", type=bounded_int(1, 10**7), default=1024)
+    p.add_argument("--budget", type=bounded_int(16, 10**9), default=2048, help="learner.micro_token_budget")
     # default shape: decoder FLOPs per token ≈ 5.4 × the LM head's, as in Qwen2.5-1.5B (≈ 5.6)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--layers", type=int, default=6)
-    p.add_argument("--vocab", type=int, default=2560)
-    p.add_argument("--steps", type=int, default=5, help="timed steps per configuration (after 1 warm-up)")
-    p.add_argument("--groups", type=int, default=8, help="GRPO-shaped batch: prompts")
-    p.add_argument("--group-size", type=int, default=8, help="GRPO-shaped batch: samples per prompt")
-    p.add_argument("--prompt-len", type=int, default=120)
-    p.add_argument("--completion-len", type=int, default=16)
-    return p.parse_args()
+    p.add_argument("--hidden", type=bounded_int(1, 10**6), default=256)
+    p.add_argument("--layers", type=bounded_int(1, 10**4), default=6)
+    p.add_argument("--vocab", type=bounded_int(1, 10**7), default=2560)
+    p.add_argument(
+        "--steps", type=bounded_int(1, 10**6), default=5, help="timed steps per configuration (after 1 warm-up)"
+    )
+    p.add_argument("--groups", type=bounded_int(1, 10**6), default=8, help="GRPO-shaped batch: prompts")
+    p.add_argument("--group-size", type=bounded_int(1, 10**4), default=8, help="GRPO-shaped batch: samples per prompt")
+    p.add_argument("--prompt-len", type=bounded_int(1, 10**7), default=120)
+    p.add_argument("--completion-len", type=bounded_int(1, 10**7), default=16)
+    args = p.parse_args()
+    if args.min_len > args.max_len:
+        p.error(f"--min-len {args.min_len} is more than --max-len {args.max_len}")
+    return args
 
 
 def grouped_batch(groups: int, size: int, prompt_len: int, completion_len: int) -> list:

@@ -29,6 +29,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from rredcot.common.config import LearnerConfig
+from rredcot.launch.arguments import bounded_int
 from rredcot.learner.engine import LearnerEngine
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.learner_samples
@@ -39,9 +40,13 @@ def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=sorted(SHAPES), default="qwen2.5-1.5b")
     p.add_argument(
-        "--tokens", type=int, nargs="+", default=[8000, 16000, 25000, 32000], help="completion tokens of the sample"
+        "--tokens",
+        type=bounded_int(1, 10**7),
+        nargs="+",
+        default=[8000, 16000, 25000, 32000],
+        help="completion tokens of the sample",
     )
-    p.add_argument("--prompt", type=int, default=256, help="prompt tokens of the sample")
+    p.add_argument("--prompt", type=bounded_int(1, 10**7), default=256, help="prompt tokens of the sample")
     p.add_argument("--zero", type=int, default=2, choices=[0, 1, 2, 3], help="learner.zero_stage")
     p.add_argument(
         "--dtype",
@@ -51,13 +56,23 @@ def parse() -> argparse.Namespace:
     )
     p.add_argument("--no-grad-checkpointing", action="store_true")
     p.add_argument(
-        "--logprob-chunk", type=int, nargs="+", default=[1024, 2048, 4096], help="learner.logprob_chunk values"
+        "--logprob-chunk",
+        type=bounded_int(0, 10**7),
+        nargs="+",
+        default=[1024, 2048, 4096],
+        help="learner.logprob_chunk values",
     )
     p.add_argument(
         "--fp32-matmul", nargs="+", default=["tf32"], choices=["tf32", "ieee"], help="learner.fp32_matmul values"
     )
-    p.add_argument("--steps", type=int, default=2, help="timed steps (after 1 warm-up)")
-    p.add_argument("--profile", type=int, default=0, metavar="N", help="profile a step of the last row: N top ops")
+    p.add_argument("--steps", type=bounded_int(1, 10**6), default=2, help="timed steps (after 1 warm-up)")
+    p.add_argument(
+        "--profile",
+        type=bounded_int(0, 10**4),
+        default=0,
+        metavar="N",
+        help="profile a step of the last row: N top ops",
+    )
     return p.parse_args()
 
 

@@ -22,16 +22,18 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from rredcot.launch.arguments import bounded_int
+
 MODES = ("ieee", "tf32", "bf16")
 
 
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tokens", type=int, default=25_256)
-    p.add_argument("--hidden", type=int, default=1536)
-    p.add_argument("--vocab", type=int, default=151_936)
-    p.add_argument("--chunk", type=int, default=4096, help="learner.logprob_chunk")
-    p.add_argument("--steps", type=int, default=5, help="timed steps per mode (after 2 warm-ups)")
+    p.add_argument("--tokens", type=bounded_int(1, 10**7), default=25_256)
+    p.add_argument("--hidden", type=bounded_int(1, 10**6), default=1536)
+    p.add_argument("--vocab", type=bounded_int(1, 10**7), default=151_936)
+    p.add_argument("--chunk", type=bounded_int(0, 10**7), default=4096, help="learner.logprob_chunk")
+    p.add_argument("--steps", type=bounded_int(1, 10**6), default=5, help="timed steps per mode (after 2 warm-ups)")
     return p.parse_args()
 
 

@@ -18,17 +18,26 @@ import bisect
 import json
 from collections import defaultdict
 
+from rredcot.launch.arguments import bounded_float, bounded_int
+
 MIB = 2**20
 
 
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("capture", help="a memray capture file (memray run --native -o FILE)")
-    p.add_argument("--from", dest="start", type=float, default=0.4, help="first moment, as a fraction of the capture")
-    p.add_argument("--to", dest="end", type=float, default=0.95, help="second moment, as a fraction of the capture")
-    p.add_argument("--top", type=int, default=12, help="sites to print")
-    p.add_argument("--frames", type=int, default=14, help="stack frames to print per site")
-    return p.parse_args()
+    p.add_argument(
+        "--from", dest="start", type=bounded_float(0, 1), default=0.4, help="first moment, as a fraction of the capture"
+    )
+    p.add_argument(
+        "--to", dest="end", type=bounded_float(0, 1), default=0.95, help="second moment, as a fraction of the capture"
+    )
+    p.add_argument("--top", type=bounded_int(1, 10**6), default=12, help="sites to print")
+    p.add_argument("--frames", type=bounded_int(1, 10**4), default=14, help="stack frames to print per site")
+    args = p.parse_args()
+    if args.start >= args.end:
+        p.error(f"--from {args.start:g} must come before --to {args.end:g}")
+    return args
 
 
 def live_bytes(intervals: list, snapshot: int) -> tuple[int, int]:

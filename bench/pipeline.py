@@ -46,6 +46,7 @@ from rredcot.common.config import load_config
 from rredcot.common.control import RunControl
 from rredcot.common.streams import connect
 from rredcot.launch.advise import TIERS, Split, advise, predict, run_rates
+from rredcot.launch.arguments import bounded_int
 from rredcot.launch.driver import train
 from rredcot.launch.services import EmbeddedRedis
 
@@ -221,10 +222,14 @@ def main() -> None:
     ap.add_argument(
         "--config", default="tests", help="configs to compare, comma-separated (tests,demo_cpu: both models)"
     )
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--eta", type=int, default=2)
-    ap.add_argument("--total", type=int, default=0, help="workers to split with the advisor (0: no advisor check)")
-    ap.add_argument("--repeat", type=int, default=1, help="rounds of the three runs (ratios: median and range)")
+    ap.add_argument("--steps", type=bounded_int(1, 10**6), default=8)
+    ap.add_argument("--eta", type=bounded_int(0, 10**6), default=2)
+    ap.add_argument(
+        "--total", type=bounded_int(0, 10**5), default=0, help="workers to split with the advisor (0: no advisor check)"
+    )
+    ap.add_argument(
+        "--repeat", type=bounded_int(1, 10**4), default=1, help="rounds of the three runs (ratios: median and range)"
+    )
     ap.add_argument("--keep", help="a folder to keep the run folders in (default: a temporary one)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()

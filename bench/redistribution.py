@@ -23,6 +23,7 @@ import torch
 
 from rredcot.common.config import Config, CreditConfig, ScorerConfig, SegmentationConfig
 from rredcot.common.records import RolloutGroup, RolloutRecord, new_id
+from rredcot.launch.arguments import bounded_int
 from rredcot.models.store import load_tokenizer, qwen_tokenizer_dir
 from rredcot.models.tiny import build_tiny_model
 from rredcot.redistributor.branch_plan import ModelShape, plan_pieces
@@ -306,16 +307,21 @@ def bench_pipeline(model, tok, g: int, length: int, k: int, m: int) -> dict[str,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--length", type=int, default=4096)
-    ap.add_argument("--segments", type=int, default=40)
-    ap.add_argument("--refs", type=int, default=2)
-    ap.add_argument("--group", type=int, default=4)
-    ap.add_argument("--gen-tokens", type=int, default=64)
-    ap.add_argument("--mc-segments", type=int, default=8)
-    ap.add_argument("--mc-samples", type=int, default=2)
-    ap.add_argument("--long-length", type=int, default=25000, help="the long case's trace length")
-    ap.add_argument("--long-refs", type=int, default=4)
-    ap.add_argument("--long-budget-mb", type=int, default=256, help="credit.scorer.values_memory_mb of the long case")
+    ap.add_argument("--length", type=bounded_int(1, 10**7), default=4096)
+    ap.add_argument("--segments", type=bounded_int(1, 10**6), default=40)
+    ap.add_argument("--refs", type=bounded_int(1, 10**4), default=2)
+    ap.add_argument("--group", type=bounded_int(1, 10**4), default=4)
+    ap.add_argument("--gen-tokens", type=bounded_int(1, 10**7), default=64)
+    ap.add_argument("--mc-segments", type=bounded_int(1, 10**6), default=8)
+    ap.add_argument("--mc-samples", type=bounded_int(1, 10**4), default=2)
+    ap.add_argument("--long-length", type=bounded_int(1, 10**7), default=25000, help="the long case's trace length")
+    ap.add_argument("--long-refs", type=bounded_int(1, 10**4), default=4)
+    ap.add_argument(
+        "--long-budget-mb",
+        type=bounded_int(1, 10**7),
+        default=256,
+        help="credit.scorer.values_memory_mb of the long case",
+    )
     ap.add_argument("--only-long", action="store_true", help="run the long case only")
     args = ap.parse_args()
     torch.set_num_threads(1)

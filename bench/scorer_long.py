@@ -26,6 +26,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from rredcot.launch.advise import token_flops
+from rredcot.launch.arguments import bounded_int
 from rredcot.redistributor.entropy import score_trace
 from rredcot.redistributor.references import CONTEXT, Tail, U, Y
 from rredcot.redistributor.values import branch_logprobs_fast
@@ -39,17 +40,17 @@ PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16 FLOP/
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=sorted(SHAPES), default="qwen2.5-1.5b")
-    p.add_argument("--tokens", type=int, nargs="+", default=[8000, 25000], help="completion tokens")
-    p.add_argument("--prompt", type=int, default=256)
-    p.add_argument("--exits", type=int, default=40, help="credit.segmentation.segments")
-    p.add_argument("--tails", type=int, default=4, help="tails per exit (references × constructs)")
-    p.add_argument("--tail-tokens", type=int, default=300, help="tokens of one tail")
-    p.add_argument("--memory-mb", type=int, default=4096, help="credit.scorer.values_memory_mb")
-    p.add_argument("--chunk", type=int, default=2048, help="credit.scorer.entropy_chunk")
+    p.add_argument("--tokens", type=bounded_int(1, 10**7), nargs="+", default=[8000, 25000], help="completion tokens")
+    p.add_argument("--prompt", type=bounded_int(1, 10**7), default=256)
+    p.add_argument("--exits", type=bounded_int(1, 10**6), default=40, help="credit.segmentation.segments")
+    p.add_argument("--tails", type=bounded_int(1, 10**4), default=4, help="tails per exit (references × constructs)")
+    p.add_argument("--tail-tokens", type=bounded_int(1, 10**7), default=300, help="tokens of one tail")
+    p.add_argument("--memory-mb", type=bounded_int(1, 10**7), default=4096, help="credit.scorer.values_memory_mb")
+    p.add_argument("--chunk", type=bounded_int(1, 10**7), default=2048, help="credit.scorer.entropy_chunk")
     p.add_argument(
         "--attention", default="auto", choices=["auto", "dense", "flex"], help="credit.scorer.branch_attention"
     )
-    p.add_argument("--repeats", type=int, default=2, help="timed runs after one warm-up")
+    p.add_argument("--repeats", type=bounded_int(1, 10**6), default=2, help="timed runs after one warm-up")
     return p.parse_args()
 
 

@@ -44,6 +44,7 @@ from rredcot.common.config import load_config, to_dict
 from rredcot.common.control import RunControl
 from rredcot.common.precision import cpu_info
 from rredcot.common.streams import BATCHES, ROLLOUTS, connect, key
+from rredcot.launch.arguments import bounded_float
 from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
 from rredcot.launch.services import EmbeddedRedis
 from rredcot.launch.stages import node_env, stage_env
@@ -121,11 +122,14 @@ def start_processes(
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="demo_cpu")
-    p.add_argument("--minutes", type=float, default=30.0)
-    p.add_argument("--every", type=float, default=10.0, help="seconds between samples")
+    p.add_argument("--minutes", type=bounded_float(0, 10**5, lo_open=True), default=30.0)
+    p.add_argument("--every", type=bounded_float(0, 86400, lo_open=True), default=10.0, help="seconds between samples")
     p.add_argument("--run-dir", default="runs/soak")
     p.add_argument(
-        "--heap-trace", type=float, default=0.0, help="seconds between each worker's Python-heap snapshots (0: off)"
+        "--heap-trace",
+        type=bounded_float(0, 604800),
+        default=0.0,
+        help="seconds between each worker's Python-heap snapshots (0: off)",
     )
     p.add_argument(
         "--no-ray",

@@ -19,6 +19,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 from rredcot.actors.engine import Engine, EngineSpec  # noqa: E402
 from rredcot.common.config import load_config  # noqa: E402
 from rredcot.common.precision import cpu_info, resolve_dtype  # noqa: E402
+from rredcot.launch.arguments import bounded_int  # noqa: E402
 from rredcot.launch.evaluate import evaluate  # noqa: E402
 from rredcot.tasks.data import train_and_held_out  # noqa: E402
 from rredcot.tasks.verifier import Verifier  # noqa: E402
@@ -51,7 +52,7 @@ def measure(config: str, problems: int) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="+", default=["study_cpu", "tests"])
-    parser.add_argument("--problems", type=int, default=32)
+    parser.add_argument("--problems", type=bounded_int(1, 10**6), default=32)
     args = parser.parse_args()
     rows = [measure(c, args.problems) for c in args.configs]
     print(f"CPU: {cpu_info().describe()}")

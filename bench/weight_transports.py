@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from rredcot.common.precision import cpu_info
+from rredcot.launch.arguments import bounded_int
 from rredcot.transports.collective import CollectivePublisher
 from rredcot.transports.file import FilePublisher
 from rredcot.transports.group import open_group, read_group, receive_tensors
@@ -43,10 +44,12 @@ TRANSPORTS = ("file", "collective", "ipc")
 
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--versions", type=int, default=5, help="timed versions per transport (after 1 warm-up)")
-    p.add_argument("--hidden", type=int, default=576)
-    p.add_argument("--layers", type=int, default=30)
-    p.add_argument("--vocab", type=int, default=49152)
+    p.add_argument(
+        "--versions", type=bounded_int(1, 10**6), default=5, help="timed versions per transport (after 1 warm-up)"
+    )
+    p.add_argument("--hidden", type=bounded_int(1, 10**6), default=576)
+    p.add_argument("--layers", type=bounded_int(1, 10**4), default=30)
+    p.add_argument("--vocab", type=bounded_int(1, 10**7), default=49152)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     return p.parse_args()
 

@@ -350,6 +350,36 @@ def test_doctor_takes_an_override_without_a_config_and_debug_on_command_groups()
     assert cli.parse_args(["study", "--debug", "credit", "tests"]).debug
 
 
+BENCH_MISTAKES = [
+    (["lm_head", "--tokens", "0"], "lm_head.py: error: argument --tokens: must be an integer in [1, 10000000] (got 0)"),
+    (["pipeline", "--repeat", "0"], "pipeline.py: error: argument --repeat: must be an integer in [1, 10000] (got 0)"),
+    (
+        ["soak", "--minutes", "nan"],
+        "soak.py: error: argument --minutes: must be a finite number in (0, 100000] (got nan)",
+    ),
+    (["learner", "--min-len", "100", "--max-len", "10"], "learner.py: error: --min-len 100 is more than --max-len 10"),
+    (
+        ["redistribution", "--segments=-1"],
+        "redistribution.py: error: argument --segments: must be an integer in [1, 1000000] (got -1)",
+    ),
+    (
+        ["weight_transports", "--layers", "many"],
+        "weight_transports.py: error: argument --layers: must be an integer in [1, 10000] (got 'many')",
+    ),
+]
+
+
+@pytest.mark.parametrize(("argv", "says"), BENCH_MISTAKES, ids=[" ".join(a) for a, _ in BENCH_MISTAKES])
+def test_a_bench_number_out_of_its_range_is_argparses_one_line(argv: list[str], says: str) -> None:
+    """Issue 62: the benchmarks took any number (``--tokens 0``, ``--minutes nan``) and failed late, in
+    a traceback, or ran forever; now argparse's usage error, exit 2, before anything loads."""
+    out = subprocess.run(
+        [sys.executable, "-m", "rredcot.launch.cli", "bench", *argv], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1] == says, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+
+
 def test_bench_queue_refuses_zero_records_with_a_usage_error() -> None:
     """``rredcot bench queue --records 0`` ended in a ZeroDivisionError after the benchmark ran."""
     out = subprocess.run(
