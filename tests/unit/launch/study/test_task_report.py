@@ -1,11 +1,12 @@
-"""``study task``'s measures on hand-built groups of a 3-step chain (a real byte tokenizer, no engine)."""
+"""``study task``'s measures on hand-built groups of a 3-step chain (a real tokenizer, no engine)."""
 
 import numpy as np
 
 from rredcot.common.config import TaskConfig
 from rredcot.common.records import RolloutGroup, RolloutRecord
 from rredcot.launch.study.task_report import length_report, task_table, working
-from rredcot.models.chain_tiny import byte_tokenizer
+from rredcot.models.smollm import smollm2_dir
+from rredcot.models.store import load_tokenizer
 from rredcot.tasks.arith import make_problem
 from rredcot.tasks.task import build_task
 
@@ -33,7 +34,7 @@ def _group(texts: list[str], rewards: list[float], tok) -> RolloutGroup:
 
 
 def test_slip_rates_single_slips_and_shared_prefixes_by_hand():
-    tok = byte_tokenizer()
+    tok = load_tokenizer(smollm2_dir())
     right = "Step 1: 7 + 5 = 12.\nStep 2: 12 * 2 = 24.\nStep 3: 24 - 4 = 20.\nAnswer: 20"
     slip = "Step 1: 7 + 5 = 12.\nStep 2: 12 * 2 = 25.\nStep 3: 25 - 4 = 21.\nAnswer: 21"  # one slip, at line 1
     twice = "Step 1: 7 plus 5 is 13.\nStep 2: 13 * 2 = 27.\nStep 3: 27 - 4 = 23.\nAnswer: 23"  # lines 0 and 1
@@ -46,7 +47,7 @@ def test_slip_rates_single_slips_and_shared_prefixes_by_hand():
     # empty prefix, shared by both siblings
     assert (r["sibling_pairs"], r["sibling_prefix_shared"]) == (4, 3 / 4)
     assert "| 3 | 3 | 0.333 | `*` 0.667, `+` 0.333, `-` 0.000 | 0.33 0.67 0.00 | 0.500 (of 2) | 0.750 (of 4) |" in (
-        "\n".join(task_table({3: r}, "tiny-chain"))
+        "\n".join(task_table({3: r}, "smollm2-135m-chain-long"))
     )
 
 

@@ -1,10 +1,12 @@
-"""``tiny-chain``'s recipe: its training solutions slip only on products, about as often as planted,
-and its byte tokenizer turns the prompt and the solution into ids and back."""
+"""``smollm2-135m-chain-long``'s recipe: its training solutions slip only on products, about as often
+as planted, and its training pairs hold the prompt without a worked example and the solution with EOS."""
 
 import numpy as np
 
 from rredcot.common.config import TaskConfig
-from rredcot.models.chain_tiny import CHAIN_TASK, PROMPT, SLIP, byte_tokenizer, planted_solution, sft_pairs
+from rredcot.models.chain_long import CHAIN_TASK, PROMPT, SLIP, planted_solution, sft_pairs
+from rredcot.models.smollm import smollm2_dir
+from rredcot.models.store import load_tokenizer
 from rredcot.tasks.chain import checked_steps, first_slip
 from rredcot.tasks.task import build_task
 
@@ -28,10 +30,11 @@ def test_planted_slips_fall_on_products_at_the_planted_rate_and_nowhere_else():
     assert first_on_product > 0
 
 
-def test_the_byte_tokenizer_round_trips_the_training_pairs():
-    tok = byte_tokenizer()
+def test_the_training_pairs_hold_the_question_alone_and_the_solution_with_eos():
+    tok = load_tokenizer(smollm2_dir())
     pairs = sft_pairs(tok, 2, seed=1)
-    assert len(pairs) == 2 * 15 and len(tok) == 384
+    assert len(pairs) == 2 * 15
     prompt, solution = pairs[-1]
-    assert tok.decode(prompt).startswith("Solve the problem.") and "Step 16: " in tok.decode(prompt + solution)
+    text = tok.decode(prompt)
+    assert "Solve the problem." in text and "Step 16: " in text and text.count("Start with") == 1  # no example
     assert solution[-1] == tok.eos_token_id and tok.decode(solution[:-1]).splitlines()[-1].startswith("Answer: ")
