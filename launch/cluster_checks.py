@@ -5,7 +5,8 @@ feeds ``plan.check_fit``), and on more than one node a run assumes what nothing 
 task on every alive node reads a file the driver wrote into ``run.dir`` and writes one back (the run
 directory is shared: weights as files, checkpoints and logs depend on it), hashes the rredcot code it
 imports (the same version on every node), connects to the head from the interface NCCL and gloo are
-told to use, and measures ``/dev/shm``. Each failure is one line naming
+told to use, connects to the server of ``redis.url`` (every tier reads and writes the run's streams
+there), and measures ``/dev/shm``. Each failure is one line naming
 the node and the fix; ``rredcot doctor`` runs the same probes against ``cluster.address``.
 """
 
@@ -96,6 +97,29 @@ def interface_problem(head: str, timeout_s: float = 5.0) -> str:
         return f"{variable}={names} ({found[0]}) does not reach the head at {head}: {e.strerror or e}"
 
 
+def redis_address(cfg: Config) -> str:
+    """``host:port`` of ``redis.url``'s server, which every node must reach; "" for the embedded server
+    (started after the checks, on the head's address: a node that joined Ray reaches that address) or a
+    Unix socket."""
+    url = urlparse(cfg.redis.url or "")
+    if url.scheme not in ("redis", "rediss") or not url.hostname:
+        return ""
+    host = f"[{url.hostname}]" if ":" in url.hostname else url.hostname
+    return f"{host}:{url.port or 6379}"
+
+
+def reach_problem(address: str, timeout_s: float = 5.0) -> str:
+    """ "" when a TCP connection to ``address`` (``host:port``) opens from here, else why not."""
+    if not address:
+        return ""
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return ""
+    except OSError as e:
+        return e.strerror or str(e) or type(e).__name__
+
+
 @dataclass(frozen=True)
 class NodeReport:
     """What one node's probe found."""
@@ -107,14 +131,16 @@ class NodeReport:
     network: str = ""  # "" when the interface NCCL and gloo are told to use reaches the head, else why not
     answered: bool = True  # False: the probe never ran there (the node cannot start a worker)
     node_id: str = ""  # Ray's id of the node, in full
+    redis: str = ""  # "" when redis.url's server answers a TCP connection from the node, else why not
 
     @staticmethod
     def silent(node: str) -> NodeReport:
         return NodeReport(node, "", "", 0, answered=False)
 
     @staticmethod
-    def probe(run_dir: str, token: str) -> dict[str, Any]:
-        """Runs on the node: read the driver's token, write this node's file back, hash the code."""
+    def probe(run_dir: str, token: str, redis_at: str = "") -> dict[str, Any]:
+        """Runs on the node: read the driver's token, write this node's file back, hash the code,
+        connect to the head and to ``redis_at`` (``redis_address``)."""
         import ray
 
         node_id = ray.get_runtime_context().get_node_id()
@@ -135,11 +161,13 @@ class NodeReport:
             "shm_free": shm,
             "network": network,
             "node_id": node_id,
+            "redis": reach_problem(redis_at),
         }
 
 
-def probe_nodes(run_dir: Path) -> list[NodeReport]:
-    """Run ``NodeReport.probe`` on every alive node of the connected Ray cluster."""
+def probe_nodes(run_dir: Path, redis_at: str = "") -> list[NodeReport]:
+    """Run ``NodeReport.probe`` on every alive node of the connected Ray cluster (``redis_at``: the
+    ``host:port`` each must reach, ``redis_address``)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -152,7 +180,7 @@ def probe_nodes(run_dir: Path) -> list[NodeReport]:
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     refs = [
         task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
-            str(run_dir), token
+            str(run_dir), token, redis_at
         )
         for n in nodes
     ]
@@ -226,6 +254,13 @@ def cluster_problems(cfg: Config, reports: list[NodeReport], here: str) -> list[
                 "set RREDCOT_NODE_IFACE (or NCCL_SOCKET_IFNAME) to the cluster network's interface before "
                 "launch/ray_worker.sh",
             )
+        if r.redis:
+            error(
+                f"node {r.node} cannot reach redis.url's server at {redis_address(cfg)} ({r.redis})",
+                "open a route (and the port) from that node to the server: every tier reads and writes the "
+                "run's streams there; or set redis.url to an address every node reaches (unset, the driver "
+                "starts one on the head's cluster address)",
+            )
         if r.code != here:
             error(
                 f"node {r.node} imports other rredcot code (digest {r.code}, the driver's {here})",
@@ -260,7 +295,7 @@ def cluster_findings(cfg: Config, run_dir: Path) -> Findings:
     check_fit(cfg, free_per_node())  # a bundle never spans nodes: the free resources of one must hold it
     if nodes < 2:
         return Findings(nodes, [], {})
-    reports = probe_nodes(run_dir)
+    reports = probe_nodes(run_dir, redis_address(cfg))
     apart = {r.node_id: r.node for r in reports if r.answered and r.sees_run_dir}
     return Findings(nodes, cluster_problems(cfg, reports, code_digest()), apart)
 
@@ -371,5 +406,7 @@ def check_cluster(cfg: Config) -> list[Check]:
         return [Check("error", "cluster", str(e))]
     finally:
         ray.shutdown()
-    shared = ": run.dir shared, the same code, the network interface, room in /dev/shm" if found.nodes > 1 else ""
+    redis = ", redis.url reached" if redis_address(cfg) else ""
+    shared = f": run.dir shared, the same code, the network interface{redis}, room in /dev/shm"
+    shared = shared if found.nodes > 1 else ""
     return found.checks or [Check("ok", "cluster", f"{found.nodes} node(s) hold the plan{shared}")]

@@ -13,10 +13,14 @@ rredcot_node_address() {
   if [ -n "${RREDCOT_NODE_IP:-}" ]; then
     NODE_IP=$RREDCOT_NODE_IP
   elif [ -n "${RREDCOT_NODE_IFACE:-}" ]; then
-    NODE_IP=$(ip -o -4 addr show dev "$RREDCOT_NODE_IFACE" 2>/dev/null | awk '{split($4, a, "/"); print a[1]; exit}')
+    # `|| true`: under the scripts' set -e -o pipefail, ip's failure on a missing interface would end
+    # the script here, silently (exit 1), before the line below could say why
+    NODE_IP=$({ ip -o -4 addr show dev "$RREDCOT_NODE_IFACE" 2>/dev/null || true; } | awk '{split($4, a, "/"); print a[1]; exit}')
     if [ -z "$NODE_IP" ]; then
+      all=$(ip -o -4 addr show | awk '!seen[$2]++ {printf "%s%s", (n++ ? ", " : ""), $2}')
       echo "rredcot: RREDCOT_NODE_IFACE=$RREDCOT_NODE_IFACE has no IPv4 address on $(hostname)" \
-        "(interfaces: $(ip -o -4 addr show | awk '{printf "%s ", $2}'))" >&2
+        "(it has: ${all:-none}):" \
+        "set RREDCOT_NODE_IFACE to the cluster network's interface, or RREDCOT_NODE_IP to this node's address on it" >&2
       return 2
     fi
   else

@@ -16,6 +16,8 @@ from rredcot.launch.cluster_checks import (
     interface_problem,
     ipc_host_slots,
     node_label,
+    reach_problem,
+    redis_address,
     shared_dir_needed,
 )
 
@@ -116,3 +118,22 @@ def test_an_address_with_another_server_behind_it_is_no_ray_cluster(monkeypatch)
     assert check.level == "error" and check.found.startswith(f"no Ray cluster answers at cluster.address={address}")
     assert "launch/ray_head.sh prints it" in check.fix
     assert cluster_checks.check_ray_answers(load_config("tests")) == []  # a local Ray: nothing to ask
+
+
+def test_a_node_that_cannot_reach_the_runs_redis_is_named_with_the_fix():
+    url = ["redis.url=redis://:pw@10.0.0.9:6380/0"]
+    assert redis_address(load_config("tests", url)) == "10.0.0.9:6380"
+    assert redis_address(load_config("tests")) == ""  # the embedded server: on the head's address
+    assert redis_address(load_config("tests", ["redis.url=redis://[fd00::9]/0"])) == "[fd00::9]:6379"
+    cut = NodeReport("10.0.0.2 (bbbbbbbb)", "", "abc", 8 * GIB, redis="Network is unreachable")
+    (check,) = cluster_problems(load_config("tests", url), [cut], here="abc")
+    assert check.level == "error"
+    assert check.found == (
+        "node 10.0.0.2 (bbbbbbbb) cannot reach redis.url's server at 10.0.0.9:6380 (Network is unreachable)"
+    )
+    assert "open a route (and the port) from that node to the server" in check.fix
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    assert reach_problem(f"127.0.0.1:{port}") == "" and reach_problem("") == ""
+    server.close()
+    assert reach_problem(f"127.0.0.1:{port}") == "Connection refused"
