@@ -35,6 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 PREFIX = "rrcl"  # every namespace of a harness: rrcl<pid>-<node>, <pid> the test process's
+ROOT_PREFIX = "rrcl"  # and its directory: <tmp>/rrcl<pid>-<random>
 IFACE = "cl0"  # each node's cluster-network interface
 JOIN_TIMEOUT_S = 180.0
 
@@ -82,7 +83,8 @@ def remove_namespaces(names: list[str], grace_s: float = 10.0) -> None:
 
 
 def remove_stale() -> None:
-    """The namespaces a harness whose test process died (SIGKILL) left behind."""
+    """What a harness whose test process died (SIGKILL: no finalizer ran) left behind: its namespaces,
+    every process in them, its directory."""
     stale = []
     for name in namespaces():
         owner = name[len(PREFIX) :].split("-", 1)[0]
@@ -90,6 +92,10 @@ def remove_stale() -> None:
             stale.append(name)
     if stale:
         remove_namespaces(stale, grace_s=2.0)
+    for root in Path(tempfile.gettempdir()).glob(f"{ROOT_PREFIX}*-*"):  # their directories
+        owner = root.name[len(ROOT_PREFIX) :].split("-", 1)[0]
+        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def leftovers(owner: int | None = None) -> list[str]:
@@ -133,7 +139,8 @@ class Cluster:
     def __init__(self) -> None:
         remove_stale()
         self.owner = os.getpid()
-        self.root = Path(tempfile.mkdtemp(prefix="rcl", dir="/tmp"))  # short: Ray's socket paths < 108 chars
+        # short: Ray's socket paths stay under 108 characters
+        self.root = Path(tempfile.mkdtemp(prefix=f"{ROOT_PREFIX}{self.owner}-", dir=tempfile.gettempdir()))
         self.run_dir = self.root / "run"
         self.run_dir.mkdir()
         self.net = private_subnet()
