@@ -22,6 +22,7 @@ import contextlib
 import ipaddress
 import os
 import random
+import re
 import secrets
 import shutil
 import signal
@@ -38,6 +39,22 @@ PREFIX = "rrcl"  # every namespace of a harness: rrcl<pid>-<node>, <pid> the tes
 ROOT_PREFIX = "rrcl"  # and its directory: <tmp>/rrcl<pid>-<random>
 IFACE = "cl0"  # each node's cluster-network interface
 JOIN_TIMEOUT_S = 180.0
+# Ray's worker processes (actors) listen on a port of this range (their gRPC server, on every
+# interface: Ray's, not rredcot's), so a listening socket of an actor outside it is of its own making
+RAY_WORKER_PORTS = (10002, 10999)
+
+
+@dataclass(frozen=True)
+class Listener:
+    """A listening TCP socket of a node (``ss -ltnp``): its address, port and the processes holding it."""
+
+    address: str  # 0.0.0.0, :: or * when it listens on every interface
+    port: int
+    processes: tuple[tuple[str, int], ...]  # (name, pid)
+
+    @property
+    def wildcard(self) -> bool:
+        return self.address in ("0.0.0.0", "::", "*", "[::]")
 
 
 def cannot_run() -> str:
@@ -228,7 +245,8 @@ class Cluster:
         node = self.nodes[name]
         extra = (
             f"--block --disable-usage-stats --temp-dir={self.root / name / 'ray'} "
-            "--dashboard-agent-listen-port=0"  # agents: a port each
+            "--dashboard-agent-listen-port=0 "  # agents: a port each
+            f"--min-worker-port={RAY_WORKER_PORTS[0]} --max-worker-port={RAY_WORKER_PORTS[1]}"
         )
         if script == "ray_head.sh":
             extra += " --include-dashboard=false"
@@ -241,7 +259,7 @@ class Cluster:
             "RAY_START_EXTRA": extra,
             **env,
         }
-        count = (self.alive() if "head" in self.nodes and self.nodes["head"].procs else 0) + 1
+        count = (self.alive() if wait and "head" in self.nodes and self.nodes["head"].procs else 0) + 1
         node.log = self.root / name / "node.log"
         with open(node.log, "a") as log:
             proc = subprocess.Popen(
@@ -254,13 +272,19 @@ class Cluster:
             )
         node.procs.append(proc)
         if wait:
-            self.wait_for(name, proc, count)
+            self.wait_for({name: proc}, count)
         return proc
 
-    def spawn(self, name: str, command: str, **env: str) -> subprocess.Popen:
-        """A long-running ``command`` in node ``name`` (a server), ended with the node."""
+    def start_workers(self, names: list[str], **env: str) -> None:
+        """``ray_worker.sh`` on several nodes at once (their starts overlap); waits for all to join."""
+        count = self.alive() + len(names)
+        self.wait_for({name: self.start(name, "ray_worker.sh", wait=False, **env) for name in names}, count)
+
+    def spawn(self, name: str, command: str, log: str = "spawned.log", **env: str) -> subprocess.Popen:
+        """A long-running ``command`` in node ``name`` (a server, a run), ended with the node; its output
+        in ``log`` in the node's directory."""
         node = self.nodes[name]
-        with open(self.root / name / "spawned.log", "a") as log:
+        with open(self.root / name / log, "a") as log:
             proc = subprocess.Popen(
                 self.wrap(node, command),
                 cwd=self.root,
@@ -278,12 +302,14 @@ class Cluster:
         active = out.split("Active:")[-1].split("Pending:")[0]
         return sum(line.strip().startswith("1 node_") for line in active.splitlines())
 
-    def wait_for(self, name: str, proc: subprocess.Popen, count: int) -> None:
+    def wait_for(self, procs: dict[str, subprocess.Popen], count: int) -> None:
+        """Until the head counts ``count`` nodes alive, while the launch scripts ``procs`` run."""
         deadline = time.monotonic() + JOIN_TIMEOUT_S
         while self.alive() < count:
-            log = (self.root / name / "node.log").read_text()[-3000:]
-            assert proc.poll() is None, f"{name}'s launch script ended ({proc.returncode}): {log}"
-            assert time.monotonic() < deadline, f"{name} did not join in {JOIN_TIMEOUT_S:.0f} s: {log}"
+            for name, proc in procs.items():
+                log = (self.root / name / "node.log").read_text()[-3000:]
+                assert proc.poll() is None, f"{name}'s launch script ended ({proc.returncode}): {log}"
+                assert time.monotonic() < deadline, f"{name} did not join in {JOIN_TIMEOUT_S:.0f} s: {log}"
             time.sleep(1)
 
     def stop(self, name: str) -> None:
@@ -302,6 +328,34 @@ class Cluster:
         for pid in pids_in(node.netns):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+    def kill(self, name: str) -> None:
+        """Node ``name`` lost at once: SIGKILL to every process in its namespace (its raylet, agents,
+        workers, its launch script), as a machine that loses power; its network stays."""
+        node = self.nodes[name]
+        for pid in pids_in(node.netns):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for proc in node.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        node.procs.clear()
+
+    def listening(self, name: str) -> list[Listener]:
+        """The listening TCP sockets in node ``name``'s network namespace, with their processes."""
+        out = subprocess.run(
+            ["ip", "netns", "exec", self.nodes[name].netns, "ss", "-Hltnp"], capture_output=True, text=True
+        ).stdout
+        found = []
+        for line in out.splitlines():
+            words = line.split()
+            if len(words) < 4:
+                continue
+            address, _, port = words[3].rpartition(":")
+            procs = tuple((n, int(p)) for n, p in re.findall(r'\("([^"]*)",pid=(\d+)', line))
+            found.append(Listener(address.split("%")[0], int(port), procs))
+        return found
 
     @property
     def address(self) -> str:
