@@ -20,6 +20,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ import psutil
 from rredcot.common.config import Config
 from rredcot.common.errors import UserError
 from rredcot.launch.checks import Check
+from rredcot.launch.logs import headline
 from rredcot.launch.plan import PlanError, check_fit, check_plan, describe_free
 from rredcot.transports.slots import SHM_DIR
 
@@ -132,10 +134,15 @@ class NodeReport:
     answered: bool = True  # False: the probe never ran there (the node cannot start a worker)
     node_id: str = ""  # Ray's id of the node, in full
     redis: str = ""  # "" when redis.url's server answers a TCP connection from the node, else why not
+    left: str = ""  # not "": the node left the cluster since Ray listed it alive (what Ray said)
 
     @staticmethod
     def silent(node: str) -> NodeReport:
         return NodeReport(node, "", "", 0, answered=False)
+
+    @staticmethod
+    def gone(node: str, node_id: str, why: str) -> NodeReport:
+        return NodeReport(node, "", "", 0, node_id=node_id, left=why)
 
     @staticmethod
     def probe(run_dir: str, token: str, redis_at: str = "") -> dict[str, Any]:
@@ -189,7 +196,7 @@ def probe_nodes(run_dir: Path, redis_at: str = "") -> list[NodeReport]:
         for ref in pending:  # a node that cannot start a worker would hold it for ever
             ray.cancel(ref, force=True)
         reports = [
-            NodeReport(**ray.get(ref))
+            read_probe(lambda ref=ref: ray.get(ref), n["NodeManagerAddress"], n["NodeID"])
             if ref in ready
             else NodeReport.silent(node_label(n["NodeManagerAddress"], n["NodeID"]))
             for ref, n in zip(refs, nodes)
@@ -197,6 +204,19 @@ def probe_nodes(run_dir: Path, redis_at: str = "") -> list[NodeReport]:
     finally:
         shutil.rmtree(probe_dir, ignore_errors=True)
     return reports
+
+
+def read_probe(get: Callable[[], dict[str, Any]], address: str, node_id: str) -> NodeReport:
+    """A node's probe result (``get``: its ``ray.get``). A node lost since Ray listed it alive (Ray
+    notices a lost node only after its health checks fail, up to a minute or more: a run resumed
+    right after a node was lost lists it) cannot run the probe: Ray refuses a task pinned to a node
+    it no longer has, or the task dies with its node; that node is ``gone``, not a failed start."""
+    from ray.exceptions import NodeDiedError, TaskUnschedulableError, WorkerCrashedError
+
+    try:
+        return NodeReport(**get())
+    except (TaskUnschedulableError, NodeDiedError, WorkerCrashedError) as e:
+        return NodeReport.gone(node_label(address, node_id), node_id, headline(e) or type(e).__name__)
 
 
 def shared_dir_needed(cfg: Config) -> bool:
@@ -221,6 +241,16 @@ def cluster_problems(cfg: Config, reports: list[NodeReport], here: str) -> list[
         out.append(Check("error", "cluster", found, fix))
 
     for r in reports:
+        if r.left:
+            out.append(
+                Check(
+                    "warning",
+                    "cluster",
+                    f"node {r.node} left the cluster while the checks ran ({r.left}): the run goes on without it",
+                    "a node that is back joins with launch/ray_worker.sh; `ray status` shows the nodes Ray counts",
+                )
+            )
+            continue
         if not r.answered:
             error(
                 f"node {r.node} did not run a probe task in {PROBE_TIMEOUT_S:.0f} s: its raylet cannot start "
@@ -296,7 +326,10 @@ def cluster_findings(cfg: Config, run_dir: Path) -> Findings:
     if nodes < 2:
         return Findings(nodes, [], {})
     reports = probe_nodes(run_dir, redis_address(cfg))
-    apart = {r.node_id: r.node for r in reports if r.answered and r.sees_run_dir}
+    if left := sum(bool(r.left) for r in reports):  # the plan against the nodes that are still there
+        nodes -= left
+        check_plan(cfg, ray.cluster_resources(), nodes=nodes)
+    apart = {r.node_id: r.node for r in reports if r.answered and not r.left and r.sees_run_dir}
     return Findings(nodes, cluster_problems(cfg, reports, code_digest()), apart)
 
 

@@ -119,7 +119,7 @@ def test_two_learner_ranks_bind_the_cluster_address_and_a_node_lost_mid_run_lose
     for name in ("w3", "w4"):  # four bundles of one CPU: one a node, and a fifth node to take a lost one's
         cluster.add_node(name)
     cluster.start_workers(["w3", "w4"])
-    steps = 4
+    steps = 2
     line = command_line(
         cluster,
         "train",
@@ -172,8 +172,11 @@ def test_two_learner_ranks_bind_the_cluster_address_and_a_node_lost_mid_run_lose
     rays = sorted({f"{p}:{s.address}" for s in listening[ranks[0]] for p, _ in s.processes})
     print(f"learner sockets: {theirs}; on {ranks[0]}: {rays}")
 
-    # a node lost mid-run: the generator's, or the redistributor's when the generator is on the head
-    lost = where["gen0"] if where["gen0"] != "head" else where["red0"]
+    # a node lost mid-run: a learner rank's (not the head's). The other rank's collective fails at once
+    # (gloo: connection reset by peer); Ray declares the node dead only when its health checks have
+    # failed, which can take longer than the driver waits for a peer's death to show (10 s): then the run
+    # stops with one line, and a resume right away meets the node Ray still lists alive
+    lost = where["learner1"] if where["learner1"] != "head" else where["learner0"]
     cluster.kill(lost)
     killed = time.monotonic()
     try:
@@ -182,9 +185,10 @@ def test_two_learner_ranks_bind_the_cluster_address_and_a_node_lost_mid_run_lose
         pytest.fail(f"the run did not end after {lost} was lost: {log.read_text()[-4000:]}")
     said = log.read_text()
     print(f"two ranks and a lost node: {time.monotonic() - started:.0f} s ({time.monotonic() - killed:.0f} s after)")
+    print(f"{lost} lost (a learner rank's node): the run {'stopped' if code else 'went on'}")
     if code:  # stopped: one line says why, and a resume finishes with nothing lost
         errors = [line for line in said.splitlines() if line.startswith("rredcot:")]
-        assert len(errors) == 1, said[-4000:]
+        assert len(errors) == 1 and "learner" in errors[0], said[-4000:]
         resumed = rredcot(
             cluster,
             "train",
@@ -193,17 +197,20 @@ def test_two_learner_ranks_bind_the_cluster_address_and_a_node_lost_mid_run_lose
             "data.eval_size=0",
             f"run.steps={steps}",
             "generation.weight_transport=file",
+            "logging.progress=false",
             "run.resume=auto",
             nodes=4,
             run_dir="lost",
         )
-        assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-4000:]
+        out = resumed.stdout + resumed.stderr
+        assert resumed.returncode == 0, out[-4000:]
+        listed = "left the cluster" in out
+        print(f"resumed: {time.monotonic() - killed:.0f} s after the loss; {lost} still listed then: {listed}")
     summary = ledger_of(run, steps)
-    worker = "gen0" if lost == where["gen0"] else "red0"
-    print(f"{lost} lost ({worker}): the run {'stopped, then resumed' if code else 'went on'}")
-    assert summary["workers"][worker]["restarts"] >= 1, summary["workers"][worker]
     learners = [summary["workers"][f"learner{r}"] for r in (0, 1)]
-    assert all(v["step"] == steps and v["duplicates"] >= 0 for v in learners)
+    assert all(v["step"] == steps for v in learners)
+    if not code:  # the driver restarted the learner tier from the newest checkpoint
+        assert summary["workers"]["learner0"]["restarts"] >= 1, learners
 
 
 def test_nodes_without_the_shared_run_dir_train_and_their_files_come_to_the_head(cluster):

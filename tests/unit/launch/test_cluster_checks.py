@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 import socket
 
+import pytest
+
 from rredcot.common.config import load_config
 from rredcot.common.net import loopback_interface
 from rredcot.launch.cluster_checks import (
@@ -17,6 +19,7 @@ from rredcot.launch.cluster_checks import (
     ipc_host_slots,
     node_label,
     reach_problem,
+    read_probe,
     redis_address,
     shared_dir_needed,
 )
@@ -137,3 +140,34 @@ def test_a_node_that_cannot_reach_the_runs_redis_is_named_with_the_fix():
     assert reach_problem(f"127.0.0.1:{port}") == "" and reach_problem("") == ""
     server.close()
     assert reach_problem(f"127.0.0.1:{port}") == "Connection refused"
+
+
+def test_a_node_lost_since_ray_listed_it_is_left_out_with_a_warning_not_a_failed_start():
+    """A run resumed right after a node was lost: Ray still lists the node alive (it notices a lost
+    node only after its health checks fail) but refuses the probe pinned to it. The start used to
+    fail with `rredcot: failed: TaskUnschedulableError: … NodeAffinitySchedulingStrategy doesn't exist
+    any more …` (tests/cluster/, a learner's node SIGKILLed, then run.resume=auto)."""
+    from ray.exceptions import NodeDiedError, TaskUnschedulableError
+
+    def refused():
+        raise TaskUnschedulableError("The node specified via NodeAffinitySchedulingStrategy doesn't exist any more")
+
+    def died():
+        raise NodeDiedError("node 10.0.0.3 died")
+
+    good = NodeReport(node_label("10.0.0.1", "aaaaaaaa"), "", "abc", 8 * GIB)
+    assert read_probe(lambda: vars(good), "10.0.0.1", "aaaaaaaa") == good
+    lost = read_probe(refused, "10.0.0.2", "bbbbbbbbcafe")
+    assert "NodeAffinitySchedulingStrategy doesn't exist any more" in lost.left and lost.node_id
+    checks = cluster_problems(load_config("tests"), [good, lost, read_probe(died, "10.0.0.3", "cc")], "abc")
+    assert [c.level for c in checks] == ["warning", "warning"]
+    assert checks[0].found.startswith(
+        "node 10.0.0.2 (bbbbbbbb) left the cluster while the checks ran (The task is not schedulable"
+    )
+    assert "the run goes on without it" in checks[0].found and "launch/ray_worker.sh" in checks[0].fix
+
+    def other():
+        raise ValueError("a bug of the probe")
+
+    with pytest.raises(ValueError):  # a probe that fails for another reason is no lost node
+        read_probe(other, "10.0.0.4", "dd")
