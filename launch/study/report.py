@@ -204,6 +204,8 @@ def plot(traces: list[TraceCredit], summary: dict[str, Any], out: Path) -> list[
     trace = max(traces, key=lambda t: (np.ptp(t.values[MC]), len(t.exits)))  # the most informative MC curve
     fig, ax = plt.subplots(figsize=(7, 4))
     for m, v in sorted(trace.values.items()):
+        if not np.isfinite(v).any():  # no value to draw (e.g. rredcot scored no branch: one segment)
+            continue
         finite = np.where(np.isfinite(v), v, np.nan)
         span = np.nanmax(finite) - np.nanmin(finite)
         scaled = (finite - np.nanmin(finite)) / span if span > 0 else np.zeros_like(finite)

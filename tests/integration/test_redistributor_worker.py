@@ -56,7 +56,9 @@ def test_every_rollout_becomes_one_weighted_sample_or_dead_letter(redis_client, 
     producer = Producer(redis_client, key(run_id, ROLLOUTS), maxlen=64)
     producer.put(b"\x00not msgpack")
     producer.put(raw)
-    cfg = _cfg(redis_server.url, run_id, f"run.dir={tmp_path}", "credit.save_traces=2")
+    # random completions hold no keyword boundary: every token a candidate, so traces split and branches run
+    every_token = "credit.segmentation.split_keywords=false"
+    cfg = _cfg(redis_server.url, run_id, f"run.dir={tmp_path}", "credit.save_traces=2", every_token)
     scorer = Scorer(
         build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), cfg.credit.scorer.exit_string
     )
