@@ -73,6 +73,13 @@ def validate(cfg: Config) -> None:
         "redis://[:password@]host[:port][/db], rediss://… (TLS) or unix:///path/to/socket, or null for an "
         f"embedded server; this one {url_problem}",
     )
+    address_problem = None if cfg.cluster.address is None else cluster_address_problem(cfg.cluster.address)
+    require(
+        address_problem is None,
+        "cluster.address",
+        cfg.cluster.address,
+        f"null (a local Ray), auto (the Ray on this node), host:port or ray://host[:port]; this one {address_problem}",
+    )
     require(
         cfg.redis.password is None or (cfg.redis.password != "" and cfg.redis.password.isprintable()),
         "redis.password",
@@ -168,6 +175,19 @@ def redis_url_problem(url: str) -> str | None:
     if port == 0:
         return "has port 0"
     return None if db == "" or db.isdigit() else f"has the database {db!r}, not a number"
+
+
+def cluster_address_problem(address: str) -> str | None:
+    """What is wrong with a ``cluster.address`` (its host or port), or None."""
+    if address == "auto":
+        return None
+    where = address.removeprefix("ray://")
+    host, colon, port = where.rpartition(":") if ":" in where else (where, "", "")
+    if not host.strip("[]"):
+        return "has no host"
+    if colon and not (port.isdigit() and 1 <= int(port) <= 65535):
+        return f"has the port {port!r}, not a number in [1, 65535]"
+    return None
 
 
 def redact_url(url: str | None) -> str | None:
