@@ -1,7 +1,7 @@
 """Credit quality without Monte Carlo: does a credit method blame the line where a chain goes wrong?
 
 On the chain task (four lines of working, then the answer) a checker knows the first wrong line of
-a trace (``tasks.arith.first_slip``). For every credit method and value construct, on the same
+a trace (``tasks.chain.first_slip``). For every credit method and value construct, on the same
 groups and one scorer (the config's policy), the σ mass of each working line of each trace:
 - **constructed** groups (the first ``--problems`` training problems): the correct chain, the correct
   chain with an irrelevant line inserted, and a slip at each line carried forward (``launch/study/slips``);

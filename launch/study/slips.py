@@ -1,6 +1,6 @@
 """Slip localisation: a ground truth for credit that needs no Monte Carlo.
 
-On a chain task a checker knows which line of working first goes wrong (``tasks.arith.first_slip``).
+On a chain task a checker knows which line of working first goes wrong (``tasks.chain.first_slip``).
 A credit method that carries information puts the blame of a wrong trace (its σ, what the learner
 multiplies a negative advantage by) on that line. Two sources of labelled traces:
 
