@@ -261,16 +261,7 @@ class Cluster:
         }
         count = (self.alive() if wait and "head" in self.nodes and self.nodes["head"].procs else 0) + 1
         node.log = self.root / name / "node.log"
-        with open(node.log, "a") as log:
-            proc = subprocess.Popen(
-                self.wrap(node, f"exec bash {REPO}/launch/{script}"),
-                cwd=self.root,
-                env=self.env(**env),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        node.procs.append(proc)
+        proc = self.spawn(name, f"exec bash {REPO}/launch/{script}", log=node.log.name, **env)
         if wait:
             self.wait_for({name: proc}, count)
         return proc

@@ -120,8 +120,7 @@ def test_two_learner_ranks_bind_the_cluster_address_and_a_node_lost_mid_run_lose
         cluster.add_node(name)
     cluster.start_workers(["w3", "w4"])
     steps = 2
-    line = command_line(
-        cluster,
+    args = [
         "train",
         "cluster.placement=spread",
         "cluster.learner_ranks=2",
@@ -129,9 +128,8 @@ def test_two_learner_ranks_bind_the_cluster_address_and_a_node_lost_mid_run_lose
         f"run.steps={steps}",
         "generation.weight_transport=file",
         "logging.progress=false",
-        nodes=5,
-        run_dir="lost",
-    )
+    ]
+    line = command_line(cluster, *args, nodes=5, run_dir="lost")
     log = cluster.root / "head" / "lost.log"
     started = time.monotonic()
     train = cluster.spawn("head", line, log=log.name, RAY_AUTH_MODE="token")
@@ -189,19 +187,7 @@ def test_two_learner_ranks_bind_the_cluster_address_and_a_node_lost_mid_run_lose
     if code:  # stopped: one line says why, and a resume finishes with nothing lost
         errors = [line for line in said.splitlines() if line.startswith("rredcot:")]
         assert len(errors) == 1 and "learner" in errors[0], said[-4000:]
-        resumed = rredcot(
-            cluster,
-            "train",
-            "cluster.placement=spread",
-            "cluster.learner_ranks=2",
-            "data.eval_size=0",
-            f"run.steps={steps}",
-            "generation.weight_transport=file",
-            "logging.progress=false",
-            "run.resume=auto",
-            nodes=4,
-            run_dir="lost",
-        )
+        resumed = rredcot(cluster, *args, "run.resume=auto", nodes=4, run_dir="lost")
         out = resumed.stdout + resumed.stderr
         assert resumed.returncode == 0, out[-4000:]
         listed = "left the cluster" in out
