@@ -19,7 +19,7 @@ from rredcot.common.run_context import RunContext
 from rredcot.launch.stages import start_worker_process
 from rredcot.tasks.data import Problem, train_and_held_out
 from rredcot.tasks.prompts import opens_thought, prompt_ids
-from rredcot.tasks.task import Task, answer_line
+from rredcot.tasks.task import Task, working
 from rredcot.tasks.verifier import Verifier
 from rredcot.transports import weight_receiver
 
@@ -75,9 +75,7 @@ def step_counts(task: Task, scored: list[tuple[str, float]]) -> dict[str, dict[s
     (completion, reward) pairs ``scored`` ("all") and over those with reward 0 ("in_wrong")."""
     counts: dict[str, dict[str, list[int]]] = {"all": {}, "in_wrong": {}}
     for text, reward in scored:
-        lines = [line for line in text.splitlines() if line.strip()]
-        answer = next((i for i in reversed(range(len(lines))) if answer_line(lines[i]) is not None), len(lines))
-        for kind, right in task.checked_steps(lines[:answer]):
+        for kind, right in task.checked_steps(working(text)[0]):
             for part in ("all", "in_wrong") if reward <= 0 else ("all",):
                 tally = counts[part].setdefault(kind, [0, 0])
                 tally[0] += not right

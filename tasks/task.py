@@ -47,6 +47,18 @@ def answer_line(completion: str) -> str | None:
     return None
 
 
+def working(text: str) -> tuple[list[str], list[int]]:
+    """A completion's non-blank lines before its last answer line, and where each starts in ``text``."""
+    lines, starts, at = [], [], 0
+    for line in text.splitlines(keepends=True):
+        if line.strip():
+            lines.append(line.rstrip("\r\n"))
+            starts.append(at)
+        at += len(line)
+    end = next((i for i in reversed(range(len(lines))) if answer_line(lines[i]) is not None), len(lines))
+    return lines[:end], starts[:end]
+
+
 class Task:
     """Base class of every task; the defaults fit answers written on a final ``Answer: ...`` line."""
 

@@ -21,20 +21,8 @@ from rredcot.common.config import Config, ConfigError
 from rredcot.common.records import RolloutGroup
 from rredcot.launch.study.traces import sample_traces, study_engine
 from rredcot.tasks.data import Problem, train_and_held_out
-from rredcot.tasks.task import Task, answer_line
+from rredcot.tasks.task import Task, working
 from rredcot.tasks.verifier import Verifier
-
-
-def working(text: str) -> tuple[list[str], list[int]]:
-    """A completion's non-blank lines before its last answer line, and where each starts in ``text``."""
-    lines, starts, at = [], [], 0
-    for line in text.splitlines(keepends=True):
-        if line.strip():
-            lines.append(line.rstrip("\r\n"))
-            starts.append(at)
-        at += len(line)
-    end = next((i for i in reversed(range(len(lines))) if answer_line(lines[i]) is not None), len(lines))
-    return lines[:end], starts[:end]
 
 
 def line_slips(task: Task, lines: list[str]) -> list[tuple[str, bool]]:

@@ -4,11 +4,11 @@ import numpy as np
 
 from rredcot.common.config import TaskConfig
 from rredcot.common.records import RolloutGroup, RolloutRecord
-from rredcot.launch.study.task_report import length_report, task_table, working
+from rredcot.launch.study.task_report import length_report, task_table
 from rredcot.models.smollm import smollm2_dir
 from rredcot.models.store import load_tokenizer
 from rredcot.tasks.arith import make_problem
-from rredcot.tasks.task import build_task
+from rredcot.tasks.task import build_task, working
 
 TASK = build_task(TaskConfig("arith", {"op": "chain", "chain_steps": 3, "layout": "steps", "phrasings": 3}))
 PROBLEM = make_problem("p0", ("+", "*", "-"), (7, 5, 2, 4), layout="steps")  # 12, 24, 20
