@@ -33,7 +33,13 @@ from rredcot.common.config import Config, load_config  # noqa: E402
 from rredcot.common.precision import cpu_info  # noqa: E402
 from rredcot.common.records import RolloutGroup  # noqa: E402
 from rredcot.launch.arguments import bounded_int  # noqa: E402
-from rredcot.launch.study.credit import construct_name, rredcot_settings, rredcot_variants, with_method  # noqa: E402
+from rredcot.launch.study.credit import (  # noqa: E402
+    STUDY_WINDOWS,
+    construct_name,
+    rredcot_settings,
+    rredcot_variants,
+    with_method,
+)
 from rredcot.launch.study.slips import (  # noqa: E402
     Format,
     LabelledTrace,
@@ -55,13 +61,14 @@ from rredcot.tasks.verifier import Verifier  # noqa: E402
 def group_sigmas(
     group: RolloutGroup, cfg: Config, scorer: Scorer
 ) -> tuple[dict[str, list[np.ndarray]], dict[str, int]]:
-    """Every sample's σ under each method, and under RREDCoT for each construct × baseline; and the
-    tokens per sample each construct forwarded through the scorer (its trace pass and its branches)."""
+    """Every sample's σ under each method, and under RREDCoT for each construct × baseline (the suffix
+    at every start and at ``STUDY_WINDOWS`` too, whatever the config's own window); and the tokens per
+    sample each construct forwarded through the scorer (its trace pass and its branches)."""
     out = {}
     for m in ("grpo", "entropy", "top_entropy"):
         out[m] = [w.sigma for w in redistribute_group(group, with_method(cfg, m, keep=False), scorer).samples]
     tokens = {}
-    for name, (credits, cost) in rredcot_variants(group, cfg, scorer).items():
+    for name, (credits, cost) in rredcot_variants(group, cfg, scorer, STUDY_WINDOWS).items():
         construct, _, baseline = name.partition("+")
         out[f"rredcot_{construct}_{baseline or 'none'}"] = [c.sigma for c in credits]
         tokens[f"rredcot_{construct}"] = cost.tokens

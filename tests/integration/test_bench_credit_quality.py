@@ -30,10 +30,10 @@ def test_the_slip_bench_scores_every_method_and_prints_its_json_line() -> None:
     ).stdout
     result = json.loads(out.strip().splitlines()[-1])
     assert result["traces"] == 4 and result["chance"] == 0.25  # one slip at each of the chain's 4 lines
-    for method in ("grpo", "entropy", "top_entropy", "rredcot", "rredcot_suffix:w2_group", "rredcot_answer_none"):
+    methods = ("grpo", "entropy", "top_entropy", "rredcot", "rredcot_suffix_group", "rredcot_suffix:w2_group")
+    for method in (*methods, "rredcot_answer_none"):  # the suffix at every start beside the config's window
         assert 0 <= result[f"{method}_slip_top1"] <= 1 and 0 <= result[f"{method}_slip_blame"] <= 1
-    tokens = {c: result[f"rredcot_{c}_scorer_tokens_per_sample"] for c in ("answer", "solution", "suffix:w2")}
-    assert (
-        0 < tokens["answer"] < tokens["solution"] and tokens["suffix:w2"] == result["rredcot_scorer_tokens_per_sample"]
-    )
+    tokens = {c: result[f"rredcot_{c}_scorer_tokens_per_sample"] for c in ("answer", "solution", "suffix:w2", "suffix")}
+    assert 0 < tokens["answer"] < tokens["solution"] and tokens["suffix:w2"] < tokens["suffix"]
+    assert tokens["suffix:w2"] == result["rredcot_scorer_tokens_per_sample"]
     assert "window 2" in out
