@@ -37,6 +37,8 @@ rredcot_node_address() {
     return 2
   fi
   export NODE_IP
+  # Ray starts its workers at niceness 15: the run's workers are the node's job (docs/benchmarks.md)
+  export RAY_worker_niceness=${RAY_worker_niceness:-0}
   export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-$iface}
   export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-$iface}
 }
