@@ -18,8 +18,6 @@ import os
 import secrets
 import shutil
 import socket
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -384,26 +382,48 @@ def ray_unreachable(address: str, timeout_s: float = 3.0) -> str | None:
         return str(e) or type(e).__name__
 
 
-RAY_STATUS_TIMEOUT_S = 60.0  # `ray status` against a port with no Ray GCS behind it gives up after ~40 s
+GCS_PROBE_TIMEOUT_S = 5.0  # a Ray GCS answers the probe in milliseconds; ray.init waits up to minutes
+GCS_METHOD = "/ray.rpc.NodeInfoGcsService/GetClusterId"  # the first call ray.init makes to the GCS
+
+
+def gcs_problem(address: str, timeout_s: float = GCS_PROBE_TIMEOUT_S) -> str:
+    """ "" when a Ray GCS answers at ``address`` (``host:port``) the first call ``ray.init`` makes
+    (``GetClusterId`` over gRPC) within ``timeout_s``, else what answers there instead."""
+    import grpc
+
+    options = [("grpc.enable_http_proxy", 0), ("grpc.enable_retries", 0)]  # as Ray's own channels
+    with grpc.insecure_channel(address, options=options) as channel:
+        try:
+            channel.unary_unary(GCS_METHOD)(b"", timeout=timeout_s)  # an empty request: every field its default
+        except grpc.RpcError as e:
+            return rpc_problem(e.code().name, e.details() or "", timeout_s)
+    return ""
+
+
+def rpc_problem(code: str, details: str, timeout_s: float) -> str:
+    """What a failed probe of the GCS (``gcs_problem``) says about the server behind the address: ""
+    for Ray's GCS refusing this process's token (``ray.init`` sends its own)."""
+    if code == "UNAUTHENTICATED":
+        return ""
+    if code == "DEADLINE_EXCEEDED":
+        return f"a server there takes the connection but sends no HTTP/2 (gRPC) answer in {timeout_s:.0f} s"
+    if code == "UNIMPLEMENTED":
+        return "a gRPC server answers there, but not Ray's GCS (another of Ray's ports, or another service)"
+    if "HTTP/2" in details:  # an HTTP/1 server, TLS, or another protocol
+        return f"a server there answers, but not in HTTP/2 (gRPC): {details.rsplit(': ', 1)[-1]}"
+    return f"{code}: {details}"
 
 
 def check_ray_answers(cfg: Config) -> list[Check]:
     """A Ray GCS answers at ``cluster.address`` (``host:port``): a TCP connection opens to anything,
-    and ``ray.init`` against a port with another server behind it waits for minutes."""
+    and ``ray.init`` against a port with another server behind it waits 45 s to minutes; the probe
+    (``gcs_problem``) answers in ``GCS_PROBE_TIMEOUT_S`` at most."""
     address = cfg.cluster.address
     if not address or address == "auto" or "://" in address or ray_unreachable(address) is not None:
         return []  # none, this node's own, a client URL, or unreachable (the services check says so)
-    ray_cli = Path(sys.executable).with_name("ray")
-    try:
-        done = subprocess.run(
-            [str(ray_cli) if ray_cli.exists() else "ray", "status", "--address", address],
-            capture_output=True,
-            text=True,
-            timeout=RAY_STATUS_TIMEOUT_S,
-        )
-        why = "" if done.returncode == 0 else (done.stderr.strip().splitlines() or ["no answer"])[-1]
-    except subprocess.TimeoutExpired:
-        why = f"no answer in {RAY_STATUS_TIMEOUT_S:.0f} s"
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        return []  # the GCS speaks TLS: ray.init brings the certificates the probe lacks
+    why = gcs_problem(address, GCS_PROBE_TIMEOUT_S)
     if not why:
         return []
     return [
@@ -411,8 +431,8 @@ def check_ray_answers(cfg: Config) -> list[Check]:
             "error",
             "ray",
             f"no Ray cluster answers at cluster.address={address} ({why[:200]})",
-            "give the head's GCS address (launch/ray_head.sh prints it), and RAY_AUTH_MODE=token with the "
-            "head's token when it uses one",
+            "set cluster.address to the head's GCS address, host:port (launch/ray_head.sh prints it), or "
+            "ray://host:10001 for Ray's client server",
         )
     ]
 
