@@ -1,6 +1,6 @@
 """The doctor's checks of what a run reads: the model, tokenizer and prover paths (and the model's
-context against ``model.max_model_len``), room on the run directory's disk, and the dataset's first
-rows, read and checked as the run will read them."""
+context against ``model.max_model_len``), the run directory (one it can make and write, a lock file it
+can take) and room on its disk, and the dataset's first rows, read and checked as the run will read them."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from pathlib import Path
 
 from rredcot.common.config import Config, resolve_credit
 from rredcot.launch.checks import GIB, Check
+from rredcot.launch.run_dir import run_dir_problem
+from rredcot.launch.run_lock import lock_problem
 from rredcot.models.smollm import BASE_DIR, BUILTINS
 from rredcot.models.store import cache_dir
 from rredcot.models.tiny import TINY_MODELS, tiny_config
@@ -98,6 +100,8 @@ def check_paths(cfg: Config) -> list[Check]:
         instead = "a model directory, a builtin or a hub id (org/name), or set it to 'initial' or 'policy'"
         out.append(check_model(f"{credit.settings_key}.prover", credit.prover, bare_ids=False, instead=instead))
     run_dir = Path(cfg.run.dir).resolve()
+    if why := run_dir_problem(run_dir) or lock_problem(run_dir):
+        return [*out, Check("error", "run.dir", why)]
     existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())
     free = shutil.disk_usage(existing).free
     level = "ok" if free >= 5 * GIB else ("warning" if free >= GIB else "error")

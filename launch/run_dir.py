@@ -4,7 +4,9 @@ only where the run itself wrote (the marker's directory, the keys under the run'
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,33 @@ RUN_MARKER = ".rredcot-run"  # written by rredcot into each run directory it cre
 
 class RunDirError(ConfigError):
     """A run directory this run may not clear: it holds files rredcot did not write for this run."""
+
+
+WRITABLE_FIX = "set run.dir to a directory this user can write (the run keeps its logs and checkpoints there)"
+
+
+def run_dir_problem(run_dir: Path) -> str:
+    """Why this process cannot make ``run_dir`` or write in it, with the fix, as one line (the caller
+    names the key, ``run.dir``); "" when it can. Nothing is created (the file made to try has no name
+    and goes when closed)."""
+    try:
+        existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())
+    except OSError as e:  # a directory on the way this user may not look into
+        return f"{run_dir}: cannot look at {e.filename} ({e.strerror}) -> {WRITABLE_FIX}"
+    if not existing.is_dir():
+        what = "a file" if existing.is_file() else "no directory (a FIFO, socket or device)"
+        if existing == run_dir:
+            return f"{run_dir} is {what} -> set run.dir to a directory, or to a path rredcot creates"
+        return f"{run_dir} lies under {existing}, which is {what} -> set run.dir to a path under a directory"
+    try:
+        if existing == run_dir:
+            with os.scandir(run_dir) as entries:  # the claim looks inside
+                next(entries, None)
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as e:
+        return f"{run_dir}: this user cannot write in {existing} ({e.strerror or e}) -> {WRITABLE_FIX}"
+    return ""
 
 
 def claim_run_dir(run_dir: Path, name: str, resume: str) -> None:

@@ -5,7 +5,8 @@ A second ``rredcot train`` of the same run (same ``run.dir``) used to truncate t
 ``driver.log``, delete its worker logs, its Redis data and its TensorBoard files while the first
 kept running. The lock is an ``flock`` on ``<run.dir>/.rredcot-lock``, taken before anything in the
 directory is touched; the kernel drops it with the driver's file descriptor, so a driver killed by
-SIGKILL leaves no stale lock behind.
+SIGKILL leaves no stale lock behind. A lock file that cannot be one (a directory, a FIFO, another
+user's file) is one line naming it and the fix, among the pre-start checks (``lock_problem``).
 
 The directory's lock does not cover a run of the same name in another ``run.dir`` against the same
 ``redis.url``: both runs' keys are ``rredcot:<run.name>:…``, and the second one's
@@ -29,6 +30,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import threading
 import time
 import uuid
@@ -55,20 +57,28 @@ class RunLocked(UserError):
     label = "cannot start"
 
 
+class LockFileError(UserError):
+    """The run's lock file is no file this process can lock (a directory, a FIFO, another user's)."""
+
+    label = "cannot start"
+
+
 class LeaseLost(RuntimeError):
     """Another driver took this run's name while this one runs (it could not renew its lease in time)."""
 
 
 def hold(run_dir: Path, name: str) -> Callable[[], None]:
     """Take run ``name``'s lock in ``run_dir``; returns its release. Raises ``RunLocked`` naming the
-    live run's driver (pid, host, start) when another process holds it."""
+    live run's driver (pid, host, start) when another process holds it, ``LockFileError`` when the
+    lock file cannot be one."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_lock(run_dir / LOCK)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.read(fd, 300).decode("utf-8", "replace").strip() or "a driver"
+        holder = os.read(fd, 300).decode("utf-8", "replace").strip()
         os.close(fd)
+        holder = holder if holder.startswith("driver pid ") and holder.isprintable() else "a driver"
         raise RunLocked(
             f"run {name!r} is already running in {run_dir} ({holder}): stop it first, or pick another "
             "run.name or run.dir"
@@ -83,6 +93,42 @@ def hold(run_dir: Path, name: str) -> Callable[[], None]:
         os.close(fd)
 
     return release
+
+
+def open_lock(lock: Path, create: bool = True) -> int:
+    """The lock file ``lock`` open for reading and writing (made when absent and ``create``); raises
+    ``LockFileError`` (one line with the fix) when it is no regular file or this user cannot open it."""
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_NONBLOCK | (os.O_CREAT if create else 0), 0o644)
+    except OSError as e:
+        if os.path.isdir(lock):
+            raise LockFileError(lock_refusal(lock, "is a directory", "rmdir")) from None
+        raise LockFileError(
+            f"the run's lock file {lock} cannot be opened for writing ({e.strerror or e}) -> let this user "
+            "write it (another user's run.dir?), or remove it if no driver of this run is alive"
+        ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise LockFileError(lock_refusal(lock, "is no regular file (a FIFO, socket or device)", "rm"))
+    return fd
+
+
+def lock_refusal(lock: Path, what: str, remove: str) -> str:
+    """The line for a lock file that is no regular file (no driver holds such a lock, so it may go)."""
+    return f"the run's lock file {lock} {what} -> remove it ({remove} {lock}); rredcot makes it again as a file"
+
+
+def lock_problem(run_dir: Path) -> str:
+    """Why the run's lock file in ``run_dir`` cannot be taken, with the fix, as one line; "" when it
+    can, or when there is none yet (nothing is created)."""
+    lock = run_dir / LOCK
+    if not os.path.lexists(lock):
+        return ""
+    try:
+        os.close(open_lock(lock, create=False))
+    except LockFileError as e:
+        return str(e)
+    return ""
 
 
 def lease_key(run_id: str) -> str:

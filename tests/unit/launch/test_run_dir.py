@@ -1,8 +1,14 @@
-"""A run never deletes what it did not create: run directories and Redis keys."""
+"""A run never deletes what it did not create: run directories and Redis keys; a run.dir it cannot
+make or write in is one line naming it, before anything starts."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,8 +18,17 @@ from rredcot.common.control import RunControl
 from rredcot.common.ledger import inflight_key
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Producer, run_key
+from rredcot.launch import driver
+from rredcot.launch.cli import main
 from rredcot.launch.driver import train
-from rredcot.launch.run_dir import RUN_MARKER, RunDirError, claim_run_dir, clear_run_dir, clear_run_keys
+from rredcot.launch.run_dir import (
+    RUN_MARKER,
+    RunDirError,
+    claim_run_dir,
+    clear_run_dir,
+    clear_run_keys,
+    run_dir_problem,
+)
 
 EARLIER_RUN = ("logs/gen0.log", "checkpoints/step-1/x", "report/summary.md", "tensorboard/ev", "redis/aof", "traces/t")
 
@@ -33,6 +48,68 @@ def _run_keys(client, run: str) -> set[str]:
     Producer(client, run_key(client, run, ROLLOUTS), maxlen=8).put(b"x")
     Consumer(client, run_key(client, run, BATCHES), "learner", "learner0", run_key(client, run, DEAD))
     return {k.decode() for k in client.keys(f"rredcot:{run}:*")}
+
+
+@contextlib.contextmanager
+def unwritable(path: Path) -> Iterator[Path]:
+    """``path`` made unwritable for this process: its mode for a user, the immutable attribute for
+    root, whom modes do not stop (the test skips where neither is possible)."""
+    if os.geteuid() != 0:
+        mode = path.stat().st_mode
+        path.chmod(mode & ~0o222)
+        try:
+            yield path
+        finally:
+            path.chmod(mode)
+        return
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode:
+        pytest.skip("root, and no immutable attribute here: nothing is unwritable to root")
+    try:
+        yield path
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+def train_line(run_dir: Path, monkeypatch, capsys, *overrides: str) -> str:
+    """``rredcot train tests run.dir=<run_dir>``'s error line; it must exit 2 before the run starts."""
+    monkeypatch.setattr(driver, "lead_own_process_group", lambda cfg: None)  # keep pytest's process group
+
+    def started(*args: object) -> None:
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(driver, "_run", started)
+    assert main(["train", "tests", f"run.dir={run_dir}", *overrides]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("rredcot: cannot start: ") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("resume", ["never", "auto"])
+def test_a_run_dir_that_is_a_file_or_lies_under_one_is_one_line(tmp_path, monkeypatch, capsys, resume):
+    """It was a misleading 'not empty' (never) or a raw FileExistsError / NotADirectoryError (exit 1)."""
+    (afile := tmp_path / "afile").write_text("keep\n")
+    err = train_line(afile, monkeypatch, capsys, f"run.resume={resume}")
+    assert f"run.dir: {afile} is a file -> set run.dir to a directory, or to a path rredcot creates" in err, err
+    err = train_line(afile / "run", monkeypatch, capsys, f"run.resume={resume}")
+    assert f"run.dir: {afile / 'run'} lies under {afile}, which is a file -> set run.dir to a path under" in err, err
+    assert afile.read_text() == "keep\n" and sorted(tmp_path.iterdir()) == [afile]
+
+
+@pytest.mark.parametrize("below", ["", "run"], ids=["the run.dir", "its parent"])
+def test_a_run_dir_this_user_cannot_write_is_one_line(tmp_path, monkeypatch, capsys, below):
+    """It was a raw PermissionError (exit 1) from the claim or the lock."""
+    (parent := tmp_path / "ro").mkdir()
+    with unwritable(parent):
+        err = train_line(parent / below, monkeypatch, capsys)
+        assert run_dir_problem(parent / below) in err
+    assert f"run.dir: {parent / below}: this user cannot write in {parent} (" in err, err
+    assert "-> set run.dir to a directory this user can write" in err
+    assert list(parent.iterdir()) == []
+
+
+def test_a_run_dir_the_run_can_make_has_no_problem(tmp_path):
+    assert run_dir_problem(tmp_path) == run_dir_problem(tmp_path / "a" / "b") == ""
+    assert list(tmp_path.iterdir()) == []  # nothing made to find out
 
 
 def test_train_refuses_to_clear_a_directory_it_did_not_create(tmp_path, monkeypatch):

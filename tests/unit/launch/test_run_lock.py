@@ -17,7 +17,18 @@ from rredcot.common.config import load_config
 from rredcot.common.streams import registry_key, run_key
 from rredcot.launch.driver import train
 from rredcot.launch.run_dir import RUN_MARKER
-from rredcot.launch.run_lock import LeaseLost, NameLease, RunLocked, describe, hold, lease_key
+from rredcot.launch.run_lock import (
+    LOCK,
+    LeaseLost,
+    LockFileError,
+    NameLease,
+    RunLocked,
+    describe,
+    hold,
+    lease_key,
+    lock_problem,
+)
+from tests.unit.launch.test_run_dir import train_line, unwritable
 
 HOLDER = "import sys, time\nfrom pathlib import Path\nfrom rredcot.launch.run_lock import hold\n"
 HOLDER += "hold(Path(sys.argv[1]), 'x')\nprint('held', flush=True)\ntime.sleep(600)\n"
@@ -39,6 +50,58 @@ def test_a_driver_killed_by_sigkill_leaves_no_stale_lock(tmp_path: Path) -> None
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
     hold(tmp_path, "x")()  # the kernel dropped the lock with the process
+
+
+def marked(run_dir: Path) -> Path:
+    """An earlier run's directory of run ``tests``: its marker and log; the lock file is the test's."""
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / RUN_MARKER).write_text("tests\n")
+    (run_dir / "logs" / "driver.log").write_text("the earlier run's log\n")
+    return run_dir / LOCK
+
+
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        (Path.mkdir, "is a directory -> remove it (rmdir "),
+        (os.mkfifo, "is no regular file (a FIFO, socket or device) -> remove it (rm "),
+    ],
+    ids=["a directory", "a FIFO"],
+)
+def test_a_lock_file_that_is_no_file_is_one_line_before_anything_starts(tmp_path, monkeypatch, capsys, make, says):
+    """It was a raw IsADirectoryError, or ``OSError: [Errno 22] Invalid argument`` (exit 1)."""
+    make(lock := marked(tmp_path / "run"))
+    err = train_line(tmp_path / "run", monkeypatch, capsys)
+    assert f"run.dir: the run's lock file {lock} {says}{lock}); rredcot makes it again as a file" in err, err
+    assert (tmp_path / "run" / "logs" / "driver.log").read_text() == "the earlier run's log\n"
+    with pytest.raises(LockFileError, match="lock file"):  # one that turns bad after the checks
+        hold(tmp_path / "run", "tests")
+
+
+def test_a_lock_file_this_user_cannot_write_is_one_line_before_anything_starts(tmp_path, monkeypatch, capsys):
+    """Another user's run.dir: it was a raw PermissionError (exit 1)."""
+    (lock := marked(tmp_path / "run")).write_text("driver pid 1 on elsewhere")
+    with unwritable(lock):
+        err = train_line(tmp_path / "run", monkeypatch, capsys)
+        assert lock_problem(tmp_path / "run") in err
+    assert f"run.dir: the run's lock file {lock} cannot be opened for writing (" in err, err
+    assert "-> let this user write it (another user's run.dir?), or remove it if no driver of this run is alive" in err
+    assert lock.read_text() == "driver pid 1 on elsewhere"
+
+
+def test_a_lock_file_holding_garbage_is_taken_and_a_held_one_is_named_in_one_line(tmp_path):
+    """An unheld lock file's bytes mean nothing (it is rewritten); a held one's garbage is not shown."""
+    (lock := tmp_path / LOCK).write_bytes(b"\x00\xff garbage\nsecond line\x1b[31m")
+    assert lock_problem(tmp_path) == ""
+    release = hold(tmp_path, "exp")
+    assert lock.read_text().startswith(f"driver pid {os.getpid()} on ")
+    lock.write_bytes(b"\x00\xff garbage\nsecond line\x1b[31m")
+    with pytest.raises(RunLocked) as refused:
+        hold(tmp_path, "exp")
+    release()
+    assert str(refused.value) == (
+        f"run 'exp' is already running in {tmp_path} (a driver): stop it first, or pick another run.name or run.dir"
+    )
 
 
 def test_train_refuses_a_live_run_before_touching_its_files(tmp_path: Path) -> None:
