@@ -46,11 +46,11 @@ from rredcot.launch.study.slips import (  # noqa: E402
     constructed_group,
     dependency_share,
     label_sampled,
-    line_mass,
     slip_scores,
 )
 from rredcot.launch.study.stats import Interval, clustered_interval  # noqa: E402
 from rredcot.redistributor.credit import redistribute_group  # noqa: E402
+from rredcot.redistributor.lines import line_mass  # noqa: E402
 from rredcot.redistributor.scorer import Scorer  # noqa: E402
 from rredcot.redistributor.worker import build_scorer  # noqa: E402
 from rredcot.tasks.data import train_and_held_out  # noqa: E402

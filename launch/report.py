@@ -1,4 +1,5 @@
-"""The end-of-run report: markdown and JSON summaries, PNG learning curves, credit heatmaps, final model link.
+"""The end-of-run report: markdown and JSON summaries (with what σ did), PNG learning curves, credit
+heatmaps, final model link.
 
 Written at every end of ``rredcot train`` — finished, interrupted (SIGTERM / Ctrl-C) or failed —
 from what the driver holds in memory, so it needs neither Ray nor Redis to be alive.
@@ -20,10 +21,13 @@ from rredcot.launch.curves import plot_curves
 from rredcot.launch.timeline import bottleneck, plot_timeline, worker_timelines
 
 HISTORY_FILE = "metrics.jsonl"  # under report/: every worker report the monitor saw, as it came
+HEATMAP_CANDIDATES = 32  # saved groups the report reads to choose its heatmaps from
 
 if TYPE_CHECKING:
     from rredcot.common.control import RunControl
+    from rredcot.common.records import WeightedGroup, WeightedSample
     from rredcot.launch.monitor import Monitor, Phases
+    from rredcot.redistributor.blame import SlipBlame, SlipChecker
 
 
 def _fmt(e: dict[str, Any], name: str) -> str:
@@ -55,6 +59,65 @@ def _accuracy_section(title: str, evals: list[dict[str, Any]], over: str) -> lis
     return lines
 
 
+def credit_summary(last: dict[str, dict[str, Any]], checks_slips: bool) -> dict[str, Any] | None:
+    """What σ did over every trace the redistributors weighted (their counters in ``last``, each
+    worker's final report, summed): segments per trace, max σ·|o| on wrong traces and, where the task
+    has a slip checker (``checks_slips``), how often a wrong trace's most blame fell on the line it
+    names; None when no redistributor reported."""
+    counters = [values for values in last.values() if values.get("tier") == "redistributor"]
+    if not counters:
+        return None
+
+    def total(name: str) -> float:
+        return sum(float(values.get(name, 0.0)) for values in counters)
+
+    def mean(name: str, over: str) -> float | None:
+        return total(name) / total(over) if total(over) else None
+
+    slips = {
+        "slip_named_traces": int(total("slip_named")),
+        "top_blame_on_slip": mean("slip_top_blame", "slip_named"),
+        "top_blame_on_slip_chance": mean("slip_top_chance", "slip_named"),
+    }
+    return {
+        "segmented_traces": int(total("segmented_samples")),
+        "segments_per_trace": mean("segments", "segmented_samples"),
+        "wrong_traces": int(total("wrong_samples")),
+        "sigma_max_scaled_wrong_mean": mean("wrong_sigma_peak_sum", "wrong_samples"),
+        **(slips if checks_slips else dict.fromkeys(slips)),
+    }
+
+
+def _credit_section(credit: dict[str, Any]) -> list[str]:
+    """The summary's lines on what σ did (``credit_summary``)."""
+    lines = ["## Credit (σ: each token's share of its trace's advantage; GRPO's is uniform, 1/|o|)", ""]
+    if credit["segments_per_trace"] is None:
+        lines.append("- Segments per trace: none (the credit method does not segment traces).")
+    else:
+        lines.append(
+            f"- Segments per trace: {credit['segments_per_trace']:.2f} "
+            f"(mean over the {credit['segmented_traces']} traces the credit method segmented)."
+        )
+    if credit["sigma_max_scaled_wrong_mean"] is None:
+        lines.append("- σ's distance from uniform on wrong traces: no wrong trace took blame (A < 0).")
+    else:
+        lines.append(
+            f"- σ's distance from uniform on wrong traces: mean max σ·|o| {credit['sigma_max_scaled_wrong_mean']:.2f} "
+            f"over {credit['wrong_traces']} wrong traces taking blame (1.00: uniform)."
+        )
+    if credit["slip_named_traces"] is None:
+        lines.append("- The task has no slip checker: no line to hold σ's blame against.")
+    elif credit["top_blame_on_slip"] is None:
+        lines.append("- The task's checker named the first wrong line of no wrong trace's working.")
+    else:
+        lines.append(
+            f"- Most blame on the first wrong line the task's checker names: {credit['top_blame_on_slip']:.2f} of "
+            f"{credit['slip_named_traces']} wrong traces (ties share; a random pick among their lines of working: "
+            f"{credit['top_blame_on_slip_chance']:.2f})."
+        )
+    return [*lines, ""]
+
+
 def write_summary(
     out: Path,
     cfg_yaml: str,
@@ -66,6 +129,7 @@ def write_summary(
     phases: dict[str, float] | None = None,
     ledger: Balance | None = None,
     time_verdict: str = "",
+    credit: dict[str, Any] | None = None,
 ) -> Path:
     lines = ["# rredcot run report", "", f"Status: {status}. Wall time: {wall_s / 60:.1f} min"]
     if phases:
@@ -81,6 +145,8 @@ def write_summary(
             "",
             *_accuracy_section("Accuracy on training problems (`logging.eval_train`)", train, "training problems"),
         ]
+    if credit is not None:
+        lines += ["", *_credit_section(credit)]
     if ledger is not None:
         lines += ["", "## Ledger (every admitted prompt group)", "", ledger.line() + ".", ""]
         lines += ["| outcome | groups | by mean completion length |", "|---|---:|---|"]
@@ -133,8 +199,9 @@ def training_reward(history: list[dict[str, Any]]) -> list[list[float]]:
 
 
 def summary_json(cfg: Config, outcome: RunOutcome, artefacts: dict[str, str]) -> dict[str, Any]:
-    """The machine-readable summary: evaluations, paired change, phases, dtype and CPU."""
+    """The machine-readable summary: evaluations, paired change, what σ did, phases, dtype and CPU."""
     from rredcot.launch.evaluate import paired_change
+    from rredcot.tasks.task import build_task
 
     monitor = outcome.monitor
     evals = monitor.evals if monitor else []
@@ -159,6 +226,7 @@ def summary_json(cfg: Config, outcome: RunOutcome, artefacts: dict[str, str]) ->
         # on the first ``logging.eval_train`` training problems (each evaluation's ``train``)
         "paired_change_train": paired(evals[0]["train"], evals[-1]["train"]) if many and "train" in evals[0] else None,
         "training_reward": training_reward(monitor.history) if monitor else [],
+        "credit": credit_summary(monitor.last, build_task(cfg.task).checks_slips) if monitor else None,
         "bottleneck": bottleneck(worker_timelines(monitor.history)) if monitor else "",
         "workers": {  # every worker's last report: its tier and counters
             w: {k: v for k, v in values.items() if k == "tier" or isinstance(v, float)}
@@ -189,6 +257,7 @@ def write_report(cfg: Config, run_dir: Path, outcome: RunOutcome) -> dict[str, s
         artefacts["final HF model"] = str(final_model)
     artefacts["summary"] = str(report_dir / "summary.md")
     artefacts["summary (JSON)"] = str(report_dir / "summary.json")
+    summary = summary_json(cfg, outcome, artefacts)
     write_summary(
         report_dir / "summary.md",
         to_yaml(redacted(cfg)),
@@ -200,28 +269,53 @@ def write_report(cfg: Config, run_dir: Path, outcome: RunOutcome) -> dict[str, s
         outcome.phases.closed(),
         outcome.ledger,
         verdict,
+        summary["credit"],
     )
-    (report_dir / "summary.json").write_text(json.dumps(summary_json(cfg, outcome, artefacts), indent=1))
+    (report_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return artefacts
 
 
 def render_heatmaps(cfg: Config, run_dir: Path, report_dir: Path, limit: int = 3) -> list[str]:
-    """Heatmaps of the traces the redistributors saved under ``run_dir/traces`` (the most-credited sample)."""
-    traces = sorted((run_dir / "traces").glob("*.msgpack"))[:limit]
-    if not traces:
+    """Heatmaps of the traces the redistributors saved under ``run_dir/traces`` (``choose_heatmaps``),
+    each wrong trace's caption naming the line the task's slip checker names."""
+    files = sorted((run_dir / "traces").glob("*.msgpack"))[:HEATMAP_CANDIDATES]
+    if not files:
         return []
     from rredcot.models.store import load_tokenizer, resolve_model_path
+    from rredcot.redistributor.blame import SlipChecker
     from rredcot.redistributor.heatmap import load_group, render_heatmap
 
     tok = load_tokenizer(cfg.model.tokenizer or resolve_model_path(cfg.model.path, seed=cfg.run.seed))
+    groups = {f.stem: load_group(str(f), None) for f in files}
     out = []
-    for trace in traces:
-        group = load_group(str(trace), None)
-        sample = max(group.samples, key=lambda s: abs(s.advantage))
-        html = report_dir / f"heatmap_{trace.stem}.html"
-        render_heatmap(sample, tok, html, html.with_suffix(".png"))
+    for name, sample, blame in choose_heatmaps(groups, SlipChecker.of(cfg, tok), limit):
+        html = report_dir / f"heatmap_{name}.html"
+        render_heatmap(sample, tok, html, html.with_suffix(".png"), blame)
         out.append(str(html))
     return out
+
+
+def choose_heatmaps(
+    groups: dict[str, WeightedGroup], checker: SlipChecker | None, limit: int
+) -> list[tuple[str, WeightedSample, SlipBlame | None]]:
+    """Up to ``limit`` (group name, sample, its blame), one sample a group: first, where the task has
+    a checker, the wrong trace whose most blame is most on the checker's first wrong line (the first
+    in name order among equals), then each other group's most-credited sample (largest |A|)."""
+
+    def blame(group: WeightedGroup, sample: WeightedSample) -> SlipBlame | None:
+        return checker.blame(sample, group.prompt_id) if checker else None
+
+    named = [(b, name, s) for name, g in groups.items() for s in g.samples if (b := blame(g, s)) is not None]
+    shown = []
+    if named:
+        best, name, sample = max(named, key=lambda found: found[0].top)
+        shown.append((name, sample, best))
+    taken = {name for name, _, _ in shown}
+    for name, group in groups.items():
+        if name not in taken:
+            sample = max(group.samples, key=lambda s: abs(s.advantage))
+            shown.append((name, sample, blame(group, sample)))
+    return shown[:limit]
 
 
 def link_final_model(run_dir: Path, report_dir: Path) -> Path | None:

@@ -1,5 +1,6 @@
 """Credit heatmap: a weighted sample as an HTML page (tokens coloured by σ, segment boundaries with
-their exit values, per-segment rewards) and a PNG of the value curve; ``rredcot inspect``."""
+their exit values, per-segment rewards, the line a slip checker names) and a PNG of the value curve;
+``rredcot inspect``."""
 
 from __future__ import annotations
 
@@ -18,13 +19,14 @@ from rredcot.common.files import unreadable_file
 from rredcot.common.records import RecordError, WeightedGroup, WeightedSample
 from rredcot.common.streams import BATCHES, RedisUnreachable, connect, key, wait_for_redis
 from rredcot.models.store import load_tokenizer, qwen_tokenizer_dir
+from rredcot.redistributor.blame import SlipBlame
 from rredcot.redistributor.segmentation import token_texts
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:24px;max-width:1100px;color:#222}
 .trace{font-family:ui-monospace,monospace;font-size:13px;line-height:1.9;white-space:pre-wrap;
 border:1px solid #ccc;padding:12px;border-radius:6px}
-.t{border-radius:2px}
+.t{border-radius:2px}.slip{outline:2px solid #e9a100}
 .cut{display:inline-block;font-size:10px;color:#fff;background:#345;border-radius:3px;padding:0 4px;margin:0 2px;
 line-height:1.4;vertical-align:1px}
 table{border-collapse:collapse;font-size:13px;margin:12px 0}
@@ -65,12 +67,26 @@ def _segment_rows(sample: WeightedSample) -> list[str]:
     return rows
 
 
-def render_html(sample: WeightedSample, texts: list[str]) -> str:
-    """The HTML page for one sample (``texts``: each completion token's text)."""
+def slip_caption(blame: SlipBlame) -> str:
+    """Which line the task's checker names first wrong, and whether σ blames it most."""
+    if blame.top == 1:
+        verdict = "σ blames it most"
+    elif blame.top:
+        verdict = "σ blames it most, tied with other lines"
+    else:
+        verdict = "σ blames another line more"
+    where = f"line {blame.slip + 1} of {blame.lines} of working, '{blame.text}'"
+    return f"the checker's first wrong line: {where}; {verdict}"
+
+
+def render_html(sample: WeightedSample, texts: list[str], blame: SlipBlame | None = None) -> str:
+    """The HTML page for one sample (``texts``: each completion token's text; ``blame``: the line the
+    task's checker names, outlined and captioned)."""
     sigma, n = sample.sigma.astype(np.float64), len(sample.sigma)
     top = float(sigma.max()) if n else 1.0
     positive = sample.advantage >= 0
     cuts = {int(p): k for k, p in enumerate(sample.exit_points)}
+    lo, hi = blame.span if blame else (0, 0)
     values = sample.exit_values
     parts = []
     for j in range(n + 1):
@@ -80,8 +96,9 @@ def render_html(sample: WeightedSample, texts: list[str]) -> str:
             parts.append(f'<span class="cut" title="exit point {k} at token {j}">{html.escape(label)}</span>')
         if j < n:
             tip = f"token {j}: σ={sigma[j]:.3g} (σ·|o|={sigma[j] * n:.2f})"
+            kind = "t slip" if lo <= j < hi else "t"
             parts.append(
-                f'<span class="t" style="background:{_colour(sigma[j] / top, positive)}" '
+                f'<span class="{kind}" style="background:{_colour(sigma[j] / top, positive)}" '
                 f'title="{tip}">{_token_html(texts[j])}</span>'
             )
     r = sample.rollout
@@ -90,10 +107,11 @@ def render_html(sample: WeightedSample, texts: list[str]) -> str:
         f"advantage {sample.advantage:+.3f} · {n} tokens · {len(sample.exit_points) - 1} segments · "
         f"max σ·|o| = {top * n:.2f} · finish {html.escape(r.finish_reason)}"
     )
+    caption = f"<p>{html.escape(slip_caption(blame))} (outlined).</p>" if blame else ""
     legend = "".join(f'<span style="background:{_colour(w, positive)}"></span>' for w in np.linspace(0, 1, 6))
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>credit heatmap {html.escape(r.id)}</title>"
-        f"<style>{CSS}</style></head><body><h2>Credit heatmap</h2><p>{summary}</p>"
+        f"<style>{CSS}</style></head><body><h2>Credit heatmap</h2><p>{summary}</p>{caption}"
         f"<p class='legend'>σ: 0 {legend} max ({'credit' if positive else 'blame'}); "
         f"dark tags mark exit points with their value v̂.</p>"
         "<table><tr><th>segment</th><th>tokens</th><th>length</th><th>v̂ start → end</th>"
@@ -109,8 +127,9 @@ def baselined(sample: WeightedSample) -> bool:
     return len(v) == len(r) + 1 and len(r) > 0 and not np.allclose(np.diff(v.astype(np.float64)), r, atol=1e-4)
 
 
-def render_png(sample: WeightedSample, out_png: str | Path) -> None:
-    """Value curve over exit points (top) and σ·|o| per token with segment boundaries (bottom)."""
+def render_png(sample: WeightedSample, out_png: str | Path, blame: SlipBlame | None = None) -> None:
+    """Value curve over exit points (top) and σ·|o| per token with segment boundaries (bottom), the
+    line ``blame`` names shaded."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -140,10 +159,14 @@ def render_png(sample: WeightedSample, out_png: str | Path) -> None:
     title = f"{sample.credit_method}: reward {sample.rollout.reward:g}, advantage {sample.advantage:+.3f}"
     if baselined(sample):
         title += "\nlabels: segment rewards less the group's (baseline=group), not v̂'s own changes"
+    if blame:
+        title += f"\n{slip_caption(blame)} (shaded)"
     ax_v.set_title(title, fontsize=10)
     n = len(sample.sigma)
     ax_s.bar(np.arange(n), sample.sigma * n, width=1.0, color="#2a5" if sample.advantage >= 0 else "#c33")
     ax_s.axhline(1.0, color="#888", lw=0.8, ls="--")
+    if blame:
+        ax_s.axvspan(blame.span[0] - 0.5, blame.span[1] - 0.5, color="#e9a100", alpha=0.25, lw=0)
     for p in e:
         for ax in (ax_v, ax_s):
             ax.axvline(p, color="#ccc", lw=0.6, zorder=0)
@@ -154,11 +177,13 @@ def render_png(sample: WeightedSample, out_png: str | Path) -> None:
     plt.close(fig)
 
 
-def render_heatmap(sample: WeightedSample, tokenizer: Any, out_html: str | Path, out_png: str | Path) -> None:
-    """Write the HTML page and the PNG for one weighted sample."""
+def render_heatmap(
+    sample: WeightedSample, tokenizer: Any, out_html: str | Path, out_png: str | Path, blame: SlipBlame | None = None
+) -> None:
+    """Write the HTML page and the PNG for one weighted sample (``blame``: the line a checker names)."""
     texts = token_texts(tokenizer, sample.rollout.completion_ids.tolist())
-    Path(out_html).write_text(render_html(sample, texts), encoding="utf-8")
-    render_png(sample, out_png)
+    Path(out_html).write_text(render_html(sample, texts, blame), encoding="utf-8")
+    render_png(sample, out_png, blame)
 
 
 RECORD_MAX_BYTES = 2**30  # a saved group of 16 samples × 25k tokens is about 10 MB

@@ -1,14 +1,17 @@
 """A completion's lines, read from its tokens' texts: where its content ends (before trailing end
-tokens), where its answer line starts, and the token spans of its lines of working (what a task's
-slip checker reads: the ``oracle`` method, the slip study)."""
+tokens), where its answer line starts, the token spans of its lines of working, the one a task's
+slip checker names (the ``oracle`` method, the slip study, the run report) and σ's mass on each."""
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from typing import Any
 
 import numpy as np
 
-from rredcot.redistributor.segmentation import thinking_span
+from rredcot.redistributor.segmentation import thinking_span, token_texts
+from rredcot.tasks.data import Problem
+from rredcot.tasks.task import Task
 
 
 def content_end(ids: Sequence[int], end_ids: Collection[int]) -> int:
@@ -17,6 +20,11 @@ def content_end(ids: Sequence[int], end_ids: Collection[int]) -> int:
     while n and ids[n - 1] in end_ids:
         n -= 1
     return n
+
+
+def content_texts(tok: Any, ids: Sequence[int]) -> list[str]:
+    """Each token's text of a completion, less its trailing end tokens (the tokenizer's special ids)."""
+    return token_texts(tok, ids[: content_end(ids, frozenset(tok.all_special_ids))])
 
 
 def answer_line_start(texts: Sequence[str], template: str) -> int:
@@ -55,3 +63,25 @@ def working_lines(texts: Sequence[str], think_start: str, think_end: str, templa
 def line_texts(texts: Sequence[str], spans: Sequence[tuple[int, int]]) -> list[str]:
     """Each span's text, stripped: the lines a slip checker reads (``Task.first_slip``)."""
     return ["".join(texts[a:b]).strip() for a, b in spans]
+
+
+def slipped_line(
+    task: Task, problem: Problem, texts: Sequence[str], think_start: str, think_end: str
+) -> tuple[list[tuple[int, int]], int | None]:
+    """The token spans of a trace's working lines (``texts``: its content's token texts) and the index
+    of the first wrong one the task's checker names; None when it names none of them (the working is
+    right, or only steps are missing)."""
+    spans = working_lines(texts, think_start, think_end, task.answer_template)
+    slip = task.first_slip(problem, line_texts(texts, spans))
+    return spans, slip if slip is not None and slip < len(spans) else None
+
+
+def line_mass(sigma: np.ndarray, spans: Sequence[tuple[int, int]]) -> np.ndarray:
+    """σ's mass on each span."""
+    return np.array([float(np.sum(sigma[a:b], dtype=np.float64)) for a, b in spans])
+
+
+def top_share(mass: np.ndarray, line: int) -> float:
+    """1/k when ``line`` is one of the k lines of most mass (ties share the hit), else 0."""
+    top = np.flatnonzero(mass == mass.max())
+    return 1.0 / len(top) if line in top else 0.0

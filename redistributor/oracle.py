@@ -13,28 +13,20 @@ import numpy as np
 
 from rredcot.common.config import Config
 from rredcot.common.records import RolloutRecord
+from rredcot.redistributor.blame import run_problems, takes_blame
 from rredcot.redistributor.credit import uniform_sigma
-from rredcot.redistributor.lines import answer_line_start, content_end, line_texts, working_lines
+from rredcot.redistributor.lines import answer_line_start, content_texts, slipped_line
 from rredcot.redistributor.methods import OracleSettings
 from rredcot.redistributor.registry import CreditContext, SampleCredit
-from rredcot.redistributor.segmentation import token_texts
 from rredcot.redistributor.sigma import token_sigma
 from rredcot.tasks.data import Problem
-from rredcot.tasks.task import Task, build_task
-
-# the run's task and its problems by id, built once per process (keyed by what determines them)
-_PROBLEMS: dict[str, tuple[Task, dict[str, Problem]]] = {}
+from rredcot.tasks.task import Task
 
 
 def task_problem(cfg: Config, prompt_id: str) -> tuple[Task, Problem]:
     """The run's task (``cfg.task``) and its problem ``prompt_id`` (a ``ValueError`` naming it when
     the task, as configured with ``data`` and ``run.seed``, has no such problem)."""
-    key = repr((cfg.task, cfg.data, cfg.run.seed))
-    if key not in _PROBLEMS:
-        task = build_task(cfg.task)
-        _PROBLEMS.clear()
-        _PROBLEMS[key] = task, {p.id: p for p in task.problems(cfg.data, cfg.run.seed)}
-    task, problems = _PROBLEMS[key]
+    task, problems = run_problems(cfg)
     if prompt_id not in problems:
         raise ValueError(
             f"credit method 'oracle': prompt {prompt_id!r} is no problem of task {cfg.task.name!r} as configured "
@@ -46,9 +38,8 @@ def task_problem(cfg: Config, prompt_id: str) -> tuple[Task, Problem]:
 def blamed_span(task: Task, problem: Problem, texts: list[str], think_start: str, think_end: str) -> tuple[int, int]:
     """Token span [lo, hi) of the line to blame in a wrong trace's content ``texts``: the first wrong
     line of working the checker names, else the answer line to the end (empty when there is none)."""
-    spans = working_lines(texts, think_start, think_end, task.answer_template)
-    slip = task.first_slip(problem, line_texts(texts, spans))
-    if slip is not None and slip < len(spans):
+    spans, slip = slipped_line(task, problem, texts, think_start, think_end)
+    if slip is not None:
         return spans[slip]
     return answer_line_start(texts, task.answer_template), len(texts)
 
@@ -57,9 +48,8 @@ def sample_sigma(ctx: CreditContext, s: RolloutRecord, task: Task, problem: Prob
     """A wrong trace's σ: the blamed line's tokens take the mass above the floor λ/|o| (uniform with
     fallback ``no_line`` when there is no line to blame)."""
     tok: Any = ctx.tokenizer
-    ids = s.completion_ids.tolist()
-    n = len(ids)
-    texts = token_texts(tok, ids[: content_end(ids, frozenset(tok.all_special_ids))])
+    n = len(s.completion_ids)
+    texts = content_texts(tok, s.completion_ids.tolist())
     lo, hi = blamed_span(task, problem, texts, ctx.cfg.model.think_start, ctx.cfg.model.think_end)
     if hi <= lo:
         return SampleCredit(uniform_sigma(n), fallback="no_line")
@@ -73,7 +63,7 @@ def oracle(ctx: CreditContext) -> list[SampleCredit]:
         raise ValueError(f"credit method {ctx.cfg.credit.method!r} needs the run's tokenizer")
     out = []
     for s, a in zip(ctx.group.samples, ctx.advantages, strict=True):
-        if a < 0 and s.verdict != "correct":
+        if takes_blame(s, a):
             out.append(sample_sigma(ctx, s, *task_problem(ctx.cfg, ctx.group.prompt_id)))
         else:
             out.append(SampleCredit(uniform_sigma(len(s.completion_ids))))

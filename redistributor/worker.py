@@ -33,6 +33,7 @@ from rredcot.common.run_context import RunContext
 from rredcot.common.sampling import ContinuationSampler, RewardFn
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, Entry, Producer, run_key
 from rredcot.models.store import load_causal_lm, load_tokenizer, resolve_model_path
+from rredcot.redistributor.blame import SlipBlame, SlipChecker, takes_blame
 from rredcot.redistributor.credit import redistribute_group
 from rredcot.redistributor.mc import HFContinuationSampler
 from rredcot.redistributor.scorer import Scorer
@@ -72,6 +73,16 @@ class WorkerMetrics:
     mc_stderr_sum: float = 0.0
     mc_samples: int = 0
     mc_version_gap_sum: int = 0
+    # what σ does (the run report's credit section): segments of the samples the method segmented;
+    # the wrong traces taking blame and their max σ·|o| summed; those whose first wrong line the
+    # task's checker names, the hits of σ's most blamed line on it (ties share a hit) and 1/lines summed
+    segmented_samples: int = 0
+    segments: int = 0
+    wrong_samples: int = 0
+    wrong_sigma_peak_sum: float = 0.0
+    slip_named: int = 0
+    slip_top_blame: float = 0.0
+    slip_top_chance: float = 0.0
     # per completion-length bucket (``length_bucket``) and per dead-letter reason:
     # samples.<b>, uniform_<reason>.<b>, sigma_peak.<b> (max σ·|o|), dead_letters.<reason>,
     # mc_version_gap.<gap> (samples whose MC values came from a policy <gap> versions after the trace's)
@@ -80,17 +91,28 @@ class WorkerMetrics:
     def add(self, key: str, value: float = 1.0) -> None:
         self.detail[key] = self.detail.get(key, 0.0) + value
 
-    def count_sample(self, s: WeightedSample, position: Callable[[int], Any]) -> None:
-        """The sample's length bucket, σ fallback reason and σ concentration; an MC sample's version
-        gap is in updates along the run's history (``position``: ``VersionLineage.position``)."""
+    def count_sample(self, s: WeightedSample, position: Callable[[int], Any], blame: SlipBlame | None = None) -> None:
+        """The sample's length bucket, σ fallback reason, σ concentration, segments and, for a wrong
+        trace, its σ peak and its ``blame`` on the checker's line; an MC sample's version gap is in
+        updates along the run's history (``position``: ``VersionLineage.position``)."""
         n = len(s.sigma)
         b = length_bucket(n)
         self.add(f"samples.{b}")
         if s.sigma_fallback:
             self.add(f"uniform_{s.sigma_fallback}.{b}")
         if n:
-            peak = f"sigma_peak.{b}"
-            self.detail[peak] = max(self.detail.get(peak, 0.0), float(s.sigma.max()) * n)
+            peak = float(s.sigma.max()) * n
+            self.detail[f"sigma_peak.{b}"] = max(self.detail.get(f"sigma_peak.{b}", 0.0), peak)
+            if takes_blame(s.rollout, s.advantage):
+                self.wrong_samples += 1
+                self.wrong_sigma_peak_sum += peak
+        if len(s.exit_points) > 1:
+            self.segmented_samples += 1
+            self.segments += len(s.exit_points) - 1
+        if blame is not None:
+            self.slip_named += 1
+            self.slip_top_blame += blame.top
+            self.slip_top_chance += 1 / blame.lines
         finite = s.exit_stderr[np.isfinite(s.exit_stderr)]  # MC values, the policy's or a fixed prover's
         self.mc_exits += len(finite)
         self.mc_stderr_sum += float(finite.sum())
@@ -192,8 +214,11 @@ class Redistributor:
         self.consumer = Consumer(self.client, rollouts, GROUP, name, dead, cfg.redis.claim_idle_ms)
         self.producer = Producer(self.client, batches, cfg.redis.maxlen, cfg.redis.block_timeout_s)
         self.scorer = scorer if scorer is not None or not credit.method.needs_scorer else build_scorer(cfg)
-        # a method that reads token texts without a scorer (oracle) loads only the tokenizer
-        self.tokenizer = build_tokenizer(cfg) if credit.method.needs_tokenizer and self.scorer is None else None
+        # a method that reads token texts without a scorer (oracle), or a task whose slip checker reads
+        # the wrong traces' lines (the report's credit section), loads only the tokenizer
+        reads_lines = credit.method.needs_tokenizer or build_task(cfg.task).checks_slips
+        self.tokenizer = build_tokenizer(cfg) if reads_lines and self.scorer is None else None
+        self.checker = SlipChecker.of(cfg, self.tokenizer if self.scorer is None else self.scorer.tokenizer)
         following = cfg.credit.scorer.model == "policy" and self.scorer is not None
         self.scorer_weights = (
             weight_receiver(cfg, self.client, ScorerPort(self.scorer), name=name) if following else None
@@ -303,7 +328,7 @@ class Redistributor:
         if self.sampler is not None:
             m.mc_tokens = self.sampler.generated_tokens
         for s in samples:
-            m.count_sample(s, self.lineage.position)
+            m.count_sample(s, self.lineage.position, self.checker.blame(s, group.prompt_id) if self.checker else None)
         if len(group.samples) < self.cfg.generation.group_size:
             m.incomplete_groups += 1
             log.warning(

@@ -27,7 +27,7 @@ from scipy import stats
 
 from rredcot.common.config import DataConfig
 from rredcot.common.records import RolloutGroup, RolloutRecord
-from rredcot.redistributor.lines import line_texts, working_lines
+from rredcot.redistributor.lines import line_texts, top_share, working_lines
 from rredcot.redistributor.segmentation import token_texts
 from rredcot.tasks.arith import solution_text
 from rredcot.tasks.chain import chain_lines, first_slip, parse_chain
@@ -50,14 +50,9 @@ class LabelledTrace:
     filler: int | None = None  # the irrelevant line of a constructed correct trace
 
 
-def line_mass(sigma: np.ndarray, spans: Sequence[tuple[int, int]]) -> np.ndarray:
-    return np.array([float(np.sum(sigma[a:b], dtype=np.float64)) for a, b in spans])
-
-
 def slip_scores(mass: np.ndarray, slip: int) -> tuple[float, float, float]:
     """(top-1 hit, blame share, Spearman with the slip indicator) of a wrong trace's line masses."""
-    top = np.flatnonzero(mass == mass.max())
-    hit = 1.0 / len(top) if slip in top else 0.0
+    hit = top_share(mass, slip)
     total = mass.sum()
     share = float(mass[slip] / total) if total > 0 else 1.0 / len(mass)
     indicator = np.zeros(len(mass))

@@ -1,4 +1,5 @@
-"""The end-of-run report: summary.md and summary.json from what the driver holds, at any end."""
+"""The end-of-run report: summary.md and summary.json from what the driver holds, at any end; what
+σ did (the redistributors' counters); heatmaps chosen to show blame on the checker's line."""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from rredcot.common.codec import encode
 from rredcot.common.config import load_config
 from rredcot.common.ledger import Balance
 from rredcot.launch.monitor import Phases
-from rredcot.launch.report import RunOutcome, link_final_model, summary_json, write_report
+from rredcot.launch.report import RunOutcome, credit_summary, link_final_model, summary_json, write_report
+from rredcot.models.store import qwen_tokenizer_dir
+from rredcot.redistributor.credit import redistribute_group
+from tests.unit.redistributor.test_oracle import chain, group_of, slipped, text
 
 
 def evaluation(step: int, per_problem: list[float]) -> dict:
@@ -33,12 +38,22 @@ def evaluation(step: int, per_problem: list[float]) -> dict:
 
 
 class FakeMonitor:
-    def __init__(self, evals: list[dict]) -> None:
+    def __init__(self, evals: list[dict], workers: dict[str, dict] | None = None) -> None:
         self.evals, self.step = evals, evals[-1]["step"] if evals else 0
         self.history = [
             {"t": 0.0, "tier": "learner", "worker": "learner0", "step": 1, "values": {"reward_mean": 0.4, "loss": 0.1}}
         ]
-        self.last = {"learner0": {"tier": "learner", "step": float(self.step), "loss": 0.1}}
+        self.last = {"learner0": {"tier": "learner", "step": float(self.step), "loss": 0.1}, **(workers or {})}
+
+
+# two redistributors' final counters (``WorkerMetrics``): 48 segments over 16 segmented traces, max
+# σ·|o| summed to 12 over 6 wrong traces, 3 hits in 5 named slips where a random pick of a line makes 1.5
+REDISTRIBUTORS = {
+    "red0": {"tier": "redistributor", "segmented_samples": 10.0, "segments": 32.0, "wrong_samples": 4.0,
+             "wrong_sigma_peak_sum": 9.0, "slip_named": 3.0, "slip_top_blame": 2.5, "slip_top_chance": 1.0},
+    "red1": {"tier": "redistributor", "segmented_samples": 6.0, "segments": 16.0, "wrong_samples": 2.0,
+             "wrong_sigma_peak_sum": 3.0, "slip_named": 2.0, "slip_top_blame": 0.5, "slip_top_chance": 0.5},
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("status", ["finished", "interrupted (signal 15)"])
@@ -121,3 +136,58 @@ def test_final_model_is_a_relative_link_that_survives_moving_the_run(tmp_path: P
     assert link is not None and not Path(os.readlink(link)).is_absolute()
     run.rename(moved := tmp_path / "moved")
     assert (moved / "report" / "final_model" / "config.json").is_file()
+
+
+def test_credit_sums_every_redistributors_counters_before_dividing() -> None:
+    credit = credit_summary({**FakeMonitor([]).last, **REDISTRIBUTORS}, checks_slips=True)
+    assert credit == {
+        "segmented_traces": 16,
+        "segments_per_trace": 3.0,
+        "wrong_traces": 6,
+        "sigma_max_scaled_wrong_mean": 2.0,
+        "slip_named_traces": 5,
+        "top_blame_on_slip": 0.6,
+        "top_blame_on_slip_chance": 0.3,
+    }
+    assert credit_summary(FakeMonitor([]).last, checks_slips=True) is None  # no redistributor reported
+    grpo = credit_summary({"red0": {"tier": "redistributor", "wrong_samples": 2.0, "wrong_sigma_peak_sum": 2.0}}, False)
+    assert grpo is not None and grpo["segments_per_trace"] is None and grpo["sigma_max_scaled_wrong_mean"] == 1.0
+    assert grpo["slip_named_traces"] is None and grpo["top_blame_on_slip"] is None  # the task has no checker
+
+
+@pytest.mark.parametrize("op", ["chain", "mul"])
+def test_the_summaries_say_what_sigma_did(tmp_path: Path, op: str) -> None:
+    cfg = load_config("tests", [f"run.dir={tmp_path}", f"task.settings.op={op}"])
+    outcome = RunOutcome("finished", Phases(), monitor=FakeMonitor([], REDISTRIBUTORS))
+    write_report(cfg, tmp_path, outcome)
+    credit = json.loads((tmp_path / "report" / "summary.json").read_text())["credit"]
+    assert credit["segments_per_trace"] == 3.0 and credit["sigma_max_scaled_wrong_mean"] == 2.0
+    md = (tmp_path / "report" / "summary.md").read_text()
+    assert "## Credit" in md
+    assert "- Segments per trace: 3.00 (mean over the 16 traces the credit method segmented)." in md
+    assert "mean max σ·|o| 2.00 over 6 wrong traces taking blame (1.00: uniform)." in md
+    checker = "checker names: 0.60 of 5 wrong traces (ties share; a random pick among their lines of working: 0.30)"
+    assert (checker in md) == (op == "chain") and ("The task has no slip checker" in md) == (op == "mul")
+    write_report(cfg, tmp_path, RunOutcome("finished", Phases(), monitor=FakeMonitor([])))
+    assert "## Credit" not in (tmp_path / "report" / "summary.md").read_text()  # no redistributor reported
+
+
+def test_the_first_heatmap_is_a_wrong_trace_blamed_on_the_checkers_line_and_says_so(tmp_path: Path, qwen_tok) -> None:
+    """Two saved groups of one right and one slipped trace: ``a`` weighted by grpo (uniform σ blames
+    the longest line most, not the slipped one), ``b`` by oracle (blame on the slipped line). ``b``'s
+    wrong trace comes first though ``a`` sorts first; then ``a``'s most-credited sample (the first of
+    equal |A|: its right trace, no checker line to name)."""
+    where = [f"run.dir={tmp_path}", f"model.tokenizer={qwen_tokenizer_dir()}"]
+    cfg, lines, pid = chain(False, *where)
+    wrong = [lines[0], slipped(lines[1]), *lines[2:]]
+    group = group_of(qwen_tok, pid, [text(lines, "1", False), text(wrong, "0", False)], [1.0, 0.0])
+    (tmp_path / "traces").mkdir()
+    for name, method in [("a", "grpo"), ("b", "oracle")]:
+        weighted = redistribute_group(group, chain(False, *where, f"credit.method={method}")[0], tokenizer=qwen_tok)
+        (tmp_path / "traces" / f"red0-{name}.msgpack").write_bytes(encode(weighted))
+    files = write_report(cfg, tmp_path, RunOutcome("finished", Phases(), monitor=FakeMonitor([])))
+    first, second = (Path(files[f"credit heatmap {i}"]) for i in (0, 1))
+    assert (first.name, second.name) == ("heatmap_red0-b.html", "heatmap_red0-a.html")
+    caption = f"the checker's first wrong line: line 2 of 3 of working, '{wrong[1]}'; σ blames it most"
+    assert caption.replace("'", "&#x27;") in first.read_text() and "checker" not in second.read_text()
+    assert first.with_suffix(".png").is_file() and "credit heatmap 2" not in files

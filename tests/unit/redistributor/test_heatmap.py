@@ -14,6 +14,7 @@ from rredcot.common.config import Config
 from rredcot.common.errors import UserError
 from rredcot.common.streams import BATCHES, Producer, key
 from rredcot.models.tiny import build_tiny_model
+from rredcot.redistributor.blame import SlipBlame
 from rredcot.redistributor.credit import redistribute_group
 from rredcot.redistributor.heatmap import baselined, inspect_command, load_group, render_heatmap
 from rredcot.redistributor.scorer import Scorer
@@ -43,6 +44,17 @@ def test_render_heatmap(qwen_tok, tmp_path) -> None:
     top = int(np.argmax(sample.sigma))
     assert f"token {top}: σ={sample.sigma[top]:.3g}" in page
     assert "(less the group baseline)" in page  # the default baseline: rewards are not v̂'s changes
+
+
+def test_the_line_a_checker_names_is_outlined_and_captioned(qwen_tok, tmp_path) -> None:
+    sample = _weighted(qwen_tok).samples[2]
+    blame = SlipBlame(0, "I think 12*7 = 74.", (3, 11), 2, 0.5)
+    render_heatmap(sample, qwen_tok, tmp_path / "h.html", tmp_path / "h.png", blame)
+    page = (tmp_path / "h.html").read_text()
+    assert page.count('class="t slip"') == 8 and page.count('class="t"') == len(sample.sigma) - 8
+    caption = "the checker's first wrong line: line 1 of 2 of working, 'I think 12*7 = 74.'; σ blames it most, tied"
+    assert html.escape(caption) in page
+    assert (tmp_path / "h.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_baseline_is_named_only_where_rewards_differ_from_the_value_changes(qwen_tok) -> None:

@@ -1,5 +1,5 @@
-"""Worker pieces: the MC reward function, the metrics snapshot, the scorer's attention check, and
-the credit method the worker is handed."""
+"""Worker pieces: the MC reward function, the metrics snapshot (with what σ did, for the run
+report), the scorer's attention check, and the credit method the worker is handed."""
 
 from __future__ import annotations
 
@@ -14,9 +14,12 @@ from rredcot.common.onednn import PRIMITIVE_CACHE, PRIMITIVE_CACHE_ENV
 from rredcot.common.records import WeightedSample
 from rredcot.models.store import qwen_tokenizer_dir
 from rredcot.redistributor import worker
+from rredcot.redistributor.blame import SlipBlame
+from rredcot.redistributor.credit import redistribute_group
 from rredcot.redistributor.worker import Redistributor, WorkerMetrics, build_scorer, verifier_reward
 from rredcot.tasks.verifier import Verifier
 from tests.factories import rollout
+from tests.unit.redistributor.test_oracle import chain, group_of, slipped, text
 
 
 def test_verifier_reward_on_real_tokens(qwen_tok) -> None:
@@ -52,6 +55,29 @@ def test_metrics_per_length_bucket() -> None:
     assert snap["samples.lt1k"] == 2 and snap["samples.lt4k"] == 1 and snap["uniform_zero_mass.lt1k"] == 1
     assert snap["uniform_underflow.lt4k"] == 1 and "uniform_underflow.lt1k" not in snap
     assert snap["sigma_peak.lt1k"] == np.float32(0.7) * 4 and snap["sigma_peak.lt4k"] == np.float32(1 / 2000) * 2000
+
+
+def test_metrics_of_what_sigma_did() -> None:
+    """Segments of the segmented samples; max σ·|o| of the wrong traces taking blame (A < 0, not
+    correct); the checker's hits and a uniform pick's (1/lines), summed for the report to divide."""
+    m = WorkerMetrics()
+    cases = [  # (σ, exit points, advantage, reward, blame)
+        ([0.7, 0.1, 0.1, 0.1], [0, 2, 4], -1.0, 0.0, SlipBlame(1, "x", (2, 4), 3, 1.0)),  # peak 2.8, 2 segments
+        ([0.25] * 4, [0, 1, 2, 4], -0.5, 0.0, SlipBlame(0, "y", (0, 1), 2, 0.5)),  # peak 1.0, 3 segments
+        ([0.4, 0.2, 0.2, 0.2], [], 1.0, 1.0, None),  # correct, not segmented
+        ([0.1, 0.1, 0.1, 0.7], [0, 4], 0.0, 0.0, None),  # wrong but no blame to take (A = 0): 1 segment
+    ]
+    for sigma, exits, adv, reward, blame in cases:
+        e = np.zeros(0, np.float32)
+        w = WeightedSample(
+            rollout("g", 0, 4, reward=reward), adv, np.array(sigma, np.float32), np.array(exits, np.int32), e, e, "x"
+        )
+        m.count_sample(w, int, blame)
+    snap = m.snapshot()
+    assert (snap["segmented_samples"], snap["segments"], snap["wrong_samples"]) == (3, 6, 2)
+    assert snap["wrong_sigma_peak_sum"] == pytest.approx(2.8 + 1.0)
+    assert (snap["slip_named"], snap["slip_top_blame"]) == (2, 1.5)
+    assert snap["slip_top_chance"] == pytest.approx(1 / 3 + 1 / 2)
 
 
 def test_mc_metrics_stderr_and_version_gap() -> None:
@@ -128,7 +154,25 @@ def test_a_method_that_reads_token_texts_gets_the_tokenizer_and_no_scorer(redis_
     base = [f"redis.url={redis_server.url}", f"run.name={run_id}", f"model.tokenizer={qwen_tokenizer_dir()}"]
     oracle = Redistributor(load_config("tests", [*base, "credit.method=oracle", "task.settings.op=chain"]), "red0")
     assert oracle.scorer is None and oracle.tokenizer.decode([40]) == "I"
-    assert Redistributor(load_config("tests", [*base, "credit.method=grpo"]), "red1").tokenizer is None
+    grpo = Redistributor(load_config("tests", [*base, "credit.method=grpo"]), "red1")
+    assert grpo.tokenizer is None and grpo.checker is None
+
+
+def test_a_task_with_a_slip_checker_counts_where_each_wrong_trace_took_its_blame(
+    redis_server, run_id, qwen_tok
+) -> None:
+    """On a chain task even grpo (no scorer) loads the tokenizer, and the worker counts each wrong
+    trace whose first wrong line the checker names (here weighted by ``oracle``: blame on that line)."""
+    cfg, lines, pid = chain(False, f"redis.url={redis_server.url}", f"run.name={run_id}", "credit.method=grpo")
+    cfg.model.tokenizer = qwen_tokenizer_dir()
+    red = Redistributor(cfg, "red0")
+    assert red.scorer is None and red.checker is not None and red.checker.tokenizer is red.tokenizer
+    wrong = [lines[0], slipped(lines[1]), *lines[2:]]
+    group = group_of(qwen_tok, pid, [text(lines, "1", False), text(wrong, "0", False)], [1.0, 0.0])
+    red._count(group, redistribute_group(group, chain()[0], tokenizer=qwen_tok).samples, 0.1)
+    m = red.metrics
+    assert (m.wrong_samples, m.slip_named, m.slip_top_blame) == (1, 1, 1.0)
+    assert m.slip_top_chance == pytest.approx(1 / 3)
 
 
 def test_a_trace_that_cannot_be_saved_is_one_warning_and_the_worker_goes_on(tmp_path, caplog) -> None:

@@ -13,7 +13,6 @@ from rredcot.launch.study.slips import (
     constructed_group,
     dependency_share,
     label_sampled,
-    line_mass,
     slip_scores,
     working_lines,
 )
@@ -37,11 +36,6 @@ def test_slip_scores_by_hand():
     assert (hit, share, rho) == (0.25, 0.25, 0.0)
     assert slip_scores(np.array([0.5, 0.5, 0.0, 0.0]), 0)[0] == 0.5
     assert dependency_share(np.array([0.2, 0.2, 0.1, 0.5]), 3) == pytest.approx(0.5)
-
-
-def test_line_mass_sums_sigma_over_each_span():
-    sigma = np.array([0.1, 0.2, 0.3, 0.4], np.float32)
-    np.testing.assert_allclose(line_mass(sigma, [(0, 1), (1, 4)]), [0.1, 0.9], rtol=1e-6)
 
 
 @pytest.mark.parametrize("think", [False, True])
