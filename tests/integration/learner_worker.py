@@ -4,10 +4,11 @@ Usage: python -m tests.integration.learner_worker '<json spec>', from the reposi
 (RANK/WORLD_SIZE/MASTER_* come from the environment).
 Spec keys: stage, chunk (learner.logprob_chunk), steps, first_step, resume (checkpoint dir or
 null), save_at + save + save_out (after that many steps: a checkpoint under the root ``save`` and
-the weights in ``save_out``), fail_rank + errors (before that checkpoint, one whose writes fail on
-rank ``fail_rank``; what each rank raised goes to ``errors``), out (safetensors file for the final
-weights; RANK is replaced by the rank in ``out`` and ``errors``), redis_url + run_id + weights_dir
-(publish after each step).
+the weights in ``save_out``), fail_ranks + errors (before that checkpoint, one checkpoint for each
+rank in ``fail_ranks``, in turn, whose writes fail on that rank; what each rank raised goes to
+``errors``, FAIL replaced by the failing rank), out (safetensors file for the final weights; RANK is
+replaced by the rank in ``out`` and ``errors``), redis_url + run_id + weights_dir (publish after each
+step).
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ def main(spec: dict) -> None:
         if client is not None:
             publisher.publish(engine.module, engine.version)
         if step + 1 == spec.get("save_at"):  # a checkpoint and the weights mid-run
-            if "fail_rank" in spec:
-                failed_save(engine, spec)
+            for fail_rank in spec.get("fail_ranks", []):
+                failed_save(engine, spec, fail_rank)
             save_checkpoint(engine, spec["save"], pipeline={"next_step": step + 1})
             save_file(full_state(engine.module), spec["save_out"])
     state = full_state(engine.module)
@@ -65,15 +66,15 @@ def main(spec: dict) -> None:
     torch.distributed.destroy_process_group()
 
 
-def failed_save(engine: LearnerEngine, spec: dict) -> None:
+def failed_save(engine: LearnerEngine, spec: dict, fail_rank: int) -> None:
     """A checkpoint under ``save`` whose writes fail on rank ``fail_rank`` (no byte fits in a file):
     the CheckpointError that this rank raised into ``errors``."""
-    limit = file_size_limit(0) if engine.rank == spec["fail_rank"] else contextlib.nullcontext()
+    limit = file_size_limit(0) if engine.rank == fail_rank else contextlib.nullcontext()
     try:
         with limit:
             save_checkpoint(engine, spec["save"])
     except CheckpointError as e:
-        Path(spec["errors"].replace("RANK", str(engine.rank))).write_text(str(e))
+        Path(spec["errors"].replace("RANK", str(engine.rank)).replace("FAIL", str(fail_rank))).write_text(str(e))
 
 
 if __name__ == "__main__":

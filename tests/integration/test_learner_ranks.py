@@ -6,7 +6,9 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -77,59 +79,73 @@ def test_resume_is_exact(tmp_path):
     assert_same({n: p.detach() for n, p in hf.named_parameters()}, half, atol=0)
 
 
-@pytest.mark.parametrize(("stage", "chunk"), [(2, 4096), (3, 8)])
-def test_two_ranks_agree_and_broadcast_matches(tmp_path, stage, chunk, redis_server, redis_client, run_id):
-    """Two ranks == one rank. With ZeRO-3 and a small LM-head chunk the ranks' micro-batches hold
-    different token counts, so they would call the head (a weight all-gather each) unequally often
-    and hang, unless the calls are agreed per micro-batch."""
-    run_ranks(
-        {
-            "stage": stage,
-            "chunk": chunk,
-            "steps": 3,
-            "out": str(tmp_path / "rankRANK.safetensors"),
-            "run_id": run_id,
-            "redis_url": redis_server.url,
-            "weights_dir": str(tmp_path / "weights"),
-        },
-        world=2,
-    )
+def assert_ranks_agree_and_broadcast_matches(out: Path, redis_client, run_id: str, stage: int, chunk: int) -> None:
+    """The two ranks' final weights (``out``/rank0, rank1) are equal, are the last version published
+    (3), and equal one rank's training of the same 3 steps."""
     manifest = latest_manifest(redis_client, run_id)
-    r0, r1 = load_file(tmp_path / "rank0.safetensors"), load_file(tmp_path / "rank1.safetensors")
+    r0, r1 = load_file(out / "rank0.safetensors"), load_file(out / "rank1.safetensors")
     assert_same(r0, r1, atol=0)
     assert manifest is not None and manifest.version == 3
     assert_same(load_tensors(manifest), r0, atol=0)  # checksum verified inside load_tensors
-    run_ranks({"stage": stage, "chunk": chunk, "steps": 3, "out": str(tmp_path / "single.safetensors")})
-    assert_same(load_file(tmp_path / "single.safetensors"), r0, atol=2e-5)
+    run_ranks({"stage": stage, "chunk": chunk, "steps": 3, "out": str(out / "single.safetensors")})
+    assert_same(load_file(out / "single.safetensors"), r0, atol=2e-5)
 
 
-@pytest.mark.parametrize("fail_rank", [0, 1])
-def test_a_checkpoint_that_one_rank_cannot_write_fails_on_every_rank(tmp_path, fail_rank):
-    """Two ZeRO-3 ranks; one cannot write its part of the step-1 checkpoint (a file-size limit stands
-    in for its full disk): both raise CheckpointError and no partial directory is left; the ranks
-    are still in step, so the next checkpoint of step 1 is written (its HF weights, which rank 0
-    gathers with rank 1 taking part, are the trained ones) and a second step trains alike on both.
-    Before, that rank raised alone (and removed the directory the other was writing) and went on
-    to the next collective while the other waited in DeepSpeed's save."""
+def test_two_ranks_agree_and_broadcast_matches(tmp_path, redis_server, redis_client, run_id):
+    """Two ZeRO-2 ranks == one rank, and the weights they publish are theirs."""
+    spec = {"stage": 2, "chunk": 4096, "steps": 3, "out": str(tmp_path / "rankRANK.safetensors")}
+    run_ranks({**spec, "run_id": run_id, "redis_url": redis_server.url, "weights_dir": str(tmp_path / "weights")}, 2)
+    assert_ranks_agree_and_broadcast_matches(tmp_path, redis_client, run_id, 2, 4096)
+
+
+@pytest.fixture(scope="module")
+def zero3_ranks(module_dir, redis_server) -> SimpleNamespace:
+    """Two ZeRO-3 ranks with a small LM-head chunk, 3 steps, publishing each version. After step 1,
+    two checkpoints that one rank cannot write (rank 0's writes fail, then rank 1's; a file-size
+    limit stands in for its full disk), then one that both write. One pair of ranks for the tests
+    below: each start of a rank is a DeepSpeed start."""
+    out, run_id = module_dir / "zero3", f"t{uuid.uuid4().hex[:10]}"
+    out.mkdir()
     run_ranks(
         {
             "stage": 3,
             "chunk": 8,
-            "steps": 2,
+            "steps": 3,
+            "out": str(out / "rankRANK.safetensors"),
+            "run_id": run_id,
+            "redis_url": redis_server.url,
+            "weights_dir": str(out / "weights"),
             "save_at": 1,
-            "save": str(tmp_path / "ckpt"),
-            "save_out": str(tmp_path / "half.safetensors"),
-            "fail_rank": fail_rank,
-            "errors": str(tmp_path / "errorRANK.txt"),
-            "out": str(tmp_path / "rankRANK.safetensors"),
+            "save": str(out / "ckpt"),
+            "save_out": str(out / "half.safetensors"),
+            "fail_ranks": [0, 1],
+            "errors": str(out / "errorFAIL-RANK.txt"),
         },
         world=2,
-        timeout=180,
     )
-    errors = [(tmp_path / f"error{rank}.txt").read_text() for rank in range(2)]
+    return SimpleNamespace(out=out, run_id=run_id)
+
+
+def test_two_zero3_ranks_agree_and_broadcast_matches(zero3_ranks, redis_client):
+    """Two ZeRO-3 ranks == one rank. With a small LM-head chunk the ranks' micro-batches hold
+    different token counts, so they would call the head (a weight all-gather each) unequally often
+    and hang, unless the calls are agreed per micro-batch."""
+    assert_ranks_agree_and_broadcast_matches(zero3_ranks.out, redis_client, zero3_ranks.run_id, 3, 8)
+
+
+@pytest.mark.parametrize("fail_rank", [0, 1])
+def test_a_checkpoint_that_one_rank_cannot_write_fails_on_every_rank(zero3_ranks, fail_rank):
+    """Two ZeRO-3 ranks; one cannot write its part of the step-1 checkpoint: both raise
+    CheckpointError and no partial directory is left; the ranks are still in step, so the next
+    checkpoint of step 1 is written (its HF weights, which rank 0 gathers with rank 1 taking part,
+    are the trained ones) and the later steps train alike on both (``zero3_ranks``: rank 0 fails,
+    then rank 1, in the same ranks). Before, that rank raised alone (and removed the directory the
+    other was writing) and went on to the next collective while the other waited in DeepSpeed's save."""
+    out = zero3_ranks.out
+    errors = [(out / f"error{fail_rank}-{rank}.txt").read_text() for rank in range(2)]
     assert all(e.startswith("could not write checkpoint step-00000001") for e in errors)
     assert ["another learner rank could not write its part" in e for e in errors] == [r != fail_rank for r in range(2)]
-    assert [p.name for p in (tmp_path / "ckpt").iterdir()] == ["step-00000001"]
-    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt" / "step-00000001" / "hf")
-    assert_same({n: p.detach() for n, p in hf.named_parameters()}, load_file(tmp_path / "half.safetensors"), atol=0)
-    assert_same(load_file(tmp_path / "rank0.safetensors"), load_file(tmp_path / "rank1.safetensors"), atol=0)
+    assert [p.name for p in (out / "ckpt").iterdir()] == ["step-00000001"]
+    hf = AutoModelForCausalLM.from_pretrained(out / "ckpt" / "step-00000001" / "hf")
+    assert_same({n: p.detach() for n, p in hf.named_parameters()}, load_file(out / "half.safetensors"), atol=0)
+    assert_same(load_file(out / "rank0.safetensors"), load_file(out / "rank1.safetensors"), atol=0)
