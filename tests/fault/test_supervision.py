@@ -1,14 +1,17 @@
 """A generator, redistributor, the learner or the embedded Redis server killed with SIGKILL mid-run:
 the run restarts it and finishes on its own, every admitted prompt trained, nothing trained twice
-into the same weights, the ledger balanced (real ``train`` on configs/tests.yaml)."""
+into the same weights, the ledger balanced (real ``train`` on configs/tests.yaml). Each run is a
+Ray start and every tier's start-up: faults that a run survives one after another share a run."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ from rredcot.common.control import RunControl
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, connect, key
 from rredcot.launch.driver import train
+from rredcot.launch.services import EmbeddedRedis
 from tests.integration.test_pipeline import _run, local_ray  # noqa: F401 - the module's Ray fixture
 
 # the metric that shows the worker is mid-run
@@ -38,10 +42,36 @@ def kill_when_working(client, run_id: str, worker: str, killed: list[int], timeo
         time.sleep(0.05)
 
 
+def client_of(run_dir: Path, timeout_s: float = 600):
+    """A client of the run's embedded Redis, once the run has written its config.yaml (which holds the
+    URL with its password redacted; the test set that password itself)."""
+    deadline = time.monotonic() + timeout_s
+    while not (run_dir / "config.yaml").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return connect(OmegaConf.load(run_dir / "config.yaml").redis.url.replace("***", TEST_PASSWORD))
+
+
+def kill_redis_after_the_workers(run_dir: Path, run_id: str, killed: dict[str, list[int]], timeout_s: float = 600):
+    """SIGKILL the run's embedded Redis server once gen0 and red0 were killed, their successors
+    report, and the learner has made a step: the faults come one after another."""
+    client, deadline = client_of(run_dir), time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        snaps = RunControl(client, run_id).all_metrics()
+        successors = all(
+            killed[w] and "pid" in snaps.get(w, {}) and int(snaps[w]["pid"]) != killed[w][0] for w in ("gen0", "red0")
+        )
+        if successors and snaps.get("learner0", {}).get("step", 0) >= 1:
+            pid = int(client.info("server")["process_id"])
+            os.kill(pid, signal.SIGKILL)
+            killed["redis"].append(pid)
+            return
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize(
     ("worker", "ranks", "transport"),
-    [("gen0+red0", 1, "file"), ("learner1", 2, "ipc")],
-    ids=["gen0-and-red0", "learner1-of-2-ipc"],
+    [("gen0+red0+redis", 1, "file"), ("learner1", 2, "ipc")],
+    ids=["gen0-red0-and-redis", "learner1-of-2-ipc"],
 )
 def test_killed_worker_is_restarted_and_the_run_loses_nothing(
     local_ray,  # noqa: F811
@@ -55,23 +85,58 @@ def test_killed_worker_is_restarted_and_the_run_loses_nothing(
 ):
     """A dead learner rank restarts every rank (a torch.distributed group cannot take one back): rank
     1 dies, and rank 0, which sends the weights over ipc, is restarted with it; its successor replaces
-    its shared slots. A generator and a redistributor die in the same run (``gen0+red0``): each
-    restarts and reclaims what it held. (Each case is a whole run: cases share runs where they can.)"""
-    victims = worker.split("+")
-    killed: dict[str, list[int]] = {w: [] for w in victims}
-    killers = [
-        threading.Thread(target=kill_when_working, args=(redis_client, run_id, w, killed[w]), daemon=True)
-        for w in victims
-    ]
+    its shared slots. A generator and a redistributor die in the same run (``gen0+red0+redis``): each
+    restarts and reclaims what it held; then the run's embedded Redis server dies (no ``redis.url``)
+    and the driver restarts it on its port from its append-only file, the workers reconnect. (Each
+    case is a whole run: cases share runs where they can.)"""
+    victims = [w for w in worker.split("+") if w != "redis"]
+    killed: dict[str, list[int]] = {w: [] for w in [*victims, "redis"]}
+    run_dir, own_redis = tmp_path / run_id, "redis" in worker
+    # a checkpoint every 2 steps: the learner may die before, on or after one (it resumes from the newest)
+    overrides = ["learner.skip_zero_advantage=false", "learner.checkpoint_every=2", "logging.progress=false"]
+    overrides += [f"cluster.learner_ranks={ranks}", f"generation.weight_transport={transport}", "data.eval_size=0"]
+    if own_redis:  # the driver's own server, which it restarts; its password the test's; a step to spare after it
+        overrides += ["run.steps=5", f"redis.password={TEST_PASSWORD}"]
+        killers = [threading.Thread(target=kill_redis_after_the_workers, args=(run_dir, run_id, killed), daemon=True)]
+    else:
+        overrides += ["run.steps=4", f"redis.url={redis_server.url}"]
+        killers = []
+
+    def kill(w: str) -> None:
+        kill_when_working(client_of(run_dir) if own_redis else redis_client, run_id, w, killed[w])
+
+    killers += [threading.Thread(target=kill, args=(w,), daemon=True) for w in victims]
     for killer in killers:
         killer.start()
-    # a checkpoint every 2 steps: the learner may die before, on or after one (it resumes from the newest)
-    overrides = ("run.steps=4", "learner.skip_zero_advantage=false", "learner.checkpoint_every=2")
-    transport_override = f"generation.weight_transport={transport}"
-    cfg, report = _run(tmp_path, redis_server, run_id, *overrides, f"cluster.learner_ranks={ranks}", transport_override)
+    cfg = load_config("tests", [f"run.dir={run_dir}", f"run.name={run_id}", *overrides])
+    report = train(cfg)
     for killer in killers:
         killer.join(timeout=5)
-    snaps = RunControl(redis_client, run_id).all_metrics()
+    with contextlib.ExitStack() as stack:
+        if own_redis:  # what the run left in its server, read back from its append-only file
+            server = stack.enter_context(served(run_dir / "redis"))
+            check = connect(server.url)
+            assert killed["redis"], "the Redis server was never killed"
+            assert "restarting it on port" in (run_dir / "logs" / "driver.log").read_text()
+            assert RunControl(check, run_id).all_metrics()["driver"]["redis_restarts"] == 1
+        else:
+            check = redis_client
+        assert_nothing_lost(check, cfg, report, run_id, worker, victims, killed, ranks, transport)
+
+
+@contextlib.contextmanager
+def served(data_dir: Path) -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis(data_dir, password=TEST_PASSWORD).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def assert_nothing_lost(client, cfg, report: Path, run_id: str, worker: str, victims, killed, ranks, transport):
+    """Each victim was killed once and restarted once; every admitted prompt's samples trained once
+    into the final weights, within η updates of their policy; the ledger balanced."""
+    snaps = RunControl(client, run_id).all_metrics()
     for w in victims:
         assert killed[w], f"{w} was never seen working"
         assert snaps[w]["restarts"] == 1 and snaps[w]["pid"] != killed[w][0]
@@ -86,12 +151,12 @@ def test_killed_worker_is_restarted_and_the_run_loses_nothing(
     assert versions == {cfg.run.steps} if worker[:3] != "lea" else len(versions) == 1 and min(versions) >= cfg.run.steps
     # every admitted prompt's samples, once into the final weights, within η updates of their policy
     assert {v["samples_trained"] for v in learners} == {expected}  # each rank counts the global batch
-    assert redis_client.scard(key(run_id, "trained_ids")) == expected
+    assert client.scard(key(run_id, "trained_ids")) == expected
     assert max(v["staleness_max"] for v in learners) <= cfg.staleness.eta
     assert sum(v["ahead_tokens"] for v in learners) == 0
-    assert Admission(redis_client, run_id, 2, cfg.staleness.eta).admitted() == prompts
-    assert redis_client.xlen(key(run_id, DEAD)) == 0
-    assert redis_client.xlen(key(run_id, ROLLOUTS)) == redis_client.xlen(key(run_id, BATCHES)) == 0
+    assert Admission(client, run_id, 2, cfg.staleness.eta).admitted() == prompts
+    assert client.xlen(key(run_id, DEAD)) == 0
+    assert client.xlen(key(run_id, ROLLOUTS)) == client.xlen(key(run_id, BATCHES)) == 0
     assert_ledger_balanced(report, prompts)
     if transport == "ipc":  # the successor's slots carried every version, and went with it
         assert all(v["broadcast_fallbacks"] == 0 for v in learners)
@@ -104,40 +169,6 @@ def assert_ledger_balanced(report: Path, prompts: int) -> None:
     assert ledger["balanced"] and ledger["missing"] == [] and ledger["admitted"] == prompts, ledger
     assert (ledger["trained"], ledger["dead"], ledger["rejected"], ledger["in_flight"]) == (prompts, 0, 0, 0)
     assert "## Ledger" in (report / "summary.md").read_text()
-
-
-def kill_redis_when_training(run_dir: Path, run_id: str, killed: list[int], timeout_s: float = 600) -> None:
-    """SIGKILL the run's embedded Redis server once the learner has made a step."""
-    deadline = time.monotonic() + timeout_s
-    while not (run_dir / "config.yaml").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    # config.yaml holds the URL with its password redacted; the test set that password itself
-    client = connect(OmegaConf.load(run_dir / "config.yaml").redis.url.replace("***", TEST_PASSWORD))
-    while time.monotonic() < deadline:
-        learner = RunControl(client, run_id).all_metrics().get("learner0", {})
-        if learner.get("step", 0) >= 1:
-            pid = int(client.info("server")["process_id"])
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-            return
-        time.sleep(0.05)
-
-
-def test_killed_redis_is_restarted_and_the_run_loses_nothing(local_ray, tmp_path, run_id):  # noqa: F811
-    """The embedded server (no ``redis.url``) dies mid-run: the driver restarts it on its port from
-    its append-only file, the workers reconnect, and the run ends with every prompt trained once."""
-    run_dir = tmp_path / run_id
-    killed: list[int] = []
-    killer = threading.Thread(target=kill_redis_when_training, args=(run_dir, run_id, killed), daemon=True)
-    killer.start()
-    overrides = ["run.steps=4", "learner.skip_zero_advantage=false", "logging.progress=false", "data.eval_size=0"]
-    overrides.append(f"redis.password={TEST_PASSWORD}")
-    cfg = load_config("tests", [f"run.dir={run_dir}", f"run.name={run_id}", *overrides])
-    report = train(cfg)
-    killer.join(timeout=5)
-    assert killed, "the Redis server was never killed"
-    assert "restarting it on port" in (run_dir / "logs" / "driver.log").read_text()
-    assert_ledger_balanced(report, cfg.run.steps * cfg.generation.prompts_per_step)
 
 
 def test_a_learner_lost_past_its_restarts_stops_the_run_and_says_how_to_resume(
