@@ -1,20 +1,19 @@
-"""A generator, redistributor, the learner or the embedded Redis server killed with SIGKILL mid-run:
-the run restarts it and finishes on its own, every admitted prompt trained, nothing trained twice
-into the same weights, the ledger balanced (real ``train`` on configs/tests.yaml). Each run is a
-Ray start and every tier's start-up: faults that a run survives one after another share a run."""
+"""A generator, redistributor, a learner rank or the embedded Redis server killed with SIGKILL
+mid-run: the run restarts it and finishes on its own, every admitted prompt trained, nothing trained
+twice into the same weights, the ledger balanced (real ``train`` on configs/tests.yaml). Each run is a
+Ray start and every tier's start-up: the faults a run survives come one after another in one run."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 from omegaconf import OmegaConf
 
 from rredcot.common.config import load_config
@@ -51,104 +50,98 @@ def client_of(run_dir: Path, timeout_s: float = 600):
     return connect(OmegaConf.load(run_dir / "config.yaml").redis.url.replace("***", TEST_PASSWORD))
 
 
-def kill_redis_after_the_workers(run_dir: Path, run_id: str, killed: dict[str, list[int]], timeout_s: float = 600):
-    """SIGKILL the run's embedded Redis server once gen0 and red0 were killed, their successors
-    report, and the learner has made a step: the faults come one after another."""
-    client, deadline = client_of(run_dir), time.monotonic() + timeout_s
+def metrics_while_redis_restarts(client, run_id: str) -> dict[str, dict]:
+    """The workers' metrics; none while the server is down (the test killed it)."""
+    try:
+        return RunControl(client, run_id).all_metrics()
+    except redis.ConnectionError:
+        return {}
+
+
+def kill_redis_then_a_learner_rank(run_dir: Path, run_id: str, killed: dict[str, list[int]], timeout_s: float = 600):
+    """SIGKILL the run's embedded Redis server once gen0 and red0 were killed, their successors report
+    and the learner has made a step; then learner rank 1 once the server is back and the learner has
+    made another step: each fault after the run recovered from the ones before."""
+    client, deadline, stepped = client_of(run_dir), time.monotonic() + timeout_s, None
     while time.monotonic() < deadline:
-        snaps = RunControl(client, run_id).all_metrics()
-        successors = all(
-            killed[w] and "pid" in snaps.get(w, {}) and int(snaps[w]["pid"]) != killed[w][0] for w in ("gen0", "red0")
-        )
-        if successors and snaps.get("learner0", {}).get("step", 0) >= 1:
-            pid = int(client.info("server")["process_id"])
-            os.kill(pid, signal.SIGKILL)
-            killed["redis"].append(pid)
+        snaps = metrics_while_redis_restarts(client, run_id)
+        step = snaps.get("learner1", {}).get("step", 0)
+        if stepped is None:
+            successors = all(
+                killed[w] and "pid" in snaps.get(w, {}) and int(snaps[w]["pid"]) != killed[w][0]
+                for w in ("gen0", "red0")
+            )
+            if successors and step >= 1:
+                pid = int(client.info("server")["process_id"])
+                os.kill(pid, signal.SIGKILL)
+                killed["redis"].append(pid)
+                stepped = step
+        elif snaps.get("driver", {}).get("redis_restarts", 0) >= 1 and step > stepped and "pid" in snaps["learner1"]:
+            os.kill(int(snaps["learner1"]["pid"]), signal.SIGKILL)
+            killed["learner1"].append(int(snaps["learner1"]["pid"]))
             return
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize(
-    ("worker", "ranks", "transport"),
-    [("gen0+red0+redis", 1, "file"), ("learner1", 2, "ipc")],
-    ids=["gen0-red0-and-redis", "learner1-of-2-ipc"],
-)
-def test_killed_worker_is_restarted_and_the_run_loses_nothing(
-    local_ray,  # noqa: F811
-    redis_server,
-    redis_client,
-    run_id,
-    tmp_path,
-    worker,
-    ranks,
-    transport,
-):
-    """A dead learner rank restarts every rank (a torch.distributed group cannot take one back): rank
-    1 dies, and rank 0, which sends the weights over ipc, is restarted with it; its successor replaces
-    its shared slots. A generator and a redistributor die in the same run (``gen0+red0+redis``): each
-    restarts and reclaims what it held; then the run's embedded Redis server dies (no ``redis.url``)
-    and the driver restarts it on its port from its append-only file, the workers reconnect. (Each
-    case is a whole run: cases share runs where they can.)"""
-    victims = [w for w in worker.split("+") if w != "redis"]
-    killed: dict[str, list[int]] = {w: [] for w in [*victims, "redis"]}
-    run_dir, own_redis = tmp_path / run_id, "redis" in worker
-    # a checkpoint every 2 steps: the learner may die before, on or after one (it resumes from the newest)
-    overrides = ["learner.skip_zero_advantage=false", "learner.checkpoint_every=2", "logging.progress=false"]
-    overrides += [f"cluster.learner_ranks={ranks}", f"generation.weight_transport={transport}", "data.eval_size=0"]
-    if own_redis:  # the driver's own server, which it restarts; its password the test's; a step to spare after it
-        overrides += ["run.steps=5", f"redis.password={TEST_PASSWORD}"]
-        killers = [threading.Thread(target=kill_redis_after_the_workers, args=(run_dir, run_id, killed), daemon=True)]
-    else:
-        overrides += ["run.steps=4", f"redis.url={redis_server.url}"]
-        killers = []
-
-    def kill(w: str) -> None:
-        kill_when_working(client_of(run_dir) if own_redis else redis_client, run_id, w, killed[w])
-
-    killers += [threading.Thread(target=kill, args=(w,), daemon=True) for w in victims]
+def test_killed_workers_and_redis_are_restarted_and_the_run_loses_nothing(local_ray, tmp_path, run_id):  # noqa: F811
+    """Faults one after another in one run (each a Ray start and every tier's start-up saved), with no
+    ``redis.url`` (the driver's own server), two learner ranks and weights over ipc:
+    - a generator and a redistributor die: each restarts and reclaims what it held;
+    - then the embedded Redis server dies: the driver restarts it on its port from its append-only
+      file, and the workers reconnect;
+    - then learner rank 1 dies: a dead learner rank restarts every rank (a torch.distributed group
+      cannot take one back), so rank 0, which sends the weights over ipc, is restarted with it, and
+      its successor replaces its shared slots.
+    The run finishes on its own, every admitted prompt trained once, the ledger balanced."""
+    run_dir = tmp_path / run_id
+    killed: dict[str, list[int]] = {w: [] for w in ("gen0", "red0", "redis", "learner1")}
+    killers = [
+        threading.Thread(target=lambda w=w: kill_when_working(client_of(run_dir), run_id, w, killed[w]), daemon=True)
+        for w in ("gen0", "red0")
+    ]
+    killers.append(threading.Thread(target=kill_redis_then_a_learner_rank, args=(run_dir, run_id, killed), daemon=True))
     for killer in killers:
         killer.start()
-    cfg = load_config("tests", [f"run.dir={run_dir}", f"run.name={run_id}", *overrides])
+    # a checkpoint every 2 steps: the learner may die before, on or after one (it resumes from the newest);
+    # 6 steps: a step or more between one fault and the next
+    overrides = ["run.steps=6", "learner.skip_zero_advantage=false", "learner.checkpoint_every=2"]
+    overrides += ["cluster.learner_ranks=2", "generation.weight_transport=ipc", f"redis.password={TEST_PASSWORD}"]
+    cfg = load_config(
+        "tests",
+        [f"run.dir={run_dir}", f"run.name={run_id}", "logging.progress=false", "data.eval_size=0", *overrides],
+    )
     report = train(cfg)
     for killer in killers:
         killer.join(timeout=5)
-    with contextlib.ExitStack() as stack:
-        if own_redis:  # what the run left in its server, read back from its append-only file
-            server = stack.enter_context(served(run_dir / "redis"))
-            check = connect(server.url)
-            assert killed["redis"], "the Redis server was never killed"
-            assert "restarting it on port" in (run_dir / "logs" / "driver.log").read_text()
-            assert RunControl(check, run_id).all_metrics()["driver"]["redis_restarts"] == 1
-        else:
-            check = redis_client
-        assert_nothing_lost(check, cfg, report, run_id, worker, victims, killed, ranks, transport)
-
-
-@contextlib.contextmanager
-def served(data_dir: Path) -> Iterator[EmbeddedRedis]:
-    server = EmbeddedRedis(data_dir, password=TEST_PASSWORD).start()
+    assert killed["redis"], "the Redis server was never killed"
+    assert "restarting it on port" in (run_dir / "logs" / "driver.log").read_text()
+    # what the run left in its server, read back from its append-only file
+    server = EmbeddedRedis(run_dir / "redis", password=TEST_PASSWORD).start()
     try:
-        yield server
+        client = connect(server.url)
+        assert RunControl(client, run_id).all_metrics()["driver"]["redis_restarts"] == 1
+        assert_nothing_lost(client, cfg, report, run_id, ["gen0", "red0", "learner1"], killed)
     finally:
         server.stop()
 
 
-def assert_nothing_lost(client, cfg, report: Path, run_id: str, worker: str, victims, killed, ranks, transport):
-    """Each victim was killed once and restarted once; every admitted prompt's samples trained once
-    into the final weights, within η updates of their policy; the ledger balanced."""
+def assert_nothing_lost(client, cfg, report: Path, run_id: str, victims: list[str], killed) -> None:
+    """Each victim was killed once and restarted once (a learner rank with every rank); every admitted
+    prompt's samples trained once into the final weights, within η updates of their policy, none
+    left in a stream or a shared slot; the ledger balanced."""
     snaps = RunControl(client, run_id).all_metrics()
     for w in victims:
         assert killed[w], f"{w} was never seen working"
         assert snaps[w]["restarts"] == 1 and snaps[w]["pid"] != killed[w][0]
     learners = [v for v in snaps.values() if v["tier"] == "learner"]
-    assert len(learners) == ranks and all(v.get("restarts", 0) == 1 for v in learners) == worker.startswith("learner")
-    assert snaps.get("driver", {}).get("learner_restarts", 0) == int(worker.startswith("learner"))
+    assert len(learners) == cfg.cluster.learner_ranks and all(v.get("restarts", 0) == 1 for v in learners)
+    assert snaps["driver"]["learner_restarts"] == 1
     prompts = cfg.run.steps * cfg.generation.prompts_per_step
     expected = prompts * cfg.generation.group_size
     assert all(v["step"] == cfg.run.steps for v in learners)
     # a restored learner publishes its checkpoint as one version above the dead one's, then steps on
     versions = {v["version"] for v in learners}
-    assert versions == {cfg.run.steps} if worker[:3] != "lea" else len(versions) == 1 and min(versions) >= cfg.run.steps
+    assert len(versions) == 1 and min(versions) >= cfg.run.steps
     # every admitted prompt's samples, once into the final weights, within η updates of their policy
     assert {v["samples_trained"] for v in learners} == {expected}  # each rank counts the global batch
     assert client.scard(key(run_id, "trained_ids")) == expected
@@ -158,9 +151,9 @@ def assert_nothing_lost(client, cfg, report: Path, run_id: str, worker: str, vic
     assert client.xlen(key(run_id, DEAD)) == 0
     assert client.xlen(key(run_id, ROLLOUTS)) == client.xlen(key(run_id, BATCHES)) == 0
     assert_ledger_balanced(report, prompts)
-    if transport == "ipc":  # the successor's slots carried every version, and went with it
-        assert all(v["broadcast_fallbacks"] == 0 for v in learners)
-        assert not list(Path("/dev/shm").glob(f"rredcot-{run_id}-*-slot*"))
+    # the successor's slots carried every version, and went with it
+    assert all(v["broadcast_fallbacks"] == 0 for v in learners)
+    assert not list(Path("/dev/shm").glob(f"rredcot-{run_id}-*-slot*"))
 
 
 def assert_ledger_balanced(report: Path, prompts: int) -> None:
