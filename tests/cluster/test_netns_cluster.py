@@ -1,10 +1,11 @@
 """Multi-node on one machine for real: a head and worker nodes, each a network namespace with its own
 address, loopback and host name (``tests/cluster/netns.py``), started with ``launch/ray_head.sh`` and
 ``launch/ray_worker.sh`` as ``docs/multinode.md`` says (``RREDCOT_NODE_IFACE``, ``HEAD_IP``, the head's
-token). One cluster for the module, grown test by test: a run whose three tiers land on three nodes;
-two learner ranks on two nodes (what they listen on) and a node lost mid-run; a node without the
-shared run.dir in a run that needs none; then the cluster broken node by node for the pre-start
-checks."""
+token). One cluster for the module, grown test by test: two learner ranks on two nodes (what they
+listen on, weights as files) and a node lost mid-run; the generator, the redistributor and the
+learner on three nodes, the learner's without the shared run.dir; then the cluster broken node by
+node for the pre-start checks. (Each run is every tier's start-up on 2 cores: no run is spent on what
+another already shows.)"""
 
 from __future__ import annotations
 
@@ -77,41 +78,6 @@ def ledger_of(run: Path, steps: int) -> dict:
     return summary
 
 
-def test_generator_redistributor_and_learner_on_three_nodes_train_every_group_once(cluster):
-    log = (cluster.root / "w1" / "node.log").read_text()
-    assert "Ray authentication token (the head wants a token" in log  # asked of the head, not assumed
-    started = time.monotonic()
-    done = rredcot(
-        cluster,
-        "train",
-        "cluster.placement=spread",
-        "data.eval_size=0",
-        "run.steps=2",
-        "generation.weight_transport=file",
-        "logging.progress=false",
-        nodes=3,
-    )
-    took = time.monotonic() - started
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    run = cluster.run_dir
-    placement = json.loads((run / "placement.json").read_text())
-    assert set(placement) == {"gen0", "red0", "learner0"}
-    assert len(set(placement.values())) == 3, placement  # three nodes
-    summary = json.loads((run / "report" / "summary.json").read_text())
-    assert summary["status"] == "finished" and summary["steps"] == 2
-    ledger = summary["ledger"]
-    prompts = 2 * 2  # run.steps x generation.prompts_per_step
-    assert ledger["balanced"] and ledger["admitted"] == ledger["trained"] == prompts and not ledger["missing"]
-    assert (ledger["dead"], ledger["rejected"], ledger["in_flight"]) == (0, 0, 0)
-    learner = summary["workers"]["learner0"]
-    assert learner["step"] == 2 and learner["duplicates"] == 0
-    assert {p.name for p in (run / "logs").glob("*.log")} >= {"driver.log", "gen0.log", "red0.log", "learner0.log"}
-    driver_log = (run / "logs" / "driver.log").read_text()
-    head = cluster.nodes["head"].ip
-    assert f"embedded Redis at redis://:***@{head}:" in driver_log  # bound to the head's cluster address
-    print(f"three-node run: {took:.0f} s")
-
-
 def test_two_learner_ranks_bind_the_cluster_address_and_a_node_lost_mid_run_loses_nothing(cluster):
     """Two learner ranks on two nodes: every socket of theirs that is not Ray's own listens on the node's
     cluster address. Then the node of the generator (or of the redistributor, whichever is not the head)
@@ -119,6 +85,8 @@ def test_two_learner_ranks_bind_the_cluster_address_and_a_node_lost_mid_run_lose
     for name in ("w3", "w4"):  # four bundles of one CPU: one a node, and a fifth node to take a lost one's
         cluster.add_node(name)
     cluster.start_workers(["w3", "w4"])
+    log = (cluster.root / "w3" / "node.log").read_text()
+    assert "Ray authentication token (the head wants a token" in log  # asked of the head, not assumed
     steps = 2
     args = [
         "train",
@@ -201,8 +169,9 @@ def test_two_learner_ranks_bind_the_cluster_address_and_a_node_lost_mid_run_lose
 
 def test_nodes_without_the_shared_run_dir_train_and_their_files_come_to_the_head(cluster):
     """No shared filesystem: the learner on a node with its own run.dir (the only node with room for a
-    learner of two CPUs), the generator and redistributor elsewhere, weights through the collective
-    group; what the learner wrote there (its log, its checkpoints) is on the head when the run ends."""
+    learner of two CPUs), the generator and redistributor on two other nodes, weights through the
+    collective group, the embedded Redis on the head's cluster address; what the learner wrote there
+    (its log, its checkpoints) is on the head when the run ends."""
     cluster.add_node("apart", shared_run_dir=False)
     cluster.start("apart", "ray_worker.sh", NUM_CPUS="2")  # the only node with room for the learner
     alive = sum(bool(node.procs) for node in cluster.nodes.values())  # not the node lost above
@@ -224,15 +193,21 @@ def test_nodes_without_the_shared_run_dir_train_and_their_files_come_to_the_head
     apart = cluster.nodes["apart"]
     run = cluster.run_dir / "apart"
     assert f"node {apart.ip} (" in said and "does not see run.dir" in said  # the warning, before the start
+    placement = json.loads((run / "placement.json").read_text())
+    assert set(placement) == {"gen0", "red0", "learner0"}
+    assert len(set(placement.values())) == 3, placement  # three nodes
     own = cluster.root / "apart" / "run" / "apart"  # run.dir as that node saw it: the learner was there
     assert (own / "logs" / "learner0.log").exists() and list((own / "checkpoints").iterdir())
     driver_log = (run / "logs" / "driver.log").read_text()
+    head = cluster.nodes["head"].ip
+    assert f"embedded Redis at redis://:***@{head}:" in driver_log  # bound to the head's cluster address
     copied = rf"copied \d+ file\(s\) \([\d.]+ MB\) from node {re.escape(apart.ip)} \("
     assert re.search(copied, driver_log), driver_log[-3000:]  # launch/gather.py, before the report
-    assert "learner0.log" in {p.name for p in (run / "logs").glob("*.log")}
+    assert {p.name for p in (run / "logs").glob("*.log")} >= {"driver.log", "gen0.log", "red0.log", "learner0.log"}
     assert list((run / "checkpoints").iterdir()) and (run / "report" / "final_model").resolve().is_dir()
     summary = ledger_of(run, 2)
-    assert summary["workers"]["learner0"]["duplicates"] == 0
+    learner = summary["workers"]["learner0"]
+    assert learner["step"] == 2 and learner["duplicates"] == 0
     print(f"run without a shared run.dir: {took:.0f} s")
 
 
