@@ -58,7 +58,16 @@ def test_the_slurm_script_starts_ray_and_the_run_and_stops_it_in_order_before_th
         env.pop(name, None)
     run = root / "run"
     job = subprocess.Popen(
-        ["bash", "launch/slurm.sbatch", "tests", f"run.dir={run}", "run.steps=40", "data.eval_size=0"],
+        # a progress line each second: the test signals at the first one past step 0 (every 15 s by default)
+        [
+            "bash",
+            "launch/slurm.sbatch",
+            "tests",
+            f"run.dir={run}",
+            "run.steps=40",
+            "data.eval_size=0",
+            "logging.progress_every_s=1",
+        ],
         cwd=REPO,
         env=env,
         stdout=open(root / "job.log", "w"),  # noqa: SIM115 (closed with the process)
