@@ -1,13 +1,18 @@
-"""``rredcot study compare`` at CI size: two real training runs (grpo, rredcot) of the tests config
-with one sampling seed and an evaluation mid-way (held-out and 3 training problems), then the
-comparison; a second call reuses the finished runs."""
+"""``rredcot study compare`` at CI size: a real training run of the tests config (rredcot, one sampling
+seed, an evaluation mid-way on the held-out and 3 training problems) through ``rredcot train``, as
+compare starts every arm's; the baseline's (grpo) run a copy of it, which compare reuses as it reuses
+any finished run; then the comparison. (Compare treats every arm alike, so a second real run would
+show nothing more, for another start-up of every tier.)"""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 
-from rredcot.launch.study.compare import compare_study
+from omegaconf import OmegaConf
+
+from rredcot.launch.study.compare import compare_study, train_once
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -15,7 +20,13 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def test_compare_trains_each_method_and_reports_the_paired_change(tmp_path) -> None:
     out = tmp_path / "cmp"
     overrides = ["run.steps=4", "logging.eval_every=2", "logging.eval_train=3"]
+    train_once("tests", overrides, "rredcot", 1, out)
+    shutil.copytree(out / "rredcot-s1", out / "grpo-s1", symlinks=True)  # the baseline: a finished run
+    runs = [out / name / "report" / "summary.json" for name in ("grpo-s1", "rredcot-s1")]
+    stamps = [r.stat().st_mtime_ns for r in runs]
     path = compare_study("tests", overrides, ["grpo", "rredcot"], 1, out)
+    assert [r.stat().st_mtime_ns for r in runs] == stamps  # finished runs are not trained again
+    assert OmegaConf.load(out / "rredcot-s1" / "config.yaml").credit.method == "rredcot"  # the arm's overrides
     s = json.loads((out / "compare.json").read_text())
     assert s["baseline"] == "grpo" and list(s["methods"]) == ["grpo", "rredcot"] and s["seeds"] == 1
     grpo, rredcot = s["methods"]["grpo"], s["methods"]["rredcot"]
@@ -40,6 +51,3 @@ def test_compare_trains_each_method_and_reports_the_paired_change(tmp_path) -> N
     assert all(e["train"]["problems"] == 3 and e["train"]["version"] == e["version"] for e in evals), evals
     assert s["train"]["methods"]["rredcot"]["paired_vs_baseline"]["problems"] == 3
     assert "On the training problems the runs evaluated" in path.read_text()
-    stamp = (out / "grpo-s1" / "report" / "summary.json").stat().st_mtime_ns
-    compare_study("tests", overrides, ["grpo", "rredcot"], 1, out)
-    assert (out / "grpo-s1" / "report" / "summary.json").stat().st_mtime_ns == stamp  # not trained again
