@@ -20,6 +20,7 @@ import numpy as np
 from rredcot.common.config import COUNT_MAX, PROBLEMS_MAX, Config, ConfigError, DataConfig, bounded, choice
 from rredcot.common.registry import TASKS
 from rredcot.tasks.chain import (
+    COMMUTATIVE,
     LAYOUTS,
     OPS,
     PHRASINGS,
@@ -36,7 +37,6 @@ from rredcot.tasks.math import MathVerified
 from rredcot.tasks.task import check_eval_fits
 
 _FAMILY_OP = {"mul": "*", "add": "+"}
-_COMMUTATIVE = {"+", "*"}
 _PROBLEM_STREAM = 7919  # problems: default_rng([seed, 7919])
 _PHRASING_STREAM = 7927  # the phrasing of each line of a reference solution: default_rng([seed, 7927])
 _EXAMPLE_STREAM = [0, 7907]  # chain's one-shot example: not [seed, 7919], so never a problem stream
@@ -70,7 +70,7 @@ def key(ops: tuple[str, ...], operands: tuple[int, ...], layout: str = "nested")
     """What makes two problems one: a commutative first operation's operands in order, so
     ``a × b`` and ``b × a`` (or ``(a + b) - c`` and ``(b + a) - c``) are the same problem; a
     ``steps`` question names its start, so it has no twin."""
-    if ops[0] in _COMMUTATIVE and layout == "nested":
+    if ops[0] in COMMUTATIVE and layout == "nested":
         operands = (*sorted(operands[:2]), *operands[2:])
     return ops, operands
 
@@ -88,7 +88,7 @@ def distinct_problems(s: ArithSettings) -> int:
     n = s.operand_max - s.operand_min + 1
     first_pairs = {"+": n * (n + 1) // 2, "*": n * (n + 1) // 2, "-": n * n}  # a commutative pair counts once
     if s.op == "chain" and s.value_max:
-        space = count_bounded(s.chain_steps, s.operand_min, s.operand_max, s.value_max)
+        space = count_bounded(s.chain_steps, s.operand_min, s.operand_max, s.value_max, s.layout == "nested")
     elif s.op == "chain":
         first = sum(first_pairs.values()) if s.layout == "nested" else 3 * n * n
         space = first * (3 * n) ** (s.chain_steps - 1)

@@ -22,6 +22,7 @@ import numpy as np
 from rredcot.tasks.data import Problem
 
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+COMMUTATIVE = frozenset("+*")
 WORDS = {"+": "plus", "-": "minus", "*": "times"}
 LAYOUTS = ("nested", "steps")
 # the same step in other words; {a} op {b} is the step, {c} its result
@@ -58,11 +59,21 @@ def draw_bounded(rng: np.random.Generator, steps: int, lo: int, hi: int, value_m
 
 
 @cache
-def count_bounded(steps: int, lo: int, hi: int, value_max: int) -> int:
-    """How many chains ``draw_bounded`` can make (paths over the values in [0, value_max])."""
+def count_bounded(steps: int, lo: int, hi: int, value_max: int, merge_commutative: bool = False) -> int:
+    """How many chains ``draw_bounded`` can make (paths over the values in [0, value_max]); with
+    ``merge_commutative``, a first step ``a op b`` and ``b op a`` of a commutative op count once (the
+    nested layout's ``key``: ``7 + 5`` is ``5 + 7``)."""
+    firsts: dict[tuple[str, int, int], int] = {}  # the first step's (op, a, b) -> its value
+    for a in range(lo, min(hi, value_max) + 1):
+        for op, f in OPS.items():
+            for b in range(lo, hi + 1):
+                if 0 <= f(a, b) <= value_max:
+                    pair = sorted((a, b)) if merge_commutative and op in COMMUTATIVE else (a, b)
+                    firsts[(op, *pair)] = f(a, b)
     paths = np.zeros(value_max + 1, dtype=object)
-    paths[lo : min(hi, value_max) + 1] = 1
-    for _ in range(steps):
+    for value in firsts.values():
+        paths[value] += 1
+    for _ in range(steps - 1):
         nxt = np.zeros_like(paths)
         for v in np.flatnonzero(paths):
             for f in OPS.values():
