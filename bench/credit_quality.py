@@ -4,7 +4,7 @@ On the chain task (four lines of working, then the answer) a checker knows the f
 a trace (``tasks.chain.first_slip``). For every credit method and value construct, on the same
 groups and one scorer (the config's policy), the σ mass of each working line of each trace:
 - **constructed** groups (the first ``--problems`` training problems): the correct chain, the correct
-  chain with an irrelevant line inserted, and a slip at each line carried forward (``launch/study/slips``);
+  chain with an irrelevant line inserted, and a slip at each line carried forward (``rredcot/launch/study/slips``);
 - **sampled** groups (``--sampled`` problems × ``generation.group_size``, T as in training, by a vLLM
   engine holding the policy): every wrong trace the checker can blame on a working line.
 Scores per wrong trace: top-1 (the most blamed line is the slip), blame share on the slip line,

@@ -9,7 +9,7 @@ gives them a mount namespace of their own too, and ``unshare --uts`` a host name
 node started with ``shared_run_dir=False`` has its own directory bind-mounted over the cluster's run
 directory, so it sees the same path and other files (a node without the shared filesystem).
 
-Nodes are started with the project's scripts (``launch/ray_head.sh``, ``launch/ray_worker.sh``) and the
+Nodes are started with the project's scripts (``deploy/ray/ray_head.sh``, ``deploy/ray/ray_worker.sh``) and the
 variables ``docs/multinode.md`` documents, each with a Ray temp dir of its own. ``close`` kills every
 process in the harness's namespaces (and only those: a process's network namespace says whose it is),
 deletes the namespaces, whose veths and bridge go with them, and the directory; ``leftovers`` names
@@ -261,7 +261,7 @@ class Cluster:
         }
         count = (self.alive() if wait and "head" in self.nodes and self.nodes["head"].procs else 0) + 1
         node.log = self.root / name / "node.log"
-        proc = self.spawn(name, f"exec bash {REPO}/launch/{script}", log=node.log.name, **env)
+        proc = self.spawn(name, f"exec bash {REPO}/deploy/ray/{script}", log=node.log.name, **env)
         if wait:
             self.wait_for({name: proc}, count)
         return proc

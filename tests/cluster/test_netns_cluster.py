@@ -1,6 +1,6 @@
 """Multi-node on one machine for real: a head and worker nodes, each a network namespace with its own
-address, loopback and host name (``tests/cluster/netns.py``), started with ``launch/ray_head.sh`` and
-``launch/ray_worker.sh`` as ``docs/multinode.md`` says (``RREDCOT_NODE_IFACE``, ``HEAD_IP``, the head's
+address, loopback and host name (``tests/cluster/netns.py``), started with ``deploy/ray/ray_head.sh`` and
+``deploy/ray/ray_worker.sh`` as ``docs/multinode.md`` says (``RREDCOT_NODE_IFACE``, ``HEAD_IP``, the head's
 token). One cluster for the module, grown test by test: two learner ranks on two nodes (what they
 listen on, weights as files) and a node lost mid-run; the generator, the redistributor and the
 learner on three nodes, the learner's without the shared run.dir; then the cluster broken node by
@@ -202,7 +202,7 @@ def test_nodes_without_the_shared_run_dir_train_and_their_files_come_to_the_head
     head = cluster.nodes["head"].ip
     assert f"embedded Redis at redis://:***@{head}:" in driver_log  # bound to the head's cluster address
     copied = rf"copied \d+ file\(s\) \([\d.]+ MB\) from node {re.escape(apart.ip)} \("
-    assert re.search(copied, driver_log), driver_log[-3000:]  # launch/gather.py, before the report
+    assert re.search(copied, driver_log), driver_log[-3000:]  # rredcot/launch/gather.py, before the report
     assert {p.name for p in (run / "logs").glob("*.log")} >= {"driver.log", "gen0.log", "red0.log", "learner0.log"}
     assert list((run / "checkpoints").iterdir()) and (run / "report" / "final_model").resolve().is_dir()
     summary = ledger_of(run, 2)

@@ -1,6 +1,6 @@
 """A generator, redistributor, a learner rank or the embedded Redis server killed with SIGKILL
 mid-run: the run restarts it and finishes on its own, every admitted prompt trained, nothing trained
-twice into the same weights, the ledger balanced (real ``train`` on configs/tests.yaml). Each run is a
+twice into the same weights, the ledger balanced (real ``train`` on rredcot/configs/tests.yaml). Each run is a
 Ray start and every tier's start-up: the faults a run survives come one after another in one run."""
 
 from __future__ import annotations

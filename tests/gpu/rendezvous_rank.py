@@ -1,5 +1,5 @@
 """One learner rank as ``rredcot train`` forms its group (run by test_rendezvous_nccl.py): NCCL on a
-GPU, gloo on a CPU (launch/gpu_rehearsal.sh runs it there), on a store whose port rank 0 bound
+GPU, gloo on a CPU (deploy/gpu/gpu_rehearsal.sh runs it there), on a store whose port rank 0 bound
 itself (``learner.rendezvous``), then a DeepSpeed step on that group."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The learner on a GPU (needs only torch, transformers and DeepSpeed, e.g. a carried wheel): one
 25k-token step of a Qwen2.5-1.5B-shaped model, and the device placement of every learner tensor.
 
-On a GPU machine without DeepSpeed or network: ``launch/gpu_wheels.sh`` here builds ``.whl/``, and
-``launch/gpu_check.sh`` there installs it and runs ``tests/gpu`` and ``bench/learner_long.py``."""
+On a GPU machine without DeepSpeed or network: ``deploy/gpu/gpu_wheels.sh`` here builds ``.whl/``, and
+``deploy/gpu/gpu_check.sh`` there installs it and runs ``tests/gpu`` and ``bench/learner_long.py``."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def test_every_tensor_on_the_gpu_with_a_kl_term_and_chunks(stage):
 
 def test_zero3_loads_a_saved_policy_into_partitions_and_steps(tmp_path):
     """``rredcot train``'s ZeRO-3 path: the saved policy loads inside ``zero.Init`` (transformers
-    needs accelerate for it, which the GPU image may lack: launch/gpu_wheels.sh carries it), every
+    needs accelerate for it, which the GPU image may lack: deploy/gpu/gpu_wheels.sh carries it), every
     partition lives on the GPU, and a step trains it."""
     from rredcot.learner.engine import load_policy
 

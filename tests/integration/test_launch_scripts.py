@@ -1,5 +1,5 @@
-"""The launch scripts on a local multi-node Ray: ``launch/ray_head.sh`` starts a head and
-``launch/ray_worker.sh`` joins nodes to it (several raylets on one machine, no GPUs). A node started in
+"""The launch scripts on a local multi-node Ray: ``deploy/ray/ray_head.sh`` starts a head and
+``deploy/ray/ray_worker.sh`` joins nodes to it (several raylets on one machine, no GPUs). A node started in
 a mount namespace of its own (``unshare -m``) sees its own files: a tmpfs over the run directory is a
 node without the shared filesystem, and a bind mount over the code a node with another checkout.
 ``rredcot doctor`` and ``rredcot train`` must name each such node before any stage starts."""
@@ -41,9 +41,9 @@ class LocalCluster:
     def start(self, script: str, mounts: list[str] = (), **env: str) -> None:
         """Run a launch script (``ray start --block`` stays in the foreground), in a mount namespace of
         its own when there are ``mounts`` (shell commands run there first)."""
-        command = ["bash", f"launch/{script}"]
+        command = ["bash", f"deploy/ray/{script}"]
         if mounts:
-            command = ["unshare", "-m", "bash", "-c", " && ".join([*mounts, f"exec bash launch/{script}"])]
+            command = ["unshare", "-m", "bash", "-c", " && ".join([*mounts, f"exec bash deploy/ray/{script}"])]
         log = open(self.root / f"node{len(self.nodes)}.log", "w")  # noqa: SIM115 (lives with the node)
         self.nodes.append(
             subprocess.Popen(
@@ -80,7 +80,7 @@ class LocalCluster:
 def cluster() -> Iterator[LocalCluster]:
     root = Path(tempfile.mkdtemp(prefix="rmn", dir="/tmp"))
     address_of_this_node = subprocess.run(
-        ["bash", "launch/cluster_env.sh"], cwd=REPO, capture_output=True, text=True, check=True
+        ["bash", "deploy/ray/cluster_env.sh"], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout.strip()
     port = free_port()
     extra = "--block --dashboard-agent-listen-port=0 --disable-usage-stats"  # agents: a port each

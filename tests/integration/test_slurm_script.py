@@ -1,4 +1,4 @@
-"""``launch/slurm.sbatch`` as ``sbatch`` runs it, on one machine: stand-ins for SLURM's own ``srun`` and
+"""``deploy/slurm/slurm.sbatch`` as ``sbatch`` runs it, on one machine: stand-ins for SLURM's own ``srun`` and
 ``scontrol`` (``slurm_shims/``; a step is a process group here), the real Ray, Redis and driver."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def stop_seconds(driver_log: str) -> float:
 
 
 def test_the_slurm_script_starts_ray_and_the_run_and_stops_it_in_order_before_the_time_limit(tmp_path):
-    """``launch/slurm.sbatch`` as ``sbatch`` runs it on a one-node allocation, with stand-ins for SLURM's
+    """``deploy/slurm/slurm.sbatch`` as ``sbatch`` runs it on a one-node allocation, with stand-ins for SLURM's
     own ``srun`` and ``scontrol`` (a step is a process group here): the head starts, the driver trains,
     and the USR1 that ``--signal=B:USR1@300`` sends before the time limit stops the run in order, as
     any SIGTERM to the driver does: within 30 s, the learner's checkpoint, the report (interrupted by
@@ -61,7 +61,7 @@ def test_the_slurm_script_starts_ray_and_the_run_and_stops_it_in_order_before_th
         # a progress line each second: the test signals at the first one past step 0 (every 15 s by default)
         [
             "bash",
-            "launch/slurm.sbatch",
+            "deploy/slurm/slurm.sbatch",
             "tests",
             f"run.dir={run}",
             "run.steps=40",

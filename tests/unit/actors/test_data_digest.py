@@ -1,4 +1,4 @@
-"""A data file that changes under a run (actors/data_digest.py, issue 62): the rows the run's first
+"""A data file that changes under a run (rredcot/actors/data_digest.py, issue 62): the rows the run's first
 start read are recorded with its Redis keys, and a later start that reads other rows is refused."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Retiring solved problems (actors/retirement.py) on a real Redis server: streaks, the floor, two
+"""Retiring solved problems (rredcot/actors/retirement.py) on a real Redis server: streaks, the floor, two
 generators sharing the state."""
 
 from __future__ import annotations

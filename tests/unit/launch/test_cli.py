@@ -69,7 +69,7 @@ def _dir_without_config(tmp: Path) -> list[str]:
     return [f"model.path={tmp / 'model'}"]
 
 
-# (case, overrides of configs/tests.yaml or a function of tmp_path giving them, what the line must say)
+# (case, overrides of rredcot/configs/tests.yaml or a function of tmp_path giving them, what the line must say)
 BAD_TRAIN_INPUT: list[tuple[str, list[str] | Callable[[Path], list[str]], str]] = [
     ("unknown key", ["learner.lrr=1"], "learner.lrr"),
     ("wrong type", ["learner.lr=fast"], "'learner.lr'"),

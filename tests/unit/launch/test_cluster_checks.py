@@ -171,7 +171,7 @@ def test_an_address_with_another_server_behind_it_is_no_ray_cluster(server, says
         (check,) = check_ray_answers(load_config("tests", [f"cluster.address={address}"]))
     assert check.level == "error" and check.found.startswith(f"no Ray cluster answers at cluster.address={address} (")
     assert says in check.found, check.found
-    assert "launch/ray_head.sh prints it" in check.fix
+    assert "deploy/ray/ray_head.sh prints it" in check.fix
     assert check_ray_answers(load_config("tests")) == []  # a local Ray: nothing to ask
 
 
@@ -278,7 +278,7 @@ def test_a_node_lost_since_ray_listed_it_is_left_out_with_a_warning_not_a_failed
     assert checks[0].found.startswith(
         "node 10.0.0.2 (bbbbbbbb) left the cluster while the checks ran (The task is not schedulable"
     )
-    assert "the run goes on without it" in checks[0].found and "launch/ray_worker.sh" in checks[0].fix
+    assert "the run goes on without it" in checks[0].found and "deploy/ray/ray_worker.sh" in checks[0].fix
 
     def other():
         raise ValueError("a bug of the probe")

@@ -38,7 +38,7 @@ def test_unreachable_services_are_errors() -> None:
     cfg = load_config("tests", ["redis.url=redis://127.0.0.1:1/0", "cluster.address=127.0.0.1:1"])
     checks = check_services(cfg)
     assert levels(checks, "redis") == ["error"] and levels(checks, "ray") == ["error"]
-    assert "launch/ray_head.sh" in next(c.fix for c in checks if c.topic == "ray")
+    assert "deploy/ray/ray_head.sh" in next(c.fix for c in checks if c.topic == "ray")
 
 
 def test_live_redis_is_ok(redis_server) -> None:

