@@ -1,6 +1,6 @@
 """The docs: the config reference (docs/config.md) names every config key and every bundled config;
-every relative link and anchor in the README and docs/ resolves; every ``rredcot`` command they show
-parses, and its config with its overrides (and every arm's) loads."""
+every relative link and anchor in the README, docs/ and the package folders' READMEs resolves;
+every ``rredcot`` command they show parses, and its config with its overrides (and every arm's) loads."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def test_every_bundled_config_is_documented(config_doc: str) -> None:
 
 
 ROOT = DOCS.parent
-PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md")), *sorted(ROOT.glob("rredcot/*/README.md"))]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
@@ -111,7 +111,7 @@ def test_github_anchor_on_hand_cases() -> None:
     assert [github_anchor("Seed 2", seen) for _ in range(3)] == ["seed-2", "seed-2-1", "seed-2-2"]
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_relative_link_and_anchor_resolves(page: Path) -> None:
     """A user clicks these: every relative link names a file that exists, and every ``#anchor`` a
     heading of that file."""
@@ -125,7 +125,7 @@ def test_every_relative_link_and_anchor_resolves(page: Path) -> None:
             broken.append(f"{target}: no file {linked.relative_to(ROOT) if linked.is_relative_to(ROOT) else linked}")
         elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
             broken.append(f"{target}: no heading with that anchor in {linked.name}")
-    assert not broken, f"{page.name}: " + "; ".join(broken)
+    assert not broken, f"{page.relative_to(ROOT)}: " + "; ".join(broken)
 
 
 PLACEHOLDER = re.compile(r"^[A-Z]+$|[<…]|\.\.\.")  # CONFIG, N, <t>, …: a value for the user to fill in
