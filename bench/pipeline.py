@@ -45,9 +45,9 @@ from typing import Any
 from rredcot.common.config import load_config
 from rredcot.common.control import RunControl
 from rredcot.common.streams import connect
-from rredcot.launch.advise import TIERS, Split, advise, predict, run_rates
 from rredcot.launch.arguments import bounded_int
 from rredcot.launch.driver import train
+from rredcot.launch.observe.advise import TIERS, Split, advise, predict, run_rates
 from rredcot.launch.services import EmbeddedRedis
 
 # the tier busy time each worker reports (seconds spent doing its own work)

@@ -6,7 +6,7 @@ assumed ``prefill_mfu`` of 0.5.
 A random-initialised model of a preset shape (``qwen2.5-1.5b``, or ``smoke`` for a CPU), bf16 on a
 GPU (fp32 on a CPU), a random prompt and completion, ``--exits`` exits spread evenly over the
 completion and ``--tails`` tails per exit of ``--tail-tokens`` scored tokens (exit string ⊕ u ⊕ y:
-a reference solution and its answer). FLOPs as ``rredcot/launch/advise.py`` counts them: 2·N a token plus
+a reference solution and its answer). FLOPs as ``rredcot/launch/observe/advise.py`` counts them: 2·N a token plus
 causal attention, 4·layers·heads·head_dim·(the token's context). Prints a table; the last line is one
 JSON object.
 
@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-from rredcot.launch.advise import token_flops
 from rredcot.launch.arguments import bounded_int
+from rredcot.launch.observe.advise import token_flops
 from rredcot.redistributor.entropy import score_trace
 from rredcot.redistributor.references import CONTEXT, Tail, U, Y
 from rredcot.redistributor.values import branch_logprobs_fast

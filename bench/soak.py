@@ -45,7 +45,7 @@ from rredcot.common.control import RunControl
 from rredcot.common.precision import cpu_info
 from rredcot.common.streams import BATCHES, ROLLOUTS, connect, key
 from rredcot.launch.arguments import bounded_float
-from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
+from rredcot.launch.observe.heap_trace import ENV as HEAP_TRACE_ENV
 from rredcot.launch.services import EmbeddedRedis
 from rredcot.launch.stages import node_env, stage_env
 
@@ -145,7 +145,7 @@ def main() -> None:
     run_dir = Path(args.run_dir).resolve()
     overrides = [f"run.dir={run_dir}", "run.name=soak", "run.steps=100000", "data.eval_size=0", *overrides]
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
-    if args.heap_trace:  # each worker writes logs/<worker>.heap.txt (rredcot/launch/heap_trace.py)
+    if args.heap_trace:  # each worker writes logs/<worker>.heap.txt (rredcot/launch/observe/heap_trace.py)
         env[HEAP_TRACE_ENV] = str(args.heap_trace)
     run_dir.mkdir(parents=True, exist_ok=True)
     console = (run_dir.parent / "soak-console.log").open("w")

@@ -17,7 +17,7 @@ from rredcot.common.config import Config, available_configs, load_config, redact
 from rredcot.common.errors import UserError
 from rredcot.common.streams import REDIS_WAIT_S, wait_for_redis
 from rredcot.launch.arguments import bounded_float, bounded_int
-from rredcot.launch.logs import WorkerFailed, headline, own_error
+from rredcot.launch.observe.logs import WorkerFailed, headline, own_error
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout: bench/ is beside the package
 ADVISE_MAX_UNITS = 100_000  # GPUs (or workers) ``advise`` splits: a cluster's, as the config's worker counts
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                 wait_for_redis(cfg.redis.url, REDIS_WAIT_S, lambda line: print(f"rredcot: {line}", file=sys.stderr))
             return _call_stage(module, func, cfg, **options)
         if args.command == "doctor":
-            from rredcot.launch.doctor import doctor
+            from rredcot.launch.checks.doctor import doctor
 
             return doctor(load_config(args.config, args.overrides))
         if args.command == "config":
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = load_config(args.config, args.overrides)
             print(to_yaml(redacted(cfg)), end="")
             if args.check:
-                from rredcot.launch.doctor import preflight
+                from rredcot.launch.checks.doctor import preflight
 
                 for warning in preflight(cfg):
                     print(warning.line(), file=sys.stderr)
@@ -267,7 +267,7 @@ def _call_inspect(args: argparse.Namespace) -> int:
 
 
 def _call_report(run_dir: Path) -> int:
-    from rredcot.launch.report import redraw
+    from rredcot.launch.observe.report import redraw
 
     try:
         files, verdict = redraw(run_dir)
@@ -280,7 +280,7 @@ def _call_report(run_dir: Path) -> int:
 
 
 def _call_advise(args: argparse.Namespace) -> int:
-    from rredcot.launch import advise as a
+    from rredcot.launch.observe import advise as a
 
     if args.run_dir:
         try:
@@ -347,7 +347,7 @@ def _call_study(args: argparse.Namespace) -> int:
         return _call_task(args, cfg)
     if args.mc_samples < 2 or args.problems < 1:
         raise UserError(f"--mc-samples must be >= 2 (got {args.mc_samples}) and --problems >= 1 (got {args.problems})")
-    from rredcot.launch.input_checks import check_model
+    from rredcot.launch.checks.inputs import check_model
 
     policy = check_model("--checkpoint" if args.checkpoint else "model.path", args.checkpoint or cfg.model.path)
     if policy.level == "error":  # before any engine: Hugging Face's own text names no key

@@ -1,6 +1,6 @@
 """``rredcot train``: start services, place the three tiers on Ray, watch the run, write the report.
 
-Order: the doctor's checks (``launch.doctor.preflight``: paths, the dataset's first rows, Redis and
+Order: the doctor's checks (``launch.checks.doctor.preflight``: paths, the dataset's first rows, Redis and
 Ray reachable, cores) → one line saying what starts (services, dtype, expected duration) → Ray (local unless
 ``cluster.address``) and the resource plan check (before any actor starts) → Redis (embedded when
 ``redis.url`` is unset) → placement group, one bundle per worker (and the evaluator's, when it has
@@ -32,9 +32,8 @@ from rredcot.common.ledger import Balance, balance_now
 from rredcot.common.precision import cpu_info, dtype_settings, planned_dtype
 from rredcot.common.run_uid import dir_uid, publish_uid
 from rredcot.common.streams import connect
-from rredcot.launch.cluster_checks import check_nodes, wait_for_placement
-from rredcot.launch.doctor import preflight
-from rredcot.launch.gather import gather
+from rredcot.launch.checks.cluster import check_nodes, wait_for_placement
+from rredcot.launch.checks.doctor import preflight
 from rredcot.launch.interrupts import (
     catch_interrupts,
     hurried,
@@ -45,19 +44,20 @@ from rredcot.launch.interrupts import (
 )
 from rredcot.launch.leftovers import end_leftovers, record_session
 from rredcot.launch.local_ray import init_ray, local_ray_env
-from rredcot.launch.logs import (
+from rredcot.launch.observe.gather import gather
+from rredcot.launch.observe.logs import (
     WorkerFailed,
     headline,
     setup_driver_logging,
     tail,
 )
-from rredcot.launch.monitor import Monitor, Phases, Progress, fmt_duration
+from rredcot.launch.observe.monitor import Monitor, Phases, Progress, fmt_duration
+from rredcot.launch.observe.report import HISTORY_FILE, RunOutcome, write_report
+from rredcot.launch.observe.run_times import expected_seconds, record_seconds
 from rredcot.launch.plan import Tier, bundles, evaluator_tier
-from rredcot.launch.report import HISTORY_FILE, RunOutcome, write_report
 from rredcot.launch.run_dir import claim_run_dir, clear_run_dir, clear_run_keys
 from rredcot.launch.run_lock import NameLease, hold_name
 from rredcot.launch.run_lock import hold as hold_run_lock
-from rredcot.launch.run_times import expected_seconds, record_seconds
 from rredcot.launch.services import embedded_redis, embedded_redis_line
 from rredcot.launch.stages import WORKER_PREFIX, process_options, stage_env
 from rredcot.launch.supervisor import StageActors

@@ -8,7 +8,7 @@ import logging
 import os
 
 from rredcot.common.config import Config
-from rredcot.launch.logs import route_library_loggers, route_ray_errors_to_log
+from rredcot.launch.observe.logs import route_library_loggers, route_ray_errors_to_log
 from rredcot.launch.plan import local_cores, local_ray_cpus
 
 

@@ -18,9 +18,9 @@ from typing import Any, Protocol
 from rredcot.common.config import Config, CreditSpec, resolve_credit
 from rredcot.common.control import RunControl
 from rredcot.common.net import loopback_interface
-from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
-from rredcot.launch.heap_trace import HeapTrace, heap_trace_period
-from rredcot.launch.logs import redirect_output
+from rredcot.launch.observe.heap_trace import ENV as HEAP_TRACE_ENV
+from rredcot.launch.observe.heap_trace import HeapTrace, heap_trace_period
+from rredcot.launch.observe.logs import redirect_output
 
 log = logging.getLogger(__name__)
 

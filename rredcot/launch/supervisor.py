@@ -25,7 +25,7 @@ from typing import Any
 
 from rredcot.common.config import Config, to_dict
 from rredcot.common.control import RunControl
-from rredcot.launch.logs import WorkerFailed, headline
+from rredcot.launch.observe.logs import WorkerFailed, headline
 from rredcot.launch.stages import WORKER_PREFIX, StageWorker, process_options, restart_options, stage_env
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from typing import Any
 from rredcot.common.config import Config
 from rredcot.common.streams import BATCHES, ROLLOUTS, key
 from rredcot.launch.interrupts import raise_if_interrupted
-from rredcot.launch.monitor import Monitor, Progress
+from rredcot.launch.observe.monitor import Monitor, Progress
 from rredcot.launch.run_lock import NameLease
 from rredcot.launch.services import EmbeddedRedis
 from rredcot.launch.supervisor import StageActors

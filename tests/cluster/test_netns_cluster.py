@@ -202,7 +202,7 @@ def test_nodes_without_the_shared_run_dir_train_and_their_files_come_to_the_head
     head = cluster.nodes["head"].ip
     assert f"embedded Redis at redis://:***@{head}:" in driver_log  # bound to the head's cluster address
     copied = rf"copied \d+ file\(s\) \([\d.]+ MB\) from node {re.escape(apart.ip)} \("
-    assert re.search(copied, driver_log), driver_log[-3000:]  # rredcot/launch/gather.py, before the report
+    assert re.search(copied, driver_log), driver_log[-3000:]  # rredcot/launch/observe/gather.py, before the report
     assert {p.name for p in (run / "logs").glob("*.log")} >= {"driver.log", "gen0.log", "red0.log", "learner0.log"}
     assert list((run / "checkpoints").iterdir()) and (run / "report" / "final_model").resolve().is_dir()
     summary = ledger_of(run, 2)

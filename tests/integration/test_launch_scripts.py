@@ -182,8 +182,8 @@ import json, sys
 from pathlib import Path
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-from rredcot.launch.cluster_checks import probe_nodes
-from rredcot.launch.gather import gather
+from rredcot.launch.checks.cluster import probe_nodes
+from rredcot.launch.observe.gather import gather
 
 def write(run_dir):  # on the node, as a worker placed there would
     (Path(run_dir) / "logs").mkdir(parents=True, exist_ok=True)

@@ -116,7 +116,7 @@ BESIDE = textwrap.dedent(
     """
     import contextlib
     from rredcot.common.config import load_config
-    from rredcot.launch.doctor import preflight
+    from rredcot.launch.checks.doctor import preflight
     from rredcot.launch.local_ray import init_ray
 
     cfg = load_config("tests")

@@ -13,7 +13,7 @@ from rredcot.common.control import RunControl
 from rredcot.common.ledger import Ledger
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, key
-from rredcot.launch.doctor import PreflightError
+from rredcot.launch.checks.doctor import PreflightError
 from rredcot.launch.driver import train
 from rredcot.launch.plan import PlanError
 

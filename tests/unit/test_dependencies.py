@@ -85,7 +85,7 @@ def test_the_package_is_byte_compiled_by_setup_and_hashed_whole() -> None:
     reads every subpackage's files (``transports/`` was once left out of both, when each folder was
     listed by hand)."""
     from rredcot import SUBPACKAGES
-    from rredcot.launch.cluster_checks import code_files
+    from rredcot.launch.checks.cluster import code_files
 
     setup = (ROOT / "deploy" / "setup.sh").read_text().replace("\\\n", " ")
     compiled = re.search(r"compileall .*?\)'\)\"\s+([\w ]+?)\s*\|\|", setup)

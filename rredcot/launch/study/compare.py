@@ -89,8 +89,8 @@ def check_arms(config: str, overrides: list[str], methods: list[str], seeds: int
     checks), so that no arm fails only when it starts, after the earlier arms trained."""
     from rredcot.common.config import load_config
     from rredcot.common.config_schema import ConfigError
-    from rredcot.launch.doctor import PreflightError
-    from rredcot.launch.input_checks import check_data, check_paths
+    from rredcot.launch.checks.doctor import PreflightError
+    from rredcot.launch.checks.inputs import check_data, check_paths
 
     seen: dict[str, str] = {}
     for arm in methods:

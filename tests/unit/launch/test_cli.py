@@ -42,7 +42,7 @@ def test_config_show_prints_the_resolved_yaml(capsys: pytest.CaptureFixture[str]
 
 
 def test_doctor_exit_code_reaches_the_shell(monkeypatch: pytest.MonkeyPatch) -> None:
-    from rredcot.launch import doctor
+    from rredcot.launch.checks import doctor
 
     monkeypatch.setattr(doctor, "run_checks", lambda cfg: [doctor.Check("error", "x", "broken", "fix it")])
     assert main(["doctor", "tests"]) == 1
@@ -154,7 +154,7 @@ def test_other_errors_are_one_line_unless_debug(
 ) -> None:
     """A failure that is no user error: its type and first line, exit 1, and the hint to rerun with
     ``--debug``, which every command takes, also at its end; then it raises with its traceback."""
-    from rredcot.launch import doctor
+    from rredcot.launch.checks import doctor
     from rredcot.redistributor import heatmap
 
     def boom(*args: object, **kwargs: object) -> None:
@@ -175,7 +175,7 @@ def test_other_errors_are_one_line_unless_debug(
 
 def test_a_failed_worker_is_one_line_naming_it_and_a_user_error_in_it_exits_2() -> None:
     from rredcot.actors.prompt_fit import NoPromptFits
-    from rredcot.launch.logs import WorkerFailed
+    from rredcot.launch.observe.logs import WorkerFailed
 
     crashed = WorkerFailed("gen0", RuntimeError("engine gone\ntraceback ..."), Path("/r/logs/gen0.log"))
     assert cli.one_line(crashed) == "failed: gen0: RuntimeError: engine gone; its log: /r/logs/gen0.log"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rredcot.common.config import load_config
-from rredcot.launch.doctor import check_services
+from rredcot.launch.checks.doctor import check_services
 from rredcot.launch.local_ray import init_ray
 from rredcot.launch.plan import PlanError, local_cores
 

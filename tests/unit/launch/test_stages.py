@@ -8,7 +8,7 @@ import torch
 from rredcot.common.config import load_config, resolve_credit
 from rredcot.common.net import loopback_interface
 from rredcot.launch import stages
-from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
+from rredcot.launch.observe.heap_trace import ENV as HEAP_TRACE_ENV
 from rredcot.launch.stages import STAGE_CLASSES, node_env, process_options, restart_options, stage_env, stage_parts
 from rredcot.learner.rendezvous import ENV as RENDEZVOUS_ENV
 

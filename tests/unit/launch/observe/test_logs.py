@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rredcot.launch.logs import ConsoleFilter, WorkerFailed, route_ray_errors_to_log, tail
+from rredcot.launch.observe.logs import ConsoleFilter, WorkerFailed, route_ray_errors_to_log, tail
 
 
 def record(name: str, level: int, **extra: object) -> logging.LogRecord:
@@ -35,7 +35,7 @@ def test_driver_logging_and_actor_redirect(tmp_path: Path) -> None:
     code = f"""
 import logging, os, sys
 from pathlib import Path
-from rredcot.launch.logs import setup_driver_logging, redirect_output
+from rredcot.launch.observe.logs import setup_driver_logging, redirect_output
 setup_driver_logging(Path({str(tmp_path / "logs" / "driver.log")!r}))
 logging.getLogger("rredcot.x").info("ours")
 logging.getLogger("vllm").info("theirs")
@@ -54,7 +54,7 @@ logging.getLogger("vllm").info("after redirect")
 
 
 def test_setup_returns_the_previous_handlers(tmp_path: Path) -> None:
-    from rredcot.launch.logs import setup_driver_logging
+    from rredcot.launch.observe.logs import setup_driver_logging
 
     root = logging.getLogger()
     before = list(root.handlers)
@@ -119,7 +119,7 @@ def test_a_full_disk_under_the_driver_log_is_one_console_line_not_a_traceback_pe
     """Issue 62: a full disk flooded the console with 470 lines (logging's traceback for every record
     driver.log could not take); now the first failure is one line naming the file, why and the free
     space, the rest are dropped until a write succeeds again."""
-    from rredcot.launch.logs import setup_driver_logging
+    from rredcot.launch.observe.logs import setup_driver_logging
 
     log_file = tmp_path / "logs" / "driver.log"
     restore = setup_driver_logging(log_file)
@@ -141,7 +141,7 @@ def test_a_full_disk_under_the_driver_log_is_one_console_line_not_a_traceback_pe
 
 
 def test_write_failures_say_each_paths_first_failure_once_with_its_free_space(tmp_path: Path) -> None:
-    from rredcot.launch.logs import WriteFailures, write_failed_line
+    from rredcot.launch.observe.logs import WriteFailures, write_failed_line
 
     said: list[str] = []
     failures, disk = WriteFailures(said.append), FullDisk()
@@ -163,7 +163,7 @@ def test_the_monitor_keeps_its_history_in_memory_when_its_file_cannot_be_written
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from rredcot.common.config import load_config
-    from rredcot.launch.monitor import Monitor
+    from rredcot.launch.observe.monitor import Monitor
 
     class Control:
         n = 0

@@ -5,7 +5,7 @@ import tracemalloc
 import pytest
 import torch
 
-from rredcot.launch.heap_trace import (
+from rredcot.launch.observe.heap_trace import (
     ENV,
     FRAMES,
     OWN_FILES,

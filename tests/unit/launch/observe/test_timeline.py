@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from rredcot.launch.report import read_history, redraw
-from rredcot.launch.timeline import bottleneck, plot_timeline, waiting, worker_timelines
+from rredcot.launch.observe.report import read_history, redraw
+from rredcot.launch.observe.timeline import bottleneck, plot_timeline, waiting, worker_timelines
 
 
 def point(t: float, tier: str, worker: str, **values: float) -> dict:

@@ -8,8 +8,8 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from rredcot.launch import gather
-from rredcot.launch.gather import Gathered, destination, head_files, node_files, write_message
+from rredcot.launch.observe import gather
+from rredcot.launch.observe.gather import Gathered, destination, head_files, node_files, write_message
 
 NODE = "10.0.0.2 (bbbbbbbb)"
 

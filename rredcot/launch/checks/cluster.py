@@ -29,7 +29,7 @@ import rredcot
 from rredcot.common.config import Config
 from rredcot.common.errors import UserError
 from rredcot.launch.checks import Check
-from rredcot.launch.logs import headline
+from rredcot.launch.observe.logs import headline
 from rredcot.launch.plan import PlanError, check_fit, check_plan, describe_free
 from rredcot.transports.slots import SHM_DIR
 

@@ -9,7 +9,7 @@ import pytest
 
 from rredcot.common.config import load_config
 from rredcot.launch.checks import Check
-from rredcot.launch.input_checks import check_data, check_paths
+from rredcot.launch.checks.inputs import check_data, check_paths
 
 
 def levels(checks: list[Check], topic: str) -> list[str]:

@@ -12,8 +12,8 @@ import pytest
 from rredcot.common.codec import encode
 from rredcot.common.config import load_config
 from rredcot.common.ledger import Balance
-from rredcot.launch.monitor import Phases
-from rredcot.launch.report import RunOutcome, credit_summary, link_final_model, summary_json, write_report
+from rredcot.launch.observe.monitor import Phases
+from rredcot.launch.observe.report import RunOutcome, credit_summary, link_final_model, summary_json, write_report
 from rredcot.models.store import qwen_tokenizer_dir
 from rredcot.redistributor.credit import redistribute_group
 from tests.unit.redistributor.test_oracle import chain, group_of, slipped, text

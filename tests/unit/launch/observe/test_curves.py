@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rredcot.launch.curves import flat_note, panels, plot_curves, rate_ceiling, rate_per_step
+from rredcot.launch.observe.curves import flat_note, panels, plot_curves, rate_ceiling, rate_per_step
 
 
 def test_rate_per_step_leaves_out_the_warm_up_and_sums_within_a_step() -> None:

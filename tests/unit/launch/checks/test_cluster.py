@@ -22,7 +22,7 @@ import pytest
 
 from rredcot.common.config import load_config
 from rredcot.common.net import free_port, loopback_interface
-from rredcot.launch.cluster_checks import (
+from rredcot.launch.checks.cluster import (
     GIB,
     NodeReport,
     check_ray_answers,
@@ -85,7 +85,7 @@ def test_a_run_that_needs_no_shared_run_dir_goes_on_with_a_warning():
     collective = ["generation.weight_transport=collective", "data.eval_size=0"]
     (check,) = cluster_problems(load_config("tests", collective), [apart], here="abc")
     assert check.level == "warning" and "the run goes on" in check.found and "logs and traces" in check.found
-    assert "copied to the head's" in check.found  # at the end of the run (launch.gather)
+    assert "copied to the head's" in check.found  # at the end of the run (launch.observe.gather)
     assert not shared_dir_needed(load_config("tests", collective))
     for needs in (["data.eval_size=5"], ["cluster.learner_ranks=2"], ["credit.scorer.model=policy"]):
         assert shared_dir_needed(load_config("tests", [*collective, *needs])), needs

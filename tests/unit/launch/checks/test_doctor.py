@@ -9,8 +9,8 @@ import torch
 
 from rredcot.common.config import load_config
 from rredcot.common.precision import DtypeChoice
-from rredcot.launch import doctor as doc
-from rredcot.launch.doctor import (
+from rredcot.launch.checks import doctor as doc
+from rredcot.launch.checks.doctor import (
     Check,
     PreflightError,
     check_engines,
@@ -22,7 +22,7 @@ from rredcot.launch.doctor import (
     learner_shares_a_gpu,
     preflight,
 )
-from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
+from rredcot.launch.observe.heap_trace import ENV as HEAP_TRACE_ENV
 
 
 def levels(checks: list[Check], topic: str) -> list[str]:
@@ -207,7 +207,7 @@ def test_a_dashboard_host_beyond_loopback_is_a_warning_that_says_what_it_exposes
 
 def test_a_redis_password_beside_a_redis_url_is_a_warning_naming_both():
     """``redis.password`` with ``redis.url`` was ignored without a word: the URL carries the password."""
-    from rredcot.launch.doctor import check_services
+    from rredcot.launch.checks.doctor import check_services
 
     checks = check_services(load_config("tests", ["redis.url=redis://127.0.0.1:1", "redis.password=x"]))
     (warning,) = [c for c in checks if c.topic == "redis" and c.level == "warning"]
@@ -243,7 +243,7 @@ def test_a_redis_password_beside_a_redis_url_is_a_warning_naming_both():
 def test_a_setting_its_mode_leaves_unused_is_a_warning_naming_both_keys(overrides, found, fix):
     """Issue 62: settings ignored without a word (errors where nothing relies on them: test_methods.py;
     a window without the penalty is set alone by tests of the window)."""
-    from rredcot.launch.doctor import PREFLIGHT, check_unused_settings
+    from rredcot.launch.checks.doctor import PREFLIGHT, check_unused_settings
 
     assert check_unused_settings in PREFLIGHT  # rredcot train logs it before it starts
     (warning,) = check_unused_settings(load_config("tests", overrides))

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from rredcot.common.config import Config, redacted, to_yaml
 from rredcot.common.ledger import Balance
 from rredcot.common.precision import cpu_info, dtype_settings, planned_dtype
-from rredcot.launch.curves import plot_curves
-from rredcot.launch.timeline import bottleneck, plot_timeline, worker_timelines
+from rredcot.launch.observe.curves import plot_curves
+from rredcot.launch.observe.timeline import bottleneck, plot_timeline, worker_timelines
 
 HISTORY_FILE = "metrics.jsonl"  # under report/: every worker report the monitor saw, as it came
 HEATMAP_CANDIDATES = 32  # saved groups the report reads to choose its heatmaps from
@@ -26,7 +26,7 @@ HEATMAP_CANDIDATES = 32  # saved groups the report reads to choose its heatmaps 
 if TYPE_CHECKING:
     from rredcot.common.control import RunControl
     from rredcot.common.records import WeightedGroup, WeightedSample
-    from rredcot.launch.monitor import Monitor, Phases
+    from rredcot.launch.observe.monitor import Monitor, Phases
     from rredcot.redistributor.blame import SlipBlame, SlipChecker
 
 
@@ -186,7 +186,7 @@ class RunOutcome:
     refs: dict[Any, tuple[str, int]] = field(default_factory=dict)  # Ray refs of the workers' run()
     learner_stopped: bool | None = None  # on a stop: did every learner rank return (and checkpoint) in time
     ledger: Balance | None = None  # what became of every admitted prompt (``common.ledger``)
-    apart: dict[str, str] = field(default_factory=dict)  # nodes without the shared run.dir (``launch.gather``)
+    apart: dict[str, str] = field(default_factory=dict)  # nodes without the shared run.dir (``launch.observe.gather``)
 
 
 def training_reward(history: list[dict[str, Any]]) -> list[list[float]]:

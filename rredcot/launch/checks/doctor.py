@@ -21,10 +21,10 @@ from rredcot.common.config import Config, engine_gpus
 from rredcot.common.errors import UserError
 from rredcot.common.precision import cpu_info, cpu_native_bf16, dtype_settings, planned_dtype
 from rredcot.launch.checks import GIB, Check
-from rredcot.launch.cluster_checks import check_cluster, check_ray_answers, ipc_host_slots, ray_unreachable
-from rredcot.launch.heap_trace import ENV as HEAP_TRACE_ENV
-from rredcot.launch.heap_trace import heap_trace_period
-from rredcot.launch.input_checks import check_data, check_paths
+from rredcot.launch.checks.cluster import check_cluster, check_ray_answers, ipc_host_slots, ray_unreachable
+from rredcot.launch.checks.inputs import check_data, check_paths
+from rredcot.launch.observe.heap_trace import ENV as HEAP_TRACE_ENV
+from rredcot.launch.observe.heap_trace import heap_trace_period
 from rredcot.launch.plan import PlanError, demand, local_cores, local_ray_cpus
 from rredcot.transports.slots import SHM_DIR
 

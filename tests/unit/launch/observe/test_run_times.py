@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rredcot.common.config import load_config
-from rredcot.launch.run_times import expected_seconds, record_seconds
+from rredcot.launch.observe.run_times import expected_seconds, record_seconds
 
 
 def test_round_trip_ignores_name_dir_and_redis(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,8 +7,8 @@ import logging
 import pytest
 
 from rredcot.common.config import load_config
-from rredcot.launch import monitor as mon
-from rredcot.launch.monitor import Phases, Progress, eta_s, eval_progress, fmt_duration, progress_line
+from rredcot.launch.observe import monitor as mon
+from rredcot.launch.observe.monitor import Phases, Progress, eta_s, eval_progress, fmt_duration, progress_line
 
 
 class Clock:

@@ -8,7 +8,7 @@ reads their stream). Learner ranks are taken to scale linearly (data parallel), 
 past a node. Workers that share cores (a CPU box) meet one more bound: every worker's CPU seconds per
 trained sample, summed, cannot exceed the cores; more workers there add no compute. The rates come
 from a run (its own workers' counters: samples over the seconds they were not waiting for another
-tier, ``rredcot/launch/timeline.py``; the generators' counted in trained samples, at the run's yield after
+tier, ``rredcot/launch/observe/timeline.py``; the generators' counted in trained samples, at the run's yield after
 filtering), or from a model size, a completion length and a GPU's peak (``paper_rates``): decoding is
 bound by memory bandwidth (weights and the KV cache read once per step of the batch), scoring and
 training by compute at a utilisation.
@@ -294,7 +294,7 @@ def measured_rates(
         last[p["worker"]] = p
     done: dict[str, float] = dict.fromkeys(TIERS, 0.0)
     working: dict[str, float] = dict.fromkeys(TIERS, 0.0)
-    from rredcot.launch.timeline import WAITS, worker_timelines  # matplotlib: only where a run is read
+    from rredcot.launch.observe.timeline import WAITS, worker_timelines  # matplotlib: only where a run is read
 
     timelines = worker_timelines(history)
     for w in timelines:
@@ -330,7 +330,7 @@ def run_rates(run_dir: Path, cores: float = 0.0) -> tuple[Rates, Split, float, d
     its workers sharing ``cores``."""
     from omegaconf import OmegaConf
 
-    from rredcot.launch.report import HISTORY_FILE, read_history
+    from rredcot.launch.observe.report import HISTORY_FILE, read_history
 
     history_file = run_dir / "report" / HISTORY_FILE
     if not history_file.is_file():

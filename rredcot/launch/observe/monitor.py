@@ -20,7 +20,7 @@ from rredcot.common.config import Config
 from rredcot.common.control import RunControl
 from rredcot.common.ledger import Balance
 from rredcot.common.streams import BATCHES, ROLLOUTS
-from rredcot.launch.logs import WriteFailures
+from rredcot.launch.observe.logs import WriteFailures
 
 log = logging.getLogger("rredcot.progress")
 

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from rredcot.common.config import load_config, to_dict
-from rredcot.launch.advise import (
+from rredcot.launch.cli import main
+from rredcot.launch.observe.advise import (
     COUNTS,
     Gpu,
     Rates,
@@ -24,8 +25,7 @@ from rredcot.launch.advise import (
     predict,
     splits,
 )
-from rredcot.launch.cli import main
-from tests.unit.launch.test_timeline import pipeline_waiting_for_generation
+from tests.unit.launch.observe.test_timeline import pipeline_waiting_for_generation
 
 
 def test_overlapped_tiers_run_at_the_slowest_capacity_and_alternating_ones_add_their_times():
