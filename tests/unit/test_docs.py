@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rredcot.common.config import Config, available_configs, load_config
-from rredcot.common.registry import CREDIT_METHODS, load_class
+from rredcot.common.registry import CREDIT_METHODS, TASKS, WEIGHT_TRANSPORTS, load_class
 from rredcot.launch.cli import benchmarks, parse_args
 from rredcot.launch.study.compare import arm_overrides
 
@@ -202,3 +202,58 @@ def test_every_override_in_the_docs_inline_commands_is_valid() -> None:
         except Exception as e:
             broken.append(f"{page}: {override} on {config}: {e}")
     assert not broken, "\n".join(broken)
+
+
+BENCHMARKS = DOCS / "benchmarks.md"
+ROW_LIMIT = 400  # characters of a table row; a longer row's prose goes in a paragraph below the table
+SECTIONS = {f.name for f in dataclasses.fields(Config)}
+FILE = re.compile(r"\.(md|py|sh|ya?ml|json|jsonl|toml|txt|log|msgpack|parquet)$")  # credit.md: a file
+
+
+def settable_keys() -> set[str]:
+    """Every key a config can set, and every block above one: the schema's keys and each built-in's
+    settings (``task.settings.<key>``, ``credit.settings.<method>.<key>``,
+    ``generation.transport_settings.<key>``)."""
+    keys = set(dotted_keys(Config()))
+    for block, registry, settings in (
+        ("task.settings", TASKS, lambda entry: entry.Settings),
+        ("credit.settings.{name}", CREDIT_METHODS, lambda entry: entry.settings),
+        ("generation.transport_settings", WEIGHT_TRANSPORTS, lambda entry: entry.settings),
+    ):
+        for name in filter(registry.is_builtin, registry.names()):
+            cls = settings(registry.get(name))
+            fields = dataclasses.fields(load_class(cls)) if cls is not None else ()
+            keys |= {f"{block.format(name=name)}.{f.name}" for f in fields}
+    return {key.rsplit(".", n)[0] for key in keys for n in range(key.count(".") + 1)}
+
+
+def config_keys_named(text: str) -> set[str]:
+    """The dotted config keys a page's code spans name: dotted words that start with a config section
+    (``credit.scorer.model``, the key of ``generation.retire_solved=2``), file names aside."""
+    found = set()
+    for span in re.findall(r"`([^`\n]+)`", text):
+        for key in re.findall(r"(?<![\w./-])([a-z_]+(?:\.[a-z0-9_]+)+)", span):
+            if key.split(".")[0] in SECTIONS and not FILE.search(key):
+                found.add(key)
+    return found
+
+
+def test_config_keys_named_on_hand_cases() -> None:
+    text = "`credit.md`, `rredcot@credit.settings.rredcot.uniform_mix=1.0`, `x.generation.y`, `run.dir`, `bench/x.py`"
+    assert config_keys_named(text) == {"credit.settings.rredcot.uniform_mix", "run.dir"}
+    assert {"credit.scorer", "credit.settings.mc.samples", "task.settings.op"} <= settable_keys()
+    assert "credit.uniform_mix" not in settable_keys()
+
+
+def test_benchmarks_rows_are_short_and_name_only_current_keys() -> None:
+    """A row is read at a glance (its prose in a paragraph below the table), and a key the page
+    names is one a config can set now (a removed key is said in words)."""
+    text = BENCHMARKS.read_text(encoding="utf-8")
+    long = [
+        f"line {n}: {len(line)} characters"
+        for n, line in enumerate(text.splitlines(), 1)
+        if line.startswith("|") and len(line) > ROW_LIMIT
+    ]
+    assert not long, f"benchmarks.md rows over {ROW_LIMIT} characters: {long}"
+    unknown = sorted(config_keys_named(text) - settable_keys())
+    assert not unknown, f"benchmarks.md names config keys that do not exist: {unknown}"
