@@ -2,12 +2,14 @@
 
 A registry maps a name to an entry (a task class, a credit method, a transport, a builtin model's
 recipe). Built-in entries are listed here by the module that registers them, so that the config can
-check a name without importing any stage; they are imported on first use. A name with a dot that is
-not registered is a module path (``mypkg.mytask``): importing it runs its ``register`` decorators,
-and the entry is the one registered under that full name or under its last component (``mytask``).
-So a user's extension is a new file plus YAML, with no edit to rredcot. An entry's classes (and a
-credit method's function) may be named by ``"module:name"`` (``load_class``), so that registering
-one imports nothing heavy.
+check a name without importing any stage; they are imported on first use. The credit methods' names
+are listed once, where their light module registers them (``register(name, builtin=True)``): the
+registry imports that module (its ``registrar``) when it first looks a name up or lists them. A name
+with a dot that is not registered is a module path (``mypkg.mytask``): importing it runs its
+``register`` decorators, and the entry is the one registered under that full name or under its last
+component (``mytask``). So a user's extension is a new file plus YAML, with no edit to rredcot. An
+entry's classes (and a credit method's function) may be named by ``"module:name"`` (``load_class``),
+so that registering one imports nothing heavy.
 ``MODELS`` is asked only for its own names: any other ``model.path`` (``Qwen/Qwen2.5-1.5B``) is a
 directory or a hub id, never a module.
 """
@@ -33,31 +35,45 @@ class RegistryError(UserError):
 class Registry(Generic[T]):
     """Entries of one kind by name; built-ins load lazily from the modules listed for them."""
 
-    def __init__(self, kind: str, config_key: str, builtins: dict[str, str]) -> None:
+    def __init__(self, kind: str, config_key: str, builtins: dict[str, str], registrar: str | None = None) -> None:
+        """``builtins``: name -> the module whose import registers it; ``registrar``: a module that
+        registers built-ins not listed there (``register(name, builtin=True)``)."""
         self.kind, self.config_key = kind, config_key
         self._builtins = dict(builtins)  # name -> module whose import registers it
+        self._registrar = registrar
         self._entries: dict[str, T] = {}
 
-    def register(self, name: str) -> Callable[[T], T]:
-        """Decorator: register the decorated object as ``name``."""
+    def register(self, name: str, builtin: bool = False) -> Callable[[T], T]:
+        """Decorator: register the decorated object as ``name``; ``builtin``: one of the registrar's."""
 
         def wrap(entry: T) -> T:
             if name in self._entries:
                 raise RegistryError(f"{self.kind} {name!r} is already registered")
             self._entries[name] = entry
+            if builtin:
+                self._builtins[name] = self._registrar
             return entry
 
         return wrap
 
+    def _load_registrar(self) -> None:
+        """Import the registrar, so that its built-ins are registered (no-op once imported)."""
+        if self._registrar is not None:
+            importlib.import_module(self._registrar)
+
     def names(self) -> list[str]:
+        self._load_registrar()
         return sorted(set(self._builtins) | set(self._entries))
 
     def is_builtin(self, name: str) -> bool:
+        self._load_registrar()
         return name in self._builtins
 
     def get(self, name: str, where: str | None = None) -> T:
         """The entry called ``name``, importing the module that registers it when needed; ``where``
         names the config key in the error (default: ``<config_key> = <name>``)."""
+        if name not in self._entries:
+            self._load_registrar()
         if name in self._entries:
             return self._entries[name]
         module = self._builtins.get(name) or (name if "." in name else None)
@@ -136,25 +152,10 @@ TASKS: Registry[Any] = Registry(
     "task.name",
     {"math": "rredcot.tasks.math", "arith": "rredcot.tasks.arith", "choice": "rredcot.tasks.choice"},
 )
+# the built-ins are named where their light module registers them (settings, checks, provers; no
+# torch): the config checks them cheaply
 CREDIT_METHODS: Registry[Any] = Registry(
-    "credit method",
-    "credit.method",
-    # registered by a light module (settings, checks, provers; no torch): the config checks them cheaply
-    {
-        name: "rredcot.redistributor.methods"
-        for name in (
-            "grpo",
-            "bnpo",
-            "drgrpo",
-            "entropy",
-            "top_entropy",
-            "rredcot",
-            "shuffled",
-            "oracle",
-            "mc",
-            "progress",
-        )
-    },
+    "credit method", "credit.method", {}, registrar="rredcot.redistributor.methods"
 )
 WEIGHT_TRANSPORTS: Registry[Any] = Registry(
     "weight transport",

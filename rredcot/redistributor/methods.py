@@ -1,5 +1,6 @@
-"""The built-in credit methods as registered: each one's settings dataclass (``credit.settings.<name>``),
-its rules between config keys (``check``) and its prover, its function named by ``"module:function"``
+"""The built-in credit methods as registered, the one place their names are listed (the registry
+imports this module to learn them): each one's settings dataclass (``credit.settings.<name>``), its
+rules between config keys (``check``) and its prover, its function named by ``"module:function"``
 and imported when a group is first credited. Light on purpose (no torch): loading a config checks
 every block of settings and the chosen method's rules without importing a stage."""
 
@@ -186,15 +187,21 @@ def own_prover(settings: ProgressSettings) -> str:
     return settings.prover
 
 
+def add_builtin(name: str, fn: str, **declared: Any) -> None:
+    """Register the built-in credit method ``name``: this module is ``CREDIT_METHODS``' registrar,
+    and these calls are the one list of the built-ins' names."""
+    add_method(name, fn, builtin=True, **declared)
+
+
 CREDIT, VALUES = "rredcot.redistributor.credit", "rredcot.redistributor.value_credit"
-add_method("grpo", f"{CREDIT}:grpo", return_equivalent=True)
-add_method("bnpo", f"{CREDIT}:bnpo", return_equivalent=True, check=check_bnpo)
-add_method("drgrpo", f"{CREDIT}:drgrpo", return_equivalent=False, check=check_drgrpo)
-add_method("entropy", f"{CREDIT}:entropy_credit", return_equivalent=True, needs_scorer=True)
-add_method(
+add_builtin("grpo", f"{CREDIT}:grpo", return_equivalent=True)
+add_builtin("bnpo", f"{CREDIT}:bnpo", return_equivalent=True, check=check_bnpo)
+add_builtin("drgrpo", f"{CREDIT}:drgrpo", return_equivalent=False, check=check_drgrpo)
+add_builtin("entropy", f"{CREDIT}:entropy_credit", return_equivalent=True, needs_scorer=True)
+add_builtin(
     "top_entropy", f"{CREDIT}:top_entropy", return_equivalent=True, needs_scorer=True, settings=TopEntropySettings
 )
-add_method(
+add_builtin(
     "rredcot",
     f"{VALUES}:rredcot",
     return_equivalent=True,
@@ -202,7 +209,7 @@ add_method(
     settings=RredcotSettings,
     check=check_rredcot,
 )
-add_method(
+add_builtin(
     "shuffled",
     "rredcot.redistributor.shuffled:shuffled",
     return_equivalent=True,
@@ -210,7 +217,7 @@ add_method(
     settings_of="rredcot",
     check=check_shuffled,
 )
-add_method(
+add_builtin(
     "oracle",
     "rredcot.redistributor.oracle:oracle",
     return_equivalent=True,
@@ -218,10 +225,10 @@ add_method(
     settings=OracleSettings,
     check=check_oracle,
 )
-add_method(
+add_builtin(
     "mc", f"{VALUES}:mc", return_equivalent=True, needs_scorer=True, settings=McSettings, prover=policy, check=check_mc
 )
-add_method(
+add_builtin(
     "progress",
     "rredcot.redistributor.progress:progress",
     return_equivalent=True,

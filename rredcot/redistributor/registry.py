@@ -6,7 +6,8 @@ them). A method declares what it needs: the scorer (``needs_scorer``), or only t
 handed to it as ``ctx.settings``) or another method's settings (``settings_of``), a ``check`` of its
 rules between config keys, and a ``prover``: whose continuations it samples, from its settings (None:
 none). ``credit.method: mypkg.my_method`` imports your module on first use. This module imports no
-torch: the built-ins register in ``methods.py``, naming their functions by ``"module:function"``.
+torch: the built-ins register in ``methods.py`` (the one list of their names), naming their functions
+by ``"module:function"``.
 """
 
 from __future__ import annotations
@@ -90,10 +91,10 @@ class CreditMethod:
         return load_class(self.fn)(ctx)
 
 
-def add_method(name: str, fn: CreditFn | str, **declared: Any) -> CreditMethod:
+def add_method(name: str, fn: CreditFn | str, builtin: bool = False, **declared: Any) -> CreditMethod:
     """Register ``fn`` (or the ``"module:function"`` it names) as the credit method ``name``;
-    ``declared``: ``CreditMethod``'s other fields."""
-    return CREDIT_METHODS.register(name)(CreditMethod(name, fn, **declared))
+    ``builtin``: one of ``methods.py``'s; ``declared``: ``CreditMethod``'s other fields."""
+    return CREDIT_METHODS.register(name, builtin=builtin)(CreditMethod(name, fn, **declared))
 
 
 def register(name: str, **declared: Any) -> Callable[[CreditFn], CreditFn]:

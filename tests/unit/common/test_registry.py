@@ -1,5 +1,7 @@
 """Registries: names checked by the config, built-ins loaded lazily, user modules by path."""
 
+import sys
+import types
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +22,22 @@ def test_unknown_name_lists_the_registered_ones():
         reg.get("c")
     with pytest.raises(RegistryError, match="already registered"):
         reg.register("b")(object())
+
+
+def test_a_registrar_names_its_builtins_where_it_registers_them(tmp_path, monkeypatch):
+    """Built-ins listed only in the module that registers them (``registrar``, as the credit methods
+    are): the registry imports it when it first needs a name, and tells its entries from a user's."""
+    module = f"widgets_{tmp_path.name}"
+    reg = Registry("widget", "widgets.name", {}, registrar=module)
+    monkeypatch.setitem(sys.modules, "widget_registry", types.SimpleNamespace(WIDGETS=reg))
+    (tmp_path / f"{module}.py").write_text(
+        "from widget_registry import WIDGETS\nWIDGETS.register('a', builtin=True)('A')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reg.register("mine")("M")
+    assert reg.get("a") == "A" and module in sys.modules
+    assert reg.names() == ["a", "mine"]
+    assert reg.is_builtin("a") and not reg.is_builtin("mine")
 
 
 def test_module_path_is_imported_and_must_register_the_name():
