@@ -32,6 +32,7 @@ from rredcot.models.tiny import build_tiny_model  # noqa: E402
 from rredcot.tasks.data import ProblemOrder, train_and_held_out  # noqa: E402
 from rredcot.tasks.prompts import prompt_ids  # noqa: E402
 from rredcot.tasks.task import build_task  # noqa: E402
+from rredcot.transports.file import apply_bytes
 
 MODELS = {"tiny": {"hidden": 64, "heads": 2, "layers": 2}, "25M": {"hidden": 160, "heads": 5, "layers": 4}}
 
@@ -99,8 +100,8 @@ def bench_model(label: str, root: Path, url: str, args: argparse.Namespace) -> d
                 actor.append(actor_tokens_per_s(engine, c))
 
     weights = save({k: v.detach().contiguous() for k, v in model.named_parameters()})
-    engine.load_weights_bytes(weights, version=1)  # warm-up
-    update_s = min(engine.load_weights_bytes(weights, version=v) for v in (2, 3, 4))
+    apply_bytes(engine, weights, version=1)  # warm-up
+    update_s = min(apply_bytes(engine, weights, version=v) for v in (2, 3, 4))
     start = time.perf_counter()
     engine.generate(prompts, sampling, prefix="step")
     step_s = time.perf_counter() - start

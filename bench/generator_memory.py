@@ -5,7 +5,7 @@ about 80 MiB per 10 minutes. This runs the generator's engine of a config alone 
 verifier) in rounds shaped like the config's steps: ``prompts_per_step`` groups of ``group_size``
 completions on the task's prompts, then, in modes ``update`` and ``update+trim``, one weight update
 the way the file transport applies one (the safetensors file read into bytes, then
-``Engine.load_weights_bytes``); ``update+trim`` also hands the C heap's free pages back to the OS
+``transports.file.apply_bytes``); ``update+trim`` also hands the C heap's free pages back to the OS
 (glibc ``malloc_trim(0)``) after each round. Each mode runs in a fresh process, same prompts and
 seed. ``continuous`` runs the engine as the generator's loop does: ``(staleness.eta + 1) ×
 prompts_per_step`` groups in flight (at most ``max_in_flight_groups``), a new group submitted as
@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: 
 
 from bench.trend import MIB, child_rows, print_results, slope  # noqa: E402
 from rredcot.common.onednn import PRIMITIVE_CACHE_ENV as CACHE  # noqa: E402
+from rredcot.transports.file import apply_bytes
 
 CHILD_ENV = {  # read by glibc / oneDNN when the child starts
     "continuous+arena2": {"MALLOC_ARENA_MAX": "2"},
@@ -114,7 +115,7 @@ def child(config: str, rounds: int, mode: str) -> None:
                 prompts = [prompt(r * g.prompts_per_step + i) for i in range(g.prompts_per_step)]
                 engine.generate(prompts, sampling, prefix=f"r{r}")
             if weights is not None:
-                engine.load_weights_bytes(weights.read_bytes(), version=r + 1)
+                apply_bytes(engine, weights.read_bytes(), version=r + 1)
             if mode == "update+trim" or mode.startswith("continuous"):
                 trim_heap()
             row = {"round": r, "rss": proc.memory_info().rss / MIB, "objects": len(gc.get_objects())}

@@ -26,7 +26,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from rredcot.launch.arguments import bounded_int
-from rredcot.launch.observe.advise import token_flops
+from rredcot.launch.observe.paper_rates import token_flops
 from rredcot.redistributor.entropy import score_trace
 from rredcot.redistributor.references import CONTEXT, Tail, U, Y
 from rredcot.redistributor.values import branch_logprobs_fast

@@ -28,6 +28,7 @@ import torch
 
 from rredcot.common.precision import cpu_info
 from rredcot.launch.arguments import bounded_int
+from rredcot.learner.weights import publish
 from rredcot.transports.collective import CollectivePublisher
 from rredcot.transports.file import FilePublisher
 from rredcot.transports.group import open_group, read_group, receive_tensors
@@ -61,7 +62,7 @@ def delivery_times(module, client, out: str, transport: str, versions: int) -> t
     received: queue.Queue = queue.Queue()
     if transport == "collective":
         publisher = CollectivePublisher(
-            client, run_id, out, 0, group_address="127.0.0.1", receivers=1, file_too=False, timeout_s=300
+            client, run_id, out, group_address="127.0.0.1", receivers=1, file_too=False, timeout_s=300
         )
 
         def receive() -> None:
@@ -74,12 +75,12 @@ def delivery_times(module, client, out: str, transport: str, versions: int) -> t
 
         threading.Thread(target=receive, daemon=True).start()
     else:
-        publisher = (IpcPublisher if transport == "ipc" else FilePublisher)(client, run_id, out, 0)
+        publisher = (IpcPublisher if transport == "ipc" else FilePublisher)(client, run_id, out)
     slots = SlotReader(client, run_id, "bench")
     blocking, delivery = [], []
     for v in range(1, versions + 2):
         t0 = time.perf_counter()
-        seconds = publisher.publish(module, v)[1]
+        seconds = publish(publisher, module, v)[1]
         if transport == "collective":
             done = received.get(timeout=300)
         else:

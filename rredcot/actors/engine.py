@@ -15,14 +15,13 @@ and is driven step by step, so that
   first) or ``pause`` (running requests are preempted, their KV cache is recomputed with the new
   weights, and they continue on the new version).
 
-Weight transports (``actors.weight_receiver``, CPU and GPU): a safetensors file or bytes, or the
-learner's weight group (``transports.group``: gloo on CPU, NCCL on GPU), joined by the engine's
-worker, which receives each version's buckets and applies them between two engine steps.
+Weights: the engine is a weight port (``transports.ports``): a transport's engine-side function runs
+in the engine's worker (``actors.weight_receiver``) and lands a version there, which is applied
+between two engine steps.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import os
 import time
@@ -37,8 +36,6 @@ from rredcot.common.onednn import bound_primitive_cache
 from rredcot.common.precision import resolve_dtype
 from rredcot.common.sampling import seed_of
 from rredcot.models.store import cache_dir, load_tokenizer, resolve_model_path
-from rredcot.transports.group import GroupInfo
-from rredcot.transports.manifest import WeightManifest
 from rredcot.transports.ports import WeightsLost
 
 IN_FLIGHT = ("finish", "pause")
@@ -272,52 +269,22 @@ class Engine:
                 after_step()
         return done
 
-    # ----- weights -----
-    def load_weights_bytes(self, data: bytes, version: int, in_flight: str = "finish") -> float:
-        """Apply safetensors bytes as ``version``; returns the seconds the update took."""
-        return self._update(lambda: self._rpc("rredcot_load_bytes", data=data), version, in_flight)
+    # ----- weights (transports.ports.WeightPort) -----
+    def receive(self, function: str, **kwargs: Any) -> Any:
+        """Run a transport's engine-side ``function`` in the engine's worker; its result."""
+        return self._rpc("rredcot_receive", function=function, kwargs=kwargs)
 
-    def join_weight_group(self, info: GroupInfo, rank: int, timeout_s: float) -> None:
-        """Join the learner's weight group as ``rank`` (one engine = one worker = one rank)."""
-        self._rpc("rredcot_join_group", info=dataclasses.asdict(info), rank=rank, timeout_s=timeout_s)
+    def apply(self, version: int, in_flight: str = "finish") -> float:
+        """Apply what was received as ``version`` under the in-flight policy; the seconds it took."""
+        return self._update(lambda: self._rpc("rredcot_apply"), version, in_flight)
 
-    def leave_weight_group(self) -> None:
-        self._rpc("rredcot_leave_group")
+    def drop(self) -> None:
+        self._rpc("rredcot_drop")
 
     def close(self) -> None:
         """Shut the engine down now, not whenever it is garbage-collected: its teardown resets vLLM's
         process-wide parallel state, which a later engine in the same process may already use."""
         self._core.engine_core.shutdown()
-
-    def load_weights_broadcast(self, manifest: WeightManifest, in_flight: str = "finish") -> tuple[int, float]:
-        """Receive the next version broadcast on the weight group (laid out as ``manifest``) at once,
-        then apply it under the in-flight policy; returns (its version, seconds of the update)."""
-        version = self._rpc(
-            "rredcot_receive",
-            names=manifest.names,
-            shapes=manifest.shapes,
-            dtypes=manifest.dtypes,
-            buckets=manifest.buckets,
-        )
-        return version, self._update(lambda: self._rpc("rredcot_apply_received"), version, in_flight)
-
-    def load_weights_shared(
-        self, manifest: WeightManifest, still_held: Callable[[], bool], in_flight: str = "finish"
-    ) -> float | None:
-        """Copy the version in the learner's shared slot (``manifest.shared``) at once, then apply it
-        under the in-flight policy if ``still_held()`` says the slot was not overwritten meanwhile;
-        returns the seconds of the update, or None (dropped: a newer version is there to take)."""
-        self._rpc(
-            "rredcot_copy_slot",
-            handle=manifest.shared,
-            names=manifest.names,
-            shapes=manifest.shapes,
-            dtypes=manifest.dtypes,
-        )
-        if not still_held():
-            self._rpc("rredcot_drop_received")
-            return None
-        return self._update(lambda: self._rpc("rredcot_apply_received"), manifest.version, in_flight)
 
     def _update(self, apply: Callable[[], Any], version: int, in_flight: str) -> float:
         if in_flight not in IN_FLIGHT:

@@ -42,7 +42,7 @@ from rredcot.common.streams import ROLLOUTS, Producer, key, registered_keys, run
 from rredcot.tasks.data import Problem, ProblemOrder
 from rredcot.tasks.prompts import prompt_ids
 from rredcot.tasks.verifier import Verifier
-from rredcot.transports import weight_receiver
+from rredcot.transports import deployment, weight_receiver
 
 log = logging.getLogger(__name__)
 
@@ -319,10 +319,10 @@ class Generator:
 def run_generator(cfg: Config, index: int = 0) -> dict[str, float]:
     """``rredcot generate CONFIG [--index N]``: generator ``gen<N>`` (rank N) in this process until the
     run's prompt budget is done or its stop flag is raised."""
-    if cfg.generation.weight_transport == "collective" and index >= (n := cfg.cluster.generators):
+    if (n := deployment(cfg).group_size(cfg)) is not None and index >= n:
         raise ConfigError(
-            f"--index {index}: the collective weight group has room for cluster.generators={n} generators "
-            f"(--index 0..{n - 1}); add generators by hand with generation.weight_transport=file"
+            f"--index {index}: the {cfg.generation.weight_transport} transport's weight group, sized when the run "
+            f"started, has room for --index 0..{n - 1}; add generators by hand with generation.weight_transport=file"
         )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     gen = Generator(cfg, name=f"gen{index}", rank=index)

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import importlib.util
-import os
 import re
 import runpy
 import sys
@@ -214,7 +212,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "report":
             return _call_report(Path(args.run_dir))
         if args.command == "advise":
-            return _call_advise(args)
+            from rredcot.launch.observe.advise_command import advise_command
+
+            return advise_command(args)
         if args.command == "study":
             return _call_study(args)
         return _run_bench(args.name, args.args)
@@ -276,64 +276,6 @@ def _call_report(run_dir: Path) -> int:
     print(f"rredcot: {verdict}")
     for f in files:
         print(f"rredcot: drew {f}")
-    return 0
-
-
-def _call_advise(args: argparse.Namespace) -> int:
-    from rredcot.launch.observe import advise as a
-
-    if args.run_dir:
-        try:
-            rates, own_split, measured, cfg = a.run_rates(Path(args.run_dir))
-        except (FileNotFoundError, ValueError) as e:
-            raise UserError(str(e)) from None
-        on_cpu = not any(cfg["cluster"][f"gpus_per_{t}"] for t in a.TIERS)
-        if args.cores is not None:
-            rates = dataclasses.replace(rates, cores=args.cores)
-        elif on_cpu:  # a CPU run's workers share this machine's cores
-            rates = dataclasses.replace(rates, cores=os.cpu_count() or 1)
-        scorer = on_cpu or bool(cfg["cluster"]["gpus_per_redistributor"])
-        total = args.total or own_split.generator + own_split.redistributor + own_split.learner
-        own = a.predict(own_split, rates)
-        unit = "worker" if on_cpu else "GPU"
-    else:
-        if not (args.params and args.layers and args.heads and args.kv_heads and args.total):
-            raise UserError("advise: give a run directory, or --params, --layers, --heads, --kv-heads and --total")
-        if args.kv_heads > args.heads:
-            raise UserError(f"advise: --kv-heads {args.kv_heads} is more than --heads {args.heads}")
-        work = a.Workload(
-            args.params,
-            args.layers,
-            args.heads,
-            args.kv_heads,
-            args.head_dim,
-            args.prompt,
-            args.completion,
-            args.scored,
-        )
-        rates, scorer, total, own, measured = (
-            a.paper_rates(work, overlap=not args.sync),
-            args.scored > 0,
-            args.total,
-            None,
-            None,
-        )
-        unit = "GPU"
-    if scorer and total < 3:
-        raise UserError(
-            f"advise: --total {total} cannot hold a generator, a redistributor and a learner: give --total 3 or more"
-        )
-    print(
-        f"per {unit} samples/s: generator {rates.generator:.3g}, redistributor {rates.redistributor:.3g}, "
-        f"learner {rates.learner:.3g} ({'overlapped' if rates.overlap else 'alternating'} tiers)"
-    )
-    if rates.cores and rates.cpu_per_sample:
-        print(
-            f"shared cores: {rates.cores:g}, at {rates.cpu_per_sample:.3g} CPU s per trained sample (every worker): "
-            f"at most {rates.cores / rates.cpu_per_sample:.3g} samples/s whatever the split"
-        )
-    keep = own.split if own else None
-    print(a.table(a.advise(total, rates, scorer, keep=keep), own, measured))
     return 0
 
 

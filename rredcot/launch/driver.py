@@ -62,8 +62,7 @@ from rredcot.launch.services import embedded_redis, embedded_redis_line
 from rredcot.launch.stages import WORKER_PREFIX, process_options, stage_env
 from rredcot.launch.supervisor import StageActors
 from rredcot.launch.watch import Watch
-from rredcot.transports.group import group_key
-from rredcot.transports.slots import host_slots_left
+from rredcot.transports import deployment
 
 log = logging.getLogger(__name__)
 
@@ -253,7 +252,7 @@ def _run(
     # Ctrl-C while ray.init starts the local Ray can be swallowed inside it (seen under load: the
     # run went on to the end); ours records the signal, so that the run stops as soon as it returns
     catch_interrupts(stack)
-    stack.callback(_say_slots_left, cfg.run.name, uid)  # after Ray's shutdown: what a failed learner left in /dev/shm
+    stack.callback(_say_left_behind, cfg, uid)  # after Ray's shutdown: what a failed learner left (ipc: /dev/shm)
     stack.callback(end_leftovers, run_dir, after_own_stop=True)  # after Ray's shutdown: what outlived it
     session = init_ray(cfg, stack)
     raise_if_interrupted()
@@ -302,7 +301,7 @@ def _run(
 
     # The workers start (imports, model loading, engine and DeepSpeed set-up: a minute or more on a
     # small CPU) while the starting model is evaluated; their run() is only called after it.
-    client.delete(group_key(cfg.run.name))  # generators must not join an earlier learner's weight group
+    deployment(cfg).reset(client, cfg.run.name)  # e.g. generators must not join an earlier learner's weight group
     actors = StageActors(cfg, pg, plan, control, stack, outcome.refs)
     actors.start()
 
@@ -331,13 +330,15 @@ def _run(
     outcome.status = "finished"
 
 
-def _say_slots_left(run_id: str, uid: str) -> None:
-    """Say that a killed or failed learner's ``ipc`` slots stay in ``/dev/shm``, and how to free them."""
-    if left := host_slots_left(run_id, uid):
+def _say_left_behind(cfg: Config, uid: str) -> None:
+    """Say what a killed or failed learner's weight transport left on this node outside ``run.dir``
+    (``ipc``: its slots in ``/dev/shm``), kept for a resumed run, and how to free it."""
+    if left := deployment(cfg).left_behind(cfg.run.name, uid):
         mib = sum(p.stat().st_size for p in left) / 2**20
         log.warning(
-            "the learner's weight slots stay in /dev/shm (%.0f MiB) for run.resume=auto, whose generators start "
-            "from them; free them with: rm %s",
+            "the learner's weights stay in %s (%.0f MiB) for run.resume=auto, whose generators start from them; "
+            "free them with: rm %s",
+            ", ".join(sorted({str(p.parent) for p in left})),
             mib,
             " ".join(map(str, left)),
         )

@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from rredcot.common.errors import UserError
 from rredcot.learner.engine import LearnerEngine
-from rredcot.transports.gather import full_state, take_part
+from rredcot.learner.weights import full_state, take_part
 
 PIPELINE_FILE = "pipeline.json"
 CHECKPOINT_NAME = re.compile(r"step-\d{8}")

@@ -34,6 +34,7 @@ from rredcot.learner.packing import TrainSample, samples_from_group
 from rredcot.learner.rendezvous import join_from_env
 from rredcot.learner.replay import ReplayLog, steps_to_replay
 from rredcot.learner.version_truth import ledger_versions, trajectory_metrics
+from rredcot.learner.weights import publish
 from rredcot.models.store import load_tokenizer, resolve_model_path
 from rredcot.transports import Publisher
 from rredcot.transports.manifest import version_key
@@ -95,7 +96,7 @@ class Trainer:
             }
         )
         self.writer = self._tensorboard() if self.rank == 0 and cfg.logging.tensorboard else None
-        self.publisher = self._publisher()
+        self.publisher = self._publisher() if self.rank == 0 else None  # the other ranks take part in gathers
         self._resume()
 
     # ----- setup -----
@@ -105,9 +106,9 @@ class Trainer:
         return SummaryWriter(str(self.run_dir / "tensorboard" / "learner"))
 
     def _publisher(self) -> Publisher:
-        """The publisher of ``generation.weight_transport`` (``transports``)."""
+        """Rank 0's publisher of ``generation.weight_transport`` (``transports``)."""
         transport = WEIGHT_TRANSPORTS.get(self.cfg.generation.weight_transport)
-        return transport.publisher_class().from_config(self.cfg, self.client, self.rank, self.run_dir / "weights")
+        return transport.publisher_class().from_config(self.cfg, self.client, self.run_dir / "weights")
 
     def _resume(self) -> None:
         """``run.resume=auto`` (also a restarted learner): the newest checkpoint, then the steps trained
@@ -166,7 +167,8 @@ class Trainer:
             self.checkpoint()
         if self.published != self.engine.version:  # broadcast_every > 1, or a stop between broadcasts
             self._broadcast()
-        self.publisher.close()  # the last version reaches the generators before the run stops
+        if self.publisher is not None:
+            self.publisher.close()  # the last version reaches the generators before the run stops
         if self.writer is not None:
             self.writer.close()
         return metrics
@@ -242,7 +244,7 @@ class Trainer:
 
     # ----- outputs -----
     def _broadcast(self) -> float:
-        _, seconds = self.publisher.publish(self.engine.module, self.engine.version)
+        _, seconds = publish(self.publisher, self.engine.module, self.engine.version)
         self.published = self.engine.version
         self.totals["broadcast_s"] += seconds
         return seconds
@@ -275,8 +277,8 @@ class Trainer:
             "skipped_nonfinite": float(self.engine.counters["skipped_nonfinite"]),
             "skipped_empty": float(self.engine.counters["skipped_empty"]),
             "broadcast_s_total": self.totals["broadcast_s"],
-            "broadcast_send_s_total": self.publisher.send_s,
-            "broadcast_fallbacks": float(self.publisher.fallbacks),
+            "broadcast_send_s_total": self.publisher.send_s if self.publisher is not None else 0.0,
+            "broadcast_fallbacks": float(self.publisher.fallbacks) if self.publisher is not None else 0.0,
         }
         for name in (ROLLOUTS, BATCHES):
             out[f"queue_{name}"] = float(self.client.xlen(key(self.run_id, name)))

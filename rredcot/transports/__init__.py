@@ -1,8 +1,10 @@
 """Weight transports: each moves every new policy version from the learner to the engines that sample from it.
 
-A transport is one module holding its publisher (learner side, ``Publisher``) and its receiver
-(one per weight port: a generator's or the evaluator's vLLM engine, an MC prover's engine, a
-policy-following scorer; ``Receiver``), registered under one name in
+A transport is one module holding its publisher (learner side, ``Publisher``: it reads the plain
+(name, tensor) buckets of a ``WeightSource``), its receiver (one per weight port: a generator's or the
+evaluator's vLLM engine, an MC prover's engine, a policy-following scorer; ``Receiver``), the
+engine-side functions its receiver runs where the weights land (``transports.ports``), and what
+deployment must know of it (``Deployment``), registered under one name in
 ``common.registry.WEIGHT_TRANSPORTS`` and picked by ``generation.weight_transport``. The built-ins
 are registered here by ``"module:Class"`` references, so naming one imports no transport module
 (docs/extending.md: a new transport is one file plus YAML):
@@ -16,22 +18,23 @@ are registered here by ``"module:Class"`` references, so naming one imports no t
 - ``redis`` (``transports.redis``): each version in the run's Redis, in chunks; any receiver that
   reaches Redis, no shared filesystem.
 
-What they share: ``transports.ports`` (what a receiver updates, ``WeightPort``, and ``WeightsLost``),
-``transports.manifest`` (the version's manifest in Redis, the file's format), ``transports.gather``
-(full tensors out of a possibly ZeRO-3 partitioned model), ``transports.group`` (the broadcast group)
-and ``transports.slots`` (the shared slots).
+What they share: ``transports.ports`` (what a receiver updates, ``WeightPort``, the ``Landing`` of its
+engine-side functions, and ``WeightsLost``), ``transports.manifest`` (the version's manifest in Redis,
+the file's format), ``transports.group`` (the broadcast group) and ``transports.slots`` (the shared
+slots).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rredcot.common.config import Config
 from rredcot.common.registry import WEIGHT_TRANSPORTS, load_class, typed_settings
 
 if TYPE_CHECKING:
-    from pathlib import Path
+    from collections.abc import Iterator
 
     import torch
 
@@ -39,19 +42,33 @@ if TYPE_CHECKING:
     from rredcot.transports.ports import WeightPort
 
 
+class WeightSource(Protocol):
+    """A version's weights as the learner hands them over (``learner.weights.ModelWeights``)."""
+
+    device: torch.device  # where the learner keeps them
+
+    def columns(self) -> tuple[list[str], list[list[int]], list[str]]:
+        """(names, shapes, dtypes) of every tensor, in bucket order, without gathering anything."""
+        ...
+
+    def buckets(self) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """(name, full tensor) buckets, once; a bucket's tensors are valid until the next is asked for."""
+        ...
+
+
 @runtime_checkable
 class Publisher(Protocol):
-    """The learner side, as the trainer uses it: every rank calls ``publish``; rank 0 delivers."""
+    """The learner side, on learner rank 0 (the other ranks only take part in the gathers)."""
 
     send_s: float  # seconds spent in background sends
     fallbacks: int  # versions re-published as files after a failed send
 
     @classmethod
-    def from_config(cls, cfg: Config, client: Any, rank: int, out_dir: Path) -> Publisher: ...
+    def from_config(cls, cfg: Config, client: Any, out_dir: Path) -> Publisher: ...
 
-    def publish(self, module: torch.nn.Module, version: int) -> tuple[WeightManifest | None, float]:
+    def publish(self, weights: WeightSource, version: int) -> tuple[WeightManifest | None, float]:
         """Publish ``version``; returns (its manifest when published on this thread, seconds on the
-        training thread)."""
+        training thread). It may stop reading ``weights`` part-way: the learner finishes the gathers."""
         ...
 
     def close(self) -> None:
@@ -82,13 +99,44 @@ class Receiver(Protocol):
     def close(self) -> None: ...
 
 
+SHM_DIR = Path("/dev/shm")  # a node's shared memory, where ``shm_versions`` go
+
+
+class Deployment:
+    """What launch asks of a transport instead of its name; these defaults are the ``file`` transport's.
+    A transport with other needs subclasses it and names the subclass in its registry entry."""
+
+    def shared_run_dir(self, cfg: Config) -> bool:
+        """Whether receivers read files the learner writes into ``run.dir`` (then every node needs it)."""
+        return True
+
+    def shm_versions(self, cfg: Config) -> int:
+        """How many weight versions it keeps in ``/dev/shm`` on the learner's node (0: none)."""
+        return 0
+
+    def group_size(self, cfg: Config) -> int | None:
+        """How many generators the learner's collective group has room for (None: no group); a
+        generator added by hand must fit, and NCCL takes one rank per GPU."""
+        return None
+
+    def reset(self, client: Any, run_id: str) -> None:
+        """Before a run's workers start: forget what an earlier learner of the run left for receivers."""
+
+    def left_behind(self, run_id: str, uid: str) -> list[Path]:
+        """What a killed or failed learner leaves on this node outside ``run.dir`` (kept for
+        ``run.resume``; the driver says how to free it)."""
+        return []
+
+
 @dataclass(frozen=True)
 class WeightTransport:
-    """A transport's publisher, receiver and settings classes (or ``"module:Class"`` references to them)."""
+    """A transport's publisher, receiver, settings and deployment classes (or ``"module:Class"``
+    references to them)."""
 
     publisher: str | type
     receiver: str | type
     settings: str | type | None = None  # dataclass of ``generation.transport_settings``
+    deployment: str | type = Deployment
 
     def typed_settings(self, cfg: Config) -> Any:
         """``generation.transport_settings`` as this transport's settings dataclass (None if it has none)."""
@@ -103,6 +151,11 @@ class WeightTransport:
         return load_class(self.receiver)
 
 
+def deployment(cfg: Config) -> Deployment:
+    """The run's transport's ``Deployment``."""
+    return load_class(WEIGHT_TRANSPORTS.get(cfg.generation.weight_transport).deployment)()
+
+
 def weight_receiver(cfg: Config, client: Any, port: Any, rank: int | None = None, name: str | None = None) -> Receiver:
     """The run's transport's receiver of ``port`` (``transports.ports.WeightPort``): generator
     ``rank``'s, or with ``rank=None`` a port outside the learner's weight group, named ``name``."""
@@ -115,7 +168,9 @@ WEIGHT_TRANSPORTS.register("file")(
 )
 WEIGHT_TRANSPORTS.register("collective")(
     WeightTransport(
-        "rredcot.transports.collective:CollectivePublisher", "rredcot.transports.collective:CollectiveReceiver"
+        "rredcot.transports.collective:CollectivePublisher",
+        "rredcot.transports.collective:CollectiveReceiver",
+        deployment="rredcot.transports.collective:CollectiveDeployment",
     )
 )
 WEIGHT_TRANSPORTS.register("ipc")(
@@ -123,6 +178,7 @@ WEIGHT_TRANSPORTS.register("ipc")(
         "rredcot.transports.ipc:IpcPublisher",
         "rredcot.transports.ipc:IpcReceiver",
         "rredcot.transports.ipc:IpcSettings",
+        "rredcot.transports.ipc:IpcDeployment",
     )
 )
 WEIGHT_TRANSPORTS.register("redis")(
@@ -130,5 +186,6 @@ WEIGHT_TRANSPORTS.register("redis")(
         "rredcot.transports.redis:RedisPublisher",
         "rredcot.transports.redis:RedisReceiver",
         "rredcot.transports.redis:RedisSettings",
+        "rredcot.transports.redis:RedisDeployment",
     )
 )

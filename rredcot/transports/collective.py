@@ -1,20 +1,21 @@
 """The ``collective`` transport: learner rank 0 broadcasts each version's buckets to the generators'
 weight group (``transports.group``; gloo on CPU, NCCL on GPU), falling back to files.
 
-Publisher (``CollectivePublisher``): each bucket is copied into its own reused host buffer (pinned
-when CUDA is there), so rank 0 holds one copy of the version in host memory and no extra one on its
-device; the version's manifest is published at once (before the learner admits the next step's
-prompts, so that η = 0 holds), and a background thread broadcasts the buckets to the generators'
-weight group while the next step trains, staging them one at a time through one device buffer of
-the largest bucket's size (plus the checksum's < 100 MiB). At most one send is in flight: the next
-publication waits for it before it overwrites the host buffers. The file is written from the same
-host buffers too (and the version re-announced with its path) when a receiver outside the group
-needs it. Version 0 (what every receiver starts from) is never broadcast, only written when a file
-is wanted. If the group cannot be formed or a send fails, the version is re-published as a file
-from the host buffers and the run continues on files.
+Publisher (``CollectivePublisher``, learner rank 0): each of the learner's buckets is copied into
+its own reused host buffer (pinned when CUDA is there), so rank 0 holds one copy of the version in
+host memory and no extra one on its device; the version's manifest is published at once (before the
+learner admits the next step's prompts, so that η = 0 holds), and a background thread broadcasts the
+buckets to the generators' weight group while the next step trains, staging them one at a time
+through one device buffer of the largest bucket's size (plus the checksum's < 100 MiB). At most one
+send is in flight: the next publication waits for it before it overwrites the host buffers. The file
+is written from the same host buffers too (and the version re-announced with its path) when a
+receiver outside the group needs it. Version 0 (what every receiver starts from) is never broadcast,
+only written when a file is wanted. If the group cannot be formed or a send fails, the version is
+re-published as a file from the host buffers and the run continues on files.
 
-Receiver (``CollectiveReceiver``): a generator joins the learner's weight group and receives each
-version's buckets into its engine (``transports.ports.GroupWeightPort``); files are its fallback,
+Receiver (``CollectiveReceiver``): a generator's engine joins the learner's weight group and receives
+each version's buckets into its own memory (the engine-side ``join_group``, ``receive_broadcast`` and
+``leave_group``, on the port's ``transports.ports.Landing``); files are its fallback,
 and the only way for a port outside the group (the evaluator, a policy-following scorer, an MC
 continuation engine), which asks the learner for them. A restarted learner hosts a new group: its
 receivers leave the old one and join it.
@@ -34,30 +35,34 @@ import redis
 import torch
 
 from rredcot.common.config import Config, tensor_parallel
+from rredcot.transports import Deployment, WeightSource
 from rredcot.transports.file import FilePublisher, FileReceiver, receiver_name
-from rredcot.transports.gather import (
-    BUCKET_BYTES,
-    CPU,
-    Layout,
-    gathered_buckets,
-    layout_columns,
-    take_part,
-)
 from rredcot.transports.group import (
     GroupInfo,
+    device_for,
     flat_nbytes,
     flatten,
+    group_key,
     open_group,
     publish_group,
     read_group,
+    receive_tensors,
     send_buckets,
     unflatten_buckets,
 )
 from rredcot.transports.manifest import WeightManifest, latest_manifest, publish_manifest, write_weights
-from rredcot.transports.ports import GroupWeightPort, WeightsLost
+from rredcot.transports.ports import Landing, WeightPort, function_ref
 from rredcot.transports.slots import files_wanted, want_files
 
 log = logging.getLogger(__name__)
+CPU = torch.device("cpu")
+Layout = tuple[str, list[int], str]  # (HF name, shape, dtype name) of one tensor in a bucket
+
+
+def layout_columns(layout: list[list[Layout]]) -> tuple[list[str], list[list[int]], list[str]]:
+    """(names, shapes, dtypes) of every tensor of the buckets, in order."""
+    flat = [x for bucket in layout for x in bucket]
+    return [n for n, _, _ in flat], [s for _, s, _ in flat], [d for _, _, d in flat]
 
 
 class CollectivePublisher(FilePublisher):
@@ -70,39 +75,33 @@ class CollectivePublisher(FilePublisher):
         client: redis.Redis,
         run_id: str,
         out_dir: str | Path,
-        rank: int,
         *,
         group_address: str,
         receivers: int,
         file_too: bool = True,
         timeout_s: float = 600.0,
         keep: int = 2,
-        bucket_bytes: int = BUCKET_BYTES,
     ) -> None:
-        super().__init__(client, run_id, out_dir, rank, keep)
-        self.file_too, self.timeout_s, self.bucket_bytes = file_too, timeout_s, bucket_bytes
+        super().__init__(client, run_id, out_dir, keep)
+        self.file_too, self.timeout_s = file_too, timeout_s
         self._group = None
-        self._pool: ThreadPoolExecutor | None = None
-        self._pending: Future | None = None
-        self._host: list[torch.Tensor] = []  # rank 0: the last version's buckets, reused
-        if rank == 0:
-            self.group_info, self._store = GroupInfo.host(group_address, receivers, timeout_s)
-            publish_group(client, run_id, self.group_info)
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="weight-send")
-            self._pending = self._pool.submit(self._open)  # the generators join while the learner starts
+        self._host: list[torch.Tensor] = []  # the last version's buckets, reused
+        self.group_info, self._store = GroupInfo.host(group_address, receivers, timeout_s)
+        publish_group(client, run_id, self.group_info)
+        self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="weight-send")
+        self._pending: Future | None = self._pool.submit(self._open)  # the generators join while the learner starts
 
     @classmethod
-    def from_config(cls, cfg: Config, client: redis.Redis, rank: int, out_dir: Path) -> CollectivePublisher:
+    def from_config(cls, cfg: Config, client: redis.Redis, out_dir: Path) -> CollectivePublisher:
         """The group is hosted at this rank's address; receivers outside it (the evaluator, a
         policy-following scorer) read the files written beside the broadcasts."""
         return cls(
             client,
             cfg.run.name,
             out_dir,
-            rank,
             group_address=os.environ.get("MASTER_ADDR", "127.0.0.1"),
             receivers=cfg.cluster.generators * tensor_parallel(cfg.cluster.gpus_per_generator),  # a rank per shard
-            file_too=cfg.data.eval_size > 0 or cfg.credit.scorer.model == "policy",
+            file_too=CollectiveDeployment().shared_run_dir(cfg),
             timeout_s=cfg.generation.weight_group_timeout_s,
         )
 
@@ -116,20 +115,16 @@ class CollectivePublisher(FilePublisher):
         """Whether versions still go over the weight group (False after a failure)."""
         return self._pool is not None
 
-    def publish(self, module: torch.nn.Module, version: int) -> tuple[WeightManifest | None, float]:
+    def publish(self, weights: WeightSource, version: int) -> tuple[WeightManifest | None, float]:
         """Publish ``version``; returns (the manifest when published on this thread, seconds here)."""
         if version == 0:  # every receiver starts from version 0: the group never carries it
-            return super().publish(module, version) if self._with_file() else (None, 0.0)
+            return super().publish(weights, version) if self._with_file() else (None, 0.0)
         t0 = time.perf_counter()
-        if self.rank != 0:
-            take_part(module, self.bucket_bytes)
-            return None, time.perf_counter() - t0
         self.wait()  # the send in flight is done with the host buffers
         manifest = None
-        device = next(module.parameters()).device
         layout: list[list[Layout]] = []
         buffers: list[torch.Tensor] = []
-        for i, bucket in enumerate(gathered_buckets(module, self.bucket_bytes)):
+        for i, bucket in enumerate(weights.buckets()):
             tensors = [t for _, t in bucket]
             layout.append([(n, list(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in bucket])
             buffers.append(flatten(tensors, CPU, self._host_buffer(i, flat_nbytes(tensors))))
@@ -140,7 +135,7 @@ class CollectivePublisher(FilePublisher):
                 version, *layout_columns(layout), checksum="", path="", nbytes=0, created=time.time()
             )
             publish_manifest(self.client, self.run_id, _collective(announced, layout))
-            self._pending = self._pool.submit(self._send, version, layout, buffers, device)
+            self._pending = self._pool.submit(self._send, version, layout, buffers, weights.device)
         else:
             manifest = self._write_file(version, layout, buffers)
             publish_manifest(self.client, self.run_id, manifest)
@@ -214,7 +209,7 @@ class CollectiveReceiver(FileReceiver):
     each version's buckets; files are its fallback (and the evaluator's only way, outside the group)."""
 
     def __init__(
-        self, client: Any, run_id: str, engine: GroupWeightPort, name: str, group_rank: int | None, timeout_s: float
+        self, client: Any, run_id: str, engine: WeightPort, name: str, group_rank: int | None, timeout_s: float
     ):
         super().__init__(client, run_id, engine, name)
         if group_rank is None:  # outside the group: files it must have (the learner writes them on request)
@@ -224,7 +219,7 @@ class CollectiveReceiver(FileReceiver):
 
     @classmethod
     def from_config(
-        cls, cfg: Config, client: Any, engine: GroupWeightPort, rank: int | None, name: str | None = None
+        cls, cfg: Config, client: Any, engine: WeightPort, rank: int | None, name: str | None = None
     ) -> CollectiveReceiver:
         shards = tensor_parallel(cfg.cluster.gpus_per_generator)  # each worker of a tensor-parallel engine
         group_rank = None if rank is None else 1 + rank * shards  # is a rank: the engine's first is this
@@ -244,7 +239,9 @@ class CollectiveReceiver(FileReceiver):
         try:
             if info is None:
                 raise TimeoutError(f"no weight group published within {timeout_s:.0f} s")
-            self.engine.join_weight_group(info, group_rank, timeout_s)
+            self.engine.receive(
+                function_ref(join_group), info=dataclasses.asdict(info), rank=group_rank, timeout_s=timeout_s
+            )
             self.epoch = info.epoch
         except Exception as e:  # noqa: BLE001 - the learner falls back to files when the group is incomplete
             log.warning(
@@ -258,14 +255,19 @@ class CollectiveReceiver(FileReceiver):
         manifest = latest_manifest(self.client, self.run_id, newer_than=self.engine.version)
         if manifest is None or manifest.transport != "collective" or not self.in_group:
             return self._apply_file(manifest, in_flight)
-        try:
-            return self.engine.load_weights_broadcast(manifest, in_flight)
-        except WeightsLost:
-            raise
+        try:  # at once (the learner's send waits for every rank), applied under the in-flight policy
+            version = self.engine.receive(
+                function_ref(receive_broadcast),
+                names=manifest.names,
+                shapes=manifest.shapes,
+                dtypes=manifest.dtypes,
+                buckets=manifest.buckets,
+            )
         except Exception as e:  # noqa: BLE001 - a broken group: the learner re-publishes as files
             log.warning("%s: weight broadcast failed (%s: %s); following weight files", self.name, type(e).__name__, e)
             self.close()
             return None
+        return version, self.engine.apply(version, in_flight)
 
     def _follow_restart(self) -> None:
         """A restarted learner hosts a new group (another epoch) and waits for the generators in its
@@ -281,5 +283,44 @@ class CollectiveReceiver(FileReceiver):
 
     def close(self) -> None:
         if self.in_group:
-            self.engine.leave_weight_group()
+            self.engine.receive(function_ref(leave_group))
             self.in_group = False
+
+
+# ----- engine side: on each worker of a generator's engine -----
+def join_group(landing: Landing, info: dict[str, Any], rank: int, timeout_s: float) -> None:
+    """Join the learner's weight group as ``rank`` plus this worker's rank in its engine (a
+    tensor-parallel engine's workers each receive every bucket and load their own shard; blocks until
+    every member joined)."""
+    group_info = GroupInfo(**info)
+    landing.state["group"] = open_group(group_info, rank + landing.rank, timeout_s)
+    landing.state["device"] = device_for(group_info.backend)
+
+
+def receive_broadcast(
+    landing: Landing, names: list[str], shapes: list[list[int]], dtypes: list[str], buckets: list[int]
+) -> int:
+    """Receive the next broadcast version and hold it (applied when the engine says so); its number."""
+    version, tensors = receive_tensors(landing.state["group"], names, shapes, dtypes, buckets, landing.state["device"])
+    landing.hold(tensors)
+    return version
+
+
+def leave_group(landing: Landing) -> None:
+    landing.state.pop("group", None)
+    landing.drop()
+
+
+class CollectiveDeployment(Deployment):
+    """Only the receivers outside the group (the evaluator, a policy-following scorer) read files;
+    the group has a rank for each configured generator (one per GPU under NCCL); a restarted run's
+    generators must not join an earlier learner's group."""
+
+    def shared_run_dir(self, cfg: Config) -> bool:
+        return cfg.data.eval_size > 0 or cfg.credit.scorer.model == "policy"
+
+    def group_size(self, cfg: Config) -> int | None:
+        return cfg.cluster.generators
+
+    def reset(self, client: Any, run_id: str) -> None:
+        client.delete(group_key(run_id))

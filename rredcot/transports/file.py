@@ -1,10 +1,9 @@
 """The ``file`` transport: one safetensors file plus its manifest per version, read by any receiver
 on the learner's filesystem.
 
-Publisher (``FilePublisher``, learner side): every rank calls ``publish``; rank 0 streams the
-version's file to disk bucket by bucket as the buckets are gathered (``transports.gather``;
-``WeightWriter`` of ``transports.manifest``: the SHA-256 computed while writing), then publishes its
-manifest. Host memory: one tensor at a time.
+Publisher (``FilePublisher``, learner rank 0): streams the version's file to disk bucket by bucket
+as the learner gathers them (``WeightWriter`` of ``transports.manifest``: the SHA-256 computed while
+writing), then publishes its manifest. Host memory: one tensor at a time.
 
 Receiver (``FileReceiver``; the other built-ins' receivers extend it, files being their fallback):
 applies each newer published version to a weight port (``transports.ports.WeightPort``). One
@@ -18,6 +17,9 @@ A file that the newest manifest names and that this node cannot find was never p
 receiver does not share the learner's filesystem. That is logged as an error (once per version,
 naming the path and the fix), counted in ``missing_files`` (the generator's ``weight_files_missing``
 metric), and retried on every poll.
+
+Engine side: ``land_bytes`` (a version's safetensors bytes, loaded where the port's weights are);
+``apply_bytes`` moves bytes into a port (the ``redis`` transport's receiver uses it too).
 """
 
 from __future__ import annotations
@@ -28,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import redis
-import torch
+from safetensors.torch import load as st_load
 
 from rredcot.common.config import Config
-from rredcot.transports.gather import columns, gathered_tensors, take_part
+from rredcot.transports import WeightSource
 from rredcot.transports.manifest import (
     WeightManifest,
     WeightWriter,
@@ -40,36 +42,31 @@ from rredcot.transports.manifest import (
     published_version,
     read_weights,
 )
-from rredcot.transports.ports import WeightPort
+from rredcot.transports.ports import Landing, WeightPort, function_ref
 
 log = logging.getLogger(__name__)
 
 
 class FilePublisher:
-    """The ``file`` transport's publisher: every rank calls ``publish``; rank 0 streams the version's
-    safetensors file to disk and publishes its manifest (``transports.manifest``)."""
+    """The ``file`` transport's publisher: streams each version's safetensors file to disk and
+    publishes its manifest (``transports.manifest``)."""
 
-    def __init__(self, client: redis.Redis | None, run_id: str, out_dir: str | Path, rank: int, keep: int = 2) -> None:
-        self.client, self.run_id, self.out_dir, self.rank, self.keep = client, run_id, Path(out_dir), rank, keep
+    def __init__(self, client: redis.Redis, run_id: str, out_dir: str | Path, keep: int = 2) -> None:
+        self.client, self.run_id, self.out_dir, self.keep = client, run_id, Path(out_dir), keep
         self.send_s = 0.0  # seconds spent in background sends (none here)
         self.fallbacks = 0  # versions re-published as files after a failed send (none here)
 
     @classmethod
-    def from_config(cls, cfg: Config, client: redis.Redis, rank: int, out_dir: Path) -> FilePublisher:
-        return cls(client, cfg.run.name, out_dir, rank)
+    def from_config(cls, cfg: Config, client: redis.Redis, out_dir: Path) -> FilePublisher:
+        return cls(client, cfg.run.name, out_dir)
 
-    def publish(self, module: torch.nn.Module, version: int) -> tuple[WeightManifest | None, float]:
-        """Publish ``version``; returns (the manifest when published on this thread, seconds here)."""
+    def publish(self, weights: WeightSource, version: int) -> tuple[WeightManifest | None, float]:
+        """Publish ``version``; returns (the manifest, seconds here)."""
         t0 = time.perf_counter()
-        if self.rank != 0 or self.client is None:  # only rank 0 delivers
-            take_part(module)
-            return None, time.perf_counter() - t0
-        with (
-            gathered_tensors(module, OSError) as tensors,  # e.g. a full disk
-            WeightWriter(version, *columns(module), self.out_dir) as writer,
-        ):
-            for name, tensor in tensors:
-                writer.write(name, tensor)
+        with WeightWriter(version, *weights.columns(), self.out_dir) as writer:
+            for bucket in weights.buckets():
+                for name, tensor in bucket:
+                    writer.write(name, tensor)
             manifest = writer.commit(self.keep)
         publish_manifest(self.client, self.run_id, manifest)
         return manifest, time.perf_counter() - t0
@@ -79,6 +76,20 @@ class FilePublisher:
 
     def close(self) -> None:
         self.wait()
+
+
+def land_bytes(landing: Landing, data: bytes) -> int:
+    """Engine side: a version's safetensors bytes, held on the landing; returns the tensor count."""
+    return landing.hold(st_load(bytes(data)))
+
+
+def apply_bytes(port: WeightPort, data: bytes, version: int, in_flight: str = "finish") -> float:
+    """``data`` (safetensors) into ``port`` as ``version``; the seconds of the update (loading the bytes
+    and applying them, not the wait for requests in flight)."""
+    t0 = time.perf_counter()
+    port.receive(function_ref(land_bytes), data=data)
+    loaded = time.perf_counter() - t0
+    return loaded + port.apply(version, in_flight)
 
 
 def receiver_name(rank: int | None, name: str | None) -> str:
@@ -118,11 +129,11 @@ class FileReceiver:
             data = read_weights(manifest)
         except FileNotFoundError:  # pruned by a newer publication (taken next time), or never on this node
             if published_version(self.client, self.run_id) <= manifest.version:
-                self._report_missing(manifest)
+                self.report_missing(manifest)
             return None
-        return manifest.version, self.engine.load_weights_bytes(data, manifest.version, in_flight)
+        return manifest.version, apply_bytes(self.engine, data, manifest.version, in_flight)
 
-    def _report_missing(self, manifest: WeightManifest) -> None:
+    def report_missing(self, manifest: WeightManifest) -> None:
         if self._missing == manifest.version:
             return
         self._missing = manifest.version

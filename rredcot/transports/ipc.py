@@ -1,9 +1,8 @@
 """The ``ipc`` transport: each version into a shared slot on the learner's node, copied out by the
 receivers there.
 
-Publisher (``IpcPublisher``): rank 0 gathers the parameters bucket by bucket (every rank takes part,
-as for the other transports) and copies them straight into the slot of the version
-(``transports.slots``): host memory in ``/dev/shm``, or with ``memory: device`` (the default on a
+Publisher (``IpcPublisher``, learner rank 0): copies the learner's buckets straight into the slot of
+the version (``transports.slots``): host memory in ``/dev/shm``, or with ``memory: device`` (the default on a
 GPU learner) a buffer on its GPU that generators on the same GPU open by CUDA IPC — the path for a
 generator and the learner sharing one GPU, where NCCL refuses two ranks. No background thread, no
 checksum, no file: the version is readable the moment its manifest is published. Memory: two slots
@@ -16,8 +15,8 @@ for them (one on another node, or not seeing the learner's GPU: ``IpcReceiver``)
 ``close`` for the last version, because the slots end with the learner while the final evaluation
 still reads it.
 
-Receiver (``IpcReceiver``): copies each version out of its slot into the port's own memory, and
-keeps the copy only if the slot still holds that version afterwards.
+Receiver (``IpcReceiver``): has the port copy each version out of its slot into its own memory (the
+engine-side ``land_slot``), and keeps the copy only if the slot still holds that version afterwards.
 """
 
 from __future__ import annotations
@@ -35,12 +34,21 @@ import torch
 from rredcot.common.config import Config, ConfigError, choice
 from rredcot.common.registry import WEIGHT_TRANSPORTS
 from rredcot.common.run_uid import run_uid
+from rredcot.transports import Deployment, WeightSource
 from rredcot.transports.file import FilePublisher, FileReceiver
-from rredcot.transports.gather import CPU, columns, gathered_buckets, take_part
 from rredcot.transports.group import bucket_nbytes, flat_nbytes, flatten, unflatten
 from rredcot.transports.manifest import WeightManifest, latest_manifest, publish_manifest, write_weights
-from rredcot.transports.ports import WeightPort, WeightsLost
-from rredcot.transports.slots import SHM_DIR, SLOTS, SlotReader, SlotRing, files_wanted, stamp
+from rredcot.transports.ports import Landing, WeightPort, function_ref
+from rredcot.transports.slots import (
+    SHM_DIR,
+    SLOTS,
+    SlotReader,
+    SlotRing,
+    copy_slot,
+    files_wanted,
+    host_slots_left,
+    stamp,
+)
 
 log = logging.getLogger(__name__)
 
@@ -68,40 +76,36 @@ class IpcPublisher(FilePublisher):
         client: redis.Redis,
         run_id: str,
         out_dir: str | Path,
-        rank: int,
         memory: str = "auto",
         keep: int = 2,
         shm_dir: Path = SHM_DIR,
     ) -> None:
-        super().__init__(client, run_id, out_dir, rank, keep)
+        super().__init__(client, run_id, out_dir, keep)
         self.memory, self.shm_dir = memory, shm_dir
         self._ring: SlotRing | None = None
         self._files_only = False  # the slots could not be allocated
         self._last: WeightManifest | None = None  # the newest version published in a slot
 
     @classmethod
-    def from_config(cls, cfg: Config, client: redis.Redis, rank: int, out_dir: Path) -> IpcPublisher:
+    def from_config(cls, cfg: Config, client: redis.Redis, out_dir: Path) -> IpcPublisher:
         settings = WEIGHT_TRANSPORTS.get(cfg.generation.weight_transport).typed_settings(cfg)
-        return cls(client, cfg.run.name, out_dir, rank, settings.memory)
+        return cls(client, cfg.run.name, out_dir, settings.memory)
 
-    def publish(self, module: torch.nn.Module, version: int) -> tuple[WeightManifest | None, float]:
-        """Publish ``version``; returns (its manifest on rank 0, seconds here)."""
+    def publish(self, weights: WeightSource, version: int) -> tuple[WeightManifest | None, float]:
+        """Publish ``version``; returns (its manifest, seconds here)."""
         if self._files_only:
-            return super().publish(module, version)
+            return super().publish(weights, version)
         if version == 0:  # every receiver starts from version 0
             return None, 0.0
         t0 = time.perf_counter()
-        if self.rank != 0:
-            take_part(module)
-            return None, time.perf_counter() - t0
-        names, shapes, dtypes = columns(module)
-        ring = self._slots(module, shapes, dtypes)
+        names, shapes, dtypes = weights.columns()
+        ring = self._slots(weights.device, shapes, dtypes)
         if ring is None:
-            return super().publish(module, version)
+            return super().publish(weights, version)
         index = 0 if self._last is None else (self._last.shared["index"] + 1) % SLOTS  # the other slot
         stamp(self.client, self.run_id, index, -1)  # receivers copying the version it held drop the copy
         buffer, offset = ring.buffers[index], 0
-        for bucket in gathered_buckets(module):
+        for bucket in weights.buckets():
             tensors = [t for _, t in bucket]
             n = flat_nbytes(tensors)
             flatten(tensors, buffer.device, buffer[offset : offset + n])
@@ -129,10 +133,11 @@ class IpcPublisher(FilePublisher):
         self._ring.close()
         self._ring = None
 
-    def _slots(self, module: torch.nn.Module, shapes: list[list[int]], dtypes: list[str]) -> SlotRing | None:
-        """The slots, allocated at the first publication; None (files from now on) if they do not fit."""
+    def _slots(self, device: torch.device, shapes: list[list[int]], dtypes: list[str]) -> SlotRing | None:
+        """The slots, allocated at the first publication on the learner's ``device`` (or the host's
+        memory); None (files from now on) if they do not fit."""
         if self._ring is None:
-            device = next(module.parameters()).device if self.memory != "host" else CPU
+            device = device if self.memory != "host" else torch.device("cpu")
             if self.memory == "device" and device.type != "cuda":
                 raise ValueError("generation.transport_settings.memory = 'device' needs the learner on a GPU")
             nbytes = bucket_nbytes(shapes, dtypes, [len(shapes)])[0]  # all tensors as one bucket
@@ -168,10 +173,38 @@ class IpcReceiver(FileReceiver):
         if manifest is None or manifest.transport != "ipc" or not self.slots.usable(manifest.shared):
             return self._apply_file(manifest, in_flight)
         try:
-            seconds = self.engine.load_weights_shared(manifest, lambda: self.slots.still_held(manifest), in_flight)
-        except WeightsLost:
-            raise
+            self.engine.receive(
+                function_ref(land_slot),
+                handle=manifest.shared,
+                names=manifest.names,
+                shapes=manifest.shapes,
+                dtypes=manifest.dtypes,
+            )
         except Exception as e:  # noqa: BLE001 - the slots went with their learner: its file, if any
             log.info("%s: cannot open weights v%d's slot (%s: %s)", self.name, manifest.version, type(e).__name__, e)
             return self._apply_file(manifest, in_flight)
-        return None if seconds is None else (manifest.version, seconds)
+        if not self.slots.still_held(manifest):  # overwritten during the copy: a newer version is there
+            self.engine.drop()
+            return None
+        return manifest.version, self.engine.apply(manifest.version, in_flight)
+
+
+def land_slot(
+    landing: Landing, handle: dict[str, Any], names: list[str], shapes: list[list[int]], dtypes: list[str]
+) -> int:
+    """Engine side: the learner's shared slot copied onto the landing's device, its tensors held."""
+    own = copy_slot(handle, landing.device)
+    return landing.hold(dict(zip(names, unflatten(own, shapes, dtypes), strict=True)))
+
+
+class IpcDeployment(Deployment):
+    """Receivers off the learner's node read files; host slots take ``/dev/shm`` room; a killed
+    learner's host slots stay there for ``run.resume``."""
+
+    def shm_versions(self, cfg: Config) -> int:
+        memory = dict(cfg.generation.transport_settings).get("memory", "auto")
+        host = memory == "host" or (memory == "auto" and cfg.cluster.gpus_per_learner == 0)
+        return SLOTS if host else 0
+
+    def left_behind(self, run_id: str, uid: str) -> list[Path]:
+        return host_slots_left(run_id, uid)

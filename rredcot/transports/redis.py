@@ -1,11 +1,11 @@
 """The ``redis`` transport: each version's safetensors bytes in the run's Redis, in chunks, beside
 its manifest: weights reach every node that reaches Redis, with no filesystem shared between nodes.
 
-Publisher (``RedisPublisher``, learner side): every rank calls ``publish``; rank 0 streams the
-version's safetensors bytes (``transports.manifest.SafetensorsStream``, the SHA-256 computed as they
-go) into keys of ``chunk_mb`` MiB each as the buckets are gathered, then publishes the manifest
-(``transport="redis"``, ``shared`` = the chunk count) and deletes the chunks of the version
-``keep`` versions back. Host memory: one chunk and one tensor.
+Publisher (``RedisPublisher``, learner rank 0): streams the version's safetensors bytes
+(``transports.manifest.SafetensorsStream``, the SHA-256 computed as they go) into keys of
+``chunk_mb`` MiB each as the learner gathers the buckets, then publishes the manifest
+(``transport="redis"``, ``shared`` = the chunk count) and deletes the chunks of the version ``keep``
+versions back. Host memory: one chunk and one tensor.
 
 Receiver (``RedisReceiver``): fetches the newest version's chunks, checks their length and checksum
 against the manifest, and applies them to its weight port. A chunk that is gone means a newer
@@ -29,13 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import redis
-import torch
 
 from rredcot.common.config import Config, bounded
 from rredcot.common.registry import WEIGHT_TRANSPORTS
 from rredcot.common.streams import key, registry_key
-from rredcot.transports.file import FileReceiver, receiver_name
-from rredcot.transports.gather import columns, gathered_tensors, take_part
+from rredcot.transports import Deployment, WeightSource
+from rredcot.transports.file import FileReceiver, apply_bytes, receiver_name
 from rredcot.transports.manifest import (
     SafetensorsStream,
     WeightManifest,
@@ -105,31 +104,27 @@ def delete_version(client: redis.Redis, run_id: str, version: int, chunks: int) 
 
 
 class RedisPublisher:
-    """The ``redis`` transport's publisher: every rank calls ``publish``; rank 0 streams the
-    version into Redis and publishes its manifest."""
+    """The ``redis`` transport's publisher: streams each version into Redis and publishes its manifest."""
 
-    def __init__(self, client: redis.Redis | None, run_id: str, rank: int, settings: RedisSettings) -> None:
-        self.client, self.run_id, self.rank, self.settings = client, run_id, rank, settings
+    def __init__(self, client: redis.Redis, run_id: str, settings: RedisSettings) -> None:
+        self.client, self.run_id, self.settings = client, run_id, settings
         self.send_s = 0.0  # seconds spent in background sends (none here)
         self.fallbacks = 0  # versions re-published as files after a failed send (none here)
 
     @classmethod
-    def from_config(cls, cfg: Config, client: redis.Redis, rank: int, out_dir: Path) -> RedisPublisher:
-        return cls(client, cfg.run.name, rank, WEIGHT_TRANSPORTS.get("redis").typed_settings(cfg))
+    def from_config(cls, cfg: Config, client: redis.Redis, out_dir: Path) -> RedisPublisher:
+        return cls(client, cfg.run.name, WEIGHT_TRANSPORTS.get(cfg.generation.weight_transport).typed_settings(cfg))
 
-    def publish(self, module: torch.nn.Module, version: int) -> tuple[WeightManifest | None, float]:
-        """Publish ``version``; returns (its manifest on rank 0, seconds here)."""
+    def publish(self, weights: WeightSource, version: int) -> tuple[WeightManifest | None, float]:
+        """Publish ``version``; returns (its manifest, seconds here)."""
         t0 = time.perf_counter()
-        if self.rank != 0 or self.client is None:  # only rank 0 delivers
-            take_part(module)
-            return None, time.perf_counter() - t0
-        writer = ChunkWriter(self.client, self.run_id, version, self.settings.chunk_mb * MIB, *columns(module))
+        writer = ChunkWriter(self.client, self.run_id, version, self.settings.chunk_mb * MIB, *weights.columns())
         try:
-            with gathered_tensors(module, redis.RedisError) as tensors:  # e.g. out of memory
-                for name, tensor in tensors:
+            for bucket in weights.buckets():
+                for name, tensor in bucket:
                     writer.write(name, tensor)
-                manifest = writer.commit()
-        except redis.RedisError:  # the chunks written so far go
+            manifest = writer.commit()
+        except redis.RedisError:  # e.g. out of memory: the chunks written so far go
             delete_version(self.client, self.run_id, version, writer.chunks)
             raise
         publish_manifest(self.client, self.run_id, manifest)
@@ -159,7 +154,7 @@ class RedisReceiver(FileReceiver):
         data = self._fetch(manifest)
         if data is None:
             return None
-        return manifest.version, self.engine.load_weights_bytes(data, manifest.version, in_flight)
+        return manifest.version, apply_bytes(self.engine, data, manifest.version, in_flight)
 
     def _fetch(self, manifest: WeightManifest) -> bytes | None:
         """The version's bytes, or None when a chunk is gone (replaced by a newer version, or dropped)."""
@@ -192,3 +187,10 @@ class RedisReceiver(FileReceiver):
             self.name,
             manifest.version,
         )
+
+
+class RedisDeployment(Deployment):
+    """Every receiver reads the run's Redis: no node needs the learner's ``run.dir``."""
+
+    def shared_run_dir(self, cfg: Config) -> bool:
+        return False

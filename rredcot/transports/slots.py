@@ -31,13 +31,13 @@ import redis
 import torch
 
 from rredcot.common.streams import registry_key
+from rredcot.transports import SHM_DIR
 from rredcot.transports.group import unflatten
 from rredcot.transports.manifest import WeightManifest
 
 log = logging.getLogger(__name__)
 
 SLOTS = 2
-SHM_DIR = Path("/dev/shm")
 
 
 def slots_key(run_id: str) -> str:

@@ -1,7 +1,8 @@
 """A weight transport from outside rredcot (``generation.weight_transport: tests.extensions.redis_weights``).
 
 Each version's safetensors bytes live in a Redis key beside the manifest: no shared filesystem,
-fine for small models. The worked example of docs/extending.md.
+fine for small models. The receiver lands them with the ``file`` transport's engine-side function
+(``apply_bytes``). A worked example of docs/extending.md.
 """
 
 from __future__ import annotations
@@ -11,16 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from safetensors.torch import save
 
 from rredcot.common.config import Config, bounded
 from rredcot.common.registry import WEIGHT_TRANSPORTS
 from rredcot.common.streams import registry_key
-from rredcot.transports import WeightTransport
-from rredcot.transports.file import FilePublisher, FileReceiver
-from rredcot.transports.gather import full_state
-from rredcot.transports.manifest import WeightManifest, latest_manifest, publish_manifest
+from rredcot.transports import Deployment, WeightSource, WeightTransport
+from rredcot.transports.file import FilePublisher, FileReceiver, apply_bytes
+from rredcot.transports.manifest import WeightManifest, latest_manifest, publish_manifest, sha256_of
 
 
 def blob_key(run_id: str, version: int) -> str:
@@ -34,25 +33,25 @@ class RedisBlobSettings:
 
 class RedisBlobPublisher(FilePublisher):
     @classmethod
-    def from_config(cls, cfg: Config, client: Any, rank: int, out_dir: Path) -> RedisBlobPublisher:
+    def from_config(cls, cfg: Config, client: Any, out_dir: Path) -> RedisBlobPublisher:
         keep = WEIGHT_TRANSPORTS.get(cfg.generation.weight_transport).typed_settings(cfg).keep
-        return cls(client, cfg.run.name, out_dir, rank, keep=keep)
+        return cls(client, cfg.run.name, out_dir, keep=keep)
 
-    def publish(self, module: torch.nn.Module, version: int) -> tuple[WeightManifest | None, float]:
+    def publish(self, weights: WeightSource, version: int) -> tuple[WeightManifest | None, float]:
         t0 = time.perf_counter()
-        state = full_state(module)  # every rank: a collective under ZeRO-3
-        if self.rank != 0:
-            return None, time.perf_counter() - t0
+        names, shapes, dtypes = weights.columns()
+        # a bucket's tensors are valid until the next bucket is asked for: copy them out as they come
+        state = {name: t.detach().to("cpu", copy=True) for bucket in weights.buckets() for name, t in bucket}
         data = save(state)
         self.client.sadd(registry_key(self.run_id), blob_key(self.run_id, version))  # cleared with the run
         self.client.set(blob_key(self.run_id, version), data)
         self.client.delete(blob_key(self.run_id, version - self.keep))  # keep the last ``keep`` versions
         manifest = WeightManifest(
             version,
-            names=list(state),
-            shapes=[list(t.shape) for t in state.values()],
-            dtypes=[str(t.dtype).removeprefix("torch.") for t in state.values()],
-            checksum="",
+            names,
+            shapes,
+            dtypes,
+            checksum=sha256_of(data),
             path="",
             nbytes=len(data),
             created=time.time(),
@@ -70,7 +69,14 @@ class RedisBlobReceiver(FileReceiver):
         data = self.client.get(blob_key(self.run_id, manifest.version))
         if data is None:  # dropped by a newer version: take that one on the next poll
             return None
-        return manifest.version, self.engine.load_weights_bytes(data, manifest.version, in_flight)
+        return manifest.version, apply_bytes(self.engine, data, manifest.version, in_flight)
 
 
-WEIGHT_TRANSPORTS.register("redis_weights")(WeightTransport(RedisBlobPublisher, RedisBlobReceiver, RedisBlobSettings))
+class RedisBlobDeployment(Deployment):
+    def shared_run_dir(self, cfg: Config) -> bool:
+        return False  # every receiver reads Redis
+
+
+WEIGHT_TRANSPORTS.register("redis_weights")(
+    WeightTransport(RedisBlobPublisher, RedisBlobReceiver, RedisBlobSettings, RedisBlobDeployment)
+)

@@ -26,8 +26,8 @@ from safetensors.torch import save_file
 from rredcot.common.config import LearnerConfig
 from rredcot.learner.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from rredcot.learner.engine import LearnerEngine
+from rredcot.learner.weights import full_state, publish
 from rredcot.transports.file import FilePublisher
-from rredcot.transports.gather import full_state
 from tests.learner_samples import file_size_limit, random_samples, tiny_lm
 
 
@@ -44,13 +44,14 @@ def main(spec: dict) -> None:
     if spec.get("resume"):
         load_checkpoint(engine, spec["resume"])
     client = redis.Redis.from_url(spec["redis_url"]) if spec.get("redis_url") else None
-    publisher = FilePublisher(client, spec.get("run_id", ""), spec.get("weights_dir", "."), engine.rank)
+    rank0 = client is not None and engine.rank == 0  # the other ranks have no publisher: they take part in gathers
+    publisher = FilePublisher(client, spec.get("run_id", ""), spec.get("weights_dir", ".")) if rank0 else None
     for step in range(spec.get("first_step", 0), spec["steps"]):
         batch = random_samples(8, seed=1000 + step)[engine.rank :: engine.world]
         result = engine.train_step(batch)
         assert result.applied, result.metrics
         if client is not None:
-            publisher.publish(engine.module, engine.version)
+            publish(publisher, engine.module, engine.version)
         if step + 1 == spec.get("save_at"):  # a checkpoint and the weights mid-run
             for fail_rank in spec.get("fail_ranks", []):
                 failed_save(engine, spec, fail_rank)
@@ -59,7 +60,8 @@ def main(spec: dict) -> None:
     state = full_state(engine.module)
     if spec.get("out"):
         save_file(state, spec["out"].replace("RANK", str(engine.rank)))
-    publisher.close()
+    if publisher is not None:
+        publisher.close()
     # end the ranks together and join the process group's threads: one still running at interpreter
     # exit aborted a rank (SIGABRT, "terminate called without an active exception") in a fresh-clone CI
     torch.distributed.barrier()

@@ -18,6 +18,7 @@ from rredcot.actors.engine import Engine, EngineSpec, Sampling
 from rredcot.common.config import LearnerConfig
 from rredcot.learner.engine import LearnerEngine
 from rredcot.learner.packing import TrainSample
+from rredcot.learner.weights import publish
 from rredcot.models.store import load_causal_lm, load_tokenizer, qwen_tokenizer_dir, save_model_dir
 from rredcot.models.tiny import build_tiny_model
 from rredcot.transports.collective import CollectivePublisher, CollectiveReceiver
@@ -72,16 +73,16 @@ def _deliver(transport: str, learner: LearnerEngine, generator: Engine, client, 
     publisher and receiver (the collective one joins the group as rank 1, as generator 0 does; the
     ipc one copies the learner's slot)."""
     if transport == "file":
-        publisher, receiver = FilePublisher(client, run_id, out, rank=0), FileReceiver(client, run_id, generator)
+        publisher, receiver = FilePublisher(client, run_id, out), FileReceiver(client, run_id, generator)
     elif transport == "ipc":
-        publisher, receiver = IpcPublisher(client, run_id, out, rank=0), IpcReceiver(client, run_id, generator)
+        publisher, receiver = IpcPublisher(client, run_id, out), IpcReceiver(client, run_id, generator)
     else:
         publisher = CollectivePublisher(
-            client, run_id, out, rank=0, group_address="127.0.0.1", receivers=1, file_too=False, timeout_s=60
+            client, run_id, out, group_address="127.0.0.1", receivers=1, file_too=False, timeout_s=60
         )
         receiver = CollectiveReceiver(client, run_id, generator, "gen0", group_rank=1, timeout_s=60)
         assert receiver.holds_group
-    publisher.publish(learner.module, learner.version)  # collective: returns while the send runs behind
+    publish(publisher, learner.module, learner.version)  # collective: returns while the send runs behind
     deadline = time.monotonic() + 60
     while (manifest := latest_manifest(client, run_id)) is None and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -17,7 +17,7 @@ from rredcot.common.staleness import Admission
 from rredcot.common.streams import BATCHES, DEAD, Producer, key
 from rredcot.learner.checkpoint import CheckpointError
 from rredcot.learner.trainer import Trainer
-from rredcot.transports.gather import full_state
+from rredcot.learner.weights import full_state
 from rredcot.transports.manifest import latest_manifest, load_tensors
 
 

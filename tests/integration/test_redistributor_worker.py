@@ -18,6 +18,7 @@ from rredcot.common.codec import decode, encode
 from rredcot.common.config import load_config
 from rredcot.common.records import RolloutGroup, WeightedGroup
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Producer, dead_letters, key
+from rredcot.learner.weights import publish
 from rredcot.models.store import load_tokenizer, qwen_tokenizer_dir
 from rredcot.models.tiny import build_tiny_model
 from rredcot.redistributor.scorer import Scorer
@@ -264,8 +265,8 @@ def test_policy_scorer_reads_ipc_slots_and_waits_for_a_file_still_being_written(
     worker = Redistributor(cfg, "red0", scorer=scorer)
     policy = build_tiny_model("qwen3", seed=5)
     (tmp_path / "shm").mkdir()
-    publisher = IpcPublisher(redis_client, run_id, tmp_path / "weights", 0, shm_dir=tmp_path / "shm")
-    publisher.publish(policy, 2)
+    publisher = IpcPublisher(redis_client, run_id, tmp_path / "weights", shm_dir=tmp_path / "shm")
+    publish(publisher, policy, 2)
     assert worker.sync_scorer() and scorer.version == 2 and not (tmp_path / "weights").exists()
     for (name, a), b in zip(scorer.model.state_dict().items(), policy.state_dict().values()):
         assert torch.equal(a, b), name

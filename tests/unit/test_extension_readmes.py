@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 
-from rredcot.common.registry import CREDIT_METHODS, TASKS, Registry, load_class
+from rredcot.common.config import load_config
+from rredcot.common.registry import CREDIT_METHODS, TASKS, WEIGHT_TRANSPORTS, Registry, load_class
 from rredcot.tasks.task import Task
+from rredcot.transports import deployment
 
 ROOT = Path(__file__).resolve().parents[2]
 CELL_SEPARATOR = re.compile(r"(?<!\\)\|")  # a pipe not escaped as \| (σ = 1/\|o\|)
@@ -79,6 +81,7 @@ class Case:
 CASES = [  # a README of one more extension folder is one more case
     Case("rredcot/tasks/README.md", TASKS, lambda name: TASKS.get(name).Settings),
     Case("rredcot/redistributor/README.md", CREDIT_METHODS, credit_settings),
+    Case("rredcot/transports/README.md", WEIGHT_TRANSPORTS, lambda name: WEIGHT_TRANSPORTS.get(name).settings),
 ]
 
 
@@ -111,3 +114,15 @@ def test_the_tasks_table_says_which_tasks_check_slips() -> None:
     for name, row in CASES[0].builtin_rows():
         has_none = TASKS.get(name).checks_slips is Task.checks_slips
         assert (row["slip checker"] == "no") == has_none, row
+
+
+def test_the_transports_table_says_what_each_deployment_needs() -> None:
+    """Each needs column starts with yes or no as the transport's ``Deployment`` answers for a CPU run
+    without evaluations (the cells say what changes it)."""
+    columns = {"shared `run.dir`": "shared_run_dir", "`/dev/shm`": "shm_versions", "weight group": "group_size"}
+    for name, row in CASES[2].builtin_rows():
+        cfg = load_config("tests", [f"generation.weight_transport={name}", "data.eval_size=0"])
+        needs = deployment(cfg)
+        for column, method in columns.items():
+            answer = getattr(needs, method)(cfg)
+            assert row[column].startswith("yes" if answer not in (False, 0, None) else "no"), (name, column, answer)

@@ -29,9 +29,10 @@ import rredcot
 from rredcot.common.config import Config
 from rredcot.common.errors import UserError
 from rredcot.launch.checks import Check
+from rredcot.launch.checks.ray_address import check_ray_answers, ray_unreachable
 from rredcot.launch.observe.logs import headline
 from rredcot.launch.plan import PlanError, check_fit, check_plan, describe_free
-from rredcot.transports.slots import SHM_DIR
+from rredcot.transports import SHM_DIR, deployment
 
 GIB = 2**30
 CODE_SUFFIXES = (".py", ".yaml")
@@ -62,14 +63,6 @@ def code_digest() -> str:
         h.update(f"{f.relative_to(root)}\0".encode())
         h.update(f.read_bytes())
     return h.hexdigest()[:16]
-
-
-def ipc_host_slots(cfg: Config) -> bool:
-    """Whether the ipc transport keeps its weight versions in host shared memory (``/dev/shm``)."""
-    memory = dict(cfg.generation.transport_settings).get("memory", "auto")
-    return cfg.generation.weight_transport == "ipc" and (
-        memory == "host" or (memory == "auto" and cfg.cluster.gpus_per_learner == 0)
-    )
 
 
 def node_label(address: str, node_id: str) -> str:
@@ -222,16 +215,10 @@ def read_probe(get: Callable[[], dict[str, Any]], address: str, node_id: str) ->
 
 
 def shared_dir_needed(cfg: Config) -> bool:
-    """Whether the run cannot go on without one ``run.dir`` for every node: weights travel as files
-    (the ``file`` transport, and a transport of the user's; ``ipc`` receivers off the learner's node;
-    the files ``collective`` writes for the evaluator or a policy-following scorer; never ``redis``,
-    whose receivers all read the run's Redis), or learner ranks write one checkpoint together."""
-    transport = cfg.generation.weight_transport
-    if transport == "collective":
-        files = cfg.data.eval_size > 0 or cfg.credit.scorer.model == "policy"
-    else:
-        files = transport != "redis"
-    return files or cfg.cluster.learner_ranks > 1
+    """Whether the run cannot go on without one ``run.dir`` for every node: its weight transport's
+    receivers read the learner's files (``transports.Deployment.shared_run_dir``), or learner ranks
+    write one checkpoint together."""
+    return deployment(cfg).shared_run_dir(cfg) or cfg.cluster.learner_ranks > 1
 
 
 def cluster_problems(cfg: Config, reports: list[NodeReport], here: str) -> list[Check]:
@@ -298,10 +285,10 @@ def cluster_problems(cfg: Config, reports: list[NodeReport], here: str) -> list[
                 f"node {r.node} imports other rredcot code (digest {r.code}, the driver's {here})",
                 "install the same checkout on every node (a shared checkout with its .venv, or one container image)",
             )
-        if ipc_host_slots(cfg) and r.shm_free < GIB:
+        if (versions := deployment(cfg).shm_versions(cfg)) and r.shm_free < GIB:
             error(
-                f"node {r.node} has {r.shm_free / 2**20:.0f} MiB free in {SHM_DIR} for the ipc transport's two "
-                f"weight versions",
+                f"node {r.node} has {r.shm_free / 2**20:.0f} MiB free in {SHM_DIR} for the "
+                f"{cfg.generation.weight_transport} transport's {versions} weight versions",
                 "give it more (docker run --shm-size=2g) or set generation.weight_transport=file",
             )
     return out
@@ -374,71 +361,6 @@ def wait_for_placement(cfg: Config, pg: Any, timeout_s: float = PLACEMENT_TIMEOU
             f"free now: {describe_free(free_per_node())}: other jobs hold the room, or a node left; "
             "free it or lower the plan"
         ) from None
-
-
-def ray_unreachable(address: str, timeout_s: float = 3.0) -> str | None:
-    """None when a TCP connection to the Ray ``address`` (``host:port`` or ``ray://…``) opens, else why not."""
-    parsed = urlparse(address if "://" in address else f"ray://{address}")
-    try:
-        with socket.create_connection((parsed.hostname or "", parsed.port or 6379), timeout=timeout_s):
-            return None
-    except OSError as e:
-        return str(e) or type(e).__name__
-
-
-GCS_PROBE_TIMEOUT_S = 5.0  # a Ray GCS answers the probe in milliseconds; ray.init waits up to minutes
-GCS_METHOD = "/ray.rpc.NodeInfoGcsService/GetClusterId"  # the first call ray.init makes to the GCS
-
-
-def gcs_problem(address: str, timeout_s: float = GCS_PROBE_TIMEOUT_S) -> str:
-    """ "" when a Ray GCS answers at ``address`` (``host:port``) the first call ``ray.init`` makes
-    (``GetClusterId`` over gRPC) within ``timeout_s``, else what answers there instead."""
-    import grpc
-
-    options = [("grpc.enable_http_proxy", 0), ("grpc.enable_retries", 0)]  # as Ray's own channels
-    with grpc.insecure_channel(address, options=options) as channel:
-        try:
-            channel.unary_unary(GCS_METHOD)(b"", timeout=timeout_s)  # an empty request: every field its default
-        except grpc.RpcError as e:
-            return rpc_problem(e.code().name, e.details() or "", timeout_s)
-    return ""
-
-
-def rpc_problem(code: str, details: str, timeout_s: float) -> str:
-    """What a failed probe of the GCS (``gcs_problem``) says about the server behind the address: ""
-    for Ray's GCS refusing this process's token (``ray.init`` sends its own)."""
-    if code == "UNAUTHENTICATED":
-        return ""
-    if code == "DEADLINE_EXCEEDED":
-        return f"a server there takes the connection but sends no HTTP/2 (gRPC) answer in {timeout_s:.0f} s"
-    if code == "UNIMPLEMENTED":
-        return "a gRPC server answers there, but not Ray's GCS (another of Ray's ports, or another service)"
-    if "HTTP/2" in details:  # an HTTP/1 server, TLS, or another protocol
-        return f"a server there answers, but not in HTTP/2 (gRPC): {details.rsplit(': ', 1)[-1]}"
-    return f"{code}: {details}"
-
-
-def check_ray_answers(cfg: Config) -> list[Check]:
-    """A Ray GCS answers at ``cluster.address`` (``host:port``): a TCP connection opens to anything,
-    and ``ray.init`` against a port with another server behind it waits 45 s to minutes; the probe
-    (``gcs_problem``) answers in ``GCS_PROBE_TIMEOUT_S`` at most."""
-    address = cfg.cluster.address
-    if not address or address == "auto" or "://" in address or ray_unreachable(address) is not None:
-        return []  # none, this node's own, a client URL, or unreachable (the services check says so)
-    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
-        return []  # the GCS speaks TLS: ray.init brings the certificates the probe lacks
-    why = gcs_problem(address, GCS_PROBE_TIMEOUT_S)
-    if not why:
-        return []
-    return [
-        Check(
-            "error",
-            "ray",
-            f"no Ray cluster answers at cluster.address={address} ({why[:200]})",
-            "set cluster.address to the head's GCS address, host:port (deploy/ray/ray_head.sh prints it), or "
-            "ray://host:10001 for Ray's client server",
-        )
-    ]
 
 
 def check_cluster(cfg: Config) -> list[Check]:

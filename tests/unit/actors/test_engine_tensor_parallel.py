@@ -11,6 +11,7 @@ from safetensors.torch import save
 
 from rredcot.actors.engine import Engine, EngineSpec
 from rredcot.common.config import load_config, tensor_parallel
+from rredcot.transports.file import apply_bytes
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +35,7 @@ def test_a_weight_update_reaches_every_shard(tokenizer, helpers, tmp_path, monke
     engine = Engine(EngineSpec(path, max_model_len=128, kv_cache_bytes=helpers.kv_bytes, seed=0, tensor_parallel=2))
     try:
         helpers.check_greedy(engine, m0, version=0)
-        engine.load_weights_bytes(save(helpers.weights(m1)), version=1)
+        apply_bytes(engine, save(helpers.weights(m1)), version=1)
         helpers.check_greedy(engine, m1, version=1)
     finally:
         engine.close()

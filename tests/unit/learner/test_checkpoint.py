@@ -21,7 +21,7 @@ from rredcot.learner.checkpoint import (
     save_checkpoint,
 )
 from rredcot.learner.engine import LearnerEngine
-from rredcot.transports.gather import full_state
+from rredcot.learner.weights import full_state
 from tests.learner_samples import file_size_limit
 
 

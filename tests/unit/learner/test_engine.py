@@ -25,7 +25,7 @@ from rredcot.learner.engine import (
 from rredcot.learner.logprobs import token_logprobs
 from rredcot.learner.loss import LossSettings, Stats, policy_loss, sample_coefficients
 from rredcot.learner.packing import BudgetError, collate
-from rredcot.transports.gather import full_state
+from rredcot.learner.weights import full_state
 
 
 def config(**kw) -> LearnerConfig:

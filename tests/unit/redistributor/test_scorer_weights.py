@@ -8,6 +8,7 @@ import torch
 
 from rredcot.common.config import load_config
 from rredcot.common.registry import WEIGHT_TRANSPORTS
+from rredcot.learner.weights import publish
 from rredcot.models.store import load_tokenizer, qwen_tokenizer_dir
 from rredcot.models.tiny import build_tiny_model
 from rredcot.redistributor.scorer import Scorer
@@ -27,13 +28,13 @@ def _scorer() -> Scorer:
 def test_each_published_version_reaches_the_scorer(redis_client, run_id, tmp_path, transport, settings) -> None:
     overrides = [f"generation.weight_transport={transport}", f"generation.transport_settings={settings}"]
     cfg = load_config("tests", [f"run.name={run_id}", f"run.dir={tmp_path}", "credit.scorer.model=policy", *overrides])
-    publisher = WEIGHT_TRANSPORTS.get(transport).publisher_class().from_config(cfg, redis_client, 0, tmp_path / "w")
+    publisher = WEIGHT_TRANSPORTS.get(transport).publisher_class().from_config(cfg, redis_client, tmp_path / "w")
     scorer = _scorer()
     receiver = weight_receiver(cfg, redis_client, ScorerPort(scorer), name="red0")
     assert receiver.poll() is None and receiver.name == "red0"  # nothing published yet
     for version, seed in ((1, 5), (2, 6)):
         policy = build_tiny_model("qwen3", seed=seed)
-        publisher.publish(policy, version)
+        publish(publisher, policy, version)
         applied, seconds = receiver.poll()
         assert applied == scorer.version == version and seconds > 0
         for (name, a), b in zip(scorer.model.state_dict().items(), policy.state_dict().values(), strict=True):
@@ -47,8 +48,8 @@ def test_a_version_that_does_not_fit_the_scorer_loses_it(redis_client, run_id, t
     """A policy of another shape: load_state_dict copies what fits before it raises, so the scorer's
     weights are a mix and its worker must end (its supervisor restarts it), not score on."""
     cfg = load_config("tests", [f"run.name={run_id}", f"run.dir={tmp_path}", "credit.scorer.model=policy"])
-    publisher = WEIGHT_TRANSPORTS.get("file").publisher_class().from_config(cfg, redis_client, 0, tmp_path / "w")
-    publisher.publish(build_tiny_model("qwen2", seed=1), 1)
+    publisher = WEIGHT_TRANSPORTS.get("file").publisher_class().from_config(cfg, redis_client, tmp_path / "w")
+    publish(publisher, build_tiny_model("qwen2", seed=1), 1)
     scorer = _scorer()
     with pytest.raises(WeightsLost, match="weights v1 failed part-way into a scorer holding v0"):
         weight_receiver(cfg, redis_client, ScorerPort(scorer), name="red0").poll()

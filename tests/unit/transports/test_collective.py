@@ -11,6 +11,7 @@ import torch
 
 from rredcot.common.config import LearnerConfig
 from rredcot.learner.engine import LearnerEngine
+from rredcot.learner.weights import publish
 from rredcot.transports.collective import CollectivePublisher
 from rredcot.transports.group import open_group, read_group, receive_tensors
 from rredcot.transports.manifest import latest_manifest, load_tensors
@@ -44,15 +45,13 @@ def test_collective_publication_reaches_the_group_and_writes_the_file_too(make_m
         redis_client,
         run_id,
         tmp_path,
-        rank=0,
         group_address="127.0.0.1",
         receivers=1,
         timeout_s=30,
-        bucket_bytes=64 * 1024,
     )
     with ThreadPoolExecutor(1) as pool:
         receiver = pool.submit(_receive, redis_client, run_id)
-        manifest, seconds = publisher.publish(engine.module, 5)  # returns while the send runs behind
+        manifest, seconds = publish(publisher, engine.module, 5, 64 * 1024)  # returns while the send runs behind
         assert manifest is None and seconds > 0
         [(version, received)] = receiver.result(60)
     publisher.close()
@@ -63,13 +62,13 @@ def test_collective_publication_reaches_the_group_and_writes_the_file_too(make_m
     assert manifest.transport == "collective" and len(manifest.buckets) > 3 and sum(manifest.buckets) == len(original)
     on_disk = load_tensors(manifest)  # file_too: receivers outside the group read the same weights
     assert all(torch.equal(on_disk[n], t) for n, t in original.items())
-    assert publisher.publish(engine.module, 0)[0].transport == "file"  # v0 is every receiver's start: no send
+    assert publish(publisher, engine.module, 0)[0].transport == "file"  # v0 is every receiver's start: no send
 
 
 def test_versions_back_to_back_reuse_the_host_buffers_and_arrive_whole(make_model, tmp_path, redis_client, run_id):
     engine = LearnerEngine(make_model(), LearnerConfig(dtype="float32", zero_stage=0))
     publisher = CollectivePublisher(
-        redis_client, run_id, tmp_path, rank=0, group_address="127.0.0.1", receivers=1, timeout_s=30
+        redis_client, run_id, tmp_path, group_address="127.0.0.1", receivers=1, timeout_s=30
     )
     sent = []
     with ThreadPoolExecutor(1) as pool:
@@ -78,7 +77,7 @@ def test_versions_back_to_back_reuse_the_host_buffers_and_arrive_whole(make_mode
             with torch.no_grad():
                 engine.module.model.norm.weight.fill_(float(version))  # the next step's training
             sent.append({n: p.detach().clone() for n, p in engine.module.named_parameters()})
-            publisher.publish(engine.module, version)
+            publish(publisher, engine.module, version)
         received = receiver.result(60)
     publisher.close()
     assert [v for v, _ in received] == [1, 2, 3] and publisher.fallbacks == 0
@@ -90,9 +89,9 @@ def test_versions_back_to_back_reuse_the_host_buffers_and_arrive_whole(make_mode
 def test_a_group_that_never_forms_means_files(make_model, tmp_path, redis_client, run_id):
     engine = LearnerEngine(make_model(), LearnerConfig(dtype="float32", zero_stage=0))
     publisher = CollectivePublisher(
-        redis_client, run_id, tmp_path, rank=0, group_address="127.0.0.1", receivers=1, file_too=False, timeout_s=1
+        redis_client, run_id, tmp_path, group_address="127.0.0.1", receivers=1, file_too=False, timeout_s=1
     )
-    manifest, _ = publisher.publish(engine.module, 1)  # nobody joined within the timeout
+    manifest, _ = publish(publisher, engine.module, 1)  # nobody joined within the timeout
     assert not publisher.collective and publisher.fallbacks == 0
     assert manifest == latest_manifest(redis_client, run_id) and manifest.transport == "file"
     _assert_file_holds(manifest, engine.module)
@@ -104,11 +103,11 @@ def test_a_receiver_outside_the_group_that_asks_gets_files(make_model, tmp_path,
     evaluation, no policy scorer): it asks, and the versions reach it as files."""
     engine = LearnerEngine(make_model(), LearnerConfig(dtype="float32", zero_stage=0))
     publisher = CollectivePublisher(
-        redis_client, run_id, tmp_path, rank=0, group_address="127.0.0.1", receivers=1, file_too=False, timeout_s=1
+        redis_client, run_id, tmp_path, group_address="127.0.0.1", receivers=1, file_too=False, timeout_s=1
     )
-    assert publisher.publish(engine.module, 0) == (None, 0.0)  # nobody outside asked
+    assert publish(publisher, engine.module, 0)[0] is None  # nobody outside asked
     want_files(redis_client, run_id, "mc0")
-    manifest, _ = publisher.publish(engine.module, 0)
+    manifest, _ = publish(publisher, engine.module, 0)
     assert manifest == latest_manifest(redis_client, run_id) and manifest.path
     _assert_file_holds(manifest, engine.module)
     publisher.close()
@@ -117,15 +116,15 @@ def test_a_receiver_outside_the_group_that_asks_gets_files(make_model, tmp_path,
 def test_a_receiver_lost_after_joining_turns_the_version_into_a_file(make_model, tmp_path, redis_client, run_id):
     engine = LearnerEngine(make_model(), LearnerConfig(dtype="float32", zero_stage=0))
     publisher = CollectivePublisher(
-        redis_client, run_id, tmp_path, rank=0, group_address="127.0.0.1", receivers=1, file_too=False, timeout_s=5
+        redis_client, run_id, tmp_path, group_address="127.0.0.1", receivers=1, file_too=False, timeout_s=5
     )
     open_group(read_group(redis_client, run_id), 1, 5)  # joins, then is gone (its group is dropped)
-    assert publisher.publish(engine.module, 1)[0] is None  # the send runs, and fails, behind
+    assert publish(publisher, engine.module, 1)[0] is None  # the send runs, and fails, behind
     publisher.wait()
     assert not publisher.collective and publisher.fallbacks == 1
     first = latest_manifest(redis_client, run_id)
     assert first.transport == "file" and first.version == 1
     _assert_file_holds(first, engine.module)
-    manifest, _ = publisher.publish(engine.module, 2)  # from now on: files, published on this thread
+    manifest, _ = publish(publisher, engine.module, 2)  # from now on: files, published on this thread
     assert manifest == latest_manifest(redis_client, run_id) and manifest.version == 2
     publisher.close()

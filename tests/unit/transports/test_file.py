@@ -1,84 +1,24 @@
-"""Bucketed gathering of full weights (ZeRO-3 partitioned, one rank) and their publication as files;
-a rank other than 0 only takes part in the gathers, whichever the publisher."""
+"""The file publisher streams a version to disk without a serialised copy in memory (the learner's
+buckets and their gathering: ``tests/unit/learner/test_weights.py``)."""
 
 from __future__ import annotations
 
 import tracemalloc
 from pathlib import Path
 
-import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
 
-from rredcot.common.config import LearnerConfig
-from rredcot.learner.engine import LearnerEngine
-from rredcot.transports.collective import CollectivePublisher
+from rredcot.learner.weights import publish
 from rredcot.transports.file import FilePublisher
-from rredcot.transports.gather import gathered_buckets
-from rredcot.transports.manifest import latest_manifest, load_tensors
-
-
-def test_zero3_buckets_cover_all_parameters_in_order_and_publish(make_model, tmp_path, redis_client, run_id):
-    model = make_model()
-    original = {n: p.detach().clone() for n, p in model.named_parameters()}
-    engine = LearnerEngine(model, LearnerConfig(dtype="float32", zero_stage=3, zero3_persistence_threshold=0))
-    assert any(p.numel() == 0 for p in engine.module.parameters())  # really partitioned
-    # the yielded tensors are the live gathered parameters: copy each bucket before asking for the next
-    buckets = [[(n, t.clone()) for n, t in b] for b in gathered_buckets(engine.module, bucket_bytes=64 * 1024)]
-    assert len(buckets) > 3 and all(len(b) >= 1 for b in buckets)
-    names = [n for b in buckets for n, _ in b]
-    assert names == list(original)
-    for bucket in buckets:
-        assert len(bucket) == 1 or sum(t.numel() * 4 for _, t in bucket) <= 64 * 1024
-        for name, tensor in bucket:
-            assert torch.equal(tensor, original[name]), name
-    manifest, seconds = FilePublisher(redis_client, run_id, tmp_path, rank=0).publish(engine.module, 7)
-    assert manifest == latest_manifest(redis_client, run_id) and manifest.version == 7 and seconds > 0
-    received = load_tensors(manifest)
-    assert all(torch.equal(received[n], t) for n, t in original.items())
-
-
-@pytest.mark.parametrize("collective", [False, True])
-def test_a_rank_other_than_0_only_takes_part_in_the_gathers(make_model, tmp_path, redis_client, run_id, collective):
-    model = make_model()
-    publisher = (
-        CollectivePublisher(redis_client, run_id, tmp_path, rank=1, group_address="127.0.0.1", receivers=1)
-        if collective
-        else FilePublisher(redis_client, run_id, tmp_path, rank=1)
-    )
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        manifest, _ = publisher.publish(model, 3)
-    copies = [e.key for e in prof.key_averages() if e.key in ("aten::copy_", "aten::_to_copy", "aten::clone")]
-    assert manifest is None and copies == []  # no host copy of any parameter
-    assert latest_manifest(redis_client, run_id) is None and not any(tmp_path.iterdir())
-    publisher.close()
-
-
-def test_rank_0_that_cannot_write_still_joins_every_gather(make_model, tmp_path, redis_client, run_id, monkeypatch):
-    """Under ZeRO-3 the other ranks wait in each bucket's gather: a rank 0 whose file cannot be
-    written (here: the directory is a file) raises only after it has taken part in all of them."""
-    seen: list[int] = []
-
-    def counted(module):
-        for i, bucket in enumerate(gathered_buckets(module, bucket_bytes=4096)):
-            seen.append(i)
-            yield bucket
-
-    monkeypatch.setattr("rredcot.transports.gather.gathered_buckets", counted)
-    model, blocker = make_model(), tmp_path / "weights"
-    blocker.write_text("not a directory")
-    with pytest.raises(OSError):
-        FilePublisher(redis_client, run_id, blocker, rank=0).publish(model, 1)
-    assert len(seen) == len(list(gathered_buckets(model, bucket_bytes=4096))) > 1
-    assert latest_manifest(redis_client, run_id) is None
+from rredcot.transports.manifest import load_tensors
 
 
 def test_rank_0_streams_the_file_without_a_serialised_copy_in_memory(tmp_path, redis_client, run_id):
     model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])  # 4 MiB of weights
-    publisher = FilePublisher(redis_client, run_id, tmp_path, rank=0)
+    publisher = FilePublisher(redis_client, run_id, tmp_path)
     tracemalloc.start()
     try:
-        manifest, _ = publisher.publish(model, 2)
+        manifest, _ = publish(publisher, model, 2)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

@@ -1,5 +1,6 @@
 """Each built-in transport's publisher and receiver, built the way the trainer and a port's owner
-build them, have what those use of them (``transports.Publisher``, ``transports.Receiver``)."""
+build them, have what those use of them (``transports.Publisher``, ``transports.Receiver``); each
+says what deployment needs of it (``transports.Deployment``), which launch asks instead of its name."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 
 from rredcot.common.config import load_config
 from rredcot.common.registry import WEIGHT_TRANSPORTS
-from rredcot.transports import Publisher, Receiver, weight_receiver
+from rredcot.transports import Deployment, Publisher, Receiver, deployment, weight_receiver
 
 
 def declared(protocol: type) -> set[str]:
@@ -26,12 +27,16 @@ class _Port:
     version = 0
 
 
-@pytest.mark.parametrize("transport", ["file", "collective", "ipc", "redis", "tests.extensions.redis_weights"])
+@pytest.mark.parametrize(
+    "transport",
+    ["file", "collective", "ipc", "redis", "tests.extensions.redis_weights", "tests.extensions.tensor_files"],
+)
 def test_each_transport_has_a_publisher_and_a_receiver(redis_client, run_id, tmp_path, transport) -> None:
     overrides = [f"run.name={run_id}", f"run.dir={tmp_path}", f"generation.weight_transport={transport}"]
+    overrides.append("generation.weight_group_timeout_s=1")  # collective: no generator joins its group
     cfg = load_config("tests", overrides)
     spec = WEIGHT_TRANSPORTS.get(transport)
-    publisher = spec.publisher_class().from_config(cfg, redis_client, 1, tmp_path / "weights")  # rank 1: hosts nothing
+    publisher = spec.publisher_class().from_config(cfg, redis_client, tmp_path / "weights")
     receiver = weight_receiver(cfg, redis_client, _Port(), name="t0")  # outside the weight group: joins nothing
     for obj, protocol in ((publisher, Publisher), (receiver, Receiver)):
         missing = sorted(n for n in declared(protocol) if not hasattr(obj, n))
@@ -40,3 +45,21 @@ def test_each_transport_has_a_publisher_and_a_receiver(redis_client, run_id, tmp
     assert not isinstance(publisher, Receiver) and not isinstance(receiver, Publisher)  # the check tells them apart
     publisher.close()
     receiver.close()
+
+
+def needs(transport: str, *overrides: str) -> tuple[bool, int, int | None]:
+    cfg = load_config("tests", [f"generation.weight_transport={transport}", *overrides])
+    d = deployment(cfg)
+    assert isinstance(d, Deployment)
+    return d.shared_run_dir(cfg), d.shm_versions(cfg), d.group_size(cfg)
+
+
+def test_each_transport_says_what_deployment_needs_of_it() -> None:
+    """(shared run.dir, /dev/shm versions, weight group's generators), as docs/multinode.md tells them."""
+    assert needs("file") == (True, 0, None)
+    assert needs("redis") == (False, 0, None)  # every receiver reads the run's Redis
+    assert needs("ipc") == (True, 2, None)  # a CPU learner: two versions in /dev/shm; files for other nodes
+    assert needs("ipc", "cluster.gpus_per_learner=1", "cluster.gpus_per_generator=1")[1] == 0  # on its GPU
+    assert needs("collective", "cluster.generators=3", "data.eval_size=0") == (False, 0, 3)
+    assert needs("collective", "data.eval_size=8")[0]  # the evaluator reads files
+    assert needs("collective", "data.eval_size=0", "credit.scorer.model=policy")[0]  # so does a policy scorer

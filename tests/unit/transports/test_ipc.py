@@ -7,6 +7,7 @@ import torch
 
 from rredcot.common.config import LearnerConfig
 from rredcot.learner.engine import LearnerEngine
+from rredcot.learner.weights import publish
 from rredcot.transports.group import unflatten
 from rredcot.transports.ipc import IpcPublisher
 from rredcot.transports.manifest import latest_manifest, load_tensors
@@ -35,11 +36,11 @@ def test_versions_alternate_between_stamped_slots_and_the_last_becomes_a_file_at
 ):
     model, shm = make_model(), tmp_path / "shm"
     shm.mkdir()
-    publisher = IpcPublisher(redis_client, run_id, tmp_path / "weights", rank=0, shm_dir=shm)
-    assert publisher.publish(model, 0) == (None, 0.0) and latest_manifest(redis_client, run_id) is None
+    publisher = IpcPublisher(redis_client, run_id, tmp_path / "weights", shm_dir=shm)
+    assert publish(publisher, model, 0)[0] is None and latest_manifest(redis_client, run_id) is None
     published, manifests = {}, {}
     for version in (1, 2, 3):
-        manifest, seconds = publisher.publish(model, version)
+        manifest, seconds = publish(publisher, model, version)
         assert manifest == latest_manifest(redis_client, run_id) and seconds > 0
         assert manifest.transport == "ipc" and manifest.path == "" and manifest.shared["index"] == (version + 1) % 2
         published[version], manifests[version] = _params(model), manifest
@@ -64,19 +65,19 @@ def test_versions_alternate_slots_whatever_their_numbers(make_model, tmp_path, r
     version is overwritten while the next one is written."""
     shm = tmp_path / "shm"
     shm.mkdir()
-    publisher = IpcPublisher(redis_client, run_id, tmp_path / "weights", rank=0, shm_dir=shm)
+    publisher = IpcPublisher(redis_client, run_id, tmp_path / "weights", shm_dir=shm)
     model = make_model()
-    assert [publisher.publish(model, v)[0].shared["index"] for v in (2, 4, 6)] == [0, 1, 0]
+    assert [publish(publisher, model, v)[0].shared["index"] for v in (2, 4, 6)] == [0, 1, 0]
     publisher.close()
 
 
 def test_files_are_written_beside_the_slots_once_a_receiver_asks(make_model, tmp_path, redis_client, run_id):
     model, shm = make_model(), tmp_path / "shm"
     shm.mkdir()
-    publisher = IpcPublisher(redis_client, run_id, tmp_path / "weights", rank=0, shm_dir=shm)
-    assert publisher.publish(model, 1)[0].path == ""
+    publisher = IpcPublisher(redis_client, run_id, tmp_path / "weights", shm_dir=shm)
+    assert publish(publisher, model, 1)[0].path == ""
     want_files(redis_client, run_id, "gen1")
-    manifest, _ = publisher.publish(model, 2)
+    manifest, _ = publish(publisher, model, 2)
     assert manifest.transport == "ipc" and manifest.path and manifest.shared["index"] == 1
     assert all(torch.equal(load_tensors(manifest)[n], t) for n, t in _params(model).items())
     publisher.close()
@@ -84,9 +85,9 @@ def test_files_are_written_beside_the_slots_once_a_receiver_asks(make_model, tmp
 
 def test_slots_that_cannot_be_allocated_turn_the_run_to_files(make_model, tmp_path, redis_client, run_id, caplog):
     model = make_model()
-    publisher = IpcPublisher(redis_client, run_id, tmp_path / "weights", rank=0, shm_dir=tmp_path / "no-such-dir")
+    publisher = IpcPublisher(redis_client, run_id, tmp_path / "weights", shm_dir=tmp_path / "no-such-dir")
     for version in (1, 2):
-        manifest, _ = publisher.publish(model, version)
+        manifest, _ = publish(publisher, model, version)
         assert manifest.transport == "file" and manifest.path and manifest.version == version
     assert publisher.fallbacks == 1 and "shared slots do not fit" in caplog.text
     publisher.close()
@@ -101,10 +102,9 @@ def test_zero3_rank_0_gathers_into_the_slot_and_another_rank_only_takes_part(
     assert any(p.numel() == 0 for p in engine.module.parameters())  # really partitioned
     shm = tmp_path / "shm"
     shm.mkdir()
-    other = IpcPublisher(redis_client, run_id, tmp_path / "weights", rank=1, shm_dir=shm)
-    assert other.publish(engine.module, 1)[0] is None and not any(shm.iterdir())
-    publisher = IpcPublisher(redis_client, run_id, tmp_path / "weights", rank=0, shm_dir=shm)
-    manifest, _ = publisher.publish(engine.module, 1)
+    assert publish(None, engine.module, 1)[0] is None and not any(shm.iterdir())  # another rank: no publisher
+    publisher = IpcPublisher(redis_client, run_id, tmp_path / "weights", shm_dir=shm)
+    manifest, _ = publish(publisher, engine.module, 1)
     assert manifest.names == list(original) and all(torch.equal(_in_slot(manifest)[n], t) for n, t in original.items())
     publisher.close()
 
@@ -121,12 +121,12 @@ def test_two_runs_of_one_name_on_one_machine_keep_their_own_slots(make_model, tm
     base = redis_server.url.rsplit("/", 1)[0]
     clients = [connect(f"{base}/1"), connect(f"{base}/2")]
     try:
-        first, second = (IpcPublisher(c, run_id, tmp_path / f"w{i}", 0, shm_dir=shm) for i, c in enumerate(clients))
+        first, second = (IpcPublisher(c, run_id, tmp_path / f"w{i}", shm_dir=shm) for i, c in enumerate(clients))
         model = make_model()
         kept = _params(model)
-        manifest, _ = first.publish(model, 1)
+        manifest, _ = publish(first, model, 1)
         _bump(model)
-        other, _ = second.publish(model, 1)  # the second run's learner starts
+        other, _ = publish(second, model, 1)  # the second run's learner starts
         assert other.shared["path"] != manifest.shared["path"] and len(list(shm.iterdir())) == 4
         assert all(torch.equal(_in_slot(manifest)[n], t) for n, t in kept.items())  # the first run's weights
         first.close()

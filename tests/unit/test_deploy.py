@@ -1,0 +1,39 @@
+"""``deploy/``'s KubeRay manifest holds what docs/multinode.md promises of it: the Ray version that
+pyproject.toml pins, every pod mounting the shared run volume and an in-memory ``/dev/shm``, every
+volume a pod mounts declared in its pod, and one image for every pod (the same code on every node)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFEST = ROOT / "deploy" / "kuberay" / "raycluster.yaml"
+
+
+def pods(cluster: dict) -> list[dict]:
+    """The pod specs of the head group and of every worker group."""
+    spec = cluster["spec"]
+    return [spec["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in spec["workerGroupSpecs"]]
+
+
+def test_the_raycluster_runs_the_pinned_ray_with_the_shared_volume_and_shm_on_every_pod() -> None:
+    cluster = yaml.safe_load(MANIFEST.read_text())
+    assert (cluster["apiVersion"], cluster["kind"]) == ("ray.io/v1", "RayCluster")
+    pin = re.search(r'"ray\[default\]==([\d.]+)"', (ROOT / "pyproject.toml").read_text())
+    assert pin is not None and cluster["spec"]["rayVersion"] == pin[1]
+    images = set()
+    for pod in pods(cluster):
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        for container in pod["containers"]:
+            images.add(container["image"])
+            mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+            assert set(mounts.values()) <= set(volumes), mounts  # every mount is declared in its pod
+            assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+            assert "persistentVolumeClaim" in volumes[mounts["/shared/runs"]]
+    assert len(images) == 1
+    for group in cluster["spec"]["workerGroupSpecs"]:  # KubeRay reads every rayStartParams value as a string
+        assert all(isinstance(v, str) for v in group["rayStartParams"].values())
+    assert all(isinstance(v, str) for v in cluster["spec"]["headGroupSpec"]["rayStartParams"].values())
