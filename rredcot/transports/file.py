@@ -133,19 +133,20 @@ class FileReceiver:
             return None
         return manifest.version, apply_bytes(self.engine, data, manifest.version, in_flight)
 
-    def report_missing(self, manifest: WeightManifest) -> None:
+    def report_missing(self, manifest: WeightManifest, why: str = "") -> None:
+        """Say once per version that ``manifest``'s weights cannot be read here although no newer
+        version replaced them (``why``; by default: this node does not see the learner's files), and
+        count it in ``missing_files``; the receiver retries on every poll."""
         if self._missing == manifest.version:
             return
         self._missing = manifest.version
         self.missing_files += 1
-        log.error(
-            "%s: weights v%d are published as %s, which does not exist on this node and no newer version "
+        why = why or (
+            f"are published as {manifest.path}, which does not exist on this node and no newer version "
             "pruned it: this receiver does not share the learner's filesystem. Put run.dir on a filesystem "
-            "that every node mounts, or use generation.weight_transport=redis or collective; retrying",
-            self.name,
-            manifest.version,
-            manifest.path,
+            "that every node mounts, or use generation.weight_transport=redis or collective"
         )
+        log.error("%s: weights v%d %s; retrying", self.name, manifest.version, why)
 
     def close(self) -> None:
         """Nothing to release (files are pruned by the publisher)."""

@@ -202,7 +202,7 @@ class IpcDeployment(Deployment):
     learner's host slots stay there for ``run.resume``."""
 
     def shm_versions(self, cfg: Config) -> int:
-        memory = dict(cfg.generation.transport_settings).get("memory", "auto")
+        memory = WEIGHT_TRANSPORTS.get(cfg.generation.weight_transport).typed_settings(cfg).memory
         host = memory == "host" or (memory == "auto" and cfg.cluster.gpus_per_learner == 0)
         return SLOTS if host else 0
 

@@ -165,7 +165,12 @@ class RedisReceiver(FileReceiver):
         chunks = pipe.execute()
         if any(c is None for c in chunks):
             if published_version(self.client, self.run_id) <= manifest.version:
-                self._report_dropped(manifest)
+                self.report_missing(
+                    manifest,
+                    "are published but some of their chunks are gone from Redis and no newer version replaced "
+                    "them: the server evicted them (maxmemory). Give Redis room for "
+                    "generation.transport_settings.keep versions, or use another weight transport",
+                )
             return None
         data = b"".join(chunks)
         if len(data) != manifest.nbytes or sha256_of(data) != manifest.checksum:
@@ -174,19 +179,6 @@ class RedisReceiver(FileReceiver):
                 f"expected {manifest.nbytes} with {manifest.checksum}"
             )
         return data
-
-    def _report_dropped(self, manifest: WeightManifest) -> None:
-        if self._missing == manifest.version:
-            return
-        self._missing = manifest.version
-        self.missing_files += 1
-        log.error(
-            "%s: weights v%d are published but some of their chunks are gone from Redis and no newer version "
-            "replaced them: the server evicted them (maxmemory). Give Redis room for "
-            "generation.transport_settings.keep versions, or use another weight transport; retrying",
-            self.name,
-            manifest.version,
-        )
 
 
 class RedisDeployment(Deployment):

@@ -94,18 +94,25 @@ def test_a_wrong_step_label_or_a_skipped_step_is_a_slip():
     assert first_slip(p, [right[0], right[2]]) == 1  # step 2 skipped: step 3's operands on line 2
 
 
+def bounded_chains(steps: int, lo: int, hi: int, top: int) -> list[tuple[tuple[str, ...], tuple[int, ...]]]:
+    """Brute force: every (ops, operands) chain from a start in [lo, min(hi, top)] whose running value
+    stays in [0, top]."""
+    out = []
+    for start in range(lo, min(hi, top) + 1):
+        for path in itertools.product(itertools.product(OPS, range(lo, hi + 1)), repeat=steps):
+            v, ok = start, True
+            for op, b in path:
+                v = OPS[op](v, b)
+                ok &= 0 <= v <= top
+            if ok:
+                out.append((tuple(op for op, _ in path), (start, *(b for _, b in path))))
+    return out
+
+
 def test_the_bounded_count_is_every_chain_draw_can_make():
     """``count_bounded`` against brute force: every (start, op, operand) path kept in range."""
     for steps, lo, hi, top in [(1, 2, 4, 6), (2, 1, 3, 5), (3, 2, 3, 8)]:
-        brute = 0
-        for start in range(lo, min(hi, top) + 1):
-            for path in itertools.product(itertools.product(OPS, range(lo, hi + 1)), repeat=steps):
-                v, ok = start, True
-                for op, b in path:
-                    v = OPS[op](v, b)
-                    ok &= 0 <= v <= top
-                brute += ok
-        assert count_bounded(steps, lo, hi, top) == brute
+        assert count_bounded(steps, lo, hi, top) == len(bounded_chains(steps, lo, hi, top))
     s = build_task(TaskConfig("arith", {**LONG, "chain_steps": 1, "operand_min": 2, "operand_max": 3, "value_max": 4}))
     made = s.problems(DATA, 0)
     assert len(made) == distinct_problems(s.settings) == count_bounded(1, 2, 3, 4) - 1  # less the example
@@ -116,15 +123,7 @@ def test_the_nested_count_merges_a_commutative_first_step_as_key_does():
     took them as two (56,438 counted where 40,569 exist for 4 steps of 1..5 kept in [0, 10]), so
     ``generate`` with a size between the two drew forever."""
     for steps, lo, hi, top in [(1, 1, 4, 6), (2, 1, 3, 5), (3, 1, 3, 6)]:
-        keys = set()
-        for start in range(lo, min(hi, top) + 1):
-            for path in itertools.product(itertools.product(OPS, range(lo, hi + 1)), repeat=steps):
-                v, ok = start, True
-                for op, b in path:
-                    v = OPS[op](v, b)
-                    ok &= 0 <= v <= top
-                if ok:
-                    keys.add(key(tuple(op for op, _ in path), (start, *(b for _, b in path))))
+        keys = {key(*chain) for chain in bounded_chains(steps, lo, hi, top)}
         assert count_bounded(steps, lo, hi, top, merge_commutative=True) == len(keys)
     settings = {"op": "chain", "chain_steps": 2, "operand_min": 1, "operand_max": 3, "value_max": 5}
     wanted = distinct_problems(ArithSettings(**settings))
