@@ -31,7 +31,7 @@ from rredcot.actors.prompt_fit import PromptFit
 from rredcot.actors.retirement import Retirement, solved
 from rredcot.actors.rollouts import rollout_group
 from rredcot.common.codec import encode
-from rredcot.common.config import Config, ConfigError
+from rredcot.common.config import Config
 from rredcot.common.heap import trim_heap
 from rredcot.common.ledger import group_id, inflight_key, mean_length
 from rredcot.common.overlong import overlong_window, penalize
@@ -42,7 +42,7 @@ from rredcot.common.streams import ROLLOUTS, Producer, key, registered_keys, run
 from rredcot.tasks.data import Problem, ProblemOrder
 from rredcot.tasks.prompts import prompt_ids
 from rredcot.tasks.verifier import Verifier
-from rredcot.transports import deployment, weight_receiver
+from rredcot.transports import weight_receiver
 
 log = logging.getLogger(__name__)
 
@@ -314,21 +314,3 @@ class Generator:
         self.receiver.close()
         self.verifier.close()
         self.client.close()
-
-
-def run_generator(cfg: Config, index: int = 0) -> dict[str, float]:
-    """``rredcot generate CONFIG [--index N]``: generator ``gen<N>`` (rank N) in this process until the
-    run's prompt budget is done or its stop flag is raised."""
-    if (n := deployment(cfg).group_size(cfg)) is not None and index >= n:
-        raise ConfigError(
-            f"--index {index}: the {cfg.generation.weight_transport} transport's weight group, sized when the run "
-            f"started, has room for --index 0..{n - 1}; add generators by hand with generation.weight_transport=file"
-        )
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    gen = Generator(cfg, name=f"gen{index}", rank=index)
-    try:
-        metrics = gen.run()
-    finally:
-        gen.close()
-    log.info("generator done: %s", metrics)
-    return metrics

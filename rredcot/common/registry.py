@@ -4,7 +4,8 @@ A registry maps a name to an entry (a task class, a credit method, a transport, 
 recipe). Built-in entries are listed here by the module that registers them, so that the config can
 check a name without importing any stage; they are imported on first use. The credit methods' names
 are listed once, where their light module registers them (``register(name, builtin=True)``): the
-registry imports that module (its ``registrar``) when it first looks a name up or lists them. A name
+registry imports that module (its ``registrar``) when it first looks a name up or lists them; so
+are the weight transports' (``rredcot.transports``). A name
 with a dot that is not registered is a module path (``mypkg.mytask``): importing it runs its
 ``register`` decorators, and the entry is the one registered under that full name or under its last
 component (``mytask``). So a user's extension is a new file plus YAML, with no edit to rredcot. An
@@ -157,10 +158,9 @@ TASKS: Registry[Any] = Registry(
 CREDIT_METHODS: Registry[Any] = Registry(
     "credit method", "credit.method", {}, registrar="rredcot.redistributor.methods"
 )
+# the same: the built-in transports are named where ``rredcot.transports`` registers them (no torch)
 WEIGHT_TRANSPORTS: Registry[Any] = Registry(
-    "weight transport",
-    "generation.weight_transport",
-    {name: "rredcot.transports" for name in ("file", "collective", "ipc", "redis")},
+    "weight transport", "generation.weight_transport", {}, registrar="rredcot.transports"
 )
 # a builtin ``model.path``: its entry turns (name, seed) into the model's directory, built on first use
 # (``models.store.resolve_model_path``); any other path is a directory or a hub id, never a module

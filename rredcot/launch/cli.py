@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import re
 import runpy
 import sys
@@ -23,10 +24,11 @@ ADVISE_MAX_UNITS = 100_000  # GPUs (or workers) ``advise`` splits: a cluster's, 
 # subcommand -> (module, function taking a Config, help)
 STAGES: dict[str, tuple[str, str, str]] = {
     "train": ("rredcot.launch.driver", "train", "run the whole asynchronous pipeline on Ray"),
-    "generate": ("rredcot.actors.generator", "run_generator", "run one generator actor against redis.url"),
-    "redistribute": ("rredcot.launch.stages", "run_redistributor", "run one redistributor worker against redis.url"),
-    "learn": ("rredcot.learner.trainer", "run_learner", "run the learner against redis.url"),
+    "generate": ("rredcot.launch.stages", "run_stage", "run one generator actor against redis.url"),
+    "redistribute": ("rredcot.launch.stages", "run_stage", "run one redistributor worker against redis.url"),
+    "learn": ("rredcot.launch.stages", "run_stage", "run the learner against redis.url"),
 }
+STAGE_TIERS = {"generate": "generator", "redistribute": "redistributor", "learn": "learner"}
 
 
 def _add_debug(p: argparse.ArgumentParser) -> None:
@@ -235,11 +237,11 @@ def _stage_options(args: argparse.Namespace, cfg: Config) -> dict[str, object]:
 
         lead_own_process_group(cfg)
         return {"verbose": args.verbose}
-    if args.command == "learn":
-        return {}
+    if args.command == "learn":  # one rank, or launched per rank with RANK and WORLD_SIZE
+        return {"tier": "learner", "rank": int(os.environ.get("RANK", "0"))}
     if args.index < 0:
         raise UserError(f"--index must be >= 0 (got {args.index})")
-    return {"index": args.index}
+    return {"tier": STAGE_TIERS[args.command], "rank": args.index}
 
 
 def shown_error(e: BaseException) -> BaseException:

@@ -15,12 +15,13 @@ import os
 from pathlib import Path
 from typing import Any, Protocol
 
-from rredcot.common.config import Config, CreditSpec, resolve_credit
+from rredcot.common.config import Config, ConfigError, CreditSpec, resolve_credit
 from rredcot.common.control import RunControl
 from rredcot.common.net import loopback_interface
 from rredcot.launch.observe.heap_trace import ENV as HEAP_TRACE_ENV
 from rredcot.launch.observe.heap_trace import HeapTrace, heap_trace_period
 from rredcot.launch.observe.logs import redirect_output
+from rredcot.transports import deployment
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +84,32 @@ def stage_parts(tier: str, cfg: Config, credit: CreditSpec | None = None) -> dic
     return {"credit": credit, "sampler": VLLMContinuations.from_config(cfg, credit.prover)}
 
 
-def run_redistributor(cfg: Config, index: int = 0) -> None:
-    """``rredcot redistribute CONFIG [--index N]``: redistributor ``red<N>`` with what launch wires into it."""
-    from rredcot.redistributor.worker import run_worker
+def build_stage(tier: str, cfg: Config, rank: int) -> Stage:
+    """Worker ``<prefix><rank>`` of ``tier`` (``gen2``, ``red0``, ``learner1``) with what launch wires into it."""
+    module, cls = STAGE_CLASSES[tier]
+    stage_class: type[Stage] = getattr(importlib.import_module(module), cls)
+    return stage_class(cfg, f"{WORKER_PREFIX[tier]}{rank}", rank=rank, **stage_parts(tier, cfg))
 
-    run_worker(cfg, index, **stage_parts("redistributor", cfg))
+
+def run_stage(cfg: Config, tier: str, rank: int = 0) -> dict[str, float]:
+    """``rredcot generate|redistribute|learn CONFIG``: one worker of ``tier`` in this process, against
+    ``redis.url``, until the run's budget is done or its stop flag is raised; returns its summary. A
+    generator must fit in its transport's weight group, if the transport holds one (sized when the run
+    started)."""
+    if tier == "generator" and (n := deployment(cfg).group_size(cfg)) is not None and rank >= n:
+        raise ConfigError(
+            f"--index {rank}: the {cfg.generation.weight_transport} transport's weight group, sized when the run "
+            f"started, has room for --index 0..{n - 1}; add generators by hand with generation.weight_transport=file"
+        )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    stage = build_stage(tier, cfg, rank)
+    try:
+        summary = stage.run()
+    finally:
+        if (close := getattr(stage, "close", None)) is not None:  # a generator's engine, verifier and Redis
+            close()
+    log.info("%s%d done: %s", WORKER_PREFIX[tier], rank, summary)
+    return summary
 
 
 def start_worker_process(name: str, cfg: dict[str, Any], env: dict[str, str]) -> Config:
@@ -126,9 +148,7 @@ class StageWorker:
             why = "with its learner tier" if incarnation else "after its process died"
             log.warning("%s restarted %s; it reclaims what it held", name, why)
             config = dataclasses.replace(config, run=dataclasses.replace(config.run, resume="auto"))
-        module, cls = STAGE_CLASSES[tier]
-        stage_class: type[Stage] = getattr(importlib.import_module(module), cls)
-        self.stage = stage_class(config, name, rank=rank, **stage_parts(tier, config))
+        self.stage = build_stage(tier, config, rank)
         if restarted:
             self.stage.control.count_restart(name)
 

@@ -11,7 +11,6 @@ staleness admission reads.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import Counter, deque
 from pathlib import Path
@@ -319,14 +318,6 @@ def published_version(client: redis.Redis, run_id: str, rank: int, gather: Gathe
     collective): rank 0 publishes the next one right after, which a slower rank would read instead."""
     read = (client.get(version_key(run_id)) or b"0") if rank == 0 else b""
     return int(gather(read)[0])
-
-
-def run_learner(cfg: Config) -> dict[str, float]:
-    """``rredcot learn CONFIG``: the learner alone (one rank, or launched per rank with RANK/WORLD_SIZE)."""
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    rank = int(os.environ.get("RANK", "0"))
-    return Trainer(cfg, f"learner{rank}", rank).run()
 
 
 def _trained(payload: bytes, ids: list[str] | None) -> tuple[WeightedGroup, set[str]]:

@@ -354,12 +354,3 @@ class Redistributor:
             if self.verifier is not None:
                 self.verifier.close()
         return self.metrics.snapshot()
-
-
-def run_worker(
-    cfg: Config, index: int = 0, sampler: ContinuationSampler | None = None, credit: CreditSpec | None = None
-) -> None:
-    """``rredcot redistribute CONFIG [--index N]``: worker ``red<N>`` against ``redis.url`` until the run stops."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    worker = Redistributor(cfg, f"red{index}", index, sampler=sampler, credit=credit)
-    log.info("redistributor done: %s", worker.run())

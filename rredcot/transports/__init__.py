@@ -6,7 +6,8 @@ evaluator's vLLM engine, an MC prover's engine, a policy-following scorer; ``Rec
 engine-side functions its receiver runs where the weights land (``transports.ports``), and what
 deployment must know of it (``Deployment``), registered under one name in
 ``common.registry.WEIGHT_TRANSPORTS`` and picked by ``generation.weight_transport``. The built-ins
-are registered here by ``"module:Class"`` references, so naming one imports no transport module
+are named only here (this module is the registry's registrar), by ``"module:Class"`` references, so
+naming one imports no transport module
 (docs/extending.md: a new transport is one file plus YAML):
 
 - ``file`` (``transports.file``): one safetensors file + manifest per version; any receiver on the
@@ -163,17 +164,17 @@ def weight_receiver(cfg: Config, client: Any, port: Any, rank: int | None = None
     return transport.receiver_class().from_config(cfg, client, port, rank, name)
 
 
-WEIGHT_TRANSPORTS.register("file")(
+WEIGHT_TRANSPORTS.register("file", builtin=True)(
     WeightTransport("rredcot.transports.file:FilePublisher", "rredcot.transports.file:FileReceiver")
 )
-WEIGHT_TRANSPORTS.register("collective")(
+WEIGHT_TRANSPORTS.register("collective", builtin=True)(
     WeightTransport(
         "rredcot.transports.collective:CollectivePublisher",
         "rredcot.transports.collective:CollectiveReceiver",
         deployment="rredcot.transports.collective:CollectiveDeployment",
     )
 )
-WEIGHT_TRANSPORTS.register("ipc")(
+WEIGHT_TRANSPORTS.register("ipc", builtin=True)(
     WeightTransport(
         "rredcot.transports.ipc:IpcPublisher",
         "rredcot.transports.ipc:IpcReceiver",
@@ -181,7 +182,7 @@ WEIGHT_TRANSPORTS.register("ipc")(
         "rredcot.transports.ipc:IpcDeployment",
     )
 )
-WEIGHT_TRANSPORTS.register("redis")(
+WEIGHT_TRANSPORTS.register("redis", builtin=True)(
     WeightTransport(
         "rredcot.transports.redis:RedisPublisher",
         "rredcot.transports.redis:RedisReceiver",

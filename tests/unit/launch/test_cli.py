@@ -247,16 +247,23 @@ def test_a_stage_run_by_hand_takes_its_index(
 ) -> None:
     """``--index N``: worker gen<N> / red<N> of rank N, so that it never takes the driver's worker's name."""
     from rredcot.actors import generator
+    from rredcot.learner import trainer
     from rredcot.redistributor import worker
 
-    calls: list[tuple[str, dict[str, object]]] = []
-    monkeypatch.setattr(generator, "Generator", lambda cfg, **kw: calls.append(("gen", kw)) or pytest.fail("stop"))
-    monkeypatch.setattr(worker, "Redistributor", lambda cfg, *a, **kw: calls.append(("red", {"args": a})) or 1 / 0)
+    calls: list[tuple[str, int]] = []
+    monkeypatch.setattr(
+        generator, "Generator", lambda cfg, name, rank: calls.append((name, rank)) or pytest.fail("stop")
+    )
+    monkeypatch.setattr(worker, "Redistributor", lambda cfg, name, rank, credit: calls.append((name, rank)) or 1 / 0)
     with pytest.raises(pytest.fail.Exception):
         main(["--debug", "generate", "tests", "--index", "3"])
     with pytest.raises(ZeroDivisionError):
         main(["--debug", "redistribute", "tests", "--index", "2"])
-    assert calls == [("gen", {"name": "gen3", "rank": 3}), ("red", {"args": ("red2", 2)})]
+    monkeypatch.setattr(trainer, "Trainer", lambda cfg, name, rank: calls.append((name, rank)) or 1 / 0)
+    monkeypatch.setenv("RANK", "1")  # a learner rank launched by hand: its rank from the environment
+    with pytest.raises(ZeroDivisionError):
+        main(["--debug", "learn", "tests"])
+    assert calls == [("gen3", 3), ("red2", 2), ("learner1", 1)]
     assert main(["generate", "tests", "--index", "-1"]) == 2
     assert "--index must be >= 0 (got -1)" in capsys.readouterr().err
     # the collective weight group is sized at the start for cluster.generators: no room for more

@@ -4,8 +4,11 @@ says what deployment needs of it (``transports.Deployment``), which launch asks 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from rredcot.common import registry
 from rredcot.common.config import load_config
 from rredcot.common.registry import WEIGHT_TRANSPORTS
 from rredcot.transports import Deployment, Publisher, Receiver, deployment, weight_receiver
@@ -19,6 +22,16 @@ def declared(protocol: type) -> set[str]:
 def test_the_protocols_name_what_the_trainer_and_the_ports_owners_use() -> None:
     assert declared(Publisher) == {"from_config", "publish", "close", "send_s", "fallbacks"}
     assert declared(Receiver) == {"from_config", "poll", "holds_group", "close", "missing_files"}
+
+
+def test_the_builtin_transports_are_named_where_they_are_registered() -> None:
+    """Listed once: ``rredcot.transports`` registers them as the registry's built-ins; the registry
+    itself names none (it imports that module when a name is first looked up)."""
+    assert {"collective", "file", "ipc", "redis"} <= set(WEIGHT_TRANSPORTS.names())
+    assert all(WEIGHT_TRANSPORTS.is_builtin(n) for n in ("file", "collective", "ipc", "redis"))
+    assert not WEIGHT_TRANSPORTS.is_builtin("tests.extensions.redis_weights")
+    source = Path(registry.__file__).read_text()
+    assert not any(f'"{n}"' in source for n in ("collective", "ipc")), "common/registry.py lists a transport"
 
 
 class _Port:
