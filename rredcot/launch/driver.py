@@ -54,12 +54,12 @@ from rredcot.launch.observe.logs import (
 from rredcot.launch.observe.monitor import Monitor, Phases, Progress, fmt_duration
 from rredcot.launch.observe.report import HISTORY_FILE, RunOutcome, write_report
 from rredcot.launch.observe.run_times import expected_seconds, record_seconds
-from rredcot.launch.plan import Tier, bundles, evaluator_tier
+from rredcot.launch.plan import Tier, bundles, evaluator_options, evaluator_tier, write_placement
 from rredcot.launch.run_dir import claim_run_dir, clear_run_dir, clear_run_keys
 from rredcot.launch.run_lock import NameLease, hold_name
 from rredcot.launch.run_lock import hold as hold_run_lock
-from rredcot.launch.services import embedded_redis, embedded_redis_line
-from rredcot.launch.stages import WORKER_PREFIX, process_options, stage_env
+from rredcot.launch.services import EmbeddedRedis, embedded_redis, embedded_redis_line
+from rredcot.launch.stages import stage_env
 from rredcot.launch.supervisor import StageActors
 from rredcot.launch.watch import Watch
 from rredcot.transports import deployment
@@ -72,32 +72,6 @@ STOP_GRACE_S = 18.0  # on SIGTERM / Ctrl-C: how long the learner gets to finish 
 
 def _with_redis_url(cfg: Config, url: str) -> Config:
     return dataclasses.replace(cfg, redis=dataclasses.replace(cfg.redis, url=url))
-
-
-def _write_placement(pg: Any, plan: list[tuple[str, int, dict[str, float]]], out: Path) -> None:
-    """Which node holds each worker's bundle (``placement.json`` in the run dir)."""
-    import json
-
-    from ray.util.placement_group import placement_group_table
-
-    nodes = placement_group_table(pg)["bundles_to_node_id"]
-    names = ["eval" if t == "evaluator" else f"{WORKER_PREFIX[t]}{r}" for t, r, _ in plan]
-    out.write_text(json.dumps({name: nodes[i] for i, name in enumerate(names)}, indent=1))
-
-
-def _evaluator_options(pg: Any, index: int, tier: Tier | None) -> dict[str, Any]:
-    """Ray options of the evaluator: bundle ``index`` of ``pg`` when the plan gives it one
-    (``cluster.gpus_per_evaluator``), else no resources (it runs while the tiers wait)."""
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    if tier is None:
-        return {"num_cpus": 0, **process_options()}
-    return {
-        **process_options(),
-        "num_cpus": tier.cpus,
-        "num_gpus": tier.gpus,
-        "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
-    }
 
 
 def first_line(cfg: Config, run_dir: Path) -> str:
@@ -243,46 +217,15 @@ def _run(
     uid: str,
     lease: NameLease | None,
 ) -> None:
-    local_ray_env(cfg)  # before the first import of ray
-    import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
-
-    from rredcot.launch.evaluate import Evaluator
-
-    # Ctrl-C while ray.init starts the local Ray can be swallowed inside it (seen under load: the
-    # run went on to the end); ours records the signal, so that the run stops as soon as it returns
-    catch_interrupts(stack)
-    stack.callback(_say_left_behind, cfg, uid)  # after Ray's shutdown: what a failed learner left (ipc: /dev/shm)
-    stack.callback(end_leftovers, run_dir, after_own_stop=True)  # after Ray's shutdown: what outlived it
-    session = init_ray(cfg, stack)
-    raise_if_interrupted()
-    # after ray.init, which installs its own SIGTERM handler: ours tears the run down cleanly
-    stack.callback(signal.signal, signal.SIGTERM, signal.signal(signal.SIGTERM, raise_interrupt))
-    # the plan against the cluster and each node's free resources; on several nodes run.dir, the code,
-    # the network and /dev/shm on each: fails before any actor starts
-    found = check_nodes(cfg, run_dir)
-    nodes, outcome.apart = found.nodes, found.apart
-    for warning in found.checks:
-        log.warning("%s -> %s", warning.found, warning.fix)
-    if cfg.run.resume == "never":
-        clear_run_dir(run_dir, keep=run_dir / "logs" / "driver.log")
-    if session is not None:  # a local Ray of the run's own: a later start ends what a killed driver left
-        record_session(run_dir, session)
-    (run_dir / "report").mkdir(parents=True, exist_ok=True)
-    server = None
-    if not cfg.redis.url:
-        server = stack.enter_context(embedded_redis(cfg, run_dir, nodes))
-        raise_if_interrupted()  # a signal while redis-server was forked
-        cfg = _with_redis_url(cfg, server.url)
-        log.info("embedded Redis at %s", embedded_redis_line(server.url, cfg.redis.password))
+    """The run's story: Ray up and its nodes checked, the run's folder and Redis ready, the workers
+    placed and started, the starting model evaluated while they load, training to the learner's last
+    step, the final evaluation. Whatever is started is undone by ``stack`` in reverse order."""
+    _start_ray(cfg, run_dir, stack, uid)
+    nodes = _check_nodes(cfg, run_dir, outcome)
+    cfg, server = _start_services(cfg, run_dir, nodes, stack)
     outcome.cfg = cfg
-    write_text_atomic(run_dir / "config.yaml", to_yaml(redacted(cfg)))  # polled for by tools and tests
     client = connect(cfg.redis.url)
-    if cfg.run.resume == "never":
-        clear_run_keys(client, cfg.run.name)
-    publish_uid(client, cfg.run.name, uid)  # the learner names its /dev/shm slots by it
-    control = outcome.control = RunControl(client, cfg.run.name)
-    control.clear_stop()
+    control = outcome.control = _fresh_control(cfg, client, uid)
     monitor = outcome.monitor = Monitor(
         cfg, control, run_dir / "tensorboard", to_dict(redacted(cfg)), run_dir / "report" / HISTORY_FILE
     )
@@ -290,26 +233,15 @@ def _run(
     progress = Progress(cfg, phases)
     stack.callback(progress.close)
     watch = Watch(cfg, monitor, progress, client, server, lease)
-
-    plan, eval_tier = bundles(cfg), evaluator_tier(cfg)
-    extra = [eval_tier.bundle()] if eval_tier else []
-    pg = placement_group([b for _, _, b in plan] + extra, strategy=cfg.cluster.placement.upper())
-    wait_for_placement(cfg, pg)
-    stack.callback(remove_placement_group, pg)
-    _write_placement(pg, plan + [("evaluator", 0, b) for b in extra], run_dir / "placement.json")
-    cfg_dict = to_dict(cfg)
+    pg, plan, eval_tier = _place(cfg, run_dir, stack)
 
     # The workers start (imports, model loading, engine and DeepSpeed set-up: a minute or more on a
     # small CPU) while the starting model is evaluated; their run() is only called after it.
     deployment(cfg).reset(client, cfg.run.name)  # e.g. generators must not join an earlier learner's weight group
     actors = StageActors(cfg, pg, plan, control, stack, outcome.refs)
     actors.start()
-
-    evaluator = None
-    if cfg.data.eval_size:
-        options = _evaluator_options(pg, len(plan), eval_tier)
-        evaluator = ray.remote(Evaluator).options(**options).remote(cfg_dict, stage_env(cfg, "evaluator"))
-        stack.callback(ray.kill, evaluator)
+    evaluator = _start_evaluator(cfg, pg, len(plan), eval_tier, stack)
+    if evaluator is not None:
         phases.enter("evaluation (before training)")
         before = watch.wait(evaluator.evaluate_latest.remote(), evals_left=1)
         monitor.add_eval(before, monitor.step)  # 0, or the step a resumed run restarts from
@@ -322,12 +254,105 @@ def _run(
     )
 
     control.request_stop("learner finished")
-    ray.wait(list(outcome.refs), num_returns=len(outcome.refs), timeout=60)
+    _wait_for_workers(outcome)
     monitor.poll()
     if evaluator is not None and monitor.evals[-1]["step"] != monitor.step:
         phases.enter("final evaluation")
         monitor.add_eval(watch.wait(evaluator.evaluate_latest.remote(monitor.version), evals_left=0), monitor.step)
     outcome.status = "finished"
+
+
+def _start_ray(cfg: Config, run_dir: Path, stack: contextlib.ExitStack, uid: str) -> None:
+    """Ray up (a local one unless ``cluster.address``), with what must outlive its shutdown."""
+    local_ray_env(cfg)  # before the first import of ray
+    # Ctrl-C while ray.init starts the local Ray can be swallowed inside it (seen under load: the
+    # run went on to the end); ours records the signal, so that the run stops as soon as it returns
+    catch_interrupts(stack)
+    stack.callback(_say_left_behind, cfg, uid)  # after Ray's shutdown: what a failed learner left (ipc: /dev/shm)
+    stack.callback(end_leftovers, run_dir, after_own_stop=True)  # after Ray's shutdown: what outlived it
+    session = init_ray(cfg, stack)
+    raise_if_interrupted()
+    # after ray.init, which installs its own SIGTERM handler: ours tears the run down cleanly
+    stack.callback(signal.signal, signal.SIGTERM, signal.signal(signal.SIGTERM, raise_interrupt))
+    if session is not None:  # a local Ray of the run's own: a later start ends what a killed driver left
+        record_session(run_dir, session)
+
+
+def _check_nodes(cfg: Config, run_dir: Path, outcome: RunOutcome) -> int:
+    """The plan against the cluster and each node's free resources; on several nodes run.dir, the
+    code, the network and /dev/shm on each: fails before any actor starts. Returns how many nodes are up."""
+    found = check_nodes(cfg, run_dir)
+    outcome.apart = found.apart  # nodes without the shared run.dir: the report gathers their files
+    for warning in found.checks:
+        log.warning("%s -> %s", warning.found, warning.fix)
+    return found.nodes
+
+
+def _start_services(
+    cfg: Config, run_dir: Path, nodes: int, stack: contextlib.ExitStack
+) -> tuple[Config, EmbeddedRedis | None]:
+    """The run's folder (emptied for a fresh run) and its Redis (embedded when ``redis.url`` is
+    unset); returns the config naming its Redis, as written to ``config.yaml``, and the embedded server."""
+    server = None
+    if cfg.run.resume == "never":
+        clear_run_dir(run_dir, keep=run_dir / "logs" / "driver.log")
+    (run_dir / "report").mkdir(parents=True, exist_ok=True)
+    if not cfg.redis.url:
+        server = stack.enter_context(embedded_redis(cfg, run_dir, nodes))
+        raise_if_interrupted()  # a signal while redis-server was forked
+        cfg = _with_redis_url(cfg, server.url)
+        log.info("embedded Redis at %s", embedded_redis_line(server.url, cfg.redis.password))
+    write_text_atomic(run_dir / "config.yaml", to_yaml(redacted(cfg)))  # polled for by tools and tests
+    return cfg, server
+
+
+def _fresh_control(cfg: Config, client: Any, uid: str) -> RunControl:
+    """The run's control in Redis: a fresh run's keys cleared, its uid published (the learner names
+    its /dev/shm slots by it), no stop flag left from an earlier start."""
+    if cfg.run.resume == "never":
+        clear_run_keys(client, cfg.run.name)
+    publish_uid(client, cfg.run.name, uid)
+    control = RunControl(client, cfg.run.name)
+    control.clear_stop()
+    return control
+
+
+def _place(
+    cfg: Config, run_dir: Path, stack: contextlib.ExitStack
+) -> tuple[Any, list[tuple[str, int, dict[str, float]]], Tier | None]:
+    """One placement-group bundle per worker (and the evaluator's, when it has its own resources),
+    placed or failing with what is missing; where each landed in ``placement.json``. Returns the
+    group, the workers' plan and the evaluator's tier."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    plan, eval_tier = bundles(cfg), evaluator_tier(cfg)
+    extra = [eval_tier.bundle()] if eval_tier else []
+    pg = placement_group([b for _, _, b in plan] + extra, strategy=cfg.cluster.placement.upper())
+    wait_for_placement(cfg, pg)
+    stack.callback(remove_placement_group, pg)
+    write_placement(pg, plan + [("evaluator", 0, b) for b in extra], run_dir / "placement.json")
+    return pg, plan, eval_tier
+
+
+def _start_evaluator(cfg: Config, pg: Any, index: int, tier: Tier | None, stack: contextlib.ExitStack) -> Any:
+    """The held-out evaluator's actor (bundle ``index`` when it has one), or None without ``data.eval_size``."""
+    if not cfg.data.eval_size:
+        return None
+    import ray
+
+    from rredcot.launch.evaluate import Evaluator
+
+    options = evaluator_options(pg, index, tier)
+    evaluator = ray.remote(Evaluator).options(**options).remote(to_dict(cfg), stage_env(cfg, "evaluator"))
+    stack.callback(ray.kill, evaluator)
+    return evaluator
+
+
+def _wait_for_workers(outcome: RunOutcome) -> None:
+    """Up to a minute for every worker's run() to return after the stop flag."""
+    import ray
+
+    ray.wait(list(outcome.refs), num_returns=len(outcome.refs), timeout=60)
 
 
 def _say_left_behind(cfg: Config, uid: str) -> None:

@@ -11,11 +11,15 @@ that says what to change. On CPU the same plan maps to CPU-only bundles. A local
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from rredcot.common.config import Config, ConfigError
+from rredcot.launch.stages import WORKER_PREFIX, process_options
 
 
 class PlanError(ConfigError):
@@ -164,3 +168,27 @@ def check_fit(cfg: Config, free_per_node: dict[str, dict[str, float]]) -> None:
             best = min(nodes, key=lambda n: (left[n].get("GPU", 0.0) - b.get("GPU", 0.0), left[n].get("CPU", 0.0)))
             for k, v in b.items():
                 left[best][k] = left[best].get(k, 0.0) - v
+
+
+def write_placement(pg: Any, plan: list[tuple[str, int, dict[str, float]]], out: Path) -> None:
+    """Which node holds each worker's bundle (``placement.json`` in the run dir)."""
+    from ray.util.placement_group import placement_group_table
+
+    nodes = placement_group_table(pg)["bundles_to_node_id"]
+    names = ["eval" if t == "evaluator" else f"{WORKER_PREFIX[t]}{r}" for t, r, _ in plan]
+    out.write_text(json.dumps({name: nodes[i] for i, name in enumerate(names)}, indent=1))
+
+
+def evaluator_options(pg: Any, index: int, tier: Tier | None) -> dict[str, Any]:
+    """Ray options of the evaluator: bundle ``index`` of ``pg`` when the plan gives it one
+    (``cluster.gpus_per_evaluator``), else no resources (it runs while the tiers wait)."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    if tier is None:
+        return {"num_cpus": 0, **process_options()}
+    return {
+        **process_options(),
+        "num_cpus": tier.cpus,
+        "num_gpus": tier.gpus,
+        "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
+    }
