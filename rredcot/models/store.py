@@ -13,12 +13,16 @@ import fcntl
 import hashlib
 import importlib.util
 import json
+import logging
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rredcot.common.registry import MODELS
+
+log = logging.getLogger(__name__)
 
 QWEN_CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -84,13 +88,20 @@ def build_once(out: Path, build: Callable[[Path], None], recipe: dict[str, Any])
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.with_name(out.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another process that builds %s", out)
+            fcntl.flock(lock, fcntl.LOCK_EX)
         if marker.exists():
             return out
+        log.info("building %s once on this machine (its first use; minutes for a warm-started model)", out)
+        start = time.monotonic()
         tmp = out.with_name(out.name + f".tmp{os.getpid()}")
         build(tmp)
         (tmp / marker.name).write_text(json.dumps(recipe))
         tmp.rename(out)
+        log.info("built %s in %.0f s", out, time.monotonic() - start)
     return out
 
 

@@ -3,7 +3,11 @@ builtin name resolves through its recipe, any other path is left as it is."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import logging
+import threading
+import time
 from pathlib import Path
 
 from rredcot.common.registry import MODELS
@@ -21,6 +25,25 @@ def test_build_once_builds_once_and_others_wait(tmp_path):
     assert build_once(target, build, {"v": 1}) == target == build_once(target, build, {"v": 1})
     assert len(calls) == 1 and calls[0] != target and not calls[0].exists()  # built aside, renamed
     assert json.loads((target / "rredcot.json").read_text()) == {"v": 1}
+
+
+def test_a_build_and_a_wait_say_so(tmp_path, caplog):
+    """A first use that builds (minutes for a warm start) says what it builds and how long it took;
+    a process that finds another building says it waits, instead of falling silent."""
+    caplog.set_level(logging.INFO, logger="rredcot.models.store")
+    target = tmp_path / "m"
+    with open(target.with_name("m.lock"), "w") as held:  # another process building it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        waiter = threading.Thread(target=build_once, args=(target, lambda out: out.mkdir(), {"v": 1}))
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while "waiting for another process that builds" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not target.exists()
+    waiter.join(10)
+    assert f"waiting for another process that builds {target}" in caplog.text
+    assert f"building {target} once on this machine" in caplog.text and f"built {target} in " in caplog.text
+    assert (target / "rredcot.json").exists()
 
 
 def test_each_recipe_builds_into_a_directory_of_its_own(tmp_path):
