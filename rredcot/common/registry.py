@@ -169,5 +169,5 @@ MODELS: Registry[Any] = Registry(
     "model.path",
     {name: "rredcot.models.tiny" for name in ("tiny-qwen3", "tiny-qwen2", "tiny-qwen3-arith")}
     | {name: "rredcot.models.smollm" for name in ("smollm2-135m", "smollm2-135m-chain", "smollm2-135m-chain-think")}
-    | {"smollm2-135m-chain-long": "rredcot.models.chain_long"},
+    | {name: "rredcot.models.chain_long" for name in ("smollm2-135m-chain-long", "qwen2.5-1.5b-chain-long")},
 )

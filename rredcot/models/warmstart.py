@@ -75,6 +75,7 @@ def sft(
     shape = (lambda t: min(1.0, (t + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * t / steps))) if warmup else None
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, shape) if shape else None
     model.train()
+    device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     by_length = sorted(pairs, key=lambda pair: len(pair[0]) + len(pair[1])) if bucketed else pairs
     for step in range(steps):
@@ -89,6 +90,7 @@ def sft(
         for row, (a, b) in enumerate(chosen):
             ids[row, : len(a) + len(b)] = torch.tensor(a + b)
             targets[row, len(a) - 1 : len(a) + len(b) - 1] = torch.tensor(b)  # position t predicts t+1
+        ids, targets = ids.to(device), targets.to(device)
         where = targets >= 0
         hidden = model.model(input_ids=ids).last_hidden_state[where]
         loss = F.cross_entropy(model.lm_head(hidden), targets[where])
