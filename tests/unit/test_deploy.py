@@ -1,13 +1,19 @@
 """``deploy/``'s KubeRay manifest holds what docs/multinode.md promises of it: the Ray version that
 pyproject.toml pins, every pod mounting the shared run volume and an in-memory ``/dev/shm``, every
-volume a pod mounts declared in its pod, and one image for every pod (the same code on every node)."""
+volume a pod mounts declared in its pod, and one image for every pod (the same code on every node);
+and it is a valid KubeRay ``RayCluster`` by a schema of KubeRay's API (``raycluster_schema.py``; no
+cluster is needed, and none is run)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import jsonschema
+import pytest
 import yaml
+
+from tests.unit.raycluster_schema import RAYCLUSTER
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = ROOT / "deploy" / "kuberay" / "raycluster.yaml"
@@ -37,3 +43,33 @@ def test_the_raycluster_runs_the_pinned_ray_with_the_shared_volume_and_shm_on_ev
     for group in cluster["spec"]["workerGroupSpecs"]:  # KubeRay reads every rayStartParams value as a string
         assert all(isinstance(v, str) for v in group["rayStartParams"].values())
     assert all(isinstance(v, str) for v in cluster["spec"]["headGroupSpec"]["rayStartParams"].values())
+
+
+def test_the_raycluster_is_valid_by_kuberays_schema() -> None:
+    jsonschema.validate(yaml.safe_load(MANIFEST.read_text()), RAYCLUSTER)
+
+
+def _set(cluster: dict, path: str, value: object) -> dict:
+    *parents, last = path.split(".")
+    node = cluster
+    for key in parents:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    node[last] = value
+    return cluster
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "says"),
+    [
+        ("spec.workerGroupSpec", [], "Additional properties are not allowed ('workerGroupSpec'"),  # a misspelt key
+        ("spec.headGroupSpec.rayStartParams.num-gpus", 8, "8 is not of type 'string'"),
+        ("spec.workerGroupSpecs.0.groupName", "", "should be non-empty"),
+        ("spec.workerGroupSpecs.0.replicas", -1, "-1 is less than the minimum of 0"),
+        ("apiVersion", "ray.io/v1alpha1", "'ray.io/v1' was expected"),
+    ],
+)
+def test_the_schema_refuses_what_kuberay_would(path: str, value: object, says: str) -> None:
+    """The check can fail: each of these edits of the manifest is refused, with KubeRay's reason."""
+    broken = _set(yaml.safe_load(MANIFEST.read_text()), path, value)
+    with pytest.raises(jsonschema.ValidationError, match=re.escape(says)):
+        jsonschema.validate(broken, RAYCLUSTER)
