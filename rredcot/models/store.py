@@ -105,6 +105,22 @@ def build_once(out: Path, build: Callable[[Path], None], recipe: dict[str, Any])
     return out
 
 
+def builds_under_way(root: Path | None = None) -> list[tuple[str, float]]:
+    """The builtin models some process on this machine is building now (``build_once`` holds its
+    lock), each with the seconds since its lock was taken: what a first run's progress line shows
+    while its workers wait on a warm start."""
+    found = []
+    for lock_path in sorted(Path(root or cache_dir() / "models").glob("*.lock")):
+        with open(lock_path, "a") as probe:  # "a": never truncates, never moves the builder's mtime
+            try:
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                found.append((lock_path.name.removesuffix(".lock"), time.time() - lock_path.stat().st_mtime))
+            else:
+                fcntl.flock(probe, fcntl.LOCK_UN)
+    return found
+
+
 def resolve_model_path(path: str, seed: int = 0) -> str:
     """Turn ``model.path`` into a loadable directory or hub id: a builtin name (``MODELS``) is built
     by its recipe on first use; anything else (a directory, a hub id such as

@@ -21,6 +21,7 @@ from rredcot.common.control import RunControl
 from rredcot.common.ledger import Balance
 from rredcot.common.streams import BATCHES, ROLLOUTS
 from rredcot.launch.observe.logs import WriteFailures
+from rredcot.models.store import builds_under_way
 
 log = logging.getLogger("rredcot.progress")
 
@@ -210,8 +211,10 @@ def progress_line(
     step: int,
     steps: int,
     eta: float | None,
+    building: list[tuple[str, float]] = (),
 ) -> str:
-    """One plain line: phase, step, reward, throughput per tier, queue depths, ETA."""
+    """One plain line: phase, step, reward, throughput per tier, queue depths, ETA; and the builtin
+    models being built on this machine (``building``: name, seconds so far), which the workers wait on."""
     parts = [f"[{fmt_duration(elapsed)}] {phase}"]
     evaluating = eval_progress(snaps) if "evaluation" in phase else None
     if evaluating is not None:
@@ -232,6 +235,7 @@ def progress_line(
     if depths:
         parts.append(f"queues {depths.get(ROLLOUTS, 0)}/{depths.get(BATCHES, 0)}")
     parts.append(f"ETA {fmt_duration(eta)}")
+    parts += [f"building {name} (first use here, once): {fmt_duration(s)} so far" for name, s in building]
     return " | ".join(parts)
 
 
@@ -291,7 +295,9 @@ class Progress:
         evaluating = eval_progress(snaps) if "evaluation" in self.phases.current else None
         first_eval = monitor.evals[0]["seconds"] if monitor.evals else None
         eta = eta_s(self.phases, monitor.step, steps, evaluating, evals_left, first_eval)
-        line = progress_line(self.phases.current, self.phases.elapsed(), snaps, depths, monitor.step, steps, eta)
+        building = builds_under_way()  # a few lock files probed: what the workers may be waiting on
+        phase, elapsed = self.phases.current, self.phases.elapsed()
+        line = progress_line(phase, elapsed, snaps, depths, monitor.step, steps, eta, building)
         now = time.monotonic()
         if force or now - self._last_line >= self.interval_s:
             self._last_line = now

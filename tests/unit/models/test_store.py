@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from rredcot.common.registry import MODELS
-from rredcot.models.store import build_once, recipe_dir, resolve_model_path
+from rredcot.models.store import build_once, builds_under_way, recipe_dir, resolve_model_path
 
 
 def test_build_once_builds_once_and_others_wait(tmp_path):
@@ -44,6 +44,16 @@ def test_a_build_and_a_wait_say_so(tmp_path, caplog):
     assert f"waiting for another process that builds {target}" in caplog.text
     assert f"building {target} once on this machine" in caplog.text and f"built {target} in " in caplog.text
     assert (target / "rredcot.json").exists()
+
+
+def test_a_build_under_way_is_seen_by_other_processes_and_nothing_else_is(tmp_path):
+    """While ``build_once`` holds a model's lock, ``builds_under_way`` names it with its time so far
+    (what the driver's progress line shows); a lock left by a finished or dead builder names nothing."""
+    seen: list[list[tuple[str, float]]] = []
+    build_once(tmp_path / "done", lambda out: out.mkdir(), {"v": 1})  # built: its lock file stays, unheld
+    build_once(tmp_path / "m", lambda out: (seen.append(builds_under_way(tmp_path)), out.mkdir()), {"v": 1})
+    assert [name for name, _ in seen[0]] == ["m"] and 0 <= seen[0][0][1] < 60
+    assert builds_under_way(tmp_path) == [] and builds_under_way(tmp_path / "none") == []
 
 
 def test_each_recipe_builds_into_a_directory_of_its_own(tmp_path):

@@ -106,6 +106,9 @@ def test_progress_line_has_every_tier_the_queues_and_the_eta() -> None:
     evaluating = progress_line("final evaluation", 10, SNAPS, {}, 20, 20, None)
     assert evaluating.startswith("[0m10s] final evaluation 96/288 samples") and evaluating.endswith("ETA ?")
     assert eval_progress({}) is None and eval_progress(SNAPS) == (96, 288)
+    # a first run whose workers wait on a warm start says what is being built, not only "evaluation"
+    waiting = progress_line("evaluation (before training)", 700, {}, {}, 0, 20, None, [("smollm2-135m-chain-a1", 650)])
+    assert waiting.endswith("ETA ? | building smollm2-135m-chain-a1 (first use here, once): 10m50s so far")
 
 
 def test_progress_line_shows_the_slowest_learner_rank() -> None:
