@@ -88,6 +88,13 @@ def credit_summary(last: dict[str, dict[str, Any]], checks_slips: bool) -> dict[
     }
 
 
+# what the project's own study found, under every run's credit section (docs/study.md, issue 60)
+STUDY_LINE = (
+    "- What σ changes in learning: at the project's CPU scale nothing measurable, not even a σ known to be "
+    "right (docs/study.md#where-credit-can-pay-a-positive-control-issue-60); this section shows where blame lands."
+)
+
+
 def _credit_section(credit: dict[str, Any]) -> list[str]:
     """The summary's lines on what σ did (``credit_summary``)."""
     lines = ["## Credit (σ: each token's share of its trace's advantage; GRPO's is uniform, 1/|o|)", ""]
@@ -115,6 +122,7 @@ def _credit_section(credit: dict[str, Any]) -> list[str]:
             f"{credit['slip_named_traces']} wrong traces (ties share; a random pick among their lines of working: "
             f"{credit['top_blame_on_slip_chance']:.2f})."
         )
+    lines.append(STUDY_LINE)
     return [*lines, ""]
 
 

@@ -165,6 +165,7 @@ def test_the_summaries_say_what_sigma_did(tmp_path: Path, op: str) -> None:
     md = (tmp_path / "report" / "summary.md").read_text()
     assert "## Credit" in md
     assert "- Segments per trace: 3.00 (mean over the 16 traces the credit method segmented)." in md
+    assert "not even a σ known to be right (docs/study.md#where-credit-can-pay-a-positive-control-issue-60)" in md
     assert "mean max σ·|o| 2.00 over 6 wrong traces taking blame (1.00: uniform)." in md
     checker = "checker names: 0.60 of 5 wrong traces (ties share; a random pick among their lines of working: 0.30)"
     assert (checker in md) == (op == "chain") and ("The task has no slip checker" in md) == (op == "mul")
