@@ -87,7 +87,8 @@ def build_once(out: Path, build: Callable[[Path], None], recipe: dict[str, Any])
     if marker.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.with_name(out.name + ".lock"), "w") as lock:
+    lock_path = out.with_name(out.name + ".lock")
+    with open(lock_path, "a") as lock:  # "a": a waiter's open leaves the builder's start time (mtime) as it is
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -95,6 +96,7 @@ def build_once(out: Path, build: Callable[[Path], None], recipe: dict[str, Any])
             fcntl.flock(lock, fcntl.LOCK_EX)
         if marker.exists():
             return out
+        os.utime(lock_path)  # when this build started: ``builds_under_way`` reads it
         log.info("building %s once on this machine (its first use; minutes for a warm-started model)", out)
         start = time.monotonic()
         tmp = out.with_name(out.name + f".tmp{os.getpid()}")
@@ -107,11 +109,11 @@ def build_once(out: Path, build: Callable[[Path], None], recipe: dict[str, Any])
 
 def builds_under_way(root: Path | None = None) -> list[tuple[str, float]]:
     """The builtin models some process on this machine is building now (``build_once`` holds its
-    lock), each with the seconds since its lock was taken: what a first run's progress line shows
+    lock), each with the seconds since its build started: what a first run's progress line shows
     while its workers wait on a warm start."""
     found = []
     for lock_path in sorted(Path(root or cache_dir() / "models").glob("*.lock")):
-        with open(lock_path, "a") as probe:  # "a": never truncates, never moves the builder's mtime
+        with open(lock_path, "a") as probe:  # "a": never moves the builder's start time
             try:
                 fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -12,6 +12,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -211,7 +212,7 @@ def progress_line(
     step: int,
     steps: int,
     eta: float | None,
-    building: list[tuple[str, float]] = (),
+    building: Sequence[tuple[str, float]] = (),
 ) -> str:
     """One plain line: phase, step, reward, throughput per tier, queue depths, ETA; and the builtin
     models being built on this machine (``building``: name, seconds so far), which the workers wait on."""
@@ -295,7 +296,8 @@ class Progress:
         evaluating = eval_progress(snaps) if "evaluation" in self.phases.current else None
         first_eval = monitor.evals[0]["seconds"] if monitor.evals else None
         eta = eta_s(self.phases, monitor.step, steps, evaluating, evals_left, first_eval)
-        building = builds_under_way()  # a few lock files probed: what the workers may be waiting on
+        # a builtin model is built as the workers start: its locks are probed only before the first step
+        building = builds_under_way() if monitor.step == 0 else []
         phase, elapsed = self.phases.current, self.phases.elapsed()
         line = progress_line(phase, elapsed, snaps, depths, monitor.step, steps, eta, building)
         now = time.monotonic()
