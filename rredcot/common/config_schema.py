@@ -48,6 +48,7 @@ class RunConfig:
     sampling_seed: int = bounded(0, 0, SEED_MAX)
     steps: int = bounded(10, 1, COUNT_MAX)
     resume: str = choice("never", "never", "auto")
+    about: str = ""  # one line on what the run trains and why: its first log line and its report's
 
 
 @dataclass

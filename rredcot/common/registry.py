@@ -169,5 +169,8 @@ MODELS: Registry[Any] = Registry(
     "model.path",
     {name: "rredcot.models.tiny" for name in ("tiny-qwen3", "tiny-qwen2", "tiny-qwen3-arith")}
     | {name: "rredcot.models.smollm" for name in ("smollm2-135m", "smollm2-135m-chain", "smollm2-135m-chain-think")}
-    | {name: "rredcot.models.chain_long" for name in ("smollm2-135m-chain-long", "qwen2.5-1.5b-chain-long")},
+    | {
+        name: "rredcot.models.slip_chains"
+        for name in ("smollm2-135m-chain-short", "smollm2-135m-chain-long", "qwen2.5-1.5b-chain-long")
+    },
 )

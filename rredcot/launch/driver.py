@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,14 @@ def first_line(cfg: Config, run_dir: Path) -> str:
     )
 
 
+def opening_lines(cfg: Config, run_dir: Path) -> Iterator[str]:
+    """The run's first lines: what it trains and why (``run.about``), then ``first_line`` (made only
+    once the first is out: choosing the dtype logs its own line)."""
+    if cfg.run.about:
+        yield cfg.run.about
+    yield first_line(cfg, run_dir)
+
+
 def train(cfg: Config, verbose: bool = False) -> Path:
     """Run the whole pipeline; returns the report directory."""
     run_dir = Path(cfg.run.dir).resolve()
@@ -109,7 +118,8 @@ def train(cfg: Config, verbose: bool = False) -> Path:
         uid = dir_uid(run_dir)  # names what the run holds on a machine (its /dev/shm slots)
         fresh = cfg.run.resume == "never"  # an earlier run's driver.log is overwritten
         stack.callback(setup_driver_logging(run_dir / "logs" / "driver.log", verbose, append=not fresh))
-        log.info(first_line(cfg, run_dir))
+        for line in opening_lines(cfg, run_dir):
+            log.info(line)
         end_leftovers(run_dir)  # the Ray processes of an earlier driver of this run that was killed
         for warning in warnings:
             log.warning(warning.line())

@@ -27,8 +27,15 @@ from rredcot.models.store import (
 )
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# the chain models are the base after an SFT: same shape (``-chain-long``: rredcot/models/chain_long.py)
-BUILTINS = ("smollm2-135m", "smollm2-135m-chain", "smollm2-135m-chain-think", "smollm2-135m-chain-long")
+# the chain models are the base after an SFT: same shape (``-chain-short``, ``-chain-long``:
+# rredcot/models/slip_chains.py)
+BUILTINS = (
+    "smollm2-135m",
+    "smollm2-135m-chain",
+    "smollm2-135m-chain-think",
+    "smollm2-135m-chain-short",
+    "smollm2-135m-chain-long",
+)
 BASE_DIR = "smollm2-135m-instruct"  # the converted base, under the cache's models folder
 
 

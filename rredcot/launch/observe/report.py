@@ -138,8 +138,14 @@ def write_summary(
     ledger: Balance | None = None,
     time_verdict: str = "",
     credit: dict[str, Any] | None = None,
+    about: str = "",
 ) -> Path:
-    lines = ["# rredcot run report", "", f"Status: {status}. Wall time: {wall_s / 60:.1f} min"]
+    lines = [
+        "# rredcot run report",
+        "",
+        *([about, ""] if about else []),
+        f"Status: {status}. Wall time: {wall_s / 60:.1f} min",
+    ]
     if phases:
         lines[-1] += " (" + ", ".join(f"{name} {sec / 60:.1f}" for name, sec in phases.items()) + ")"
     lines.append("")
@@ -278,6 +284,7 @@ def write_report(cfg: Config, run_dir: Path, outcome: RunOutcome) -> dict[str, s
         outcome.ledger,
         verdict,
         summary["credit"],
+        cfg.run.about,
     )
     (report_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return artefacts

@@ -242,6 +242,13 @@ def test_the_driver_never_shows_a_redis_password() -> None:
     assert "(password: redis.password)" in services.embedded_redis_line("redis://:pw@10.0.0.1:7000/0", "pw")
 
 
+def test_the_demo_says_first_what_it_trains_and_why() -> None:
+    about, line = driver.opening_lines(load_config("demo_cpu"), Path("run"))
+    assert about.startswith("The demo: SmolLM2-135M learns 3-step arithmetic chains") and "blame" in about
+    assert line.startswith("run 'demo_cpu': starting")
+    assert [line.split(":")[0] for line in driver.opening_lines(load_config("tests"), Path("run"))] == ["run 'tests'"]
+
+
 def test_a_stage_run_by_hand_takes_its_index(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -79,11 +79,11 @@ def test_each_recipe_builds_into_a_directory_of_its_own(tmp_path):
 
 def test_every_builtin_model_is_registered_by_the_module_named_for_it():
     """``MODELS`` names each builtin's recipe module; importing it registers the name (nothing is built)."""
-    from rredcot.models.chain_long import BASES
+    from rredcot.models.slip_chains import SLIP_CHAIN_MODELS
     from rredcot.models.smollm import BUILTINS
     from rredcot.models.tiny import TINY_MODELS
 
-    assert set(MODELS.names()) == {*TINY_MODELS, *BUILTINS, *BASES}
+    assert set(MODELS.names()) == {*TINY_MODELS, *BUILTINS, *SLIP_CHAIN_MODELS}
     assert all(callable(MODELS.get(name)) for name in MODELS.names())
 
 

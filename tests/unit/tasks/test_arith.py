@@ -32,7 +32,10 @@ def test_answers_are_correct_and_solutions_end_with_answer_line():
 
 def _twin(problem: str) -> str:
     """A problem and its commuted twin give one text: ``What is 8 * 3?`` and ``What is 3 * 8?`` give
-    ``3 * 8``, ``What is (5 + 2) - 1?`` gives ``(2 + 5) - 1``; a subtraction keeps its order."""
+    ``3 * 8``, ``What is (5 + 2) - 1?`` gives ``(2 + 5) - 1``; a subtraction keeps its order. A
+    ``steps`` problem (``Start with 7.`` then ``Step 1: + 5``) is its own: it asks another question."""
+    if problem.startswith("Start with "):
+        return problem
     m = re.fullmatch(r"What is (\(*)(\d+) ([-+*]) (\d+)(.*)\?", problem)
     assert m, problem
     a, op, b = int(m[2]), m[3], int(m[4])

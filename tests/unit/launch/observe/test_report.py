@@ -58,7 +58,8 @@ REDISTRIBUTORS = {
 
 @pytest.mark.parametrize("status", ["finished", "interrupted (signal 15)"])
 def test_report_writes_both_summaries(tmp_path: Path, status: str) -> None:
-    cfg = load_config("tests", [f"run.dir={tmp_path}", "redis.url=redis://:secret@127.0.0.1:1/0"])
+    about = "run.about=What it trains, and why."
+    cfg = load_config("tests", [f"run.dir={tmp_path}", "redis.url=redis://:secret@127.0.0.1:1/0", about])
     before, after = [0.0, 0.25, 0.5, 0.5], [0.5, 0.5, 0.75, 1.0]
     outcome = RunOutcome(
         status=status, phases=Phases(), monitor=FakeMonitor([evaluation(0, before), evaluation(3, after)])
@@ -75,7 +76,8 @@ def test_report_writes_both_summaries(tmp_path: Path, status: str) -> None:
     assert summary["dtype"]["model"] in ("float32", "bfloat16") and summary["cpu"]["model"]
     assert set(summary["phases_s"]) == {"start-up"}
     md = (tmp_path / "report" / "summary.md").read_text()
-    assert f"Status: {status}." in md and "secret" not in md
+    assert md.startswith(f"# rredcot run report\n\nWhat it trains, and why.\n\nStatus: {status}.")
+    assert "secret" not in md
     assert ("Sampled accuracy improved" in md) == (paired["low"] > 0)
     assert Path(files["learning curves"]).exists()
 
