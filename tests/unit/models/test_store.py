@@ -6,12 +6,27 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import os
 import threading
 import time
 from pathlib import Path
 
 from rredcot.common.registry import MODELS
 from rredcot.models.store import build_once, builds_under_way, recipe_dir, resolve_model_path
+
+
+def test_a_build_runs_on_every_core_and_the_threads_are_put_back(tmp_path):
+    """A worker with one thread (the demo's learner) builds a model on both cores, then trains on one."""
+    import torch
+
+    seen = []
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        build_once(tmp_path / "m", lambda out: (seen.append(torch.get_num_threads()), out.mkdir()), {"v": 1})
+        assert seen == [len(os.sched_getaffinity(0))] and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_build_once_builds_once_and_others_wait(tmp_path):
