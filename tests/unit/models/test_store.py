@@ -6,7 +6,8 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
-import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -16,17 +17,19 @@ from rredcot.models.store import build_once, builds_under_way, recipe_dir, resol
 
 
 def test_a_build_runs_on_every_core_and_the_threads_are_put_back(tmp_path):
-    """A worker with one thread (the demo's learner) builds a model on both cores, then trains on one."""
-    import torch
-
-    seen = []
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        build_once(tmp_path / "m", lambda out: (seen.append(torch.get_num_threads()), out.mkdir()), {"v": 1})
-        assert seen == [len(os.sched_getaffinity(0))] and torch.get_num_threads() == 1
-    finally:
-        torch.set_num_threads(before)
+    """A worker with one thread (the demo's learner) builds a model on every core, then trains on one.
+    In a process of its own: an in-process vLLM engine of an earlier test pins torch's threads."""
+    script = f"""
+import os, torch
+from pathlib import Path
+from rredcot.models.store import build_once
+torch.set_num_threads(1)
+seen = []
+build_once(Path({str(tmp_path / "m")!r}), lambda out: (seen.append(torch.get_num_threads()), out.mkdir()), {{"v": 1}})
+print(seen == [len(os.sched_getaffinity(0))], torch.get_num_threads())
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "1"], out
 
 
 def test_build_once_builds_once_and_others_wait(tmp_path):
