@@ -7,8 +7,9 @@ credit needs to be seen at work (the demo) and what a positive control needs (th
 that lands on the product's line should learn faster. Each is built once per machine and cached
 like the other builtins; the same model for every run (``SLIP_CHAIN_MODELS``):
 
-- ``smollm2-135m-chain-short``: the CPU demo's policy, 2-4-step chains, 40 SFT steps (about 2 min on
-  2 cores): right about half the time on 3-step chains, its wrong traces mostly one wrong line;
+- ``smollm2-135m-chain-short``: the CPU demo's policy, 2-4-step chains, 40 SFT steps (2-3 min on
+  2 cores): right about a third of the time on the demo's 3-step chains, its wrong traces mostly one
+  wrong line;
 - ``smollm2-135m-chain-long``: the positive-control study's (docs/study.md), 2-16 steps, 150 SFT
   steps (28 min on 2 cores);
 - ``qwen2.5-1.5b-chain-long``: the long recipe on Qwen2.5-1.5B-Instruct (from the hub: it needs
@@ -131,10 +132,11 @@ def build(name: str, out: Path) -> None:
     save_model_dir(model.to("cpu"), tok, out)
 
 
-@MODELS.register("smollm2-135m-chain-short")
-@MODELS.register("smollm2-135m-chain-long")
-@MODELS.register("qwen2.5-1.5b-chain-long")
 def slip_chain_dir(name: str, seed: int = 0, root: str | Path | None = None) -> Path:
     """The built model's directory (built on first use; ``seed``: one model for every run)."""
     folder = Path(root or cache_dir() / "models")
     return build_once(recipe_dir(folder, name, recipe(name)), partial(build, name), recipe(name))
+
+
+for _name in SLIP_CHAIN_MODELS:
+    MODELS.register(_name)(slip_chain_dir)

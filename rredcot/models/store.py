@@ -113,7 +113,7 @@ def build_once(out: Path, build: Callable[[Path], None], recipe: dict[str, Any])
 @contextlib.contextmanager
 def every_core() -> Iterator[None]:
     """Torch's threads raised to every core this process may run on, then put back (the demo's learner
-    has one thread: building the demo's model on it took 201 s where two threads took 103 s)."""
+    has one thread: building the demo's model on it took 201 s inside a run, on two threads 134-140 s)."""
     import torch
 
     before = torch.get_num_threads()
