@@ -9,11 +9,14 @@ staying tiny enough for CPU tests. Built once per machine and cached like the ot
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from rredcot.common.config import DataConfig, TaskConfig
-from rredcot.models.store import digest, load_tokenizer, qwen_tokenizer_dir
+from rredcot.common.heap import retained_heap
+from rredcot.models.store import digest, files_digest, qwen_tokenizer_dir
 from rredcot.tasks.prompts import prompt_text
 from rredcot.tasks.task import build_task
 
@@ -31,8 +34,17 @@ def sft_arith(model: Any, tokenizer: Any, seed: int = 0) -> Any:
 
 @cache
 def arith_recipe(seed: int) -> str:
-    """What ``sft_arith`` depends on, as a digest: a cached model from another recipe is rebuilt."""
-    return digest([sft_pairs(load_tokenizer(qwen_tokenizer_dir()), ARITH_TASK, CHAT, seed), ARITH_SFT])
+    """What ``sft_arith`` depends on, as a digest: the task, the SFT constants, the tokenizer's files
+    and the code that makes the training pairs and takes the steps (``rredcot/tasks``, this module);
+    a change to any of them builds the model anew. (The tokenized pairs themselves were the digest
+    once: a second tokenizer load, ~1 s of CPU in every process that resolves the model's path.)"""
+    return digest([asdict(ARITH_TASK), asdict(CHAT), seed, ARITH_SFT, files_digest(recipe_files())])
+
+
+def recipe_files() -> list[Path]:
+    """The files ``arith_recipe`` digests: ``rredcot/tasks``' code, this module, the tokenizer's files."""
+    code = sorted(Path(build_task.__code__.co_filename).parent.glob("*.py")) + [Path(__file__)]
+    return code + sorted(f for f in qwen_tokenizer_dir().iterdir() if f.is_file())
 
 
 def sft_pairs(tokenizer: Any, task_cfg: TaskConfig, data: DataConfig, seed: int) -> list[tuple[list[int], list[int]]]:
@@ -78,29 +90,30 @@ def sft(
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     by_length = sorted(pairs, key=lambda pair: len(pair[0]) + len(pair[1])) if bucketed else pairs
-    for step in range(steps):
-        if bucketed:
-            first = int(torch.randint(0, len(pairs) - batch + 1, (1,), generator=gen))
-            chosen = by_length[first : first + batch]
-        else:
-            chosen = [pairs[int(i)] for i in torch.randint(0, len(pairs), (batch,), generator=gen)]
-        width = max(len(a) + len(b) for a, b in chosen)
-        ids = torch.full((batch, width), pad)
-        targets = torch.full((batch, width), -1)
-        for row, (a, b) in enumerate(chosen):
-            ids[row, : len(a) + len(b)] = torch.tensor(a + b)
-            targets[row, len(a) - 1 : len(a) + len(b) - 1] = torch.tensor(b)  # position t predicts t+1
-        ids, targets = ids.to(device), targets.to(device)
-        where = targets >= 0
-        hidden = model.model(input_ids=ids).last_hidden_state[where]
-        loss = F.cross_entropy(model.lm_head(hidden), targets[where])
-        opt.zero_grad()
-        loss.backward()
-        if schedule is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        if schedule is not None:
-            schedule.step()
-        if log is not None and step % 50 == 0:
-            log(step, loss.item())
+    with retained_heap():  # the logits and their gradient: the same large blocks every step
+        for step in range(steps):
+            if bucketed:
+                first = int(torch.randint(0, len(pairs) - batch + 1, (1,), generator=gen))
+                chosen = by_length[first : first + batch]
+            else:
+                chosen = [pairs[int(i)] for i in torch.randint(0, len(pairs), (batch,), generator=gen)]
+            width = max(len(a) + len(b) for a, b in chosen)
+            ids = torch.full((batch, width), pad)
+            targets = torch.full((batch, width), -1)
+            for row, (a, b) in enumerate(chosen):
+                ids[row, : len(a) + len(b)] = torch.tensor(a + b)
+                targets[row, len(a) - 1 : len(a) + len(b) - 1] = torch.tensor(b)  # position t predicts t+1
+            ids, targets = ids.to(device), targets.to(device)
+            where = targets >= 0
+            hidden = model.model(input_ids=ids).last_hidden_state[where]
+            loss = F.cross_entropy(model.lm_head(hidden), targets[where])
+            opt.zero_grad()
+            loss.backward()
+            if schedule is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            if schedule is not None:
+                schedule.step()
+            if log is not None and step % 50 == 0:
+                log(step, loss.item())
     return model.eval()

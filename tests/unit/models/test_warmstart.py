@@ -1,0 +1,54 @@
+"""The tiny model's warm-start recipe: its digest moves with the tokenizer's files and the code that
+makes its training pairs, and computing it loads no tokenizer (every process that resolves the model's
+path computes it)."""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from rredcot.models import warmstart
+from rredcot.models.store import files_digest, qwen_tokenizer_dir
+
+
+def test_files_digest_sees_a_changed_byte_and_a_renamed_file(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_bytes(b"x = 1\n")
+    b.write_bytes(b"y = 2\n")
+    first = files_digest([a, b])
+    assert files_digest([a, b]) == first
+    a.write_bytes(b"x = 2\n")
+    assert files_digest([a, b]) != first
+    a.write_bytes(b"x = 1\n")
+    a.rename(tmp_path / "c")
+    assert files_digest([tmp_path / "c", b]) != first
+
+
+def test_the_recipe_moves_with_the_tokenizer_files(tmp_path, monkeypatch):
+    import transformers
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: pytest.fail("loaded"))
+    warmstart.arith_recipe.cache_clear()
+    before = warmstart.arith_recipe(0)
+    assert warmstart.arith_recipe(1) != before  # the seed is part of it
+    copy = tmp_path / "tokenizer"
+    shutil.copytree(qwen_tokenizer_dir(), copy)
+    monkeypatch.setattr(warmstart, "qwen_tokenizer_dir", lambda: copy)
+    warmstart.arith_recipe.cache_clear()
+    assert warmstart.arith_recipe(0) == before  # the same bytes, the same recipe
+    config = copy / "tokenizer_config.json"
+    config.write_text(config.read_text().replace("<|im_end|>", "<|endoftext|>", 1))
+    warmstart.arith_recipe.cache_clear()
+    assert warmstart.arith_recipe(0) != before
+    warmstart.arith_recipe.cache_clear()
+
+
+@pytest.mark.parametrize("module", ["rredcot.tasks.prompts", "rredcot.tasks.arith", "rredcot.models.warmstart"])
+def test_the_recipe_reads_the_code_of_the_pairs_and_the_steps(module):
+    """The files the digest covers: what writes the problems and prompts, and the SFT loop."""
+    importlib.import_module(module)
+    assert Path(sys.modules[module].__file__).resolve() in {p.resolve() for p in warmstart.recipe_files()}
