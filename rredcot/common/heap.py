@@ -18,10 +18,13 @@ import ctypes.util
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-# mallopt's parameters (malloc.h) and glibc's defaults for them
+# mallopt's parameters (malloc.h)
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-DEFAULT_THRESHOLD = 128 * 1024
 RETAINED_THRESHOLD = 2**30  # blocks up to 1 GiB come from the heap, and the heap is not trimmed
+# After: where glibc's own dynamic thresholds end once large blocks have been freed (a mmap threshold
+# of at most 32 MiB on 64-bit, trimming at twice it). Setting a threshold ends glibc's adjustment for
+# the process: its start (128 KiB) would map and unmap every block above 128 KiB from then on.
+AFTER_MMAP_THRESHOLD, AFTER_TRIM_THRESHOLD = 32 * 2**20, 64 * 2**20
 
 
 def _libc_function(name: str) -> Callable[[int], int] | Callable[[int, int], int] | None:
@@ -43,8 +46,8 @@ def trim_heap() -> bool:
 
 @contextmanager
 def retained_heap() -> Iterator[bool]:
-    """Inside, freed blocks up to 1 GiB stay in the heap for the next allocation; after, glibc's
-    default thresholds are back and the heap is trimmed. Yields True where the C library could."""
+    """Inside, freed blocks up to 1 GiB stay in the heap for the next allocation; after, the heap is
+    trimmed and blocks above 32 MiB are mapped again. Yields True where the C library could."""
     if _MALLOPT is None:
         yield False
         return
@@ -53,6 +56,6 @@ def retained_heap() -> Iterator[bool]:
     try:
         yield True
     finally:
-        _MALLOPT(M_MMAP_THRESHOLD, DEFAULT_THRESHOLD)
-        _MALLOPT(M_TRIM_THRESHOLD, DEFAULT_THRESHOLD)
+        _MALLOPT(M_MMAP_THRESHOLD, AFTER_MMAP_THRESHOLD)
+        _MALLOPT(M_TRIM_THRESHOLD, AFTER_TRIM_THRESHOLD)
         trim_heap()
