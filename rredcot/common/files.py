@@ -1,10 +1,12 @@
-"""Files: written so that readers polling for them never see them half-written, and read only when
-they are regular files of a bounded size."""
+"""Files: written so that readers polling for them never see them half-written, read only when
+they are regular files of a bounded size, and digested by name and content."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 
 # what a path that is not a regular file is, for the message: reading one blocks (a FIFO with no
@@ -39,3 +41,13 @@ def unreadable_file(path: str | Path, max_bytes: int) -> str | None:
     if st.st_size > max_bytes:
         return f"is {st.st_size:,} bytes, over the bound of {max_bytes:,}"
     return None
+
+
+def files_digest(files: Iterable[Path], root: Path | None = None, length: int = 12) -> str:
+    """The first ``length`` hex digits of a SHA-256 over ``files``' names (relative to ``root``, or
+    the bare name) and bytes, in the order given."""
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{f.relative_to(root) if root else f.name}\0".encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:length]

@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,15 +70,6 @@ def save_model_dir(model: Any, tokenizer: Any, out: str | Path) -> Path:
 def digest(value: Any) -> str:
     """A short digest of a JSON-able ``value`` (a recipe, or a warm start's training pairs)."""
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def files_digest(files: Iterable[Path]) -> str:
-    """A short digest of ``files``' names and bytes (in the order given)."""
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f.name.encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()[:12]
 
 
 def recipe_dir(folder: Path, name: str, recipe: dict[str, Any]) -> Path:

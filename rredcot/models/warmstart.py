@@ -14,9 +14,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from rredcot import tasks
 from rredcot.common.config import DataConfig, TaskConfig
+from rredcot.common.files import files_digest
 from rredcot.common.heap import retained_heap
-from rredcot.models.store import digest, files_digest, qwen_tokenizer_dir
+from rredcot.models.store import digest, qwen_tokenizer_dir
 from rredcot.tasks.prompts import prompt_text
 from rredcot.tasks.task import build_task
 
@@ -43,7 +45,7 @@ def arith_recipe(seed: int) -> str:
 
 def recipe_files() -> list[Path]:
     """The files ``arith_recipe`` digests: ``rredcot/tasks``' code, this module, the tokenizer's files."""
-    code = sorted(Path(build_task.__code__.co_filename).parent.glob("*.py")) + [Path(__file__)]
+    code = sorted(Path(tasks.__file__).parent.glob("*.py")) + [Path(__file__)]
     return code + sorted(f for f in qwen_tokenizer_dir().iterdir() if f.is_file())
 
 
@@ -60,6 +62,7 @@ def sft_pairs(tokenizer: Any, task_cfg: TaskConfig, data: DataConfig, seed: int)
     ]
 
 
+@retained_heap()  # the logits and their gradient: the same large blocks every step
 def sft(
     model: Any,
     tokenizer: Any,
@@ -90,30 +93,29 @@ def sft(
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     by_length = sorted(pairs, key=lambda pair: len(pair[0]) + len(pair[1])) if bucketed else pairs
-    with retained_heap():  # the logits and their gradient: the same large blocks every step
-        for step in range(steps):
-            if bucketed:
-                first = int(torch.randint(0, len(pairs) - batch + 1, (1,), generator=gen))
-                chosen = by_length[first : first + batch]
-            else:
-                chosen = [pairs[int(i)] for i in torch.randint(0, len(pairs), (batch,), generator=gen)]
-            width = max(len(a) + len(b) for a, b in chosen)
-            ids = torch.full((batch, width), pad)
-            targets = torch.full((batch, width), -1)
-            for row, (a, b) in enumerate(chosen):
-                ids[row, : len(a) + len(b)] = torch.tensor(a + b)
-                targets[row, len(a) - 1 : len(a) + len(b) - 1] = torch.tensor(b)  # position t predicts t+1
-            ids, targets = ids.to(device), targets.to(device)
-            where = targets >= 0
-            hidden = model.model(input_ids=ids).last_hidden_state[where]
-            loss = F.cross_entropy(model.lm_head(hidden), targets[where])
-            opt.zero_grad()
-            loss.backward()
-            if schedule is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            if schedule is not None:
-                schedule.step()
-            if log is not None and step % 50 == 0:
-                log(step, loss.item())
+    for step in range(steps):
+        if bucketed:
+            first = int(torch.randint(0, len(pairs) - batch + 1, (1,), generator=gen))
+            chosen = by_length[first : first + batch]
+        else:
+            chosen = [pairs[int(i)] for i in torch.randint(0, len(pairs), (batch,), generator=gen)]
+        width = max(len(a) + len(b) for a, b in chosen)
+        ids = torch.full((batch, width), pad)
+        targets = torch.full((batch, width), -1)
+        for row, (a, b) in enumerate(chosen):
+            ids[row, : len(a) + len(b)] = torch.tensor(a + b)
+            targets[row, len(a) - 1 : len(a) + len(b) - 1] = torch.tensor(b)  # position t predicts t+1
+        ids, targets = ids.to(device), targets.to(device)
+        where = targets >= 0
+        hidden = model.model(input_ids=ids).last_hidden_state[where]
+        loss = F.cross_entropy(model.lm_head(hidden), targets[where])
+        opt.zero_grad()
+        loss.backward()
+        if schedule is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if schedule is not None:
+            schedule.step()
+        if log is not None and step % 50 == 0:
+            log(step, loss.item())
     return model.eval()

@@ -12,7 +12,6 @@ the node and the fix; ``rredcot doctor`` runs the same probes against ``cluster.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import secrets
 import shutil
@@ -28,6 +27,7 @@ import psutil
 import rredcot
 from rredcot.common.config import Config
 from rredcot.common.errors import UserError
+from rredcot.common.files import files_digest
 from rredcot.launch.checks import Check
 from rredcot.launch.checks.ray_address import check_ray_answers, ray_unreachable
 from rredcot.launch.observe.logs import headline
@@ -57,12 +57,7 @@ def code_files() -> list[Path]:
 
 def code_digest() -> str:
     """A digest of the rredcot code this process imports (its sources and configs)."""
-    h = hashlib.sha256()
-    root = Path(rredcot.__file__).parent
-    for f in code_files():
-        h.update(f"{f.relative_to(root)}\0".encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()[:16]
+    return files_digest(code_files(), Path(rredcot.__file__).parent, length=16)
 
 
 def node_label(address: str, node_id: str) -> str:
