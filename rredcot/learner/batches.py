@@ -49,6 +49,7 @@ class Batch:
     spans: dict[str, tuple[list[int], int]] = field(default_factory=dict)  # group id -> ``version_span``
     duplicates: int = 0  # samples dropped as already trained or seen twice
     trained: list[Trained] = field(default_factory=list)  # the groups ``samples`` come from (the replay log's)
+    shares: list[list[bytes]] = field(default_factory=list)  # every rank's first copies (entry ids), rank order
 
 
 def group_length(group: WeightedGroup) -> int:
@@ -167,7 +168,9 @@ class BatchReader:
         taken = [everything[i][0] for i in unique if owner[i] == self.rank and everything[i][0] not in held]
         self.consumer.hold(taken)
         held |= {e.id: (e, None if e.payload is None else self._decode(e)) for e in self.consumer.fetch(taken)}
-        batch, seen = Batch(), set()
+        batch, seen = Batch(shares=[[] for _ in range(self.world)]), set()
+        for i, rank in owner.items():
+            batch.shares[rank].append(everything[i][0])
         for i, (entry_id, _, _) in enumerate(everything):
             if i in owner:  # a group's first copy: its owner trains it
                 if owner[i] != self.rank:

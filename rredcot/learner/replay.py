@@ -10,7 +10,11 @@ learner first retrains, step by step, the samples recorded after its checkpoint'
 group reaches the restored weights exactly once, and nothing is asked of the generators.
 Entries tagged at or before the checkpoint's step (a crash between the checkpoint and the
 emptying) are skipped. With several ranks, every rank replays every step up to the last one any
-rank recorded, empty where it recorded nothing (an empty share, or a death before it recorded).
+rank recorded, empty where it recorded nothing (an empty share). Each rank also records the step's
+assignment (every rank's entry ids, the same on all): a rank that died after the step's all-reduce
+but before its record leaves its share unrecorded while the others recorded theirs, and its
+successor retrains that share from the entries the assignment names, still in the ``batches``
+stream (nobody acknowledged them), so the replayed step trains the whole global batch.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from rredcot.common.streams import PAYLOAD, run_key
 
 STEP = b"step"
 IDS = b"ids"
+SHARES = b"shares"  # a step's assignment: the entry ids of each rank's share, in rank order
 T = TypeVar("T")
 Trained = tuple[bytes, list[str] | None]  # a group's payload and the ids of its samples a step trained (None: all)
 
@@ -36,11 +41,11 @@ class ReplayLog:
         self.client = client
         self.stream = run_key(client, run_id, f"replay:{rank}")
 
-    def record(self, step: int, trained: list[Trained]) -> None:
-        """Append what was trained at ``step`` (before its ``batches`` entries are acknowledged)."""
-        if not trained:
-            return
+    def record(self, step: int, trained: list[Trained], shares: list[list[bytes]]) -> None:
+        """Append what was trained at ``step`` and the step's assignment (before its ``batches`` entries
+        are acknowledged)."""
         pipe = self.client.pipeline(transaction=False)
+        pipe.xadd(self.stream, {STEP: step, SHARES: msgpack.packb(shares)})
         for payload, ids in trained:
             pipe.xadd(self.stream, {STEP: step, PAYLOAD: payload, IDS: msgpack.packb(ids)})
         pipe.execute()
@@ -50,12 +55,20 @@ class ReplayLog:
         self.client.delete(self.stream)
 
     def after(self, step: int) -> list[tuple[int, list[Trained]]]:
-        """(step, what it trained) of every step recorded after ``step``, oldest first."""
-        entries = [(int(f[STEP]), (f[PAYLOAD], _ids(f))) for _, f in self.client.xrange(self.stream)]
+        """(step, what it trained) of every step recorded after ``step``, oldest first (a step with an
+        empty share: an empty list)."""
+        entries = [(int(f[STEP]), f) for _, f in self.client.xrange(self.stream)]
         return [
-            (s, [trained for _, trained in group])
+            (s, [(f[PAYLOAD], _ids(f)) for _, f in group if PAYLOAD in f])
             for s, group in groupby((e for e in entries if e[0] > step), key=lambda e: e[0])
         ]
+
+    def shares(self, step: int) -> list[list[bytes]]:
+        """The assignment recorded for ``step`` (every rank's entry ids); empty if none was."""
+        for _, f in self.client.xrange(self.stream):
+            if int(f[STEP]) == step and SHARES in f:
+                return msgpack.unpackb(f[SHARES])
+        return []
 
     def __len__(self) -> int:
         return int(self.client.xlen(self.stream))

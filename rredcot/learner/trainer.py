@@ -16,6 +16,7 @@ from collections import Counter, deque
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import numpy as np
 import redis
 
@@ -139,12 +140,17 @@ class Trainer:
     def _plan_replay(self) -> None:
         """The steps this rank trained after the restored checkpoint, retrained first. Every rank
         replays the same steps, up to the last any rank recorded: a rank that recorded nothing for a
-        step (an empty share, or it died before recording) replays it empty, so the ranks' collectives
-        stay in step; its unacknowledged entries come back from the stream afterwards. The replayed
-        samples count as trained, and an entry of theirs still pending under this rank's name (a crash
-        between recording and acknowledging) is acknowledged, not trained a second time."""
+        step (an empty share) replays it empty, so the ranks' collectives stay in step. A rank that
+        died after the last step's all-reduce but before recording it replays the share that step's
+        assignment gave it (``_unrecorded_share``), so the replayed step trains the whole batch. The
+        replayed samples count as trained, and an entry of theirs still pending under this rank's name
+        (a crash between recording and acknowledging) is acknowledged, not trained a second time."""
         recorded = {s: [_trained(*t) for t in trained] for s, trained in self.replay.after(self.step)}
         last = int(self.engine.all_reduce([float(max(recorded, default=self.step))], ["max"])[0])
+        if last > self.step:  # a collective: every rank says what it recorded of the last step
+            shares = self._assignment(last)
+            if last not in recorded and shares:
+                recorded[last] = self._unrecorded_share(shares[self.rank])
         self._to_replay.extend(steps_to_replay(recorded, self.step, last))
         ids = [i for groups in recorded.values() for _, trained in groups for i in trained]
         if ids:
@@ -152,6 +158,22 @@ class Trainer:
         replayed = {g.group_id for groups in recorded.values() for g, _ in groups}
         held = [e for e in self.consumer.pending_mine() if e.payload is not None]
         self.consumer.ack([e.id for e in held if decode(e.payload, WeightedGroup).group_id in replayed])
+
+    def _assignment(self, step: int) -> list[list[bytes]]:
+        """``step``'s assignment (every rank's entry ids) as any rank recorded it; empty if none did (a
+        log written before assignments were recorded). A collective."""
+        gathered = self.engine.all_gather(msgpack.packb(self.replay.shares(step)))
+        return next(filter(None, map(msgpack.unpackb, gathered)), [])
+
+    def _unrecorded_share(self, entry_ids: list[bytes]) -> list[tuple[WeightedGroup, set[str]]]:
+        """This rank's share of a step its predecessor trained but died before recording: the groups of
+        the entries the step's assignment gave it, still in the stream (nobody acknowledged them), less
+        the samples marked trained since."""
+        groups = [decode(e.payload, WeightedGroup) for e in self.consumer.fetch(entry_ids) if e.payload is not None]
+        ids = [s.rollout.id for g in groups for s in g.samples]
+        done = dict(zip(ids, self.client.smismember(self.trained_key, ids), strict=True)) if ids else {}
+        share = [(g, {s.rollout.id for s in g.samples if not done[s.rollout.id]}) for g in groups]
+        return [(g, fresh) for g, fresh in share if fresh]
 
     # ----- the loop -----
     def run(self) -> dict[str, float]:
@@ -177,7 +199,7 @@ class Trainer:
         t0 = time.perf_counter()
         version = self.engine.version
         result = self.engine.train_step(batch.samples)
-        self.replay.record(self.step + 1, batch.trained)
+        self.replay.record(self.step + 1, batch.trained, batch.shares)
         # consumed, applied or not: a skipped step (zero advantages, a non-finite loss) counts its groups
         # trained in the ledger, so a copy that comes again (re-sent or re-generated after a crash) is a
         # duplicate, not a new group that would take the place of one still to come

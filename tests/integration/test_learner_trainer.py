@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,13 +18,17 @@ from rredcot.common.codec import decode, encode
 from rredcot.common.config import load_config
 from rredcot.common.control import RunControl
 from rredcot.common.ledger import GroupVersions, Ledger
+from rredcot.common.net import loopback_interface
 from rredcot.common.records import RolloutRecord, WeightedGroup, WeightedSample, new_id
 from rredcot.common.staleness import Admission
-from rredcot.common.streams import BATCHES, DEAD, Producer, key
+from rredcot.common.streams import BATCHES, DEAD, PAYLOAD, Producer, key
 from rredcot.learner.checkpoint import CheckpointError
 from rredcot.learner.trainer import Trainer
 from rredcot.learner.weights import full_state
 from rredcot.transports.manifest import latest_manifest, load_tensors
+from tests.integration.trainer_rank import DIED
+
+ROOT = Path(__file__).resolve().parents[2]  # the ranks run as tests.integration.trainer_rank
 
 
 def weighted_group(rng: np.random.Generator, version: int, size: int = 2) -> WeightedGroup:
@@ -146,7 +156,9 @@ def test_a_resume_trains_again_what_was_trained_after_the_checkpoint(tmp_path, r
     after_step_2 = {n: t.clone() for n, t in full_state(dead.engine.module).items()}
     dead.train_on(dead.next_batch())  # a third step, then the process "dies": no final checkpoint
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-00000002"]
-    assert latest_manifest(redis_client, run_id).version == 3 and len(dead.replay) == 2
+    assert (
+        latest_manifest(redis_client, run_id).version == 3 and len(dead.replay) == 3
+    )  # step 3's assignment and 2 groups
     step_3 = [decode(p, WeightedGroup).group_id for _, trained in dead.replay.after(2) for p, _ in trained]
     assert step_3 == [g.group_id for g in groups[4:6]]
 
@@ -172,7 +184,7 @@ def test_a_crash_between_recording_and_acknowledging_trains_the_step_once(tmp_pa
     dead = _two_steps(overrides)
     batch = dead.next_batch()
     dead.engine.train_step(batch.samples)
-    dead.replay.record(3, batch.trained)  # ... and the process dies here
+    dead.replay.record(3, batch.trained, batch.shares)  # ... and the process dies here
 
     resumed = Trainer(load_config("tests", [*overrides, "run.steps=5", "run.resume=auto"]))
     resumed.run()
@@ -272,3 +284,61 @@ def test_a_copy_of_a_group_a_skipped_step_consumed_is_a_duplicate_not_a_new_grou
     assert trainer.totals["duplicates"] == len(flat[0].samples)  # the copy: acknowledged, not trained
     trained = {m.decode() for m in redis_client.smembers(key(run_id, "ledger:trained"))}
     assert trained == {g.group_id for g in [*flat, *fresh]}
+
+
+def _two_ranks(specs: list[dict], timeout: float = 300) -> list[tuple[int, str]]:
+    """Two ``Trainer`` ranks as the driver starts them (a rendezvous id of this start, gloo on
+    loopback); each rank's exit code and output."""
+    rendezvous = uuid.uuid4().hex
+    procs = []
+    for rank, spec in enumerate(specs):
+        env = os.environ | {
+            "RANK": str(rank),
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": str(len(specs)),
+            "MASTER_ADDR": "127.0.0.1",
+            "RREDCOT_RENDEZVOUS": rendezvous,
+            "GLOO_SOCKET_IFNAME": loopback_interface(),
+            "OMP_NUM_THREADS": "1",
+        }
+        cmd = [sys.executable, "-m", "tests.integration.trainer_rank", json.dumps(spec)]
+        procs.append(
+            subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )
+    try:
+        return [(p.wait(timeout), p.communicate()[0]) for p in procs]
+    finally:
+        for p in procs:  # a rank left waiting in a collective
+            p.kill()
+
+
+@pytest.mark.slow
+def test_a_rank_lost_after_the_all_reduce_before_its_record_is_replayed_whole(
+    tmp_path, redis_server, redis_client, run_id
+):
+    """Two ranks, one group each a step, no checkpoint. At step 2 rank 1 takes part in the update,
+    then dies before it records its share in its replay log; rank 0 recorded its own and fails at
+    its next collective. The resumed ranks replay step 2 with both shares (rank 1's from the entries
+    step 2's assignment gave it, still in the stream), so after 3 steps exactly the first 6 groups are
+    trained, each once, and the last 2 wait in the stream. Before, rank 1 replayed step 2 empty and its
+    share came back later as a new group: a step short, one admitted group left untrained at the end
+    (the node-lost resume of tests/cluster)."""
+    overrides = [
+        *_overrides(run_id, tmp_path, redis_server.url),
+        "learner.checkpoint_every=0",
+        "learner.checkpoint_every_s=0",
+    ]
+    groups = _queued(redis_client, run_id, 8, seed=6)
+    (code0, out0), (code1, out1) = _two_ranks([{"overrides": overrides}, {"overrides": overrides, "die_at": 2}])
+    assert code1 == DIED and code0 != 0, (out0[-3000:], out1[-3000:])  # rank 0 failed in a collective after step 2
+    assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
+
+    ranks = _two_ranks([{"overrides": [*overrides, "run.resume=auto"]}] * 2)
+    assert [code for code, _ in ranks] == [0, 0], [out[-3000:] for _, out in ranks]
+    ends = [json.loads(out.strip().splitlines()[-1]) for _, out in ranks]
+    assert [e["step"] for e in ends] == [3, 3]
+    assert [e["samples"] for e in ends] == [6 * 2] * 2  # the steps' samples (global): 2 replayed whole and step 3
+    trained = {m.decode() for m in redis_client.smembers(key(run_id, "trained_ids"))}
+    assert trained == {s.rollout.id for g in groups[:6] for s in g.samples}
+    waiting = [decode(f[PAYLOAD], WeightedGroup).group_id for _, f in redis_client.xrange(key(run_id, BATCHES))]
+    assert waiting == [g.group_id for g in groups[6:]]

@@ -110,6 +110,7 @@ def test_a_group_sent_twice_or_already_trained_is_trained_once_and_the_step_stil
     assert len(own) == 5  # read on past the copy and the trained group
     batch = reader.balance(own, None)
     assert len(batch.entries) == 5  # all are acknowledged after the step
+    assert batch.shares == [[e.id for e, _ in own if e.id != own[1][0].id]]  # first copies only: not the re-sent one
     assert batch.groups.keys() == {group.group_id, done.group_id, other.group_id, third.group_id}
     assert len(batch.samples) == 3 + 4 + 4 and len({s.id for s in batch.samples}) == 11
     assert batch.duplicates == 4 + 1 + 4
@@ -141,6 +142,9 @@ def test_two_ranks_share_a_batch_by_tokens_and_take_over_their_entries(redis_cli
     for rank, b in enumerate(batches):
         pending = redis_client.xpending_range(_stream(run_id), GROUP, "-", "+", 100, consumername=f"learner{rank}")
         assert {p["message_id"] for p in pending} == {e.id for e in b.entries}
+        # the step's assignment, the same on every rank (the replay log's: a rank that dies before recording
+        # its share is replayed from it): each rank's share by entry id
+        assert b.shares == [[e.id for e in batches[0].entries], [e.id for e in batches[1].entries]]
 
 
 def test_a_group_two_ranks_read_one_copy_each_counts_once_and_the_step_still_takes_its_count(
