@@ -6,11 +6,9 @@ RSS, spread over the arenas of its threads. ``trim_heap`` releases them.
 
 The other way round: glibc serves blocks above its mmap threshold with their own mappings and hands
 them back on free, so a loop that allocates the same large tensors every step (logits over a 151k
-vocabulary, a float32 copy of the LM head) faults every page in again, every step.
-``retain_large_blocks`` keeps such blocks in the heap for the rest of a process (every worker's, from
-its start: a 5-step demo held to AVX2 took 226 s instead of 270), ``retained_heap`` for one loop (the
-tiny model's SFT: 1.75x faster, its system time 20x lower); docs/benchmarks.md. Where the C library
-is not glibc (macOS, musl) they do nothing.
+vocabulary) faults every page in again, every step. ``retained_heap`` keeps such blocks in the heap
+for the length of a loop: the tiny model's SFT runs 1.75x faster, its system time 20x lower
+(docs/benchmarks.md). Where the C library is not glibc (macOS, musl) both do nothing.
 """
 
 from __future__ import annotations
@@ -46,38 +44,18 @@ def trim_heap() -> bool:
     return True
 
 
-_retained = False  # retain_large_blocks has run: the process keeps its large blocks for good
-
-
-def _thresholds(mmap: int, trim: int) -> None:
-    assert _MALLOPT is not None
-    _MALLOPT(M_MMAP_THRESHOLD, mmap)
-    _MALLOPT(M_TRIM_THRESHOLD, trim)
-
-
-def retain_large_blocks() -> bool:
-    """From now on, for the process's life: blocks up to 1 GiB come from the heap, and the heap is
-    not trimmed when they are freed (``trim_heap`` still hands free pages back). What every worker's
-    process does first (``launch.stages``): its tier allocates the same large blocks at every step.
-    True where the C library could."""
-    global _retained
-    if _MALLOPT is None:
-        return False
-    _thresholds(RETAINED_THRESHOLD, RETAINED_THRESHOLD)
-    _retained = True
-    return True
-
-
 @contextmanager
 def retained_heap() -> Iterator[bool]:
-    """``retain_large_blocks`` for a loop: after it, the heap is trimmed and blocks above 32 MiB are
-    mapped again, unless the process retained them before. Yields True where the C library could."""
-    if _retained or _MALLOPT is None:
-        yield _retained
+    """Inside, freed blocks up to 1 GiB stay in the heap for the next allocation; after, the heap is
+    trimmed and blocks above 32 MiB are mapped again. Yields True where the C library could."""
+    if _MALLOPT is None:
+        yield False
         return
-    _thresholds(RETAINED_THRESHOLD, RETAINED_THRESHOLD)
+    _MALLOPT(M_MMAP_THRESHOLD, RETAINED_THRESHOLD)
+    _MALLOPT(M_TRIM_THRESHOLD, RETAINED_THRESHOLD)
     try:
         yield True
     finally:
-        _thresholds(AFTER_MMAP_THRESHOLD, AFTER_TRIM_THRESHOLD)
+        _MALLOPT(M_MMAP_THRESHOLD, AFTER_MMAP_THRESHOLD)
+        _MALLOPT(M_TRIM_THRESHOLD, AFTER_TRIM_THRESHOLD)
         trim_heap()

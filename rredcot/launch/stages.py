@@ -17,7 +17,6 @@ from typing import Any, Protocol
 
 from rredcot.common.config import Config, ConfigError, CreditSpec, resolve_credit
 from rredcot.common.control import RunControl
-from rredcot.common.heap import retain_large_blocks
 from rredcot.common.net import loopback_interface
 from rredcot.launch.observe.heap_trace import ENV as HEAP_TRACE_ENV
 from rredcot.launch.observe.heap_trace import HeapTrace, heap_trace_period
@@ -103,7 +102,6 @@ def run_stage(cfg: Config, tier: str, rank: int = 0) -> dict[str, float]:
             f"started, has room for --index 0..{n - 1}; add generators by hand with generation.weight_transport=file"
         )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    retain_large_blocks()  # as a Ray worker's process does (start_worker_process)
     stage = build_stage(tier, cfg, rank)
     try:
         summary = stage.run()
@@ -116,14 +114,12 @@ def run_stage(cfg: Config, tier: str, rank: int = 0) -> dict[str, float]:
 
 def start_worker_process(name: str, cfg: dict[str, Any], env: dict[str, str]) -> Config:
     """What every worker's Ray actor does first, a tier's and the evaluator's alike: take the
-    environment the driver chose (``stage_env``), send its output to ``logs/<name>.log``, keep large
-    blocks in the C heap (``retain_large_blocks``), start the heap trace when asked, size torch's
-    threads (every core when the driver named none), set what depends on this node (``node_env``),
-    and rebuild the run's ``Config`` from its plain dict."""
+    environment the driver chose (``stage_env``), send its output to ``logs/<name>.log``, start the
+    heap trace when asked, size torch's threads (every core when the driver named none), set what
+    depends on this node (``node_env``), and rebuild the run's ``Config`` from its plain dict."""
     os.environ.update(env)
     logs = Path(cfg["run"]["dir"]).resolve() / "logs"
     redirect_output(logs / f"{name}.log")
-    retain_large_blocks()
     if (every_s := heap_trace_period()) is not None:
         HeapTrace(logs / f"{name}.heap.txt", every_s).start()
     import torch
