@@ -156,9 +156,8 @@ def test_a_resume_trains_again_what_was_trained_after_the_checkpoint(tmp_path, r
     after_step_2 = {n: t.clone() for n, t in full_state(dead.engine.module).items()}
     dead.train_on(dead.next_batch())  # a third step, then the process "dies": no final checkpoint
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-00000002"]
-    assert (
-        latest_manifest(redis_client, run_id).version == 3 and len(dead.replay) == 3
-    )  # step 3's assignment and 2 groups
+    # the replay log: step 3's assignment and its 2 groups
+    assert latest_manifest(redis_client, run_id).version == 3 and len(dead.replay) == 3
     step_3 = [decode(p, WeightedGroup).group_id for _, trained in dead.replay.after(2) for p, _ in trained]
     assert step_3 == [g.group_id for g in groups[4:6]]
 
@@ -286,10 +285,12 @@ def test_a_copy_of_a_group_a_skipped_step_consumed_is_a_duplicate_not_a_new_grou
     assert trained == {g.group_id for g in [*flat, *fresh]}
 
 
-def _two_ranks(specs: list[dict], timeout: float = 300) -> list[tuple[int, str]]:
+def _two_ranks(specs: list[dict], logs: Path, timeout: float = 300) -> list[tuple[int, str]]:
     """Two ``Trainer`` ranks as the driver starts them (a rendezvous id of this start, gloo on
-    loopback); each rank's exit code and output."""
+    loopback); each rank's exit code and output (written to ``logs``: a pipe nobody reads while the
+    ranks run could fill and stall a rank mid-collective)."""
     rendezvous = uuid.uuid4().hex
+    logs.mkdir(parents=True, exist_ok=True)
     procs = []
     for rank, spec in enumerate(specs):
         env = os.environ | {
@@ -302,11 +303,10 @@ def _two_ranks(specs: list[dict], timeout: float = 300) -> list[tuple[int, str]]
             "OMP_NUM_THREADS": "1",
         }
         cmd = [sys.executable, "-m", "tests.integration.trainer_rank", json.dumps(spec)]
-        procs.append(
-            subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        )
+        with open(logs / f"rank{rank}.log", "w") as out:
+            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT))
     try:
-        return [(p.wait(timeout), p.communicate()[0]) for p in procs]
+        return [(p.wait(timeout), (logs / f"rank{rank}.log").read_text()) for rank, p in enumerate(procs)]
     finally:
         for p in procs:  # a rank left waiting in a collective
             p.kill()
@@ -329,11 +329,13 @@ def test_a_rank_lost_after_the_all_reduce_before_its_record_is_replayed_whole(
         "learner.checkpoint_every_s=0",
     ]
     groups = _queued(redis_client, run_id, 8, seed=6)
-    (code0, out0), (code1, out1) = _two_ranks([{"overrides": overrides}, {"overrides": overrides, "die_at": 2}])
+    (code0, out0), (code1, out1) = _two_ranks(
+        [{"overrides": overrides}, {"overrides": overrides, "die_at": 2}], tmp_path / "died"
+    )
     assert code1 == DIED and code0 != 0, (out0[-3000:], out1[-3000:])  # rank 0 failed in a collective after step 2
     assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
 
-    ranks = _two_ranks([{"overrides": [*overrides, "run.resume=auto"]}] * 2)
+    ranks = _two_ranks([{"overrides": [*overrides, "run.resume=auto"]}] * 2, tmp_path / "resumed")
     assert [code for code, _ in ranks] == [0, 0], [out[-3000:] for _, out in ranks]
     ends = [json.loads(out.strip().splitlines()[-1]) for _, out in ranks]
     assert [e["step"] for e in ends] == [3, 3]
