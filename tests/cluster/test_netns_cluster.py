@@ -20,8 +20,6 @@ import pytest
 from rredcot.launch.services import find_server_binary
 from tests.cluster.netns import RAY_WORKER_PORTS, Cluster
 
-pytestmark = pytest.mark.slow
-
 PASSWORD = "harness-secret"
 
 
