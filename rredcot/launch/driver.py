@@ -4,13 +4,12 @@ Order: the doctor's checks (``launch.checks.doctor.preflight``: paths, the datas
 Ray reachable, cores) → one line saying what starts (services, dtype, expected duration) → Ray (local unless
 ``cluster.address``) and the resource plan check (before any actor starts) → Redis (embedded when
 ``redis.url`` is unset) → placement group, one bundle per worker (and the evaluator's, when it has
-GPUs) → held-out evaluation of the
-starting model → generator, redistributor and learner actors → progress until the learner has
-taken ``run.steps`` steps → stop flag → final evaluation → report (``summary.md`` and
-``summary.json``). On SIGTERM or Ctrl-C the workers are asked to stop, the learner checkpoints,
-and the report is written, all within ``STOP_GRACE_S`` + a few seconds. Every exit path removes
-what this run started and nothing else: its actors, its placement group, Ray only if it started
-it, its Redis server.
+GPUs) → held-out evaluation of the starting model → generator, redistributor and learner actors →
+progress until the learner has taken ``run.steps`` steps → stop flag → final evaluation → report
+(``summary.md`` and ``summary.json``). On SIGTERM or Ctrl-C the workers are asked to stop, the
+learner checkpoints, and the report is written, all within ``STOP_GRACE_S`` + a few seconds. Every
+exit path removes what this run started and nothing else: its actors, its placement group, Ray only
+if it started it, its Redis server.
 """
 
 from __future__ import annotations
@@ -22,15 +21,13 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rredcot.common.config import Config, redact_url, redacted, to_dict, to_yaml
+from rredcot.common.config import Config, redacted, to_dict, to_yaml
 from rredcot.common.control import RunControl
 from rredcot.common.files import write_text_atomic
 from rredcot.common.ledger import Balance, balance_now
-from rredcot.common.precision import cpu_info, dtype_settings, planned_dtype
 from rredcot.common.run_uid import dir_uid, publish_uid
 from rredcot.common.streams import connect
 from rredcot.launch.checks.cluster import check_nodes, wait_for_placement
@@ -46,15 +43,11 @@ from rredcot.launch.interrupts import (
 from rredcot.launch.leftovers import end_leftovers, record_session
 from rredcot.launch.local_ray import init_ray, local_ray_env
 from rredcot.launch.observe.gather import gather
-from rredcot.launch.observe.logs import (
-    WorkerFailed,
-    headline,
-    setup_driver_logging,
-    tail,
-)
+from rredcot.launch.observe.logs import WorkerFailed, headline, setup_driver_logging, tail
 from rredcot.launch.observe.monitor import Monitor, Phases, Progress, fmt_duration
+from rredcot.launch.observe.opening import opening_lines
 from rredcot.launch.observe.report import HISTORY_FILE, RunOutcome, write_report
-from rredcot.launch.observe.run_times import expected_seconds, record_seconds
+from rredcot.launch.observe.run_times import record_seconds
 from rredcot.launch.plan import Tier, bundles, evaluator_options, evaluator_tier, write_placement
 from rredcot.launch.run_dir import claim_run_dir, clear_run_dir, clear_run_keys
 from rredcot.launch.run_lock import NameLease, hold_name
@@ -73,34 +66,6 @@ STOP_GRACE_S = 18.0  # on SIGTERM / Ctrl-C: how long the learner gets to finish 
 
 def _with_redis_url(cfg: Config, url: str) -> Config:
     return dataclasses.replace(cfg, redis=dataclasses.replace(cfg.redis, url=url))
-
-
-def first_line(cfg: Config, run_dir: Path) -> str:
-    """What starts, with which dtype, and how long it is expected to take."""
-    choice, learner = (planned_dtype(requested, on_gpu) for _, requested, on_gpu in dtype_settings(cfg))
-    dtype = choice.dtype if learner.dtype == choice.dtype else f"{choice.dtype} (learner {learner.dtype})"
-    redis = f"Redis at {redact_url(cfg.redis.url)}" if cfg.redis.url else "an embedded Redis"
-    ray = f"Ray at {cfg.cluster.address}" if cfg.cluster.address else "a local Ray"
-    c = cfg.cluster
-    expected = expected_seconds(cfg)
-    when = (
-        f"expected ~{fmt_duration(expected)} (the last run of this config here)"
-        if expected
-        else "an ETA follows the first training step"
-    )
-    return (
-        f"run {cfg.run.name!r}: starting {redis}, {ray}, {c.generators} generator(s) + {c.redistributors} "
-        f"redistributor(s) + {c.learner_ranks} learner rank(s) for {cfg.run.steps} steps; dtype {dtype} on "
-        f"{cpu_info().describe()}: {choice.reason}; {when}; logs in {run_dir / 'logs'}"
-    )
-
-
-def opening_lines(cfg: Config, run_dir: Path) -> Iterator[str]:
-    """The run's first lines: what it trains and why (``run.about``), then ``first_line`` (made only
-    once the first is out: choosing the dtype logs its own line)."""
-    if cfg.run.about:
-        yield cfg.run.about
-    yield first_line(cfg, run_dir)
 
 
 def train(cfg: Config, verbose: bool = False) -> Path:
