@@ -39,18 +39,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """``--dist loadfile``, with every test under the SLOW_FOLDERS one unit of work: one worker runs
-    them in turn while the other takes the rest file by file. Each of them starts whole tiers that
-    keep two cores busy alone; two at once took 3.5 times as long each (the rredcot pipeline test:
-    285 s beside another run, 82 s alone) and drove Ray's memory monitor to kill workers."""
+    """``--dist loadfile``, with every test under integration/, fault/ and gpu/ one unit of work, "runs":
+    one worker runs them in turn while the other takes the unit tests file by file, then tests/cluster
+    (the network-namespace harness, one unit too). Each of those tests starts whole tiers that keep two
+    cores busy alone: two at once took 3.5 times as long each (the rredcot pipeline test: 285 s beside
+    another run, 82 s alone) and drove Ray's memory monitor to kill workers. Measured: the suite's
+    tests 2,920 s of worker time under plain loadfile, 2,372 s with the runs in turn (docs/benchmarks.md)."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
     class RunsInTurn(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            parts = nodeid.split("::", 1)[0].split("/")
-            return "runs" if parts[0] == TESTS.name and parts[1] in SLOW_FOLDERS else super()._split_scope(nodeid)
+            top, folder = (nodeid.split("::", 1)[0].split("/") + [""])[:2]
+            if top == TESTS.name and folder in SLOW_FOLDERS:
+                return "cluster" if folder == "cluster" else "runs"
+            return super()._split_scope(nodeid)
 
     return RunsInTurn(config, log)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import os
 import random
 import re
@@ -136,6 +137,15 @@ def private_subnet() -> ipaddress.IPv4Network:
     raise RuntimeError("no free 10.x.y.0/24 for the harness")
 
 
+def wait_for_file(path: Path, run: subprocess.Popen, log: Path, timeout: float = 240) -> None:
+    """Until ``path`` exists, while ``run`` (its output in ``log``) still runs."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert run.poll() is None, f"the run ended ({run.returncode}) before {path.name}: {log.read_text()[-4000:]}"
+        assert time.monotonic() < deadline, f"no {path} in {timeout:.0f} s: {log.read_text()[-4000:]}"
+        time.sleep(1)
+
+
 @dataclass
 class Node:
     name: str  # head, w1, …
@@ -212,14 +222,14 @@ class Cluster:
         self._ip("-n", self.nodes[name].netns, "route", "del", str(self.service_net))
 
     # processes in a node
-    def env(self, **extra: str) -> dict[str, str]:
+    def env(self, **extra: str | None) -> dict[str, str]:
         """The environment of a command in a node: the tests' own Ray settings removed (a shell has
-        none), this cluster's token."""
+        none), this cluster's token; ``extra`` on top, where None unsets a variable."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "PYTEST_"))}
         env["PATH"] = f"{BIN}:{env['PATH']}"
         env["RAY_AUTH_TOKEN_PATH"] = str(self.token)
         env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = "2"  # a stopped node drains 30 s by default
-        return {**env, **extra}
+        return {k: v for k, v in {**env, **extra}.items() if v is not None}
 
     def wrap(self, node: Node, command: str) -> list[str]:
         """``command`` (a shell line) in ``node``: its network namespace, and its own run dir where it
@@ -229,7 +239,7 @@ class Cluster:
         command = f"hostname {node.name} && {command}"  # a host name of its own (a UTS namespace)
         return ["ip", "netns", "exec", node.netns, "unshare", "--uts", "bash", "-c", command]
 
-    def run(self, name: str, command: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+    def run(self, name: str, command: str, timeout: float = 300, **env: str | None) -> subprocess.CompletedProcess:
         return subprocess.run(
             self.wrap(self.nodes[name], command),
             cwd=self.root,
@@ -271,7 +281,7 @@ class Cluster:
         count = self.alive() + len(names)
         self.wait_for({name: self.start(name, "ray_worker.sh", wait=False, **env) for name in names}, count)
 
-    def spawn(self, name: str, command: str, log: str = "spawned.log", **env: str) -> subprocess.Popen:
+    def spawn(self, name: str, command: str, log: str = "spawned.log", **env: str | None) -> subprocess.Popen:
         """A long-running ``command`` in node ``name`` (a server, a run), ended with the node; its output
         in ``log`` in the node's directory."""
         node = self.nodes[name]
@@ -347,6 +357,18 @@ class Cluster:
             procs = tuple((n, int(p)) for n, p in re.findall(r'\("([^"]*)",pid=(\d+)', line))
             found.append(Listener(address.split("%")[0], int(port), procs))
         return found
+
+    def node_names(self, **env: str | None) -> dict[str, str]:
+        """Ray's node id of each harness node alive (by its address): placement.json names nodes by id."""
+        code = (
+            "import json, ray; ray.init(logging_level='ERROR'); "  # RAY_ADDRESS
+            "print(json.dumps({n['NodeID']: n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']}))"
+        )
+        env = {"RAY_ADDRESS": self.address, "RAY_AUTH_MODE": "token", **env}
+        done = self.run("head", f'{self.bin}/python -c "{code}"', 120, **env)
+        assert done.returncode == 0, done.stderr[-2000:]
+        by_ip = {node.ip: name for name, node in self.nodes.items()}
+        return {node_id: by_ip[ip] for node_id, ip in json.loads(done.stdout.strip().splitlines()[-1]).items()}
 
     @property
     def address(self) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from rredcot.launch.services import find_server_binary
-from tests.cluster.netns import RAY_WORKER_PORTS, Cluster
+from tests.cluster.netns import RAY_WORKER_PORTS, Cluster, wait_for_file
 
 PASSWORD = "harness-secret"
 
@@ -43,27 +43,6 @@ def rredcot(cluster: Cluster, command: str, *extra: str, nodes: int, run_dir: st
     """``rredcot COMMAND tests`` on the head, as a user there would run it against the cluster."""
     line = command_line(cluster, command, *extra, nodes=nodes, run_dir=run_dir)
     return cluster.run("head", line, timeout=timeout, RAY_AUTH_MODE="token")
-
-
-def node_names(cluster: Cluster) -> dict[str, str]:
-    """Ray's node id of each harness node (by its address): placement.json names nodes by id."""
-    code = (
-        "import json, ray; ray.init(logging_level='ERROR'); "  # RAY_ADDRESS
-        "print(json.dumps({n['NodeID']: n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']}))"
-    )
-    line = f'{cluster.bin}/python -c "{code}"'
-    done = cluster.run("head", line, timeout=120, RAY_ADDRESS=cluster.address, RAY_AUTH_MODE="token")
-    assert done.returncode == 0, done.stderr[-2000:]
-    by_ip = {node.ip: name for name, node in cluster.nodes.items()}
-    return {node_id: by_ip[ip] for node_id, ip in json.loads(done.stdout.strip().splitlines()[-1]).items()}
-
-
-def wait_for_file(path: Path, run: subprocess.Popen, log: Path, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert run.poll() is None, f"the run ended ({run.returncode}) before {path.name}: {log.read_text()[-4000:]}"
-        assert time.monotonic() < deadline, f"no {path} in {timeout:.0f} s: {log.read_text()[-4000:]}"
-        time.sleep(1)
 
 
 def ledger_of(run: Path, steps: int) -> dict:
@@ -102,7 +81,7 @@ def test_two_learner_ranks_bind_the_cluster_address_and_a_node_lost_mid_run_lose
     run = cluster.run_dir / "lost"
     wait_for_file(run / "placement.json", train, log)
     placement = json.loads((run / "placement.json").read_text())
-    names = node_names(cluster)
+    names = cluster.node_names()
     where = {worker: names[node_id] for worker, node_id in placement.items()}
     assert len(set(where.values())) == 4, where  # a node each
 

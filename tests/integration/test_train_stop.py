@@ -1,7 +1,7 @@
 """``rredcot train`` as a user runs it, stopped by Ctrl-C: while it starts, it ends within 30 s with
 one line; mid-run, a second Ctrl-C ends the orderly stop at once, and the report is still written;
 it prints progress lines when stdout is no terminal and leaves no Ray daemon behind. (The orderly
-stop by one SIGTERM, with the learner's checkpoint: test_slurm_script.py.)"""
+stop by one SIGTERM, with the learner's checkpoint: tests/cluster/test_netns_slurm.py.)"""
 
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def test_ctrl_c_twice_stops_at_once_and_still_writes_the_report(tmp_path: Path) 
     """A second Ctrl-C while the run stops cuts the learner's grace period short; it used to end the
     run without its ``summary.json``. The console of a run whose stdout is a file: the first line says
     what starts, then plain progress lines, and vLLM's INFO lines only in the workers' logs. (The
-    orderly stop by one signal: test_slurm_script.py, whose USR1 becomes the driver's SIGTERM.)"""
+    orderly stop by one signal: tests/cluster/test_netns_slurm.py, whose USR1 becomes the driver's SIGTERM.)"""
     run_dir = tmp_path / "run"
     proc = start_train(
         tmp_path,
