@@ -39,12 +39,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """``--dist loadfile``, with every test under integration/, fault/ and gpu/ one unit of work, "runs":
-    one worker runs them in turn while the other takes the unit tests file by file, then tests/cluster
-    (the network-namespace harness, one unit too). Each of those tests starts whole tiers that keep two
-    cores busy alone: two at once took 3.5 times as long each (the rredcot pipeline test: 285 s beside
-    another run, 82 s alone) and drove Ray's memory monitor to kill workers. Measured: the suite's
-    tests 2,920 s of worker time under plain loadfile, 2,372 s with the runs in turn (docs/benchmarks.md)."""
+    """``--dist loadfile``, with every test under the SLOW_FOLDERS one unit of work: one worker runs
+    them in turn while the other takes the rest file by file. Each of them starts whole tiers that
+    keep two cores busy alone, and two at once take several times as long each: under plain loadfile
+    the rredcot pipeline test took 285 s beside another run and 82 s alone; with tests/cluster a unit
+    of its own beside these, its module took 524 s against 343 and the learner-rank tests 216 against
+    30 (docs/benchmarks.md). Two such runs at once also drove Ray's memory monitor to kill workers."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -52,9 +52,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     class RunsInTurn(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             top, folder = (nodeid.split("::", 1)[0].split("/") + [""])[:2]
-            if top == TESTS.name and folder in SLOW_FOLDERS:
-                return "cluster" if folder == "cluster" else "runs"
-            return super()._split_scope(nodeid)
+            return "runs" if top == TESTS.name and folder in SLOW_FOLDERS else super()._split_scope(nodeid)
 
     return RunsInTurn(config, log)
 
