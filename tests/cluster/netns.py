@@ -297,6 +297,14 @@ class Cluster:
         node.procs.append(proc)
         return proc
 
+    def end(self, proc: subprocess.Popen) -> None:
+        """A spawned command and its process group killed, if still running (Ray ends a killed driver's
+        actors and frees its placement group)."""
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+
     def alive(self) -> int:
         """How many Ray nodes the head's GCS holds alive."""
         out = self.run("head", f"ray status --address {self.address}", RAY_AUTH_MODE="token").stdout
@@ -338,9 +346,7 @@ class Cluster:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         for proc in node.procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
+            self.end(proc)
         node.procs.clear()
 
     def listening(self, name: str) -> list[Listener]:
