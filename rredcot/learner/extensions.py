@@ -9,8 +9,11 @@ older than any build takes.
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import logging
 import os
+import sysconfig
 import time
 from pathlib import Path
 
@@ -19,11 +22,30 @@ log = logging.getLogger(__name__)
 STALE_LOCK_S = 180.0  # a build takes 20-35 s on 2 busy cores: a lock this old has no builder left
 
 
+SHARED_ROOT = Path.home() / ".cache" / "torch_extensions"
+
+
 def extensions_dir() -> Path:
-    """Where the ops are built and kept: ``TORCH_EXTENSIONS_DIR``, set to ``~/.cache/torch_extensions``
-    when unset (so that set-up's warm-up and every worker share one build)."""
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions"))
+    """Where the ops are built and kept: ``TORCH_EXTENSIONS_DIR`` where the user set it, else
+    ``~/.cache/torch_extensions/<build_key()>``, so that set-up's warm-up and every worker of one
+    environment share one build. A build's command names the paths of torch, DeepSpeed and Python's
+    headers, and ninja rebuilds when the command changes: two environments (two checkouts' .venv) in
+    one directory rebuilt the op over each other's, 25-170 s each on 2 cores while every learner that
+    needed it waited. Each environment has a directory of its own."""
+    set_here = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if set_here is None or Path(set_here).parent == SHARED_ROOT:  # unset, or ours (maybe a parent's)
+        os.environ["TORCH_EXTENSIONS_DIR"] = str(SHARED_ROOT / build_key())
     return Path(os.environ["TORCH_EXTENSIONS_DIR"])
+
+
+def build_key() -> str:
+    """What a JIT build's command depends on beyond the op's own flags: the compiler and the paths of
+    Python's headers, torch and DeepSpeed (located, not imported), as a short digest."""
+    parts = [os.environ.get("CXX", "c++"), sysconfig.get_paths()["include"]]
+    for name in ("torch", "deepspeed"):
+        spec = importlib.util.find_spec(name)
+        parts.append(str(Path(spec.origin).parent) if spec and spec.origin else "")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 
 def await_build_locks(root: Path, stale_s: float = STALE_LOCK_S, poll_s: float = 0.5) -> list[Path]:

@@ -8,7 +8,7 @@ import threading
 import time
 from pathlib import Path
 
-from rredcot.learner.extensions import await_build_locks, extensions_dir
+from rredcot.learner.extensions import await_build_locks, build_key, extensions_dir
 
 
 def _lock(root: Path, op: str, age_s: float) -> Path:
@@ -43,8 +43,14 @@ def test_a_young_lock_whose_builder_died_is_removed_once_it_is_stale(tmp_path):
     assert 0.1 <= time.monotonic() - t0 < 5 and not lock.exists()
 
 
-def test_the_extensions_dir_defaults_to_one_shared_cache(monkeypatch):
+def test_the_extensions_dir_is_one_shared_cache_per_environment(monkeypatch):
+    """One directory for every process of one environment; another compiler (or another .venv's torch
+    and DeepSpeed) builds in a directory of its own instead of over this one's build."""
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
-    assert extensions_dir() == Path.home() / ".cache" / "torch_extensions"
+    here = extensions_dir()
+    assert here.parent == Path.home() / ".cache" / "torch_extensions" and here.name == build_key()
+    assert extensions_dir() == here  # stable, and kept in the environment for torch to read
+    monkeypatch.setenv("CXX", "clang++")
+    assert extensions_dir() != here  # a parent's choice is not inherited by a different environment
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "/somewhere/else")
-    assert extensions_dir() == Path("/somewhere/else")
+    assert extensions_dir() == Path("/somewhere/else")  # the user's own choice is kept
