@@ -13,6 +13,8 @@ import hashlib
 import importlib.util
 import logging
 import os
+import shutil
+import sys
 import sysconfig
 import time
 from pathlib import Path
@@ -31,17 +33,31 @@ def extensions_dir() -> Path:
     environment share one build. A build's command names the paths of torch, DeepSpeed and Python's
     headers, and ninja rebuilds when the command changes: two environments (two checkouts' .venv) in
     one directory rebuilt the op over each other's, 25-170 s each on 2 cores while every learner that
-    needed it waited. Each environment has a directory of its own."""
+    needed it waited. Each environment has a directory of its own, and builds with its own ninja."""
+    own_ninja_first()
     set_here = os.environ.get("TORCH_EXTENSIONS_DIR")
     if set_here is None or Path(set_here).parent == SHARED_ROOT:  # unset, or ours (maybe a parent's)
         os.environ["TORCH_EXTENSIONS_DIR"] = str(SHARED_ROOT / build_key())
     return Path(os.environ["TORCH_EXTENSIONS_DIR"])
 
 
+def own_ninja_first() -> None:
+    """Put this interpreter's own ``ninja`` (the pip package, beside ``sys.executable``) first on PATH.
+    torch runs whichever ``ninja`` PATH finds first, and ninja versions keep their build logs in formats
+    the others discard (1.11: v5, 1.13: v7): a process started with the .venv's bin on PATH (a Ray
+    worker) and one started without it (``.venv/bin/python -m pytest``) rebuilt the op after each other
+    all through a test suite."""
+    here = Path(sys.executable).parent
+    path = os.environ.get("PATH", "")
+    if (here / "ninja").is_file() and not path.startswith(f"{here}{os.pathsep}"):
+        os.environ["PATH"] = f"{here}{os.pathsep}{path}"
+
+
 def build_key() -> str:
-    """What a JIT build's command depends on beyond the op's own flags: the compiler and the paths of
-    Python's headers, torch and DeepSpeed (located, not imported), as a short digest."""
-    parts = [os.environ.get("CXX", "c++"), sysconfig.get_paths()["include"]]
+    """What a JIT build's command depends on beyond the op's own flags: the compiler, the ninja that
+    runs it, and the paths of Python's headers, torch and DeepSpeed (located, not imported), as a short
+    digest."""
+    parts = [os.environ.get("CXX", "c++"), str(shutil.which("ninja")), sysconfig.get_paths()["include"]]
     for name in ("torch", "deepspeed"):
         spec = importlib.util.find_spec(name)
         parts.append(str(Path(spec.origin).parent) if spec and spec.origin else "")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import sys
 import threading
 import time
 from pathlib import Path
@@ -54,3 +56,19 @@ def test_the_extensions_dir_is_one_shared_cache_per_environment(monkeypatch):
     assert extensions_dir() != here  # a parent's choice is not inherited by a different environment
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "/somewhere/else")
     assert extensions_dir() == Path("/somewhere/else")  # the user's own choice is kept
+
+
+def test_the_environments_own_ninja_runs_every_build(monkeypatch):
+    """A Ray worker (the .venv's bin on PATH) and a process started without it used two ninja versions,
+    each discarding the other's build log: every switch rebuilt the op."""
+    own = Path(sys.executable).parent
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    extensions_dir()
+    if (own / "ninja").is_file():
+        assert shutil.which("ninja") == str(own / "ninja")
+        assert os.environ["PATH"] == f"{own}:/usr/bin:/bin"
+        extensions_dir()
+        assert os.environ["PATH"] == f"{own}:/usr/bin:/bin"  # once
+    else:  # no ninja of its own (a GPU image's system one): PATH as it was
+        assert os.environ["PATH"] == "/usr/bin:/bin"
