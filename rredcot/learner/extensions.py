@@ -44,9 +44,9 @@ def extensions_dir() -> Path:
 def own_ninja_first() -> None:
     """Put this interpreter's own ``ninja`` (the pip package, beside ``sys.executable``) first on PATH.
     torch runs whichever ``ninja`` PATH finds first, and ninja versions keep their build logs in formats
-    the others discard (1.11: v5, 1.13: v7): a process started with the .venv's bin on PATH (a Ray
-    worker) and one started without it (``.venv/bin/python -m pytest``) rebuilt the op after each other
-    all through a test suite."""
+    the others discard (1.11: v5, 1.13: v7): a process started with the .venv's bin on PATH (a learner on
+    a node that ``deploy/ray/ray_worker.sh`` started) and one started without it (``.venv/bin/python -m
+    pytest``) rebuilt the op after each other all through a test suite."""
     here = Path(sys.executable).parent
     path = os.environ.get("PATH", "")
     if (here / "ninja").is_file() and not path.startswith(f"{here}{os.pathsep}"):

@@ -59,8 +59,9 @@ def test_the_extensions_dir_is_one_shared_cache_per_environment(monkeypatch):
 
 
 def test_the_environments_own_ninja_runs_every_build(monkeypatch):
-    """A Ray worker (the .venv's bin on PATH) and a process started without it used two ninja versions,
-    each discarding the other's build log: every switch rebuilt the op."""
+    """A node's worker (the .venv's bin on PATH, as the launch scripts set it) and a process started
+    without it used two ninja versions, each discarding the other's build log: every switch rebuilt
+    the op."""
     own = Path(sys.executable).parent
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
