@@ -11,7 +11,8 @@ Layout of ``<root>/step-<version:08d>/``:
 
 A checkpoint is written to ``step-<v>.partial`` and renamed into place once every rank is done,
 so it exists only complete; ``resume=auto`` picks the newest. Only the newest ``keep`` are kept;
-a finished run that will not resume (a comparison's) can keep just its model (``drop_training_state``).
+a finished run that will not resume (a comparison's) can keep just its model
+(``checkpoint_dirs.drop_training_state``).
 A write that fails (a full disk) removes its partial directory and raises ``CheckpointError``, on
 every rank when it fails on one: a rank whose write failed still goes through every collective of
 the save, and the ranks then agree on the outcome, so none is left waiting in a collective that the
@@ -26,7 +27,6 @@ import contextlib
 import json
 import os
 import random
-import re
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,11 +37,9 @@ import torch
 import torch.distributed as dist
 
 from rredcot.common.errors import UserError
+from rredcot.learner.checkpoint_dirs import PIPELINE_FILE, checkpoint_dir, complete_checkpoints, latest_checkpoint
 from rredcot.learner.engine import LearnerEngine
 from rredcot.learner.weights import full_state, take_part
-
-PIPELINE_FILE = "pipeline.json"
-CHECKPOINT_NAME = re.compile(r"step-\d{8}")
 
 
 class CheckpointError(UserError):
@@ -65,35 +63,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     name, keys, *rest = state["numpy"]
     np.random.set_state((name, np.array(keys, dtype=np.uint32), *rest))
     torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])), dtype=torch.uint8))
-
-
-def checkpoint_dir(root: str | Path, version: int) -> Path:
-    return Path(root) / f"step-{version:08d}"
-
-
-def complete_checkpoints(root: str | Path) -> list[Path]:
-    """Complete checkpoints under ``root``, oldest first (a ``.partial`` one being written is not)."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.glob("step-*") if CHECKPOINT_NAME.fullmatch(p.name) and (p / PIPELINE_FILE).is_file())
-
-
-def latest_checkpoint(root: str | Path) -> Path | None:
-    found = complete_checkpoints(root)
-    return found[-1] if found else None
-
-
-def drop_training_state(root: str | Path) -> int:
-    """Keep only what a finished run is used for: the newest checkpoint's ``hf/`` model and its
-    ``pipeline.json``. Older checkpoints and the newest one's DeepSpeed state (optimizer and fp32
-    weights, about 14 bytes per parameter) go, so the run can no longer resume. Returns bytes freed."""
-    found = complete_checkpoints(root)
-    doomed = [d for d in [*found[:-1], found[-1] / "ds"] if d.exists()] if found else []
-    freed = sum(f.stat().st_size for d in doomed for f in d.rglob("*") if f.is_file())
-    for d in doomed:
-        shutil.rmtree(d)
-    return freed
 
 
 def save_checkpoint(

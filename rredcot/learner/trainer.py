@@ -28,7 +28,8 @@ from rredcot.common.run_context import RunContext
 from rredcot.common.staleness import Admission
 from rredcot.common.streams import BATCHES, DEAD, ROLLOUTS, Consumer, key, run_key
 from rredcot.learner.batches import Batch, BatchReader, Gather, group_length
-from rredcot.learner.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from rredcot.learner.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from rredcot.learner.checkpoint_dirs import latest_checkpoint
 from rredcot.learner.engine import LearnerEngine, init_distributed, load_policy
 from rredcot.learner.packing import TrainSample, samples_from_group
 from rredcot.learner.rendezvous import join_from_env

@@ -18,7 +18,7 @@ from rredcot.common.errors import UserError
 from rredcot.common.files import unreadable_file
 from rredcot.common.records import RecordError, WeightedGroup, WeightedSample
 from rredcot.common.streams import BATCHES, RedisUnreachable, connect, key, wait_for_redis
-from rredcot.models.store import load_tokenizer, qwen_tokenizer_dir
+from rredcot.models.store import load_decoder, qwen_tokenizer_dir
 from rredcot.redistributor.blame import SlipBlame
 from rredcot.redistributor.segmentation import token_texts
 
@@ -238,7 +238,7 @@ def inspect_command(args: argparse.Namespace) -> int:
     if not 0 <= args.index < n:
         raise UserError(f"--index {args.index} is out of range: the group holds {n} sample(s), --index 0..{n - 1}")
     sample = group.samples[args.index]
-    tokenizer = load_tokenizer(args.tokenizer or qwen_tokenizer_dir())
+    tokenizer = load_decoder(args.tokenizer or qwen_tokenizer_dir())
     out_html, out_png = f"{args.out}.html", f"{args.out}.png"
     render_heatmap(sample, tokenizer, out_html, out_png)
     print(f"wrote {out_html} and {out_png}")

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from rredcot.common.net import free_port
-from rredcot.learner.checkpoint import latest_checkpoint
+from rredcot.learner.checkpoint_dirs import latest_checkpoint
 from rredcot.transports.manifest import latest_manifest, load_tensors
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: the worker runs as tests.integration.learner_worker

@@ -296,11 +296,11 @@ def render_heatmaps(cfg: Config, run_dir: Path, report_dir: Path, limit: int = 3
     files = sorted((run_dir / "traces").glob("*.msgpack"))[:HEATMAP_CANDIDATES]
     if not files:
         return []
-    from rredcot.models.store import load_tokenizer, resolve_model_path
+    from rredcot.models.store import load_decoder, resolve_model_path
     from rredcot.redistributor.blame import SlipChecker
     from rredcot.redistributor.heatmap import load_group, render_heatmap
 
-    tok = load_tokenizer(cfg.model.tokenizer or resolve_model_path(cfg.model.path, seed=cfg.run.seed))
+    tok = load_decoder(cfg.model.tokenizer or resolve_model_path(cfg.model.path, seed=cfg.run.seed))
     groups = {f.stem: load_group(str(f), None) for f in files}
     out = []
     for name, sample, blame in choose_heatmaps(groups, SlipChecker.of(cfg, tok), limit):
@@ -336,7 +336,7 @@ def choose_heatmaps(
 def link_final_model(run_dir: Path, report_dir: Path) -> Path | None:
     """Link the newest checkpoint's HF directory as ``report/final_model``, by a relative path (the
     link survives moving or copying the run directory)."""
-    from rredcot.learner.checkpoint import latest_checkpoint
+    from rredcot.learner.checkpoint_dirs import latest_checkpoint
 
     ckpt = latest_checkpoint(run_dir / "checkpoints")
     if ckpt is None:

@@ -115,7 +115,7 @@ def check_arms(config: str, overrides: list[str], methods: list[str], seeds: int
 def finished(folder: Path, keep_checkpoints: bool) -> dict[str, Any] | None:
     """The summary of the run in ``folder`` if its report says it finished (its training state
     dropped unless ``keep_checkpoints``), else None."""
-    from rredcot.learner.checkpoint import drop_training_state  # torch and DeepSpeed: only when needed
+    from rredcot.learner.checkpoint_dirs import drop_training_state
 
     summary_path = folder / "report" / "summary.json"
     if not summary_path.exists() or (summary := json.loads(summary_path.read_text()))["status"] != "finished":

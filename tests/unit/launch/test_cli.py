@@ -367,24 +367,45 @@ BENCH_MISTAKES = [
 ]
 
 
+def bench_refusal(argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> str:
+    """The last line ``rredcot bench ARGV`` writes when argparse refuses it (exit 2), run in this process:
+    a subprocess per case spent 4-12 s importing what the benchmark would have run (the scripts' imports
+    come before their parsing), and one subprocess case below checks the real process's exit."""
+    monkeypatch.setattr(sys, "argv", sys.argv)  # _run_bench sets the script's
+    monkeypatch.setattr(sys, "path", list(sys.path))  # and scripts put bench/ or the repository first
+    with pytest.raises(SystemExit) as stop:
+        main(["bench", *argv])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "Traceback" not in err, err[-2000:]
+    return err.strip().splitlines()[-1]
+
+
 @pytest.mark.parametrize(("argv", "says"), BENCH_MISTAKES, ids=[" ".join(a) for a, _ in BENCH_MISTAKES])
-def test_a_bench_number_out_of_its_range_is_argparses_one_line(argv: list[str], says: str) -> None:
+def test_a_bench_number_out_of_its_range_is_argparses_one_line(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Issue 62: the benchmarks took any number (``--tokens 0``, ``--minutes nan``) and failed late, in
-    a traceback, or ran forever; now argparse's usage error, exit 2, before anything loads."""
+    a traceback, or ran forever; now argparse's usage error, exit 2, before the benchmark runs."""
+    assert bench_refusal(argv, capsys, monkeypatch) == says
+
+
+def test_a_refused_bench_exits_2_from_its_own_process() -> None:
+    """The command line's process, not only ``main``: exit 2 and argparse's line, no traceback."""
     out = subprocess.run(
-        [sys.executable, "-m", "rredcot.launch.cli", "bench", *argv], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "rredcot.launch.cli", "bench", *BENCH_MISTAKES[2][0]],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
-    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1] == says, out.stderr[-2000:]
+    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1] == BENCH_MISTAKES[2][1], out.stderr[-2000:]
     assert "Traceback" not in out.stderr
 
 
-def test_bench_queue_refuses_zero_records_with_a_usage_error() -> None:
+def test_bench_queue_refuses_zero_records_with_a_usage_error(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``rredcot bench queue --records 0`` ended in a ZeroDivisionError after the benchmark ran."""
-    out = subprocess.run(
-        [sys.executable, "-m", "rredcot.launch.cli", "bench", "queue", "--records", "0"], capture_output=True, text=True
-    )
-    assert out.returncode == 2 and "--records must be >= 1 (got 0)" in out.stderr
-    assert "Traceback" not in out.stderr
+    assert "--records must be >= 1 (got 0)" in bench_refusal(["queue", "--records", "0"], capsys, monkeypatch)
 
 
 @pytest.mark.parametrize(
@@ -396,17 +417,13 @@ def test_bench_queue_refuses_zero_records_with_a_usage_error() -> None:
         (["--problems", "50", "--sampled", "0"], "--problems 50 is more than the 10 training problems of config tests"),
     ],
 )
-def test_bench_credit_quality_refuses_a_count_out_of_range_in_one_line(args: list[str], said: str) -> None:
+def test_bench_credit_quality_refuses_a_count_out_of_range_in_one_line(
+    args: list[str], said: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``--problems 0`` ended in an IndexError after the scorer loaded; ``--problems -1`` meant "all
     but one", silently."""
-    out = subprocess.run(
-        [sys.executable, "-m", "rredcot.launch.cli", "bench", "credit_quality", "--config", "tests", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1] == f"credit_quality.py: error: {said}"
-    assert "Traceback" not in out.stderr
+    argv = ["credit_quality", "--config", "tests", *args]
+    assert bench_refusal(argv, capsys, monkeypatch) == f"credit_quality.py: error: {said}"
 
 
 def test_study_credit_with_a_checkpoint_that_does_not_exist_names_the_flag(

@@ -11,15 +11,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rredcot.common.config import LearnerConfig
-from rredcot.learner.checkpoint import (
-    PIPELINE_FILE,
-    CheckpointError,
-    complete_checkpoints,
-    drop_training_state,
-    latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-)
+from rredcot.learner.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from rredcot.learner.checkpoint_dirs import PIPELINE_FILE, complete_checkpoints, drop_training_state, latest_checkpoint
 from rredcot.learner.engine import LearnerEngine
 from rredcot.learner.weights import full_state
 from tests.learner_samples import file_size_limit

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import shutil
 import subprocess
 import sys
 import threading
@@ -13,7 +14,15 @@ import time
 from pathlib import Path
 
 from rredcot.common.registry import MODELS
-from rredcot.models.store import build_once, builds_under_way, recipe_dir, resolve_model_path
+from rredcot.models.store import (
+    build_once,
+    builds_under_way,
+    load_decoder,
+    load_tokenizer,
+    qwen_tokenizer_dir,
+    recipe_dir,
+    resolve_model_path,
+)
 
 
 def test_a_build_runs_on_every_core_and_the_threads_are_put_back(tmp_path):
@@ -109,3 +118,20 @@ def test_a_path_that_is_no_builtin_is_returned_as_it_is(tmp_path):
     """A hub id has dots and slashes: it is never imported as a module."""
     for path in ("Qwen/Qwen2.5-1.5B", "Qwen2.5-1.5B", str(tmp_path), "mypkg.model"):
         assert resolve_model_path(path, seed=3) == path
+
+
+def test_the_decoder_decodes_every_token_as_the_tokenizer_does(qwen_tok, tmp_path):
+    """The report's decoder (the plain fast tokenizer) gives each token the text the model's own
+    tokenizer class gives it (every 97th id of the vocabulary and every added token); without a
+    tokenizer.json it is the model's own class."""
+    decoder = load_decoder(qwen_tokenizer_dir())
+    ids = [*range(0, len(qwen_tok), 97), *qwen_tok.added_tokens_decoder]
+    singles = [[i] for i in ids]
+    assert decoder.batch_decode(singles, skip_special_tokens=False) == qwen_tok.batch_decode(
+        singles, skip_special_tokens=False
+    )
+    text = qwen_tok.apply_chat_template([{"role": "user", "content": "12 * 14 = ?"}], tokenize=False)
+    assert decoder.decode(qwen_tok(text)["input_ids"]) == text
+    for name in ("merges.txt", "vocab.json", "tokenizer_config.json"):
+        shutil.copy(qwen_tokenizer_dir() / name, tmp_path / name)
+    assert type(load_decoder(tmp_path)) is type(load_tokenizer(tmp_path)) is type(qwen_tok)

@@ -33,8 +33,8 @@ def test_new_exit_prefixes_and_lengths_do_not_compile_again(monkeypatch: pytest.
 
     monkeypatch.setattr(branch_attention, "compiled", compiled)
     for i in range(10):
-        q = 32 + 16 * i
-        rows = _rows(q, 256 + 128 * i, (0, 16, 0, 32, 8)[i % 5])
+        q = 16 + 8 * i
+        rows = _rows(q, 128 + 64 * i, (0, 16, 0, 32, 8)[i % 5])
         query, key = torch.randn(1, 2, q, 16), torch.randn(1, 2, rows.kv_len, 16)
         out, _ = branch_attention._flex_attention(None, query, key, key, branch_attention.flex_mask(rows))
         assert out.shape == (1, q, 2, 16)

@@ -153,7 +153,7 @@ def _random_case(seed: int, p: int, n: int, k: int, n_refs: int, vocab: int = 51
         ("qwen3", 1, 97, 8, 2, 600_000, 1 << 30),  # a few branches per forward (memory)
         ("qwen3", 1, 97, 8, 2, 1 << 30, 200),  # a few branches per forward (waste)
         ("qwen2", 2, 150, 12, 3, 160_000, 1 << 30),  # about one branch per forward
-        ("qwen3", 3, 24, 1, 4, 1, 1 << 30),  # every branch in one-token chunks on its own cache
+        ("qwen3", 3, 12, 1, 2, 1, 1 << 30),  # every branch in one-token chunks on its own cache
     ],
 )
 def test_fast_matches_reference(make_lm, arch, seed, n, k, n_refs, budget, overhead, attention, shape) -> None:
