@@ -75,9 +75,9 @@ def brute_log_value(
             part = tok(text, add_special_tokens=False)["input_ids"] if text else []
             scored += [len(ids) + k for k in range(len(part))] if is_scored else []
             ids += part
-        with torch.no_grad():
-            logp = model(torch.tensor([ids])).logits[0].double().log_softmax(-1)
-        terms.append(math.log(1 / len(branches)) + sum(float(logp[p - 1, ids[p]]) for p in scored))
+        with torch.no_grad():  # each scored token's row alone: log-softmax is row by row
+            logp = model(torch.tensor([ids])).logits[0, [p - 1 for p in scored]].double().log_softmax(-1)
+        terms.append(math.log(1 / len(branches)) + sum(float(logp[i, ids[p]]) for i, p in enumerate(scored)))
     return float(torch.logsumexp(torch.tensor(terms), 0))
 
 
