@@ -172,17 +172,17 @@ def test_the_readmes_figures_are_the_newest_in_benchmarks() -> None:
 @pytest.mark.parametrize(
     ("page", "old", "new"),
     [
-        ("readme", "**21.8 min**: 1234 passed", "**21.9 min**: 1234 passed"),
+        ("readme", "**26.7 min**: 1238 passed", "**26.8 min**: 1238 passed"),
         (
             "readme",
-            "4.4 min** (264 s of tests): 1117 passed",
-            "4.4 min** (264 s of tests): 1116 passed",
+            "3.3 min** (200 s of tests): 1121 passed",
+            "3.3 min** (200 s of tests): 1120 passed",
         ),
         ("readme", "+0.150 [+0.083, +0.217]", "+0.150 [+0.082, +0.217]"),
         (
             "benchmarks",
-            "| 1234 passed, 17 skipped (GPU-only) | 21.8 min |",
-            "| 1235 passed, 17 skipped (GPU-only) | 21.8 min |",
+            "| 1238 passed, 17 skipped (GPU-only) | 26.7 min |",
+            "| 1239 passed, 17 skipped (GPU-only) | 26.7 min |",
         ),
         ("benchmarks", "| 8.6 min | 0.354 → 0.504", "| 8.7 min | 0.354 → 0.504"),
     ],
