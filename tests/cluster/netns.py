@@ -229,6 +229,10 @@ class Cluster:
         env["PATH"] = f"{BIN}:{env['PATH']}"
         env["RAY_AUTH_TOKEN_PATH"] = str(self.token)
         env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = "2"  # a stopped node drains 30 s by default
+        # a lost node declared dead after 3 failed checks a second apart (Ray's default: 5, 3 s apart, each
+        # allowed 10 s): the node-lost run then goes on more often than it stops and resumes, a second run
+        # (its test took 210 s in two suites and 78 s alone, where it went on)
+        env.update(RAY_health_check_period_ms="1000", RAY_health_check_failure_threshold="3")
         return {k: v for k, v in {**env, **extra}.items() if v is not None}
 
     def wrap(self, node: Node, command: str) -> list[str]:
