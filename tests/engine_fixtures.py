@@ -107,9 +107,9 @@ def tied_seeded(module_dir, tokenizer, helpers):
 
 @pytest.fixture(scope="module")
 def untied(module_dir, tokenizer, helpers):
-    """An untied Qwen2 engine (v0 loaded) and a second weight version."""
+    """An untied Qwen2 engine (v0 loaded) and a second weight version; it takes stop strings."""
     m0, m1 = helpers.make_model("qwen2", 2, tie=False), helpers.make_model("qwen2", 3, tie=False)
     path = helpers.save(m0, tokenizer, module_dir / "untied" / "m0")
-    engine = Engine(EngineSpec(path, max_model_len=128, kv_cache_bytes=helpers.kv_bytes))
+    engine = Engine(EngineSpec(path, max_model_len=128, kv_cache_bytes=helpers.kv_bytes, stop_strings=True))
     yield engine, m0, m1
     engine.close()

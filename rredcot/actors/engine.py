@@ -11,6 +11,8 @@ and is driven step by step, so that
   samples whatever else shares the batch; on CPU only with chunked prefill off (``EngineSpec.seeded``);
 - weights change only between two engine steps, so no forward pass mixes versions, and every token
   is attributed to the version that produced it (``Completion.version_runs``);
+- prompts come as token ids and outputs go out as token ids: vLLM loads a tokenizer of its own
+  only when requests may carry stop strings (``EngineSpec.stop_strings``);
 - the in-flight policy on an update is ``finish`` (running requests complete on the old weights
   first) or ``pause`` (running requests are preempted, their KV cache is recomputed with the new
   weights, and they continue on the new version).
@@ -23,6 +25,7 @@ between two engine steps.
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -45,6 +48,20 @@ _FINISH = {"stop": "stop", "length": "length"}
 # so nothing is prefix-cached and each of a group's n samples prefills the prompt again (2.8–3.2× slower
 # evaluation of the CPU demo, docs/benchmarks.md)
 CPU_BLOCK_SIZE = 32
+
+
+class _NoChatWarmup(logging.Filter):
+    """vLLM renders a chat at every engine start to warm its template up, and logs a traceback when
+    it has no tokenizer; the engine never renders chats (prompts come as token ids)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "Chat template warmup failed"
+
+
+def _quiet_chat_warmup() -> None:
+    logger = logging.getLogger("vllm.renderers.base")
+    if not any(isinstance(f, _NoChatWarmup) for f in logger.filters):
+        logger.addFilter(_NoChatWarmup())
 
 
 class PromptTooLong(ValueError):
@@ -108,6 +125,10 @@ class EngineSpec:
     # ("CPU Generator does not use offset")
     seeded: bool = False
     tensor_parallel: int = 1  # GPUs one engine spans (``common.config.tensor_parallel``)
+    # requests may carry stop strings (``generation.stop``): vLLM then detokenizes. Without them it
+    # loads no tokenizer of its own (4 s of CPU per engine start: it deep-copies the fast
+    # tokenizer into a thread pool) and stops at the tokenizer's EOS by id
+    stop_strings: bool = False
 
     @classmethod
     def from_config(cls, cfg: Config, seed_offset: int = 0, seeded: bool = False, gpus: float = 0.0) -> EngineSpec:
@@ -126,6 +147,7 @@ class EngineSpec:
             block_size=cfg.generation.kv_block_size,
             seeded=seeded,
             tensor_parallel=tensor_parallel(gpus),
+            stop_strings=bool(cfg.generation.stop),
         )
 
 
@@ -141,6 +163,8 @@ class Engine:
         gc.collect()  # an unreferenced engine's teardown resets vLLM's process-wide state: let it run before ours
         from vllm import LLM
 
+        if not spec.stop_strings:
+            _quiet_chat_warmup()
         gpu = torch.cuda.is_available()
         extra: dict[str, Any] = {"block_size": spec.block_size or CPU_BLOCK_SIZE} if spec.block_size or not gpu else {}
         if spec.seeded and not gpu:
@@ -157,11 +181,16 @@ class Engine:
             logprobs_mode="processed_logprobs",
             worker_extension_cls=_EXTENSION,
             async_scheduling=False,  # step outputs belong to the step just run: exact token versions
+            skip_tokenizer_init=not spec.stop_strings,
             **extra,
         )
         self._core = self.llm.llm_engine
         self.tokenizer = load_tokenizer(spec.model)
         self.seeded = spec.seeded
+        self.stop_strings = spec.stop_strings
+        # with no tokenizer vLLM knows only generation_config.json's EOS ids: add the tokenizer's
+        eos = self.tokenizer.eos_token_id
+        self._eos_ids = None if spec.stop_strings or eos is None else [eos]
         self.max_model_len: int = self._core.model_config.max_model_len
         self.version = 0
         self.generated_tokens = 0
@@ -178,6 +207,10 @@ class Engine:
         """Queue one group; raises ``PromptTooLong`` if the prompt fills the context."""
         if sampling.seed is not None and not self.seeded:
             raise ValueError(f"request {request_id} carries a seed: build the engine with EngineSpec(seeded=True)")
+        if sampling.stop and not self.stop_strings:
+            raise ValueError(
+                f"request {request_id} carries stop strings: build the engine with EngineSpec(stop_strings=True)"
+            )
         if not self.fits(prompt_ids):
             raise PromptTooLong(
                 f"prompt {request_id} has {len(prompt_ids)} tokens; the model context is "
@@ -192,6 +225,7 @@ class Engine:
             top_p=sampling.top_p,
             max_tokens=sampling.max_tokens,
             stop=list(sampling.stop) or None,
+            stop_token_ids=self._eos_ids,
             logprobs=0,
             prompt_logprobs=0 if sampling.prompt_logprobs else None,
             detokenize=bool(sampling.stop),

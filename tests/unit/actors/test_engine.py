@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save
 
-from rredcot.actors.engine import PromptTooLong, Sampling
+from rredcot.actors.engine import Engine, EngineSpec, PromptTooLong, Sampling
 from rredcot.common.onednn import PRIMITIVE_CACHE, PRIMITIVE_CACHE_ENV
 from rredcot.transports.file import apply_bytes
 from tests.unit.common.test_onednn import held_mib
@@ -95,6 +95,42 @@ def test_seeded_requests_need_a_seeded_engine(tied):
     assert engine.num_unfinished == 0
 
 
+def test_stop_strings_need_an_engine_that_detokenizes(tied):
+    """An engine built without ``EngineSpec(stop_strings=True)`` loads no vLLM tokenizer, so it
+    cannot detokenize: it refuses stop strings before vLLM sees them."""
+    engine, *_ = tied
+    with pytest.raises(ValueError, match=r"EngineSpec\(stop_strings=True\)"):
+        engine.submit("stop", [11, 12], Sampling(stop=("\n",)))
+    assert engine.num_unfinished == 0
+
+
+@pytest.fixture(scope="module")
+def eos_rewired(module_dir, tokenizer, helpers):
+    """An engine on a Qwen2 whose config names another EOS than its tokenizer's, and whose head is
+    rewired so that greedy decoding emits the tokenizer's EOS third; its prompt and first tokens."""
+    model, prompt, eos = helpers.make_model("qwen2", 4, tie=False), helpers.prompts[0], tokenizer.eos_token_id
+    first = helpers.hf_greedy(model, prompt, 3)
+    assert len({*first, eos}) == 4  # distinct: swapping two rows of the head changes only the third token
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight
+        head[[first[2], eos]] = head[[eos, first[2]]]
+    model.config.eos_token_id = model.generation_config.eos_token_id = eos - 2  # <|endoftext|>: never emitted here
+    assert helpers.hf_greedy(model, prompt, 3) == [*first[:2], eos]
+    path = helpers.save(model, tokenizer, module_dir / "eos")
+    engine = Engine(EngineSpec(path, max_model_len=128, kv_cache_bytes=helpers.kv_bytes))
+    yield engine, prompt, [*first[:2], eos]
+    engine.close()  # at the module's end, with the others (see tests/engine_fixtures.py)
+
+
+def test_an_engine_without_a_tokenizer_stops_at_the_tokenizers_eos(eos_rewired):
+    """Without a tokenizer of its own vLLM knows only generation_config.json's EOS; the engine adds the
+    tokenizer's, and generation stops there."""
+    engine, prompt, expected = eos_rewired
+    (group,) = engine.generate([prompt], Sampling(temperature=0.0, max_tokens=8))
+    (c,) = group.completions
+    assert (c.token_ids, c.finish_reason) == (expected, "stop")
+
+
 def test_update_from_file_tied_embeddings(tied, helpers):
     engine, m0, m1, v1_path = tied
     helpers.check_greedy(engine, m0, version=0)
@@ -141,3 +177,20 @@ def test_update_untied_qwen2(untied, helpers):
     helpers.check_greedy(engine, m0, version=0)
     apply_bytes(engine, save(helpers.weights(m1)), version=5)
     helpers.check_greedy(engine, m1, version=5)
+
+
+def test_an_engine_with_stop_strings_ends_each_completion_at_its_first(untied, tokenizer, helpers):
+    """``EngineSpec(stop_strings=True)`` (a run with ``generation.stop``): vLLM detokenizes and
+    stops where the text first holds a stop string; without one, the same greedy completion runs on."""
+    engine, *_ = untied
+    (free,) = engine.generate(helpers.prompts[:1], Sampling(temperature=0.0, max_tokens=10))
+    text = tokenizer.decode(free.completions[0].token_ids)
+    stop = text[len(text) // 2 :][:2]
+    (group,) = engine.generate(helpers.prompts[:1], Sampling(temperature=0.0, max_tokens=10, stop=(stop,)))
+    (c,) = group.completions
+    assert (
+        c.finish_reason == "stop"
+        and len(c.token_ids) < 10
+        and c.token_ids == free.completions[0].token_ids[: len(c.token_ids)]
+    )
+    assert stop in tokenizer.decode(c.token_ids) and stop not in tokenizer.decode(c.token_ids[:-1])
