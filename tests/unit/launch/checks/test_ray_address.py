@@ -119,7 +119,7 @@ def ray_head() -> Iterator[str]:
     finally:
         os.killpg(head.pid, signal.SIGTERM)  # ``ray start --block`` stops the daemons it started
         try:
-            head.wait(60)
+            head.wait(10)  # seen to hang a minute at times: the group then goes with SIGKILL
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait()
