@@ -11,7 +11,9 @@ run stops and says how to resume it.
 
 A learner rank that *raises* is a failure of the run, unless a peer's process died with it (a
 rank's collective fails when its peer dies): the driver gives the peers ``PEER_DEATH_WAIT_S`` to
-show that.
+show that. A peer on a lost node shows its death only once Ray declares the node dead, after its
+health checks fail (by default 5 checks 3 s apart: 15 s, more on a loaded head), so the wait is
+longer than that: a shorter one stopped the run where a restart would have gone on.
 """
 
 from __future__ import annotations
@@ -25,12 +27,12 @@ from typing import Any
 
 from rredcot.common.config import Config, to_dict
 from rredcot.common.control import RunControl
-from rredcot.launch.observe.logs import WorkerFailed, headline
+from rredcot.launch.observe.logs import WorkerFailed, headline, what_failed
 from rredcot.launch.stages import WORKER_PREFIX, StageWorker, process_options, restart_options, stage_env
 
 log = logging.getLogger(__name__)
 
-PEER_DEATH_WAIT_S = 10.0  # a learner rank raised: how long its peers get to show that one of them died
+PEER_DEATH_WAIT_S = 45.0  # a learner rank raised: how long its peers get to show that one of them died
 MAX_BACKOFF_S = 30.0
 
 
@@ -114,19 +116,17 @@ class StageActors:
 
     def _learner_death(self, rank: int, error: Exception) -> str | None:
         """Which learner rank's process died and how, or None if rank ``rank`` failed on its own."""
-        import ray
-
         if process_died(error):
             return f"learner{rank}: {headline(error)}"
-        peers = {r: peer for r, (tier, peer) in self.refs.items() if tier == "learner"}
-        done, _ = ray.wait(list(peers), num_returns=len(peers), timeout=PEER_DEATH_WAIT_S) if peers else ([], [])
-        for ref in done:
-            try:
-                ray.get(ref)
-            except Exception as e:  # noqa: BLE001 - this peer failed too; another may have died
-                if process_died(e):
-                    return f"learner{peers[ref]}: {headline(e)}"
-        return None
+        peers = {ref: peer for ref, (tier, peer) in self.refs.items() if tier == "learner"}
+        if peers:
+            log.warning(
+                "learner%d failed (%s); waiting up to %.0f s for its peers to show whether one of them died",
+                rank,
+                what_failed(error),
+                PEER_DEATH_WAIT_S,
+            )
+        return peer_death(peers, PEER_DEATH_WAIT_S)
 
     def restart_learners(self, cause: str) -> None:
         """Kill every learner rank, wait the back-off, start them all again from the newest checkpoint."""
@@ -170,6 +170,24 @@ def learner_address(pg: Any, bundle_index: int) -> str:
     node_id = placement_group_table(pg)["bundles_to_node_id"][bundle_index]
     nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
     return "127.0.0.1" if len(nodes) == 1 else nodes[node_id]
+
+
+def peer_death(peers: dict[Any, int], wait_s: float) -> str | None:
+    """The first of the learner ranks' ``run()`` refs (ref -> rank) to fail by its process's death within
+    ``wait_s``, as ``learner<rank>: <its error>``; None if none did (a rank that fails on its own leaves
+    its peers blocked in a collective: they are waited for no longer than ``wait_s``)."""
+    import ray
+
+    pending, deadline = list(peers), time.monotonic() + wait_s
+    while pending and (left := deadline - time.monotonic()) > 0:
+        done, pending = ray.wait(pending, num_returns=1, timeout=left)
+        for ref in done:
+            try:
+                ray.get(ref)
+            except Exception as e:  # noqa: BLE001 - this peer failed too; another may have died
+                if process_died(e):
+                    return f"learner{peers[ref]}: {headline(e)}"
+    return None
 
 
 def process_died(error: BaseException) -> bool:

@@ -230,8 +230,8 @@ class Cluster:
         env["RAY_AUTH_TOKEN_PATH"] = str(self.token)
         env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = "2"  # a stopped node drains 30 s by default
         # a lost node declared dead after 3 failed checks a second apart (Ray's default: 5, 3 s apart, each
-        # allowed 10 s): the node-lost run then goes on more often than it stops and resumes, a second run
-        # (its test took 210 s in two suites and 78 s alone, where it went on)
+        # allowed 10 s): the node-lost run's learner tier restarts sooner (with the driver's 10-s peer wait
+        # of before 2026-12-04 its run stopped and resumed under Ray's defaults: 210 s in two suites)
         env.update(RAY_health_check_period_ms="1000", RAY_health_check_failure_threshold="3")
         return {k: v for k, v in {**env, **extra}.items() if v is not None}
 

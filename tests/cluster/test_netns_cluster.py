@@ -122,9 +122,9 @@ def test_two_learner_ranks_bind_the_cluster_address_and_a_node_lost_mid_run_lose
 
     # a node lost mid-run: a learner rank's (not the head's). The other rank's collective fails at once
     # (gloo: connection reset by peer); Ray declares the node dead only when its health checks have
-    # failed (the harness checks every second, three failures: Cluster.env), which can still take longer
-    # than the driver waits for a peer's death to show (10 s): then the run stops with one line, and a
-    # resume right away meets the node Ray still lists alive
+    # failed (the harness checks every second, three failures: Cluster.env), and the driver waits for
+    # that (PEER_DEATH_WAIT_S), then restarts the learner tier. Should Ray take longer, the run stops
+    # with one line, and a resume right away meets the node Ray still lists alive
     lost = where["learner1"] if where["learner1"] != "head" else where["learner0"]
     cluster.kill(lost)
     killed = time.monotonic()
