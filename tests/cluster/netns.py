@@ -7,7 +7,8 @@ default route, so nothing a node sends can leave the namespaces: an address outs
 unreachable there (``ENETUNREACH``), not routed. Commands run in a node with ``ip netns exec``, which
 gives them a mount namespace of their own too, and ``unshare --uts`` a host name (the node's name): a
 node started with ``shared_run_dir=False`` has its own directory bind-mounted over the cluster's run
-directory, so it sees the same path and other files (a node without the shared filesystem).
+directory, so it sees the same path and other files (a node without the shared filesystem); one
+added with ``code=DIR`` has DIR bind-mounted over ``rredcot/launch`` (a node with another checkout).
 
 Nodes are started with the project's scripts (``deploy/ray/ray_head.sh``, ``deploy/ray/ray_worker.sh``) and the
 variables ``docs/multinode.md`` documents, each with a Ray temp dir of its own. ``close`` kills every
@@ -36,6 +37,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+LAUNCH = REPO / "rredcot" / "launch"
 PREFIX = "rrcl"  # every namespace of a harness: rrcl<pid>-<node>, <pid> the test process's
 ROOT_PREFIX = "rrcl"  # and its directory: <tmp>/rrcl<pid>-<random>
 IFACE = "cl0"  # each node's cluster-network interface
@@ -152,6 +154,7 @@ class Node:
     netns: str
     ip: str  # its address on the cluster network (on cl0)
     shared_run_dir: bool = True
+    code: Path | None = None  # bind-mounted over rredcot/launch: another checkout's code
     procs: list[subprocess.Popen] = field(default_factory=list)
     log: Path | None = None
 
@@ -189,7 +192,7 @@ class Cluster:
         if done.returncode:
             raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
 
-    def add_node(self, name: str, shared_run_dir: bool = True) -> Node:
+    def add_node(self, name: str, shared_run_dir: bool = True, code: Path | None = None) -> Node:
         """A namespace with ``lo`` up and ``cl0`` on the bridge, at the next address of the subnet."""
         netns = f"{PREFIX}{self.owner}-{name}"
         ip = str(self.net.network_address + len(self.nodes) + 1)
@@ -201,7 +204,7 @@ class Cluster:
         self._ip("-n", netns, "addr", "add", f"{ip}/{self.net.prefixlen}", "dev", IFACE)
         self._ip("-n", netns, "link", "set", "lo", "up")
         self._ip("-n", netns, "link", "set", IFACE, "up")
-        node = self.nodes[name] = Node(name, netns, ip, shared_run_dir)
+        node = self.nodes[name] = Node(name, netns, ip, shared_run_dir, code)
         (self.root / name).mkdir()
         if not shared_run_dir:
             (self.root / name / "run").mkdir()
@@ -236,10 +239,12 @@ class Cluster:
         return {k: v for k, v in {**env, **extra}.items() if v is not None}
 
     def wrap(self, node: Node, command: str) -> list[str]:
-        """``command`` (a shell line) in ``node``: its network namespace, and its own run dir where it
-        does not share the cluster's."""
+        """``command`` (a shell line) in ``node``: its network namespace, its own run dir where it does
+        not share the cluster's, and its own code where it has another checkout's."""
         if not node.shared_run_dir:
             command = f"mount --bind {self.root / node.name / 'run'} {self.run_dir} && {command}"
+        if node.code:
+            command = f"mount --bind {node.code} {LAUNCH} && {command}"
         command = f"hostname {node.name} && {command}"  # a host name of its own (a UTS namespace)
         return ["ip", "netns", "exec", node.netns, "unshare", "--uts", "bash", "-c", command]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from rredcot.launch.services import find_server_binary
-from tests.cluster.netns import RAY_WORKER_PORTS, Cluster, wait_for_file
+from tests.cluster.netns import LAUNCH, RAY_WORKER_PORTS, Cluster, wait_for_file
 
 PASSWORD = "harness-secret"
 # a run's actor processes as ``ss`` names them (15 characters): Ray titles a named actor's process by its
@@ -195,8 +196,13 @@ def test_nodes_without_the_shared_run_dir_train_and_their_files_come_to_the_head
 
 
 def test_misconfigured_nodes_are_named_with_their_fix_before_anything_starts(cluster):
-    # a node whose interface variable names an interface it does not have: its script stops, one line
-    cluster.add_node("nccl")
+    # a node with another checkout's code (one line more in rredcot/launch/plan.py)
+    other = cluster.root / "other-launch"
+    shutil.copytree(LAUNCH, other, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(other / "plan.py", "a") as f:
+        f.write("# another checkout\n")
+    # whose interface variable first names an interface it does not have: its script stops, one line
+    cluster.add_node("nccl", code=other)
     alive = cluster.alive()
     bad = cluster.start("nccl", "ray_worker.sh", wait=False, RREDCOT_NODE_IFACE="ib0")
     assert bad.wait(60) == 2
@@ -206,8 +212,8 @@ def test_misconfigured_nodes_are_named_with_their_fix_before_anything_starts(clu
     assert "set RREDCOT_NODE_IFACE to the cluster network's interface" in said[0]
     assert cluster.alive() == alive  # it never joined
 
-    # the same node, started right, but its NCCL interface is not there; the node without the shared
-    # run.dir of the test above ("apart") fails a run whose weights go as files (the tests config's)
+    # the same node, started right, but its NCCL interface is not there (and its code is other); the node
+    # without the shared run.dir of the test above ("apart") fails a run whose weights go as files (the tests config's)
     cluster.start("nccl", "ray_worker.sh", NCCL_SOCKET_IFNAME="ib0")
     # the run's Redis on the head's service address, which a worker (one not lost above) has no route to
     routeless = next(name for name, node in cluster.nodes.items() if name.startswith("w") and node.procs)
@@ -224,19 +230,23 @@ def test_misconfigured_nodes_are_named_with_their_fix_before_anything_starts(clu
 
     doctor = rredcot(cluster, "doctor", f"redis.url={url}", nodes=alive + 1, run_dir="broken")
     errors = [line for line in doctor.stdout.splitlines() if line.startswith("error")]
-    assert doctor.returncode == 1 and len(errors) == 3, doctor.stdout + doctor.stderr[-3000:]
+    assert doctor.returncode == 1 and len(errors) == 4, doctor.stdout + doctor.stderr[-3000:]
     by_node = {name: [e for e in errors if re.search(rf"node {re.escape(ip)} \(", e)] for name, ip in nodes.items()}
-    assert all(len(lines) == 1 for lines in by_node.values()), errors
+    assert [len(by_node[name]) for name in (routeless, "apart", "nccl")] == [1, 1, 2], errors
     assert f"cannot reach redis.url's server at {service}:{port}" in by_node[routeless][0]
     assert "open a route (and the port) from that node to the server" in by_node[routeless][0]
     assert "does not see run.dir" in by_node["apart"][0] and "set run.dir to an absolute path" in by_node["apart"][0]
     assert "NCCL_SOCKET_IFNAME=ib0 names no interface with an IPv4 address here (it has: lo, cl0)" in by_node["nccl"][0]
     assert "set RREDCOT_NODE_IFACE" in by_node["nccl"][0]
+    assert (
+        "imports other rredcot code" in by_node["nccl"][1]
+        and "install the same checkout on every node" in by_node["nccl"][1]
+    )
 
     train = rredcot(cluster, "train", f"redis.url={url}", nodes=alive + 1, run_dir="broken")
     said = train.stdout + train.stderr
     assert train.returncode != 0
     for ip in nodes.values():
         assert f"node {ip} (" in said, said[-4000:]
-    assert "cannot start" in said
+    assert "cannot start" in said and "imports other rredcot code" in said
     assert not list((cluster.run_dir / "broken" / "logs").glob("*0.log"))  # no stage worker ever started

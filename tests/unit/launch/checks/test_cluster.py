@@ -1,5 +1,5 @@
-"""What the pre-start cluster checks conclude from the nodes' probes (the probes themselves run on a
-local multi-node Ray in tests/integration/test_launch_scripts.py)."""
+"""What the pre-start cluster checks conclude from the nodes' probes (the probes themselves run on nodes
+as network namespaces in tests/cluster/test_netns_cluster.py)."""
 
 from __future__ import annotations
 
