@@ -13,6 +13,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from rredcot.learner.extensions import extensions_dir
 from rredcot.models.store import cache_dir
 from tests.cluster.netns import IFACE, PREFIX, REPO, Cluster, pids_in, wait_for_file
 
@@ -47,6 +48,7 @@ def test_the_slurm_script_trains_on_two_nodes_and_stops_in_order_before_the_time
         "HOME": str(home),
         "RAY_AUTH_TOKEN_PATH": None,  # no token yet: the script makes the job's, in ~/.ray
         "RREDCOT_CACHE": str(cache_dir()),  # the models come from the suite's cache: not built again
+        "TORCH_EXTENSIONS_DIR": str(extensions_dir()),  # and DeepSpeed's op from set-up's build
         "HARNESS_NETNS_PREFIX": f"{PREFIX}{cluster.owner}-",
         "HARNESS_ROOT": str(cluster.root),
         "SLURM_JOB_NODELIST": ",".join(NODES),
@@ -56,9 +58,11 @@ def test_the_slurm_script_trains_on_two_nodes_and_stops_in_order_before_the_time
         "RAY_START_EXTRA": "--disable-usage-stats --dashboard-agent-listen-port=0",
     }
     overrides = f"run.dir={run} run.steps=40 data.eval_size=0 logging.progress_every_s=1 cluster.placement=spread"
+    started = time.monotonic()
     job = cluster.spawn("head", f"cd {REPO} && exec bash deploy/slurm/slurm.sbatch tests {overrides}", "job.log", **env)
     log, driver_log = cluster.root / "head" / "job.log", run / "logs" / "driver.log"
     wait_for_file(run / "placement.json", job, log, timeout=300)
+    placed_s = time.monotonic() - started
     deadline = time.monotonic() + 300
     while not (driver_log.is_file() and re.search(r"training step [1-9]\d*/", driver_log.read_text())):
         assert job.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
@@ -67,11 +71,16 @@ def test_the_slurm_script_trains_on_two_nodes_and_stops_in_order_before_the_time
     placed = {names[node_id] for node_id in json.loads((run / "placement.json").read_text()).values()}
     assert placed == set(NODES), placed  # the tiers on both nodes of the allocation
 
+    stepped_s = time.monotonic() - started
     job.send_signal(signal.SIGUSR1)
     try:
         assert job.wait(180) != 0
     except subprocess.TimeoutExpired:
         raise AssertionError(f"the job did not end after USR1: {log.read_text()[-3000:]}") from None
+    print(
+        f"slurm job: placed {placed_s:.0f} s, a step {stepped_s:.0f} s, ended {time.monotonic() - started:.0f} s "
+        "after its start"
+    )
     said = log.read_text()
     assert "time limit near: stopping the run in order" in said
     summary = json.loads((run / "report" / "summary.json").read_text())
