@@ -321,14 +321,20 @@ class Cluster:
         return sum(line.strip().startswith("1 node_") for line in active.splitlines())
 
     def wait_for(self, procs: dict[str, subprocess.Popen], count: int) -> None:
-        """Until the head counts ``count`` nodes alive, while the launch scripts ``procs`` run."""
+        """Until the head counts ``count`` nodes alive, while the launch scripts ``procs`` run. The head
+        is asked (``ray status``: a Python process importing Ray, 2 CPU-s on these machines) only once
+        every script has said ``Ray runtime started``: asked every second, it took CPU from the nodes
+        it waited for."""
         deadline = time.monotonic() + JOIN_TIMEOUT_S
-        while self.alive() < count:
+        while True:
+            logs = {name: (self.root / name / "node.log").read_text() for name in procs}
+            if all("Ray runtime started" in log for log in logs.values()) and self.alive() >= count:
+                return
             for name, proc in procs.items():
-                log = (self.root / name / "node.log").read_text()[-3000:]
+                log = logs[name][-3000:]
                 assert proc.poll() is None, f"{name}'s launch script ended ({proc.returncode}): {log}"
                 assert time.monotonic() < deadline, f"{name} did not join in {JOIN_TIMEOUT_S:.0f} s: {log}"
-            time.sleep(1)
+            time.sleep(0.5)
 
     def stop(self, name: str) -> None:
         """End node ``name``'s Ray (its script's process group, then whatever is left in its namespace)."""
