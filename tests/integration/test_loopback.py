@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -15,6 +14,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from tests.processes import end_group
 
 SCRIPT = textwrap.dedent(
     """
@@ -161,12 +162,7 @@ def test_a_run_beside_another_local_ray_starts_its_own(tmp_path):
         assert lines["warned"] == "True"
         assert not lines["gcs"].endswith(f":{port}")  # its own Ray, not the head's
     finally:
-        os.killpg(head.pid, signal.SIGTERM)  # ``ray start --block`` stops the daemons it started
-        try:
-            head.wait(10)  # seen to hang a minute at times (test_ray_address): the group goes with SIGKILL
-        except subprocess.TimeoutExpired:  # a loaded machine (CI timed out here once): nothing may stay
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait()
+        end_group(head)
         if not had_record:
             recorded.unlink(missing_ok=True)
 

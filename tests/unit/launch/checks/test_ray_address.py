@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import http.server
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from rredcot.common.config import load_config
 from rredcot.common.net import free_port
 from rredcot.launch.checks.cluster import reach_problem
 from rredcot.launch.checks.ray_address import check_ray_answers, gcs_problem, rpc_problem
+from tests.processes import end_group
 
 
 @contextlib.contextmanager
@@ -117,12 +117,7 @@ def ray_head() -> Iterator[str]:
             time.sleep(0.5)
         yield f"127.0.0.1:{port}"
     finally:
-        os.killpg(head.pid, signal.SIGTERM)  # ``ray start --block`` stops the daemons it started
-        try:
-            head.wait(10)  # seen to hang a minute at times: the group then goes with SIGKILL
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait()
+        end_group(head)
         if before is None:
             recorded.unlink(missing_ok=True)
         else:
