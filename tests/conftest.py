@@ -61,6 +61,7 @@ def runs_in_turn(nodeid: str) -> bool:
     return top == TESTS.name and folder in SLOW_FOLDERS and path not in BESIDE_RUNS
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: pytest without xdist (the GPU image) skips it
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """``--dist loadfile``, with every test under the SLOW_FOLDERS but BESIDE_RUNS one unit of work: one
     worker runs them in turn while the other takes the rest file by file. Each of them starts whole

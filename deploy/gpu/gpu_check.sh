@@ -7,7 +7,7 @@
 # WHEELS names another kit folder.
 # Logs go to $LOGS (default: $OUT, else gpu_check/). deploy/gpu/gpu_rehearsal.sh runs it on a CPU.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 LOGS=${LOGS:-${OUT:-gpu_check}}
 mkdir -p "$LOGS"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/rredcot-site "${WHEELS:-.whl}"/*.whl || exit 1

@@ -7,7 +7,7 @@
 # tests of the code tests/gpu runs. Needs .venv (deploy/setup.sh), pip access to this .venv's torch
 # build and an x86-64 host (the kit's binary wheels are x86-64). REHEARSAL_DIR: where it works.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 IMAGE_TRANSFORMERS=${IMAGE_TRANSFORMERS:-5.17.0}  # the GPU image's (docs/benchmarks.md, issue 17)
 DIR=${REHEARSAL_DIR:-/tmp/rredcot-gpu-rehearsal}
 torch=$(.venv/bin/python -c "import torch; print(torch.__version__)")

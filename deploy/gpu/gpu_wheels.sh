@@ -5,7 +5,7 @@
 # On the GPU machine, deploy/gpu/gpu_check.sh installs and uses them. PYVER (default 3.12, the GPU
 # image's) picks the Python of the binary wheels, WHEELS (default .whl) the folder.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 PYVER=${PYVER:-3.12}
 OUT=${WHEELS:-.whl}
