@@ -2,11 +2,14 @@
 pyproject.toml pins, every pod mounting the shared run volume and an in-memory ``/dev/shm``, every
 volume a pod mounts declared in its pod, and one image for every pod (the same code on every node);
 and it is a valid KubeRay ``RayCluster`` by a schema of KubeRay's API (``raycluster_schema.py``; no
-cluster is needed, and none is run)."""
+cluster is needed, and none is run). Its scripts that change directory land on the repository root,
+and ``tests/gpu`` collects under a pytest without xdist, as on the GPU image (deploy/gpu/gpu_check.sh)."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -73,3 +76,25 @@ def test_the_schema_refuses_what_kuberay_would(path: str, value: object, says: s
     broken = _set(yaml.safe_load(MANIFEST.read_text()), path, value)
     with pytest.raises(jsonschema.ValidationError, match=re.escape(says)):
         jsonschema.validate(broken, RAYCLUSTER)
+
+
+@pytest.mark.parametrize("script", sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "deploy").rglob("*.sh")))
+def test_a_script_that_changes_to_a_folder_of_its_own_lands_on_the_repository_root(script: str) -> None:
+    """Those that ``cd "$(dirname "$0")/…"`` run ``.venv``, ``tests`` and ``bench`` from there (the
+    GPU scripts ran from ``deploy/`` after they moved into ``deploy/gpu/``)."""
+    for rel in re.findall(r'^cd "\$\(dirname "\$0"\)/([./]+)"', (ROOT / script).read_text(), re.M):
+        assert ((ROOT / script).parent / rel).resolve() == ROOT, rel
+
+
+@pytest.mark.slow  # a pytest of its own, importing torch: 10 s
+def test_the_gpu_tests_collect_without_xdist() -> None:
+    """The GPU image's pytest has no xdist: a hook only xdist knows would stop it at collection."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist", "tests/gpu"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert re.search(r"^\d+ tests? collected", done.stdout, re.M), done.stdout[-2000:]
