@@ -36,7 +36,7 @@ def hf_logprobs(model, prompt: list[int], completion: list[int], temperature: fl
     """log p(completion[j] | prompt + completion[:j]) under ``model`` at ``temperature``."""
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+        logits = model(ids, logits_to_keep=len(completion) + 1).logits[0, :-1].float()  # the rows that predict it
     lp = torch.log_softmax(logits / temperature, dim=-1)
     return lp.gather(1, torch.tensor(completion)[:, None])[:, 0]
 
@@ -50,7 +50,7 @@ def hf_greedy(model, prompt: list[int], max_tokens: int) -> list[int]:
     ids = list(prompt)
     with torch.no_grad():
         for _ in range(max_tokens):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+            ids.append(int(model(torch.tensor([ids]), logits_to_keep=1).logits[0, -1].argmax()))
     return ids[len(prompt) :]
 
 

@@ -131,7 +131,9 @@ class HFContinuationSampler:
         device = self.model.device
         base = seed_of(self.seed, r.seed)
         gens = [torch.Generator(device=device).manual_seed(base + j) for j in range(rows)]
-        step = self.model(torch.tensor([r.prefix], device=device), use_cache=True)
+        step = self.model(
+            torch.tensor([r.prefix], device=device), use_cache=True, logits_to_keep=1
+        )  # the last row only
         cache = step.past_key_values
         cache.batch_repeat_interleave(rows)
         logits = step.logits[:, -1].expand(rows, -1)
@@ -151,13 +153,24 @@ class HFContinuationSampler:
 
     def _pick(self, logits: torch.Tensor, gens: list[torch.Generator]) -> torch.Tensor:
         """Next token per row: argmax when greedy, else a draw from softmax(logits / T) restricted
-        to the top-p nucleus, with each row's generator."""
+        to the top-p nucleus, with each row's generator: one uniform per row placed on the row's
+        cumulative mass (a zero-mass token takes no room on it). ``torch.multinomial`` drew the same
+        distribution at 3.3 ms a row over Qwen's 151,669 tokens on a CPU core; this draw is a cumsum."""
         if self.temperature <= 0:
             return logits.argmax(-1)
         probs = torch.softmax(logits.float() / self.temperature, dim=-1)
         if self.top_p < 1.0:
             probs = top_p_filter(probs, self.top_p)
-        return torch.stack([torch.multinomial(p, 1, generator=g)[0] for p, g in zip(probs, gens)])
+        return categorical(probs, gens)
+
+
+def categorical(probs: torch.Tensor, gens: list[torch.Generator]) -> torch.Tensor:
+    """One token per row of ``probs`` [rows, V] (non-negative, any positive total), row j drawn with
+    ``gens[j]``: the first token whose cumulative mass exceeds a uniform share of the row's total."""
+    cdf = probs.double().cumsum(-1)
+    u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64, device=probs.device) for g in gens])
+    picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
+    return picked.clamp_max(probs.shape[-1] - 1)  # u·total rounds up to the total only by float error
 
 
 def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rredcot.common.sampling import ContinuationRequest, ContinuationSampler
-from rredcot.redistributor.mc import HFContinuationSampler, exit_budgets, mc_values, top_p_filter
+from rredcot.redistributor.mc import HFContinuationSampler, categorical, exit_budgets, mc_values, top_p_filter
 
 PROMPT = [5, 17, 42]
 COMPLETION = [9, 101, 7, 250, 33, 64, 12, 8]  # L = 8 = max_tokens: a truncated completion
@@ -42,7 +42,7 @@ def greedy_by_hand(model, prefix: list[int], budget: int, eos: int | None) -> li
     ids = list(prefix)
     with torch.no_grad():
         while len(ids) - len(prefix) < budget and (len(ids) == len(prefix) or ids[-1] != eos):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+            ids.append(int(model(torch.tensor([ids]), logits_to_keep=1).logits[0, -1].argmax()))
     return ids[len(prefix) :]
 
 
@@ -106,6 +106,22 @@ def test_top_p_reaches_the_sampler(make_lm) -> None:
     greedy = greedy_by_hand(model, PROMPT, 6, None)
     assert HFContinuationSampler(model, temperature=1.0, top_p=1e-6).sample([req])[0] == [greedy] * 3
     assert HFContinuationSampler(model, temperature=1.0).sample([req])[0] != [greedy] * 3
+
+
+def test_categorical_draws_each_token_at_its_probability_and_never_a_zero_one() -> None:
+    """20,000 draws per row: each token's frequency within 4 standard errors of its probability
+    (unnormalised rows too), the zero-mass tokens (a nucleus' cut) never; a generator's seed decides."""
+    probs = torch.tensor([[0.1, 0.0, 0.6, 0.3, 0.0], [0.0, 2.0, 0.0, 0.0, 2.0]])
+    n = 20_000
+    gens = [torch.Generator().manual_seed(j) for j in range(2)]
+    draws = torch.stack([categorical(probs, gens) for _ in range(n)])  # [n, rows]
+    for row in range(2):
+        p = probs[row] / probs[row].sum()
+        freq = torch.bincount(draws[:, row], minlength=5).double() / n
+        assert torch.all((freq - p).abs() <= 4 * (p * (1 - p) / n).sqrt()), (row, freq, p)
+        assert freq[p == 0].sum() == 0
+    again = [torch.Generator().manual_seed(j) for j in range(2)]
+    assert torch.equal(torch.stack([categorical(probs, again) for _ in range(n)]), draws)
 
 
 def test_top_p_filter_by_hand() -> None:

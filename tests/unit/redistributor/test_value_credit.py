@@ -76,7 +76,8 @@ def brute_log_value(
             scored += [len(ids) + k for k in range(len(part))] if is_scored else []
             ids += part
         with torch.no_grad():  # each scored token's row alone: log-softmax is row by row
-            logp = model(torch.tensor([ids])).logits[0, [p - 1 for p in scored]].double().log_softmax(-1)
+            rows = torch.tensor([p - 1 for p in scored])
+            logp = model(torch.tensor([ids]), logits_to_keep=rows).logits[0].double().log_softmax(-1)
         terms.append(math.log(1 / len(branches)) + sum(float(logp[i, ids[p]]) for i, p in enumerate(scored)))
     return float(torch.logsumexp(torch.tensor(terms), 0))
 
@@ -298,9 +299,9 @@ def test_mc_terminal_never_continues_a_finished_completion(qwen_tok, qwen_model)
     """Issue 13.2 for ``mc``: no continuation is sampled after the full completion; the answer
     part's end value is the sample's reward."""
     cfg = Config()
-    cfg.generation.max_tokens = 128  # room left at every exit: each is sampled
     cfg.credit = credit_config("mc", {"segments": 2}, samples=1, answer_part="terminal")
     group = make_group(qwen_tok, [t + "<|im_end|>" for t in TRACES[:2]], rewards=(1.0, 0.0))
+    cfg.generation.max_tokens = max(len(s.completion_ids) for s in group.samples) + 3  # room at every exit
     sampler = RecordingSampler(qwen_model, temperature=0)
     out = redistribute_group(
         group,

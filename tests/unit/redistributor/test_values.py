@@ -117,9 +117,10 @@ def test_branch_logprobs_are_sums_and_mean_token_prob_of_one_forward(make_lm) ->
         for t, e in enumerate(exits):
             for i, (u, y) in enumerate(refs):
                 seq = [*prompt, *comp[:e], *exit_ids, *u, *y]
-                logp = model(torch.tensor([seq])).logits[0].double().log_softmax(-1)
                 start = len(prompt) + e + len(exit_ids)  # position of u's first token
-                lp = [float(logp[p - 1, seq[p]]) for p in range(start, len(seq))]
+                rows = len(seq) - start + 1  # those from start - 1 on: each predicts the next token
+                logp = model(torch.tensor([seq]), logits_to_keep=rows).logits[0].double().log_softmax(-1)
+                lp = [float(logp[p - start, seq[p]]) for p in range(start, len(seq))]
                 expected["log_u"][t, i] = sum(lp[: len(u)])
                 expected["log_y"][t, i] = sum(lp[len(u) :])
                 expected["mtp"][t, i] = np.mean(np.exp(lp)) if lp else 1.0
@@ -179,7 +180,7 @@ def test_trace_entropy_and_logprob_match_full_logits(make_lm) -> None:
     model = make_lm("qwen3", 4)
     prompt, comp, *_ = _random_case(4, 3, 50, 2, 1)
     trace = score_trace(model, prompt, comp, chunk=8)
-    logp = model(torch.tensor([prompt + comp])).logits[0].log_softmax(-1)[len(prompt) - 1 : -1]
+    logp = model(torch.tensor([prompt + comp]), logits_to_keep=len(comp) + 1).logits[0, :-1].log_softmax(-1)
     ent = -(logp.exp() * logp).sum(-1)
     lp = logp.gather(-1, torch.tensor(comp)[:, None])[:, 0]
     torch.testing.assert_close(trace.entropy, ent, atol=1e-5, rtol=0)
