@@ -19,7 +19,7 @@ from tests.integration.test_train_stop import learner_step, signal_when, start_t
 
 OVERRIDES = (
     "run.name=drvkill",
-    "run.steps=6",
+    "run.steps=4",  # a checkpoint at step 2, the kill after step 3: step 3 is trained again
     "data.eval_size=0",
     "learner.checkpoint_every=2",
     "learner.skip_zero_advantage=false",
@@ -40,8 +40,8 @@ def test_killed_driver_resumes_and_loses_nothing(tmp_path: Path) -> None:
     resumed = start_train(tmp_path, *OVERRIDES, "run.resume=auto")
     assert resumed.wait(timeout=600) == 0, (tmp_path / "console.log").read_text()[-3000:]
     summary = json.loads((run_dir / "report" / "summary.json").read_text())
-    ledger, prompts = summary["ledger"], 6 * 2
-    assert summary["status"] == "finished" and summary["steps"] == 6
+    ledger, prompts = summary["ledger"], 4 * 2
+    assert summary["status"] == "finished" and summary["steps"] == 4
     assert ledger["balanced"] and ledger["missing"] == [] and ledger["admitted"] == prompts, ledger
     assert (ledger["trained"], ledger["dead"], ledger["rejected"], ledger["in_flight"]) == (prompts, 0, 0, 0)
     assert "resumed from" in (run_dir / "logs" / "learner0.log").read_text()  # not a fresh start
