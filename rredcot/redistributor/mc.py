@@ -131,9 +131,8 @@ class HFContinuationSampler:
         device = self.model.device
         base = seed_of(self.seed, r.seed)
         gens = [torch.Generator(device=device).manual_seed(base + j) for j in range(rows)]
-        step = self.model(
-            torch.tensor([r.prefix], device=device), use_cache=True, logits_to_keep=1
-        )  # the last row only
+        prefix = torch.tensor([r.prefix], device=device)
+        step = self.model(prefix, use_cache=True, logits_to_keep=1)  # the prefix's last row: what comes next
         cache = step.past_key_values
         cache.batch_repeat_interleave(rows)
         logits = step.logits[:, -1].expand(rows, -1)
