@@ -46,10 +46,12 @@ def weights(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().contiguous() for k, v in model.named_parameters()}
 
 
-def hf_greedy(model, prompt: list[int], max_tokens: int) -> list[int]:
+def hf_greedy(model, prompt: list[int], max_tokens: int, eos: int | None = None) -> list[int]:
+    """A plain greedy loop: no KV cache, the whole sequence every step; stops after ``max_tokens``
+    tokens or once it has emitted ``eos``."""
     ids = list(prompt)
     with torch.no_grad():
-        for _ in range(max_tokens):
+        while len(ids) - len(prompt) < max_tokens and (len(ids) == len(prompt) or ids[-1] != eos):
             ids.append(int(model(torch.tensor([ids]), logits_to_keep=1).logits[0, -1].argmax()))
     return ids[len(prompt) :]
 

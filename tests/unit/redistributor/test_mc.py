@@ -10,6 +10,7 @@ import torch
 
 from rredcot.common.sampling import ContinuationRequest, ContinuationSampler
 from rredcot.redistributor.mc import HFContinuationSampler, categorical, exit_budgets, mc_values, top_p_filter
+from tests.engine_fixtures import hf_greedy
 
 PROMPT = [5, 17, 42]
 COMPLETION = [9, 101, 7, 250, 33, 64, 12, 8]  # L = 8 = max_tokens: a truncated completion
@@ -37,15 +38,6 @@ class Recording(HFContinuationSampler):
         return out
 
 
-def greedy_by_hand(model, prefix: list[int], budget: int, eos: int | None) -> list[int]:
-    """A plain greedy loop: no KV cache, the whole sequence every step, stop at EOS or the budget."""
-    ids = list(prefix)
-    with torch.no_grad():
-        while len(ids) - len(prefix) < budget and (len(ids) == len(prefix) or ids[-1] != eos):
-            ids.append(int(model(torch.tensor([ids]), logits_to_keep=1).logits[0, -1].argmax()))
-    return ids[len(prefix) :]
-
-
 def test_exit_budgets_by_hand() -> None:
     assert exit_budgets(5, [0, 3, 8, 10], 10).tolist() == [10, 7, 2, 0]
     # a context of 14 leaves 14 - 5 - e_t after the prompt and o[:e_t]: tighter than max_tokens here
@@ -57,11 +49,11 @@ def test_mc_equals_brute_force_for_a_greedy_policy(make_lm) -> None:
     """Greedy continuations are deterministic, so every exit's value is the reward of its one
     continuation, computed here by hand within the budget left there (none at the last exit)."""
     model = make_lm("qwen3", 21)
-    first = greedy_by_hand(model, PROMPT + COMPLETION[:2], 6, None)
+    first = hf_greedy(model, PROMPT + COMPLETION[:2], 6, None)
     eos = first[3]  # make a token the policy emits the end of sequence: that continuation stops there
     sampler = HFContinuationSampler(model, temperature=0.0, eos_token_id=eos)
     est = mc_values(sampler, parity, PROMPT, COMPLETION, EXITS, 3, MAX_TOKENS, "g", sample_id="s")
-    conts = [greedy_by_hand(model, PROMPT + COMPLETION[:e], MAX_TOKENS - e, eos) for e in EXITS]
+    conts = [hf_greedy(model, PROMPT + COMPLETION[:e], MAX_TOKENS - e, eos) for e in EXITS]
     assert conts[1][-1] == eos and len(conts[1]) == first.index(eos) + 1 < 6 and conts[3] == []
     expected = [parity(COMPLETION[:e] + c, "g") for e, c in zip(EXITS, conts)]
     assert est.values.tolist() == expected and 0 < sum(expected) < len(expected)
@@ -103,7 +95,7 @@ def test_top_p_reaches_the_sampler(make_lm) -> None:
     """A nucleus of (almost) zero mass keeps only the most likely token: sampling is greedy."""
     model = make_lm("qwen3", 24)
     req = ContinuationRequest(PROMPT, 3, 6, seed=1)
-    greedy = greedy_by_hand(model, PROMPT, 6, None)
+    greedy = hf_greedy(model, PROMPT, 6, None)
     assert HFContinuationSampler(model, temperature=1.0, top_p=1e-6).sample([req])[0] == [greedy] * 3
     assert HFContinuationSampler(model, temperature=1.0).sample([req])[0] != [greedy] * 3
 

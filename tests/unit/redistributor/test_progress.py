@@ -19,8 +19,8 @@ from rredcot.redistributor.methods import ProgressSettings
 from rredcot.redistributor.progress import progress_sigma
 from rredcot.redistributor.scorer import Scorer
 from rredcot.redistributor.worker import build_scorer, scorer_sampler
+from tests.engine_fixtures import hf_greedy
 from tests.unit.redistributor.cases import make_group
-from tests.unit.redistributor.test_mc import greedy_by_hand
 
 W = np.array([1.0, 2.0, 1.0, 3.0, 1.0, 2.0])  # entropy weights of 6 tokens
 EXITS = np.array([0, 2, 5])  # two segments; token 5 (the answer) lies outside both
@@ -114,7 +114,7 @@ def test_progress_is_the_greedy_provers_value_change(qwen_tok, qwen_model) -> No
     w = out.samples[0]
     prompt = group.prompt_ids.tolist()
     budget = cfg.generation.max_tokens
-    conts = [greedy_by_hand(qwen_model, prompt + comp[:e], budget - e, eos) for e in w.exit_points.tolist()]
+    conts = [hf_greedy(qwen_model, prompt + comp[:e], budget - e, eos) for e in w.exit_points.tolist()]
     expected = [reward(comp[:e] + c, "") for e, c in zip(w.exit_points.tolist(), conts)]
     assert len(w.exit_points) >= 3 and w.exit_values.tolist() == expected
     assert w.segment_rewards.tolist() == np.diff(expected).tolist() and np.any(w.segment_rewards != 0)
