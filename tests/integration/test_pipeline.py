@@ -103,6 +103,7 @@ def test_pipeline_trains_every_sample_once_within_the_staleness_bound(
         "run.steps=4",
         "learner.skip_zero_advantage=false",
         f"generation.weight_transport={transport}",
+        "credit.save_traces=3",  # the report's heatmaps
     )
     learner = assert_every_sample_trained_once(redis_client, run_id, cfg, eta)
     gens, _, _ = _workers(redis_client, run_id)
