@@ -13,10 +13,13 @@ KL) makes no optimizer step (counted in ``skipped_empty``).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -30,6 +33,25 @@ from rredcot.learner.logprobs import TokenLogProbs, model_inputs
 from rredcot.learner.loss import LossSettings, Stats, policy_loss, sample_coefficients
 from rredcot.learner.packing import BudgetError, MicroBatch, TrainSample, micro_batches
 from rredcot.models.store import load_causal_lm
+
+MUON_MODULE = "deepspeed.runtime.zero.muon.muon_optimizer"
+
+
+@contextlib.contextmanager
+def _without_muon() -> Iterator[None]:
+    """DeepSpeed's ZeRO check imports its Muon optimizer only to list it as supported, and that import
+    wraps Muon's kernels in ``torch.compile``: 2.1 s of CPU at every learner start on an AMD EPYC. The
+    learner's AdamW is on the list already, so while DeepSpeed initialises the module reads as absent
+    (an ImportError, which the check catches); an import of it before or after is untouched."""
+    if MUON_MODULE in sys.modules:
+        yield
+        return
+    sys.modules[MUON_MODULE] = None  # type: ignore[assignment]  # the import system's "not importable"
+    try:
+        yield
+    finally:
+        if sys.modules.get(MUON_MODULE, 0) is None:
+            del sys.modules[MUON_MODULE]
 
 
 def init_distributed(store: dist.Store | None = None) -> tuple[int, int]:
@@ -169,12 +191,13 @@ class LearnerEngine:
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         # stepped by DeepSpeed on applied steps only (a skipped step leaves it), saved in checkpoints
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg, total_steps))
-        self.engine, *_ = deepspeed.initialize(
-            model=TokenLogProbs(model, cfg.logprob_chunk, temperature),
-            optimizer=optimizer,
-            lr_scheduler=schedule,
-            config=ds_config(cfg),
-        )
+        with _without_muon():
+            self.engine, *_ = deepspeed.initialize(
+                model=TokenLogProbs(model, cfg.logprob_chunk, temperature),
+                optimizer=optimizer,
+                lr_scheduler=schedule,
+                config=ds_config(cfg),
+            )
         if self.ref_model is not None:
             self.ref_model.to(self.engine.device)
         self.version = version

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from deepspeed.utils import safe_get_full_grad
 from rredcot.common.config import LearnerConfig
 from rredcot.common.onednn import PRIMITIVE_CACHE, PRIMITIVE_CACHE_ENV
 from rredcot.learner.engine import (
+    MUON_MODULE,
     LearnerEngine,
     all_gather_bytes,
     all_reduce_scalars,
@@ -69,6 +71,15 @@ def test_the_engine_bounds_onednns_primitive_cache_before_its_first_matmul(make_
     monkeypatch.delenv(PRIMITIVE_CACHE_ENV, raising=False)
     LearnerEngine(make_model(), config(zero_stage=0))
     assert os.environ[PRIMITIVE_CACHE_ENV] == str(PRIMITIVE_CACHE)
+
+
+def test_a_zero_engine_starts_without_importing_deepspeeds_muon(make_model, monkeypatch):
+    """DeepSpeed's ZeRO check would import (and torch.compile) its Muon optimizer, 2 s of CPU at every
+    learner start; the learner's AdamW passes the check without it, and the block is lifted after."""
+    monkeypatch.delitem(sys.modules, MUON_MODULE, raising=False)
+    engine = LearnerEngine(make_model(), config(zero_stage=2))
+    assert engine.engine.zero_optimization_stage() == 2
+    assert MUON_MODULE not in sys.modules  # neither imported nor left unimportable
 
 
 def test_bf16_step_trains(make_model, make_samples):
