@@ -23,6 +23,7 @@ if not torch.cuda.is_available():  # on a GPU machine DeepSpeed finds CUDA by it
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray on loopback only (one-machine tests)
+os.environ.setdefault("RAY_prestart_worker_first_driver", "0")  # no idle workers, as a run's own Ray (launch.local_ray)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 TESTS = Path(__file__).parent

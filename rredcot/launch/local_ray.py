@@ -21,6 +21,10 @@ def local_ray_env(cfg: Config) -> None:
         # If the local GCS dies first (a signal sent to the whole process group), give up on it in
         # seconds rather than Ray's default minute, so that a stop still ends within 30 s.
         os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", "5")
+        # Ray prestarts an idle worker a CPU for the first driver, but every actor of the run carries a
+        # runtime_env (launch.stages.process_options), which such a worker cannot take: they only took
+        # CPU from the actors' start (a 3-step `rredcot train tests`: start-up phase 6.5 → 3.4-4.5 s)
+        os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
     # Ray starts its workers at niceness 15; here the workers are the run, so anything else at the
     # default priority would starve them (docs/benchmarks.md: the learner 33 -> 131-197 s a step
     # beside a bench and tests at niceness 5-10). The run's workers share the driver's priority.
