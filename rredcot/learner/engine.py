@@ -38,12 +38,13 @@ MUON_MODULE = "deepspeed.runtime.zero.muon.muon_optimizer"
 
 
 @contextlib.contextmanager
-def _without_muon() -> Iterator[None]:
+def _without_muon(zero_stage: int) -> Iterator[None]:
     """DeepSpeed's ZeRO check imports its Muon optimizer only to list it as supported, and that import
     wraps Muon's kernels in ``torch.compile``: 2.1 s of CPU at every learner start on an AMD EPYC. The
-    learner's AdamW is on the list already, so while DeepSpeed initialises the module reads as absent
-    (an ImportError, which the check catches); an import of it before or after is untouched."""
-    if MUON_MODULE in sys.modules:
+    learner's AdamW is on the list already, so while DeepSpeed initialises stages 0-2 the module reads
+    as absent (an ImportError, which the check catches). ZeRO-3's optimizer imports it outright, so
+    stage 3 keeps it; an import of it before or after is untouched."""
+    if zero_stage == 3 or MUON_MODULE in sys.modules:
         yield
         return
     sys.modules[MUON_MODULE] = None  # type: ignore[assignment]  # the import system's "not importable"
@@ -191,7 +192,7 @@ class LearnerEngine:
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         # stepped by DeepSpeed on applied steps only (a skipped step leaves it), saved in checkpoints
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg, total_steps))
-        with _without_muon():
+        with _without_muon(cfg.zero_stage):
             self.engine, *_ = deepspeed.initialize(
                 model=TokenLogProbs(model, cfg.logprob_chunk, temperature),
                 optimizer=optimizer,

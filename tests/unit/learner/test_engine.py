@@ -73,13 +73,15 @@ def test_the_engine_bounds_onednns_primitive_cache_before_its_first_matmul(make_
     assert os.environ[PRIMITIVE_CACHE_ENV] == str(PRIMITIVE_CACHE)
 
 
-def test_a_zero_engine_starts_without_importing_deepspeeds_muon(make_model, monkeypatch):
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_zero_engine_starts_without_importing_deepspeeds_muon_unless_zero3_needs_it(make_model, monkeypatch, stage):
     """DeepSpeed's ZeRO check would import (and torch.compile) its Muon optimizer, 2 s of CPU at every
-    learner start; the learner's AdamW passes the check without it, and the block is lifted after."""
+    learner start; the learner's AdamW passes the check without it, and the block is lifted after.
+    ZeRO-3's optimizer imports it itself: there the engine must still start (and does import it)."""
     monkeypatch.delitem(sys.modules, MUON_MODULE, raising=False)
-    engine = LearnerEngine(make_model(), config(zero_stage=2))
-    assert engine.engine.zero_optimization_stage() == 2
-    assert MUON_MODULE not in sys.modules  # neither imported nor left unimportable
+    engine = LearnerEngine(make_model(), config(zero_stage=stage))
+    assert engine.engine.zero_optimization_stage() == stage
+    assert (sys.modules.get(MUON_MODULE) is not None) == (stage == 3)  # never left unimportable
 
 
 def test_bf16_step_trains(make_model, make_samples):
