@@ -64,15 +64,13 @@ PY
 
 # DeepSpeed JIT-builds its shared-memory op when a learner's engine first starts (20-45 s on 2 cores, while
 # every other process that needs it waits); build it now, where the learner looks for it
-# (rredcot.learner.extensions.extensions_dir). A one-rank init_distributed alone does not load it.
+# (rredcot.learner.extensions.extensions_dir): init_distributed loads it (nothing to build on a GPU).
 if $VENV/bin/python -c "import deepspeed" 2>/dev/null; then
   $VENV/bin/python - <<'PY' 2>&1 | grep -E "^rredcot" || true
 import time
 t = time.time()
 from rredcot.learner.engine import init_distributed
 init_distributed()
-from deepspeed.comm.torch import build_shm_op
-build_shm_op()  # None on a GPU accelerator: nothing to build there
 print(f"rredcot: DeepSpeed distributed init and its shared-memory op warm ({time.time() - t:.1f}s)")
 PY
 fi

@@ -1,14 +1,18 @@
 """torch's JIT-built extension ops (DeepSpeed builds its shared-memory op on the first distributed init).
 
-A build holds ``<dir>/<op>/lock`` while it compiles, and every other process that needs the op
-waits until the lock file is gone, with no time limit: a process killed during the build (a
-SIGKILLed learner, a stopped run) leaves the lock behind, and every later start on that machine
-hangs there for good. :func:`await_build_locks` waits for a build in progress and removes a lock
-older than any build takes.
+A build, and every first load of the op in a process, holds ``<dir>/<op>/lock`` while it compiles
+or checks the build, and every other process that needs the op waits until the lock file is gone,
+with no time limit: a process killed meanwhile (a SIGKILLed learner, a stopped run, a lost node)
+leaves the lock behind, and every later start on that machine hangs there for good.
+:func:`await_build_locks` waits for a build in progress and removes a lock older than any build
+takes; and a learner loads DeepSpeed's shared-memory op inside :func:`holding_shm_op`, so that a lock
+of that op which no living learner can hold is removed at once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import importlib.util
 import logging
@@ -17,11 +21,14 @@ import shutil
 import sys
 import sysconfig
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 STALE_LOCK_S = 180.0  # a build takes 20-35 s on 2 busy cores: a lock this old has no builder left
+SHM_OP = "deepspeed_shm_comm"  # DeepSpeed's shared-memory op: its build directory under extensions_dir()
+HOLDERS = "holders"  # flocked (shared) by each process while it may hold SHM_OP's lock
 
 
 SHARED_ROOT = Path.home() / ".cache" / "torch_extensions"
@@ -66,7 +73,7 @@ def build_key() -> str:
 
 def await_build_locks(root: Path, stale_s: float = STALE_LOCK_S, poll_s: float = 0.5) -> list[Path]:
     """Wait until no op under ``root`` is being built; remove (with a warning) each lock that is
-    ``stale_s`` old. Returns the locks removed."""
+    ``stale_s`` old, or of SHM_OP with no process left inside ``holding_shm_op``. Returns the locks removed."""
     removed = []
     for lock in sorted(root.glob("*/lock")):
         while True:
@@ -74,15 +81,45 @@ def await_build_locks(root: Path, stale_s: float = STALE_LOCK_S, poll_s: float =
                 age = time.time() - lock.stat().st_mtime
             except FileNotFoundError:  # the build finished
                 break
-            if age >= stale_s:
+            orphaned = lock.parent.name == SHM_OP and not _held(lock.parent / HOLDERS)
+            if age >= stale_s or orphaned:
                 log.warning(
-                    "removing %s: a JIT build of this op left it %.0f s ago and no build has finished since "
-                    "(a process killed while building); without this every start would wait on it for good",
+                    "removing %s: a JIT build or load of this op left it %.0f s ago and %s (a process killed "
+                    "while building); without this every start would wait on it for good",
                     lock,
                     age,
+                    "no process that could hold it is alive" if orphaned else "no build has finished since",
                 )
                 lock.unlink(missing_ok=True)
                 removed.append(lock)
                 break
             time.sleep(poll_s)
     return removed
+
+
+def _held(holders: Path) -> bool:
+    """Whether a living process is inside ``holding_shm_op`` (its shared flock, which the kernel drops
+    when the process dies); True where the file system cannot tell (then only the lock's age counts)."""
+    try:
+        with open(holders, "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(f, fcntl.LOCK_UN)
+            return False
+    except OSError:
+        return True
+
+
+@contextlib.contextmanager
+def holding_shm_op(root: Path) -> Iterator[None]:
+    """Hold SHM_OP's holders file (a shared flock) while this process may take the op's lock: its
+    first load, which DeepSpeed then keeps for the process."""
+    (root / SHM_OP).mkdir(parents=True, exist_ok=True)
+    with open(root / SHM_OP / HOLDERS, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -10,12 +10,12 @@ import threading
 import time
 from pathlib import Path
 
-from rredcot.learner.extensions import await_build_locks, build_key, extensions_dir
+from rredcot.learner.extensions import SHM_OP, await_build_locks, build_key, extensions_dir, holding_shm_op
 
 
 def _lock(root: Path, op: str, age_s: float) -> Path:
     lock = root / op / "lock"
-    lock.parent.mkdir(parents=True)
+    lock.parent.mkdir(parents=True, exist_ok=True)
     lock.touch()
     then = time.time() - age_s
     os.utime(lock, (then, then))
@@ -43,6 +43,24 @@ def test_a_young_lock_whose_builder_died_is_removed_once_it_is_stale(tmp_path):
     t0 = time.monotonic()
     assert await_build_locks(tmp_path, stale_s=1.0, poll_s=0.05) == [lock]
     assert 0.1 <= time.monotonic() - t0 < 5 and not lock.exists()
+
+
+def test_a_shm_op_lock_no_living_learner_can_hold_is_removed_at_once(tmp_path):
+    """A learner killed while it loaded DeepSpeed's op (a node lost as the ranks start) left the lock:
+    the restarted learners went on at once, not after STALE_LOCK_S (a suite's node-lost run waited 175 s)."""
+    lock = _lock(tmp_path, SHM_OP, age_s=0)
+    t0 = time.monotonic()
+    assert await_build_locks(tmp_path, stale_s=180, poll_s=0.05) == [lock]
+    assert time.monotonic() - t0 < 5 and not lock.exists()
+
+
+def test_a_shm_op_lock_of_a_learner_loading_it_is_waited_for(tmp_path):
+    with holding_shm_op(tmp_path):  # a living learner inside its load
+        lock = _lock(tmp_path, SHM_OP, age_s=0)
+        threading.Timer(0.5, lock.unlink).start()  # its load finishes
+        t0 = time.monotonic()
+        assert await_build_locks(tmp_path, stale_s=180, poll_s=0.05) == []
+        assert time.monotonic() - t0 >= 0.4
 
 
 def test_the_extensions_dir_is_one_shared_cache_per_environment(monkeypatch):
