@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import io
 import math
 import os
 import sys
@@ -29,7 +28,7 @@ import torch.distributed as dist
 from rredcot.common.config import LearnerConfig
 from rredcot.common.onednn import bound_primitive_cache
 from rredcot.common.precision import resolve_dtype
-from rredcot.learner.extensions import await_build_locks, extensions_dir, holding_shm_op
+from rredcot.learner.extensions import await_build_locks, extensions_dir, load_shm_op
 from rredcot.learner.logprobs import TokenLogProbs, model_inputs
 from rredcot.learner.loss import LossSettings, Stats, policy_loss, sample_coefficients
 from rredcot.learner.packing import BudgetError, MicroBatch, TrainSample, micro_batches
@@ -70,12 +69,7 @@ def init_distributed(store: dist.Store | None = None) -> tuple[int, int]:
     root = extensions_dir()
     await_build_locks(root)
     if not torch.cuda.is_available():
-        from deepspeed.comm.torch import build_shm_op
-
-        # loaded here, once a process (DeepSpeed keeps it), inside the window that lets a lock a killed
-        # learner left be told from a load in progress (learner.extensions); it prints a line when loaded
-        with holding_shm_op(root), contextlib.redirect_stdout(io.StringIO()):
-            build_shm_op()
+        load_shm_op(root)
     for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
         os.environ.setdefault(k, v)
     if store is None and os.environ["WORLD_SIZE"] == "1":

@@ -5,8 +5,8 @@ or checks the build, and every other process that needs the op waits until the l
 with no time limit: a process killed meanwhile (a SIGKILLed learner, a stopped run, a lost node)
 leaves the lock behind, and every later start on that machine hangs there for good.
 :func:`await_build_locks` waits for a build in progress and removes a lock older than any build
-takes; and a learner loads DeepSpeed's shared-memory op inside :func:`holding_shm_op`, so that a lock
-of that op which no living learner can hold is removed at once.
+takes; and a learner loads DeepSpeed's shared-memory op with :func:`load_shm_op`, inside
+:func:`holding_shm_op`, so that a lock of that op which no living learner can hold is removed at once.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import hashlib
 import importlib.util
+import io
 import logging
 import os
 import shutil
@@ -123,3 +124,13 @@ def holding_shm_op(root: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def load_shm_op(root: Path) -> None:
+    """Load DeepSpeed's shared-memory op (building it where needed) inside ``holding_shm_op``, so that a
+    lock this process leaves if killed meanwhile is told from a load in progress; DeepSpeed keeps the
+    op for the process, and the line it prints when loaded is dropped."""
+    from deepspeed.comm.torch import build_shm_op
+
+    with holding_shm_op(root), contextlib.redirect_stdout(io.StringIO()):
+        build_shm_op()
