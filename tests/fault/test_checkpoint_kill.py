@@ -1,7 +1,10 @@
 """``rredcot train`` SIGKILLed while its learner writes a checkpoint (a ``step-….partial`` exists),
 then ``run.resume=auto`` (issue 62, item 3, the issue's own command: ``model.path=tiny-qwen3``,
 whose rewards are all 0, so every step is skipped): the resumed run trains every admitted group
-once, leaves none in flight, and only then says ``finished``.
+once, leaves none in flight, and only then says ``finished``; the killed driver's Ray processes that
+outlived it (its agents) are ended by the resumed run's start. (One run for both: the killed driver's
+leftovers and the resume's ledger were a second whole run of their own, 2 start-ups of the suite's
+slowest worker, which this one already pays.)
 
 A kill can land between a generator's write of a group and its removal from the generator's
 in-flight set (or between a redistributor's write and its ack): the resumed run then makes the
@@ -24,6 +27,7 @@ from omegaconf import OmegaConf
 from rredcot.common.control import RunControl
 from rredcot.common.ledger import group_id
 from rredcot.common.streams import connect, key
+from rredcot.launch.leftovers import SESSION_FILE, session_processes
 from rredcot.launch.services import EmbeddedRedis
 from tests.integration.test_train_stop import signal_when, start_train
 
@@ -61,6 +65,7 @@ def test_a_driver_killed_during_a_checkpoint_write_resumes_and_trains_every_grou
     proc = start_train(tmp_path, *OVERRIDES)
     signal_when(proc, lambda: _writing_a_checkpoint(run_dir), signal.SIGKILL, tmp_path, 400)
     assert not (run_dir / "report" / "summary.json").exists()  # killed: no report
+    session = (run_dir / SESSION_FILE).read_text()  # its local Ray, whose agents outlive the driver
     _server_gone(OmegaConf.load(run_dir / "config.yaml").redis.url.replace("***", PASSWORD))
 
     # the killed run's state, from its append-only file: a group it trained goes back into gen0's
@@ -90,6 +95,8 @@ def test_a_driver_killed_during_a_checkpoint_write_resumes_and_trains_every_grou
     assert ledger["balanced"] and ledger["missing"] == [] and ledger["admitted"] == prompts, ledger
     assert (ledger["trained"], ledger["dead"], ledger["rejected"], ledger["in_flight"]) == (prompts, 0, 0, 0), ledger
     assert "resumed from" in (run_dir / "logs" / "learner0.log").read_text()  # not a fresh start
+    assert session_processes(session) == []  # the resumed run ended what the killed driver left running
+    assert "an earlier driver of this run left behind" in (tmp_path / "console.log").read_text()
 
     server = EmbeddedRedis(run_dir / "redis", password=PASSWORD).start()  # what the run left, read back
     try:
