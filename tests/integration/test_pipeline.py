@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -17,13 +16,9 @@ from rredcot.launch.checks.doctor import PreflightError
 from rredcot.launch.driver import train
 from rredcot.launch.plan import PlanError
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
 def local_ray():
-    # the workers import the config's own modules (tests.extensions.*) as a user's package would be
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
@@ -84,41 +79,33 @@ def assert_every_sample_trained_once(redis_client, run_id: str, cfg, eta: int) -
     return learner
 
 
-# (rredcot, η = 1, file) runs on the fake two-node cluster (test_pipeline_multinode.py); the grpo run
-# trains on docs/extending.md's example task, a module outside rredcot named in the config
-@pytest.mark.parametrize(
-    ("method", "eta", "transport", "task"),
-    [("rredcot", 2, "ipc", "arith"), ("grpo", 0, "collective", "tests.extensions.double")],
-)
 def test_pipeline_trains_every_sample_once_within_the_staleness_bound(
-    local_ray, redis_server, redis_client, run_id, tmp_path, method, eta, transport, task
+    local_ray, redis_server, redis_client, run_id, tmp_path
 ):
+    """rredcot credit, η = 2, weights through the shared-memory slots. (GRPO, η = 0 and the collective
+    transport, on a task from outside rredcot, train on the fake two-node cluster:
+    test_pipeline_multinode.py.)"""
+    eta = 2
     cfg, report = _run(
         tmp_path,
         redis_server,
         run_id,
-        f"task.name={task}",
-        f"credit.method={method}",
+        "credit.method=rredcot",
         f"staleness.eta={eta}",
         "run.steps=4",
         "learner.skip_zero_advantage=false",
-        f"generation.weight_transport={transport}",
+        "generation.weight_transport=ipc",
         "credit.save_traces=3",  # the report's heatmaps
     )
     learner = assert_every_sample_trained_once(redis_client, run_id, cfg, eta)
     gens, _, _ = _workers(redis_client, run_id)
-    if transport == "ipc":  # every version went through the shared slots: the only file is the last version's
-        assert learner["broadcast_fallbacks"] == 0 and all(g["weight_updates"] >= 1 for g in gens)
-        files = sorted(p.name for p in (tmp_path / run_id / "weights").iterdir())
-        assert files == [f"weights-v{int(learner['version']):08d}.safetensors"], files
-        assert not list(Path("/dev/shm").glob(f"rredcot-{run_id}-*-slot*"))  # freed when the learner ended
-    if transport == "collective":  # every version went over the group, the last one included
-        assert learner["broadcast_fallbacks"] == 0 and learner["broadcast_send_s_total"] > 0
-        assert [g["version"] for g in gens] == [learner["version"]] * len(gens)
-        assert all(g["weight_updates"] >= learner["version"] for g in gens)
+    # every version went through the shared slots: the only file is the last version's
+    assert learner["broadcast_fallbacks"] == 0 and all(g["weight_updates"] >= 1 for g in gens)
+    files = sorted(p.name for p in (tmp_path / run_id / "weights").iterdir())
+    assert files == [f"weights-v{int(learner['version']):08d}.safetensors"], files
+    assert not list(Path("/dev/shm").glob(f"rredcot-{run_id}-*-slot*"))  # freed when the learner ended
     assert (report / "summary.md").exists() and (report / "curves.png").stat().st_size > 10_000
-    if method == "rredcot":
-        assert any(report.glob("heatmap_*.html"))  # the report shows where credit landed
+    assert any(report.glob("heatmap_*.html"))  # the report shows where credit landed
     assert (report / "final_model" / "config.json").exists()
 
 

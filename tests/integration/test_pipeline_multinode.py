@@ -1,23 +1,31 @@
 """The pipeline on a fake two-node Ray cluster (``ray.cluster_utils.Cluster``), as a cluster user starts
 it: no ``redis.url`` (the driver's own Redis, with a password), tiers spread over the nodes, two learner
-ranks on different nodes, weights through the collective transport, rredcot credit, η = 1, held-out
-evaluations. The second node has two GPUs (Ray's resource only: its engines still run on this CPU):
-the generator and the evaluator take one each there, from the plan's bundles. One run, since each
-costs a Ray cluster and every tier's start-up."""
+ranks on different nodes, weights through the collective transport, GRPO, η = 0, held-out
+evaluations, on docs/extending.md's example task (a module outside rredcot named in the config, which
+the workers import as a user's package). The second node has two GPUs (Ray's resource only: its
+engines still run on this CPU): the generator and the evaluator take one each there, from the plan's
+bundles. One run, since each costs a Ray cluster and every tier's start-up (rredcot credit, η = 2 and
+the shared-memory slots: test_pipeline.py)."""
 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import ray
 
 from rredcot.common.config import load_config
 from rredcot.launch.driver import train
 
+ROOT = Path(__file__).resolve().parents[2]
 
-def test_two_nodes_spread_tiers_and_learner_ranks_and_train_every_sample_once(tmp_path):
+
+def test_two_nodes_spread_tiers_and_learner_ranks_and_train_every_sample_once(tmp_path, monkeypatch):
     from ray.cluster_utils import Cluster
 
+    # the nodes' workers import the config's own module (tests.extensions.double) as a user's package
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 3, "include_dashboard": False})
     # 7 CPUs for 7 bundle CPUs: the GPU node holds the generator's and the evaluator's bundles and one
     # learner rank's (2 CPUs), the head the other rank's and the redistributor's: ranks cannot share a node
@@ -31,8 +39,9 @@ def test_two_nodes_spread_tiers_and_learner_ranks_and_train_every_sample_once(tm
                 "logging.progress=false",
                 "data.eval_size=5",
                 "run.steps=2",
-                "credit.method=rredcot",
-                "staleness.eta=1",
+                "task.name=tests.extensions.double",
+                "credit.method=grpo",
+                "staleness.eta=0",
                 "learner.skip_zero_advantage=false",
                 "cluster.nodes=2",
                 "cluster.placement=spread",
@@ -68,7 +77,11 @@ def test_two_nodes_spread_tiers_and_learner_ranks_and_train_every_sample_once(tm
     assert all(v["samples_trained"] == generated and v["duplicates"] == 0 for v in learners)  # the global batch
     assert all(v["step"] == v["version"] == cfg.run.steps for v in learners)
     assert max(v["staleness_max"] for v in learners) <= cfg.staleness.eta
-    assert workers["learner0"]["broadcast_fallbacks"] == 0  # the group carried every version
+    # every version went over the group, the last one included, with no fallback to files
+    assert workers["learner0"]["broadcast_fallbacks"] == 0 and workers["learner0"]["broadcast_send_s_total"] > 0
     assert [g["version"] for g in gens] == [cfg.run.steps]
+    assert all(g["weight_updates"] >= cfg.run.steps for g in gens)
+    report = run / "report"
+    assert (report / "curves.png").stat().st_size > 10_000 and (report / "final_model" / "config.json").exists()
     driver_log = (run / "logs" / "driver.log").read_text()
     assert "embedded Redis at redis://:***@" in driver_log and "password: random for this run" in driver_log
