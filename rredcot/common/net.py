@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import socket
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import psutil
-import torch.distributed as dist
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -38,4 +41,6 @@ def hosted_store(address: str, world: int, timeout: timedelta) -> dist.TCPStore:
     server = socket.create_server((address, 0), backlog=max(128, world))
     port = server.getsockname()[1]
     fd = server.detach()  # the store owns the listening socket from here
+    import torch.distributed as dist  # here, not at import: the driver and the CLI use the rest, not torch
+
     return dist.TCPStore(address, port, world, True, timeout, wait_for_workers=False, master_listen_fd=fd)

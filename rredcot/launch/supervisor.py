@@ -11,9 +11,10 @@ run stops and says how to resume it.
 
 A learner rank that *raises* is a failure of the run, unless a peer's process died with it (a
 rank's collective fails when its peer dies): the driver gives the peers ``PEER_DEATH_WAIT_S`` to
-show that. A peer on a lost node shows its death only once Ray declares the node dead, after its
-health checks fail (by default 5 checks 3 s apart: 15 s, more on a loaded head), so the wait is
-longer than that: a shorter one stopped the run where a restart would have gone on.
+show that. A peer on a lost node shows its death as soon as its RPC socket closes (unavailable,
+``process_died``) or once Ray declares the node dead, after its health checks fail (by default 5
+checks 3 s apart: 15 s, more on a loaded head), so the wait is longer than that: a shorter one
+stopped the run where a restart would have gone on.
 """
 
 from __future__ import annotations
@@ -191,9 +192,17 @@ def peer_death(peers: dict[Any, int], wait_s: float) -> str | None:
 
 
 def process_died(error: BaseException) -> bool:
-    """Whether a worker's call failed because its process died (killed, out of memory, a GPU fault),
-    which a restart can cure; not when its constructor raised (a bad checkpoint, a missing model):
-    that would fail again at every restart."""
-    from ray.exceptions import ActorDiedError
+    """Whether a worker's call failed because its process died or became unreachable (killed, out of
+    memory, a GPU fault, its node lost), which a restart can cure; not when its constructor raised (a
+    bad checkpoint, a missing model): that would fail again at every restart.
 
+    A rank on a lost node often fails first as *unavailable* (``ActorUnavailableError``: its RPC
+    socket closed), seconds before Ray declares its node dead; its call's result is lost either way
+    and its group's collectives are broken, so it counts as a death. (Taken as a failure of its own, it
+    stopped a run that a restart of the learner tier would have carried on: the node-lost test under
+    the suite's load.)"""
+    from ray.exceptions import ActorDiedError, ActorUnavailableError
+
+    if isinstance(error, ActorUnavailableError):
+        return True
     return isinstance(error, ActorDiedError) and not error.actor_init_failed

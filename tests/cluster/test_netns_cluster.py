@@ -138,6 +138,7 @@ def test_two_learner_ranks_bind_the_cluster_address_and_a_node_lost_mid_run_lose
     print(f"{lost} lost (a learner rank's node): the run {'stopped' if code else 'went on'}")
     if code:  # stopped: one line says why, and a resume finishes with nothing lost
         errors = [line for line in said.splitlines() if line.startswith("rredcot:")]
+        print("stopped with:", errors)
         assert len(errors) == 1 and "learner" in errors[0], said[-4000:]
         resumed = rredcot(cluster, *args, "run.resume=auto", nodes=4, run_dir="lost")
         out = resumed.stdout + resumed.stderr

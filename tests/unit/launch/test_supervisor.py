@@ -8,7 +8,7 @@ import time
 
 import pytest
 import ray
-from ray.exceptions import ActorDiedError, RayTaskError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
 
 from rredcot.launch.supervisor import peer_death, process_died
 
@@ -28,6 +28,8 @@ def test_a_dead_process_is_restarted_and_a_failed_constructor_is_not():
     killed = ActorDiedError()  # the process went away (SIGKILL, OOM killer): Ray's system-level death
     bad_start = ActorDiedError(RayTaskError("StageWorker.__init__", "Traceback ...", ValueError("bad checkpoint")))
     assert process_died(killed)
+    # a rank on a lost node, before Ray declares the node dead: its socket closed, its call's result lost
+    assert process_died(ActorUnavailableError("RPC error: Socket closed", None))
     assert not process_died(bad_start)  # it would raise again at every restart
     assert not process_died(RuntimeError("a peer's collective failed"))
 
