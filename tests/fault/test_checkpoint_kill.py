@@ -2,9 +2,8 @@
 then ``run.resume=auto`` (issue 62, item 3, the issue's own command: ``model.path=tiny-qwen3``,
 whose rewards are all 0, so every step is skipped): the resumed run trains every admitted group
 once, leaves none in flight, and only then says ``finished``; the killed driver's Ray processes that
-outlived it (its agents) are ended by the resumed run's start. (One run for both: the killed driver's
-leftovers and the resume's ledger were a second whole run of their own, 2 start-ups of the suite's
-slowest worker, which this one already pays.)
+outlived it (its agents) are ended by the resumed run's start (one killed driver checks both: each
+whole run costs every tier's start-up twice).
 
 A kill can land between a generator's write of a group and its removal from the generator's
 in-flight set (or between a redistributor's write and its ack): the resumed run then makes the
