@@ -64,17 +64,18 @@ def init_distributed(store: dist.Store | None = None) -> tuple[int, int]:
     """
     import deepspeed
 
-    if not torch.cuda.is_available():
+    gpu = torch.cuda.is_available()
+    if not gpu:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     root = extensions_dir()
     await_build_locks(root)
-    if not torch.cuda.is_available():
+    if not gpu:  # DeepSpeed's shared-memory op is for CPU collectives: nothing to load on a GPU
         load_shm_op(root)
     for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
         os.environ.setdefault(k, v)
     if store is None and os.environ["WORLD_SIZE"] == "1":
         store = dist.HashStore()  # one rank: an in-process store, no socket (env:// would listen on every interface)
-    if torch.cuda.is_available():  # the rank's GPU, before anything picks one (NCCL, ZeRO-3's loading, comm_device)
+    if gpu:  # the rank's GPU, before anything picks one (NCCL, ZeRO-3's loading, comm_device)
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     from deepspeed.utils import groups
 
@@ -83,7 +84,7 @@ def init_distributed(store: dist.Store | None = None) -> tuple[int, int]:
         # Another library in this process (vLLM tears down its world group on shutdown, and makes a
         # new one for its next engine) may have replaced the group DeepSpeed cached: drop it.
         groups._release_process_group_references()
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    backend = "nccl" if gpu else "gloo"
     if not dist.is_initialized() and store is not None:
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         dist.init_process_group(backend, store=store, rank=rank, world_size=world)

@@ -125,12 +125,13 @@ def test_the_runs_own_ray_beside_another_listens_on_loopback_at_the_drivers_prio
         said: dict[str, str] = {}
         line = proc.stdout.readline()
         while line and not line.startswith("ready"):
-            said |= dict([line.split(" ", 1)]) if " " in line else {}
+            key, _, value = line.partition(" ")
+            said[key] = value.strip()
             line = proc.stdout.readline()
         assert line.startswith("ready"), f"the driver's Ray and Redis did not start: {said}"
-        assert said["warned"].strip() == "True"  # the checks named the other Ray
-        assert not said["gcs"].strip().endswith(f":{port}")  # its own Ray, not the head's
-        assert said["idle"].strip() == "0"
+        assert said["warned"] == "True"  # the checks named the other Ray
+        assert not said["gcs"].endswith(f":{port}")  # its own Ray, not the head's
+        assert said["idle"] == "0"
         driver, worker = (int(v) for v in said["niceness"].split())
         assert worker == driver, f"Ray workers at niceness {worker}, the driver at {driver}"
 
