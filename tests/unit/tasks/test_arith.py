@@ -71,7 +71,7 @@ def test_held_out_problems_have_no_twin_in_training_and_the_example_is_in_neithe
         cfg = load_config(name, [f"run.seed={seed}"])
         task = build_task(cfg.task)
         train, held = train_and_held_out(task, cfg.data, cfg.run.seed)
-        assert len(held) == 40 and not _twins(held) & _twins(train), name
+        assert len(held) == cfg.data.eval_size > 0 and not _twins(held) & _twins(train), name
         assert _twin(task.example.problem) not in _twins(train) | _twins(held), name
 
 
