@@ -3,6 +3,8 @@ wait policy when torch loads it, which is before a worker's own code runs."""
 
 from __future__ import annotations
 
+import pytest
+
 from rredcot.launch.stages import process_options
 
 
@@ -15,8 +17,13 @@ class InitialEnvironment:
         return dict(pairs)
 
 
-def test_a_workers_process_starts_with_a_passive_openmp_wait(ray_local, monkeypatch):
+@pytest.fixture
+def no_wait_policy(monkeypatch):
+    """No policy in the environment Ray starts with (the test processes' own is passive: tests/__init__.py)."""
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+
+
+def test_a_workers_process_starts_with_a_passive_openmp_wait(no_wait_policy, ray_local):
     ray = ray_local
     plain = ray.remote(InitialEnvironment).options(num_cpus=0).remote()
     worker = ray.remote(InitialEnvironment).options(num_cpus=0, **process_options()).remote()
