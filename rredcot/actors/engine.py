@@ -131,17 +131,20 @@ class EngineSpec:
     stop_strings: bool = False
 
     @classmethod
-    def from_config(cls, cfg: Config, seed_offset: int = 0, seeded: bool = False, gpus: float = 0.0) -> EngineSpec:
+    def from_config(
+        cls, cfg: Config, seed_offset: int = 0, seeded: bool = False, gpus: float = 0.0, kv_cache_bytes: int = 0
+    ) -> EngineSpec:
         """The run's engine on ``gpus`` GPUs (its tier's ``cluster.gpus_per_<tier>``): ``model.*`` and
-        ``generation.*``, seeded ``run.seed + seed_offset`` (hashed with ``run.sampling_seed`` when that
-        is set), tensor-parallel over the GPUs when there are several."""
+        ``generation.*`` (its KV cache ``kv_cache_bytes`` when not 0), seeded ``run.seed + seed_offset``
+        (hashed with ``run.sampling_seed`` when that is set), tensor-parallel over the GPUs when there
+        are several."""
         r = cfg.run
         # vLLM seeds numpy with it: it must fit 32 bits
         seed = r.seed + seed_offset if not r.sampling_seed else seed_of(r.seed, r.sampling_seed, seed_offset) % 2**32
         return cls(
             resolve_model_path(cfg.model.path, seed=cfg.run.seed),
             max_model_len=cfg.model.max_model_len,
-            kv_cache_bytes=cfg.generation.kv_cache_bytes,
+            kv_cache_bytes=kv_cache_bytes or cfg.generation.kv_cache_bytes,
             dtype=resolve_dtype(cfg.model.dtype).dtype,
             seed=seed,
             block_size=cfg.generation.kv_block_size,

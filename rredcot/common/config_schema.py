@@ -259,6 +259,9 @@ class LoggingConfig:
     eval_every: int = bounded(0, 0, COUNT_MAX)  # learner steps between held-out evaluations (0: start and end)
     # every evaluation also measures the first N training problems: how well the policy fits what it trains on
     eval_train: int = bounded(0, 0, COUNT_MAX)
+    # the evaluator's vLLM KV cache (0: generation.kv_cache_bytes): room for the whole evaluation at once
+    # is fewer, wider decoding steps (benchmarks.md)
+    eval_kv_cache_bytes: int = bounded(0, 0, BYTES_MAX)
 
 
 @dataclass

@@ -152,6 +152,13 @@ def paired_change(before: list[float], after: list[float]) -> tuple[float, float
     return mean_ci([a - b for b, a in zip(before, after, strict=True)], clip=None)
 
 
+def evaluator_spec(cfg: Config) -> EngineSpec:
+    """The evaluator's engine: the run's (``EngineSpec.from_config``, its own seed) on its own GPUs, with
+    ``logging.eval_kv_cache_bytes`` of KV cache when that is set."""
+    gpus = cfg.cluster.gpus_per_evaluator
+    return EngineSpec.from_config(cfg, seed_offset=1, gpus=gpus, kv_cache_bytes=cfg.logging.eval_kv_cache_bytes)
+
+
 class Evaluator:
     """Ray actor body: a vLLM engine that follows the run's published weights for evaluations,
     started like every stage's worker (``launch.stages.start_worker_process``: ``logs/eval.log``,
@@ -163,7 +170,7 @@ class Evaluator:
     def __init__(self, cfg: dict[str, Any], env: dict[str, str]) -> None:
         self.cfg = c = start_worker_process("eval", cfg, env)
         run = RunContext.connect(c, "the evaluator")  # before the engine: a missing redis.url fails at once
-        self.engine = Engine(EngineSpec.from_config(c, seed_offset=1, gpus=c.cluster.gpus_per_evaluator))
+        self.engine = Engine(evaluator_spec(c))
         self.control = run.control
         self.verifier = Verifier.from_config(c)
         train, self.problems = train_and_held_out(self.verifier.task, c.data, c.run.seed)

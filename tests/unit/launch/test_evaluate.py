@@ -5,7 +5,7 @@ import pytest
 
 from rredcot.actors.engine import Engine, EngineSpec
 from rredcot.common.config import load_config
-from rredcot.launch.evaluate import evaluate, mean_ci, paired_change
+from rredcot.launch.evaluate import evaluate, evaluator_spec, mean_ci, paired_change
 from rredcot.models.store import load_tokenizer, qwen_tokenizer_dir, save_model_dir
 from rredcot.models.tiny import build_tiny_model
 from rredcot.tasks.data import Problem
@@ -19,6 +19,14 @@ def test_mean_ci_hand_computed():
     assert mean_ci([1.0, 1.0]) == (1.0, 1.0, 1.0)
     assert mean_ci([0.7]) == (0.7, 0.7, 0.7)
     assert mean_ci([1.0, 1.0, 0.0])[2] == 1.0  # clipped to [0, 1]
+
+
+def test_the_evaluators_kv_cache_is_its_own_when_set_and_the_generators_otherwise(tmp_path):
+    base = ["model.path=" + str(tmp_path), "generation.kv_cache_bytes=67108864"]  # a directory: nothing built
+    assert evaluator_spec(load_config("tests", base)).kv_cache_bytes == 64 * 2**20
+    spec = evaluator_spec(load_config("tests", [*base, "logging.eval_kv_cache_bytes=1073741824"]))
+    assert spec.kv_cache_bytes == 2**30
+    assert spec.seed == EngineSpec.from_config(load_config("tests", base), seed_offset=1).seed  # its own stream
 
 
 def test_paired_change_cancels_problem_difficulty():
