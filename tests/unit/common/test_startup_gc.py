@@ -1,0 +1,71 @@
+"""The start-up's collector: off inside the block, as it was after, and what the block made frozen."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import weakref
+
+import pytest
+
+from rredcot.common.startup_gc import collector_off, import_frozen
+
+
+class Node:
+    """An object in a reference cycle: only the cyclic collector frees it."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+@pytest.fixture
+def collector_on():
+    """The collector on for the test, and as the test found it after."""
+    enabled = gc.isenabled()
+    gc.enable()
+    yield
+    (gc.enable if enabled else gc.disable)()
+
+
+def test_the_block_runs_without_the_collector_and_what_it_made_is_frozen(collector_on):
+    frozen = gc.get_freeze_count()
+    with collector_off():
+        assert not gc.isenabled()
+        made = Node()
+    assert gc.isenabled()
+    assert gc.get_freeze_count() > frozen  # the cycle made in the block (and whatever lived before)
+    kept, after = weakref.ref(made), Node()
+    freed = weakref.ref(after)
+    del made, after
+    gc.collect()
+    assert kept() is not None and freed() is None  # a frozen cycle outlives a full collection; a later one does not
+
+
+def test_a_collector_that_was_off_stays_off():
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with collector_off():
+            pass
+        assert not gc.isenabled()
+    finally:
+        (gc.enable if enabled else gc.disable)()
+
+
+def test_the_collector_comes_back_when_the_block_fails(collector_on):
+    with pytest.raises(RuntimeError), collector_off():
+        raise RuntimeError("a start-up that failed")
+    assert gc.isenabled()
+
+
+def test_only_a_modules_first_import_freezes(tmp_path, monkeypatch, collector_on):
+    (tmp_path / "rredcot_gc_probe.py").write_text("class Probe:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "rredcot_gc_probe", raising=False)
+    frozen = gc.get_freeze_count()
+    module = import_frozen("rredcot_gc_probe")
+    assert module.Probe.__name__ == "Probe" and sys.modules["rredcot_gc_probe"] is module
+    assert gc.get_freeze_count() > frozen
+    frozen = gc.get_freeze_count()
+    assert import_frozen("rredcot_gc_probe") is module
+    assert gc.get_freeze_count() == frozen  # loaded already: nothing more frozen
