@@ -103,7 +103,8 @@ def run_stage(cfg: Config, tier: str, rank: int = 0) -> dict[str, float]:
             f"started, has room for --index 0..{n - 1}; add generators by hand with generation.weight_transport=file"
         )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    stage = build_stage(tier, cfg, rank)
+    with collector_off():  # its imports and build, as a Ray worker's (StageWorker)
+        stage = build_stage(tier, cfg, rank)
     try:
         summary = stage.run()
     finally:

@@ -19,16 +19,19 @@ import os
 import sys
 from pathlib import Path
 
-import redis
-import torch
-from safetensors.torch import save_file
+from rredcot.common.startup_gc import collector_off
 
-from rredcot.common.config import LearnerConfig
-from rredcot.learner.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from rredcot.learner.engine import LearnerEngine
-from rredcot.learner.weights import full_state, publish
-from rredcot.transports.file import FilePublisher
-from tests.learner_samples import file_size_limit, random_samples, tiny_lm
+with collector_off():  # a rank's imports, as a learner worker's (launch.stages.StageWorker)
+    import redis
+    import torch
+    from safetensors.torch import save_file
+
+    from rredcot.common.config import LearnerConfig
+    from rredcot.learner.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+    from rredcot.learner.engine import LearnerEngine
+    from rredcot.learner.weights import full_state, publish
+    from rredcot.transports.file import FilePublisher
+    from tests.learner_samples import file_size_limit, random_samples, tiny_lm
 
 
 def main(spec: dict) -> None:
@@ -40,7 +43,8 @@ def main(spec: dict) -> None:
         logprob_chunk=spec.get("chunk", 4096),
         zero3_persistence_threshold=0,
     )
-    engine = LearnerEngine(tiny_lm(0), cfg)
+    with collector_off():
+        engine = LearnerEngine(tiny_lm(0), cfg)
     if spec.get("resume"):
         load_checkpoint(engine, spec["resume"])
     client = redis.Redis.from_url(spec["redis_url"]) if spec.get("redis_url") else None

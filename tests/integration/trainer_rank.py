@@ -13,15 +13,19 @@ import json
 import os
 import sys
 
-from rredcot.common.config import load_config
-from rredcot.learner.trainer import Trainer
+from rredcot.common.startup_gc import collector_off
+
+with collector_off():  # a rank's imports, as a learner worker's (launch.stages.StageWorker)
+    from rredcot.common.config import load_config
+    from rredcot.learner.trainer import Trainer
 
 DIED = 3
 
 
 def main(spec: dict) -> None:
     rank = int(os.environ["RANK"])
-    trainer = Trainer(load_config("tests", spec["overrides"]), name=f"learner{rank}", rank=rank)
+    with collector_off():
+        trainer = Trainer(load_config("tests", spec["overrides"]), name=f"learner{rank}", rank=rank)
     die_at = spec.get("die_at")
     if die_at is not None:
         while trainer.step + 1 < die_at:
