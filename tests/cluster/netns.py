@@ -42,6 +42,7 @@ PREFIX = "rrcl"  # every namespace of a harness: rrcl<pid>-<node>, <pid> the tes
 ROOT_PREFIX = "rrcl"  # and its directory: <tmp>/rrcl<pid>-<random>
 IFACE = "cl0"  # each node's cluster-network interface
 JOIN_TIMEOUT_S = 180.0
+GCS_NODES = REPO / "tests" / "cluster" / "gcs_nodes.py"  # the nodes alive, from the head's GCS
 # Ray's worker processes (actors) listen on a port of this range (their gRPC server, on every
 # interface: Ray's, not rredcot's), so a listening socket of an actor outside it is of its own making
 RAY_WORKER_PORTS = (10002, 10999)
@@ -178,6 +179,7 @@ class Cluster:
         self.nodes: dict[str, Node] = {}
         self.bin = BIN  # the checkout's .venv/bin: rredcot, ray
         self.port = 6379  # each node has its own stack: Ray's default port clashes with nothing
+        self._gcs: subprocess.Popen | None = None  # asks the head's GCS which nodes are alive (nodes_alive)
         self.token = self.root / "auth_token"  # the cluster's, as slurm.sbatch makes one for a job
         self.token.write_text(secrets.token_hex(32))
         self.switch = f"{PREFIX}{self.owner}-sw"
@@ -248,11 +250,14 @@ class Cluster:
         command = f"hostname {node.name} && {command}"  # a host name of its own (a UTS namespace)
         return ["ip", "netns", "exec", node.netns, "unshare", "--uts", "bash", "-c", command]
 
-    def run(self, name: str, command: str, timeout: float = 300, **env: str | None) -> subprocess.CompletedProcess:
+    def run(
+        self, name: str, command: str, timeout: float = 300, input_text: str | None = None, **env: str | None
+    ) -> subprocess.CompletedProcess:
         return subprocess.run(
             self.wrap(self.nodes[name], command),
             cwd=self.root,
             env=self.env(**env),
+            input=input_text,
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -316,14 +321,32 @@ class Cluster:
 
     def alive(self) -> int:
         """How many Ray nodes the head's GCS holds alive."""
-        out = self.run("head", f"ray status --address {self.address}", RAY_AUTH_MODE="token").stdout
-        active = out.split("Active:")[-1].split("Pending:")[0]
-        return sum(line.strip().startswith("1 node_") for line in active.splitlines())
+        return len(self.nodes_alive())
+
+    def nodes_alive(self) -> dict[str, str]:
+        """Ray's node id -> address of each node the head's GCS holds alive, asked of one process in the
+        head's namespace that the harness keeps (``tests/cluster/gcs_nodes.py``)."""
+        if self._gcs is None or self._gcs.poll() is not None:
+            with open(self.root / "gcs_nodes.log", "a") as log:
+                self._gcs = subprocess.Popen(
+                    self.wrap(self.nodes["head"], f"exec {BIN}/python {GCS_NODES} {self.address}"),
+                    cwd=self.root,
+                    env=self.env(RAY_AUTH_MODE="token"),
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    text=True,
+                )
+        self._gcs.stdin.write("\n")
+        self._gcs.stdin.flush()
+        line = self._gcs.stdout.readline()
+        assert line, f"the GCS query ended: {(self.root / 'gcs_nodes.log').read_text()[-2000:]}"
+        return json.loads(line)
 
     def wait_for(self, procs: dict[str, subprocess.Popen], count: int) -> None:
         """Until the head counts ``count`` nodes alive, while the launch scripts ``procs`` run. The head
-        is asked (``ray status``: a Python process importing Ray, 2 CPU-s on these machines) only once
-        every script has said ``Ray runtime started``: asked every second, it took CPU from the nodes
+        is asked only once every script has said ``Ray runtime started``: asked every second by ``ray
+        status`` (a Python process importing Ray, 2 CPU-s on these machines), it took CPU from the nodes
         it waited for."""
         deadline = time.monotonic() + JOIN_TIMEOUT_S
         while True:
@@ -380,22 +403,26 @@ class Cluster:
         return found
 
     def node_names(self, **env: str | None) -> dict[str, str]:
-        """Ray's node id of each harness node alive (by its address): placement.json names nodes by id."""
-        code = (
-            "import json, ray; ray.init(logging_level='ERROR'); "  # RAY_ADDRESS
-            "print(json.dumps({n['NodeID']: n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']}))"
-        )
-        env = {"RAY_ADDRESS": self.address, "RAY_AUTH_MODE": "token", **env}
-        done = self.run("head", f'{self.bin}/python -c "{code}"', 120, **env)
-        assert done.returncode == 0, done.stderr[-2000:]
+        """Ray's node id of each harness node alive (by its address): placement.json names nodes by id.
+        With ``env`` (another token's place), asked once by a process of its own."""
+        if env:
+            query = f"{BIN}/python {GCS_NODES} {self.address}"
+            done = self.run("head", query, 120, input_text="\n", RAY_AUTH_MODE="token", **env)
+            assert done.returncode == 0, done.stderr[-2000:]
+            alive = json.loads(done.stdout.strip().splitlines()[-1])
+        else:
+            alive = self.nodes_alive()
         by_ip = {node.ip: name for name, node in self.nodes.items()}
-        return {node_id: by_ip[ip] for node_id, ip in json.loads(done.stdout.strip().splitlines()[-1]).items()}
+        return {node_id: by_ip[ip] for node_id, ip in alive.items()}
 
     @property
     def address(self) -> str:
         return f"{self.nodes['head'].ip}:{self.port}"
 
     def close(self) -> None:
+        if self._gcs is not None:
+            self._gcs.kill()
+            self._gcs.wait(10)
         try:
             for name in list(self.nodes):
                 if name != "head":
