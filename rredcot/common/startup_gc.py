@@ -35,6 +35,20 @@ def collector_off() -> Iterator[None]:
             gc.enable()
 
 
+@contextlib.contextmanager
+def collector_on() -> Iterator[None]:
+    """The block runs with the collector on, whatever it was, and nothing is frozen after: for work
+    inside a start-up that is not start-up (building a model on first use, an SFT of minutes), whose
+    garbage must be collected, not kept for the process's life."""
+    enabled = gc.isenabled()
+    gc.enable()
+    try:
+        yield
+    finally:
+        if not enabled:
+            gc.disable()
+
+
 def import_frozen(name: str) -> ModuleType:
     """Module ``name``; its first import runs under ``collector_off`` (later ones find it loaded and
     freeze nothing: a process that builds engine after engine keeps its own garbage collectable)."""

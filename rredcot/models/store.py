@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rredcot.common.registry import MODELS
+from rredcot.common.startup_gc import collector_on
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ def build_once(out: Path, build: Callable[[Path], None], recipe: dict[str, Any])
         log.info("building %s once on this machine (its first use; minutes for a warm-started model)", out)
         start = time.monotonic()
         tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-        with every_core():
+        with every_core(), collector_on():  # minutes of work, inside a worker's start (common.startup_gc)
             build(tmp)
         (tmp / marker.name).write_text(json.dumps(recipe))
         tmp.rename(out)

@@ -8,7 +8,7 @@ import weakref
 
 import pytest
 
-from rredcot.common.startup_gc import collector_off, import_frozen
+from rredcot.common.startup_gc import collector_off, collector_on, import_frozen
 
 
 class Node:
@@ -19,7 +19,7 @@ class Node:
 
 
 @pytest.fixture
-def collector_on():
+def collector_enabled():
     """The collector on for the test, and as the test found it after."""
     enabled = gc.isenabled()
     gc.enable()
@@ -27,7 +27,7 @@ def collector_on():
     (gc.enable if enabled else gc.disable)()
 
 
-def test_the_block_runs_without_the_collector_and_what_it_made_is_frozen(collector_on):
+def test_the_block_runs_without_the_collector_and_what_it_made_is_frozen(collector_enabled):
     frozen = gc.get_freeze_count()
     with collector_off():
         assert not gc.isenabled()
@@ -52,13 +52,13 @@ def test_a_collector_that_was_off_stays_off():
         (gc.enable if enabled else gc.disable)()
 
 
-def test_the_collector_comes_back_when_the_block_fails(collector_on):
+def test_the_collector_comes_back_when_the_block_fails(collector_enabled):
     with pytest.raises(RuntimeError), collector_off():
         raise RuntimeError("a start-up that failed")
     assert gc.isenabled()
 
 
-def test_only_a_modules_first_import_freezes(tmp_path, monkeypatch, collector_on):
+def test_only_a_modules_first_import_freezes(tmp_path, monkeypatch, collector_enabled):
     (tmp_path / "rredcot_gc_probe.py").write_text("class Probe:\n    pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "rredcot_gc_probe", raising=False)
@@ -69,3 +69,16 @@ def test_only_a_modules_first_import_freezes(tmp_path, monkeypatch, collector_on
     frozen = gc.get_freeze_count()
     assert import_frozen("rredcot_gc_probe") is module
     assert gc.get_freeze_count() == frozen  # loaded already: nothing more frozen
+
+
+def test_work_inside_a_start_up_runs_with_the_collector_and_keeps_no_garbage(collector_enabled):
+    """A model built on first use inside a worker's start: its garbage is collected as it goes, and
+    nothing of it is frozen when the start-up ends."""
+    with collector_off():
+        with collector_on():
+            assert gc.isenabled()
+            garbage = weakref.ref(Node())  # a cycle with no reference left
+            gc.collect()
+            assert garbage() is None
+        assert not gc.isenabled()  # the start-up's state again
+    assert gc.isenabled()
