@@ -53,7 +53,7 @@ BESIDE_RUNS = {
 def pytest_collection(session: pytest.Session):
     """Collection imports every test module (torch, transformers, vLLM, Ray, DeepSpeed) in each worker:
     with Python's cyclic collector off, then frozen out of every later collection, as a worker's start
-    (``common.startup_gc``): 12 CPU-s to collect the suite became 7.5."""
+    (``common.startup_gc``): 12.0 CPU-s to collect the suite became 7.2."""
     with collector_off():
         return (yield)
 

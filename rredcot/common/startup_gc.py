@@ -6,7 +6,7 @@ collection, and the libraries ask for several while they build (vLLM's loader, i
 automatic collections fire hundreds of times as the imports allocate. ``collector_off`` runs such a
 phase with the collector off and then freezes what it made (``gc.freeze``: moved out of every later
 collection, as vLLM's own engine core does once it is built). A 2-step run of the tests config took
-6 CPU-s less (docs/benchmarks.md, "Start-up").
+43.8 CPU-s instead of 51.1 (docs/benchmarks.md, "Start-up without the cyclic collector").
 """
 
 from __future__ import annotations

@@ -169,10 +169,9 @@ class Evaluator:
     done and in all, for the driver's progress display."""
 
     def __init__(self, cfg: dict[str, Any], env: dict[str, str]) -> None:
-        with collector_off():  # the imports, then the engine: objects that live as long as the evaluator
-            self.cfg = c = start_worker_process("eval", cfg, env)
+        self.cfg = c = start_worker_process("eval", cfg, env)
         run = RunContext.connect(c, "the evaluator")  # before the engine: a missing redis.url fails at once
-        with collector_off():
+        with collector_off():  # an engine that lives as long as the evaluator
             self.engine = Engine(evaluator_spec(c))
         self.control = run.control
         self.verifier = Verifier.from_config(c)

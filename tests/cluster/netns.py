@@ -329,7 +329,7 @@ class Cluster:
         if self._gcs is None or self._gcs.poll() is not None:
             with open(self.root / "gcs_nodes.log", "a") as log:
                 self._gcs = subprocess.Popen(
-                    self.wrap(self.nodes["head"], f"exec {BIN}/python {GCS_NODES} {self.address}"),
+                    self.wrap(self.nodes["head"], f"exec {self.bin}/python {GCS_NODES} {self.address}"),
                     cwd=self.root,
                     env=self.env(RAY_AUTH_MODE="token"),
                     stdin=subprocess.PIPE,
@@ -406,7 +406,7 @@ class Cluster:
         """Ray's node id of each harness node alive (by its address): placement.json names nodes by id.
         With ``env`` (another token's place), asked once by a process of its own."""
         if env:
-            query = f"{BIN}/python {GCS_NODES} {self.address}"
+            query = f"{self.bin}/python {GCS_NODES} {self.address}"
             done = self.run("head", query, 120, input_text="\n", RAY_AUTH_MODE="token", **env)
             assert done.returncode == 0, done.stderr[-2000:]
             alive = json.loads(done.stdout.strip().splitlines()[-1])
