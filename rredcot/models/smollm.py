@@ -37,6 +37,20 @@ BUILTINS = (
     "smollm2-135m-chain-long",
 )
 BASE_DIR = "smollm2-135m-instruct"  # the converted base, under the cache's models folder
+# the converted config's shape, known before any conversion (the memory pre-check needs it on a first run;
+# tests/unit/models/test_shape.py checks it against the converted config.json)
+SMOLLM2_SHAPE = {
+    "model_type": "llama",
+    "vocab_size": 49152,
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 8192,
+}
 
 
 def gguf_path() -> Path:

@@ -21,6 +21,7 @@ from rredcot.common.precision import cpu_info, cpu_native_bf16, dtype_settings, 
 from rredcot.launch.checks import GIB, Check
 from rredcot.launch.checks.cluster import check_cluster
 from rredcot.launch.checks.inputs import check_data, check_paths
+from rredcot.launch.checks.memory import available_memory, check_memory
 from rredcot.launch.checks.ray_address import check_auto_ray, check_local_ray, check_ray_answers, ray_unreachable
 from rredcot.launch.observe.heap_trace import ENV as HEAP_TRACE_ENV
 from rredcot.launch.observe.heap_trace import heap_trace_period
@@ -50,22 +51,11 @@ def check_cpu(cfg: Config) -> list[Check]:
 
 
 def check_resources(cfg: Config) -> list[Check]:
-    import psutil
     import torch
 
     cores = local_cores()
-    mem = psutil.virtual_memory()
     need = demand(cfg)
-    out = [
-        Check("ok", "memory", f"{mem.available / GIB:.1f} of {mem.total / GIB:.1f} GiB available")
-        if mem.available >= 4 * GIB
-        else Check(
-            "error",
-            "memory",
-            f"{mem.available / GIB:.1f} GiB available; a run needs about 4 GiB or more",
-            "stop other processes or use a bigger machine",
-        )
-    ]
+    out = [check_memory(cfg, *available_memory())]
     if cfg.cluster.address:
         out.append(
             Check("ok", "cores", f"{cores} here; the plan's {need.get('CPU', 0):g} CPUs come from the Ray cluster")

@@ -5,8 +5,6 @@ can take) and room on its disk, and the dataset's first rows, read and checked a
 from __future__ import annotations
 
 import importlib.util
-import inspect
-import json
 import shutil
 from pathlib import Path
 
@@ -14,9 +12,9 @@ from rredcot.common.config import Config, resolve_credit
 from rredcot.launch.checks import GIB, Check
 from rredcot.launch.run_dir import run_dir_problem
 from rredcot.launch.run_lock import lock_problem
-from rredcot.models.smollm import BASE_DIR, BUILTINS
-from rredcot.models.store import cache_dir
-from rredcot.models.tiny import TINY_MODELS, tiny_config
+from rredcot.models.shape import model_config
+from rredcot.models.smollm import BUILTINS
+from rredcot.models.tiny import TINY_MODELS
 from rredcot.tasks.data import DatasetError, count_rows
 
 TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "tokenizer.model", "vocab.json")
@@ -63,14 +61,8 @@ def check_model(
 def model_context(path: str) -> int | None:
     """The longest context of the model at ``path`` (a builtin, or a directory), from its config.json:
     ``max_position_embeddings``, times a RoPE scaling factor (an upper bound of what vLLM allows); None
-    when unknown (a hub id, SmolLM2 not converted yet) — nothing is downloaded or built."""
-    if path in TINY_MODELS:  # every builtin tiny model is tiny_config's default shape
-        return int(inspect.signature(tiny_config).parameters["max_positions"].default)
-    config = (cache_dir() / "models" / BASE_DIR if path in BUILTINS else Path(path)) / "config.json"
-    try:
-        hf = json.loads(config.read_text())
-    except (OSError, ValueError):
-        return None
+    when unknown (a hub id) — nothing is downloaded or built."""
+    hf = model_config(path) or {}
     n, rope = hf.get("max_position_embeddings"), hf.get("rope_scaling") or hf.get("rope_parameters") or {}
     factor = rope.get("factor") if isinstance(rope, dict) else None
     if not isinstance(n, int):

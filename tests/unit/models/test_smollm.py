@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoConfig
 
+from rredcot.models.smollm import SMOLLM2_SHAPE
+
 ROOT = Path(__file__).resolve().parents[3]  # the repository, where ``tests`` imports from
 
 
@@ -28,5 +30,7 @@ def test_the_demo_model_converted_by_two_processes_at_once(tmp_path):
     assert [p.returncode for p in procs] == [0, 0]
     assert outs[0] == outs[1] == str(tmp_path / "smollm2-135m-instruct")
     assert json.loads((tmp_path / "smollm2-135m-instruct" / "rredcot.json").read_text())["source"].endswith(".gguf")
+    converted = json.loads((tmp_path / "smollm2-135m-instruct" / "config.json").read_text())
+    assert {k: converted[k] for k in SMOLLM2_SHAPE} == SMOLLM2_SHAPE  # the shape the memory check assumes before
     assert AutoConfig.from_pretrained(outs[0]).tie_word_embeddings
     assert sorted(p.name for p in tmp_path.iterdir()) == ["smollm2-135m-instruct", "smollm2-135m-instruct.lock"]
