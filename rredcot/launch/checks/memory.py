@@ -105,12 +105,12 @@ def plan_memory(cfg: Config, shape: Shape) -> MemoryPlan:
     """What the plan's processes hold at once on one machine, by part."""
     c = cfg.cluster
     engine_weights = shape.params * dtype_bytes(cfg.model.dtype, c.gpus_per_generator > 0)
-    engine = ENGINE + (0 if c.gpus_per_generator else engine_weights)
+    generator = ENGINE + (0 if c.gpus_per_generator else engine_weights + cfg.generation.kv_cache_bytes)
+    scorer = 0 if c.gpus_per_redistributor else shape.params * dtype_bytes(cfg.model.dtype, False)
     parts = {
         "services": SERVICES,
-        "generators": c.generators * (engine + (0 if c.gpus_per_generator else cfg.generation.kv_cache_bytes)),
-        "redistributors": c.redistributors
-        * (PROCESS + (0 if c.gpus_per_redistributor else shape.params * dtype_bytes(cfg.model.dtype, False))),
+        "generators": c.generators * generator,
+        "redistributors": c.redistributors * (PROCESS + scorer),
         "learner": c.learner_ranks * learner_rank_bytes(cfg, shape),
         "weight versions": deployment(cfg).shm_versions(cfg) * shape.params * dtype_bytes(cfg.learner.dtype, False),
     }
@@ -126,9 +126,14 @@ def cgroup_room(root: Path = CGROUP_ROOT, membership: str | None = None) -> tupl
     either cgroup version (a container's ``--memory``, which /proc/meminfo does not show): room is the
     limit less the usage, less the page cache the kernel can reclaim. None without a limit.
     ``membership``: /proc/self/cgroup's text."""
-    text = Path("/proc/self/cgroup").read_text() if membership is None else membership
+    try:
+        text = Path("/proc/self/cgroup").read_text() if membership is None else membership
+    except OSError:  # not Linux
+        return None
     found: list[tuple[int, int]] = []
     for line in text.splitlines():
+        if line.count(":") < 2:
+            continue
         _, controllers, path = line.split(":", 2)
         version = "v2" if not controllers else "v1" if "memory" in controllers.split(",") else None
         if version is None:

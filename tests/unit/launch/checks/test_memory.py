@@ -124,6 +124,7 @@ def test_the_tightest_cgroup_limit_over_the_process_and_its_parents(tmp_path) ->
     assert cgroup_room(v1, "5:cpu:/\n4:memory:/job\n0::/\n") == (8 * GIB, 7 * GIB + GIB // 2)
     assert cgroup_room(v1, "4:memory:/\n") is None  # the root: no limit
     assert cgroup_room(tmp_path / "none", "0::/\n") is None  # nothing mounted
+    assert cgroup_room(v1, "garbled\n\n") is None
 
 
 def own_memory_cgroup() -> Path | None:
