@@ -11,7 +11,7 @@ from typing import Any
 
 from rredcot.models.smollm import BASE_DIR, BUILTINS, SMOLLM2_SHAPE
 from rredcot.models.store import cache_dir
-from rredcot.models.tiny import TINY_MODELS, tiny_config
+from rredcot.models.tiny import TINY_MODELS, tiny_fields
 
 
 @dataclass(frozen=True)
@@ -23,11 +23,11 @@ class Shape:
 
 
 def model_config(path: str) -> dict[str, Any] | None:
-    """``path``'s config.json as a dict: a builtin tiny model's is ``tiny_config``'s; a SmolLM2
+    """``path``'s config.json as a dict: a builtin tiny model's is ``tiny_fields``; a SmolLM2
     builtin's is the converted base's (every chain model has its shape), or ``SMOLLM2_SHAPE`` before
     the conversion; a directory's is its file. None for a hub id or a file that cannot be read."""
     if path in TINY_MODELS:
-        return tiny_config().to_dict()
+        return tiny_fields()
     config = (cache_dir() / "models" / BASE_DIR if path in BUILTINS else Path(path)) / "config.json"
     try:
         return json.loads(config.read_text())

@@ -14,7 +14,7 @@ from rredcot.models.store import build_once, cache_dir, load_tokenizer, qwen_tok
 TINY_MODELS = ("tiny-qwen3", "tiny-qwen2", "tiny-qwen3-arith")
 
 
-def tiny_config(
+def tiny_fields(
     arch: str = "qwen3",
     vocab_size: int = 151669,
     hidden: int = 64,
@@ -23,26 +23,33 @@ def tiny_config(
     kv_heads: int = 1,
     tie: bool = True,
     max_positions: int = 4096,
-) -> Any:
-    """Config of a tiny decoder (head size hidden/heads must be >= 32 for vLLM-CPU)."""
+) -> dict[str, Any]:
+    """The config.json fields of a tiny decoder (head size hidden/heads must be >= 32 for vLLM-CPU),
+    as plain data: the pre-start checks read them without importing transformers (seconds a run)."""
+    return {
+        "model_type": arch,
+        "vocab_size": vocab_size,
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "max_position_embeddings": max_positions,
+        "tie_word_embeddings": tie,
+        "bos_token_id": None,
+        "eos_token_id": min(151645, vocab_size - 1),
+        "pad_token_id": min(151643, vocab_size - 2),
+        **({"head_dim": hidden // heads} if arch == "qwen3" else {}),
+    }
+
+
+def tiny_config(arch: str = "qwen3", **fields: Any) -> Any:
+    """The transformers config of a tiny decoder (``tiny_fields``'s keyword arguments)."""
     from transformers import Qwen2Config, Qwen3Config
 
-    cls = {"qwen3": Qwen3Config, "qwen2": Qwen2Config}[arch]
-    extra = {"head_dim": hidden // heads} if arch == "qwen3" else {}
-    return cls(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        max_position_embeddings=max_positions,
-        tie_word_embeddings=tie,
-        bos_token_id=None,
-        eos_token_id=min(151645, vocab_size - 1),
-        pad_token_id=min(151643, vocab_size - 2),
-        **extra,
-    )
+    values = tiny_fields(arch, **fields)
+    del values["model_type"]
+    return {"qwen3": Qwen3Config, "qwen2": Qwen2Config}[arch](**values)
 
 
 def build_tiny_model(arch: str = "qwen3", seed: int = 0, **config_kwargs: Any) -> Any:

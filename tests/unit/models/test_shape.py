@@ -4,6 +4,8 @@ the model instantiated without weights, and where each kind of ``model.path`` ge
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -11,7 +13,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from rredcot.models.shape import model_config, model_shape, parameter_count
 from rredcot.models.smollm import BUILTINS, SMOLLM2_SHAPE
-from rredcot.models.tiny import tiny_config
+from rredcot.models.tiny import tiny_config, tiny_fields
 
 # Qwen2.5-1.5B's and Qwen2.5-7B's shapes: query/key/value biases, a 7B with untied embeddings
 QWEN25 = {
@@ -33,8 +35,8 @@ def exact_count(config: dict) -> int:
 @pytest.mark.parametrize(
     "config",
     [
-        tiny_config().to_dict(),
-        tiny_config("qwen2", tie=False).to_dict(),
+        tiny_fields(),
+        tiny_fields("qwen2", tie=False),
         SMOLLM2_SHAPE,
         {"model_type": "qwen2", **QWEN25["1.5b"]},
         {"model_type": "qwen2", **QWEN25["7b"]},
@@ -55,7 +57,7 @@ def test_smollm2_by_hand() -> None:
 
 def test_each_kind_of_path_has_its_config_before_anything_is_built(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("RREDCOT_CACHE", str(tmp_path / "empty-cache"))  # nothing converted yet
-    assert model_config("tiny-qwen3-arith") == tiny_config().to_dict()
+    assert model_config("tiny-qwen3-arith") == tiny_fields()
     assert all(model_config(name) == SMOLLM2_SHAPE for name in BUILTINS)
     assert model_shape("smollm2-135m-chain-short").params == 134_515_008
     local = tmp_path / "mine"
@@ -65,3 +67,20 @@ def test_each_kind_of_path_has_its_config_before_anything_is_built(tmp_path, mon
     assert model_shape("Qwen/Qwen2.5-7B") is None  # a hub id: nothing is downloaded
     (local / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 8}))
     assert model_shape(str(local)) is None  # not a decoder this count knows
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen2"])
+def test_a_tiny_models_fields_are_those_of_its_transformers_config(arch: str) -> None:
+    built = tiny_config(arch, tie=False).to_dict()
+    assert {k: built[k] for k in tiny_fields(arch)} == tiny_fields(arch, tie=False)
+
+
+def test_the_checks_read_a_tiny_models_shape_without_importing_transformers() -> None:
+    """The driver of every run of a tiny model (the tests') reads its shape: importing transformers
+    for it cost 1.5-3 CPU-s a run."""
+    code = (
+        "import sys; from rredcot.models.shape import model_shape; "
+        "assert model_shape('tiny-qwen3-arith').layers == 2; print('transformers' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out
