@@ -99,3 +99,38 @@ def subsample_std(rewards: np.ndarray, m: int) -> float:
         return float("nan")
     means = rewards[:, : groups * m].reshape(t, groups, m).mean(axis=2)
     return float(means.std(axis=1, ddof=1).mean())
+
+
+@dataclass(frozen=True)
+class ChangeVariance:
+    """A paired held-out change (after − before, per problem) and its per-problem variance split in
+    two: ``noise``, what the ``samples`` samples a problem gets add to each of its two accuracies,
+    and ``problems``, the spread of the problems' true changes (what more samples cannot remove)."""
+
+    change: float
+    total: float
+    noise: float
+    samples: int
+
+    @property
+    def problems(self) -> float:
+        return max(self.total - self.noise, 0.0)
+
+
+def change_variance(before: Sequence[float], after: Sequence[float], samples: int) -> ChangeVariance:
+    """The split of ``ChangeVariance`` from per-problem accuracies, each a mean of ``samples`` 0/1
+    rewards: a problem's sampling variance p(1−p)/k, estimated without bias by p̂(1−p̂)/(k−1)."""
+    b, a = np.asarray(before, dtype=np.float64), np.asarray(after, dtype=np.float64)
+    noise = (b * (1 - b) + a * (1 - a)) / (samples - 1)
+    d = a - b
+    return ChangeVariance(float(d.mean()), float(d.var(ddof=1)), float(noise.mean()), samples)
+
+
+def change_resolution(v: ChangeVariance, problems: int, samples: int) -> tuple[float, float]:
+    """(half-width of the 95% interval, chance that it lies above 0) of a paired change as large as
+    ``v.change``, measured on ``problems`` problems with ``samples`` samples each (normal
+    approximation: the noise scales with 1/samples, the whole with 1/problems)."""
+    se = float(np.sqrt((v.problems + v.noise * v.samples / samples) / problems))
+    if se == 0:  # every problem changed alike, without noise
+        return 0.0, float(v.change > 0)
+    return 1.96 * se, float(stats.norm.cdf(v.change / se - 1.96))

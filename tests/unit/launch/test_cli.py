@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -455,3 +456,25 @@ def test_a_compare_arm_with_a_bad_value_stops_before_any_run(
     arms = "grpo,rredcot@credit.settings.rredcot.uniform_mix=2"
     assert main(["study", "compare", "tests", "--methods", arms, "--out", str(out)]) == 2
     assert "credit.settings.rredcot.uniform_mix" in capsys.readouterr().err and not out.exists()  # no run started
+
+
+def test_eval_power_reads_the_runs_reports(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``bench eval_power``: two runs' first and last evaluations (2 problems, 2 samples: changes 0.5
+    and 0, all of it noise; then 0 and 0.5) pooled; a run without two evaluations is named, exit 2."""
+    monkeypatch.setattr(sys, "argv", sys.argv)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    for name, before, after in (("a", [0.0, 1.0], [0.5, 1.0]), ("b", [1.0, 0.0], [1.0, 0.5])):
+        evaluations = [{"samples_per_problem": 2, "sampled_per_problem": p} for p in (before, after)]
+        (tmp_path / name / "report").mkdir(parents=True)
+        (tmp_path / name / "report" / "summary.json").write_text(json.dumps({"evaluations": evaluations}))
+    main(["bench", "eval_power", str(tmp_path / "a"), str(tmp_path / "b"), "--splits", "2x2"])
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["pooled"] == pytest.approx(
+        {"change": 0.25, "total": 0.125, "noise": 0.125, "samples": 2, "problems": 0}
+    )
+    assert result["splits"][0]["half_width"] == pytest.approx(1.96 * 0.25)
+    (tmp_path / "a" / "report" / "summary.json").write_text(json.dumps({"evaluations": []}))
+    with pytest.raises(SystemExit, match="needs two held-out evaluations"):
+        main(["bench", "eval_power", str(tmp_path / "a")])

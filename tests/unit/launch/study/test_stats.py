@@ -1,4 +1,5 @@
-"""The study's rank agreement, intervals over traces and MC subsampling, against hand values."""
+"""The study's rank agreement, intervals over traces, MC subsampling and the paired held-out change's
+variance split, against hand values."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy import stats
 
 from rredcot.launch.study.stats import (
+    change_resolution,
+    change_variance,
     clustered_interval,
     mean_interval,
     noise_ceiling,
@@ -97,3 +101,27 @@ def test_split_halves_and_the_noise_ceiling_by_hand() -> None:
     np.testing.assert_allclose(b, [1.0, 0.5])
     assert noise_ceiling(0.5) == pytest.approx(np.sqrt(2 / 3))  # Spearman–Brown 2/3, then its root
     assert noise_ceiling(1.0) == 1.0 and np.isnan(noise_ceiling(0.0)) and np.isnan(noise_ceiling(float("nan")))
+
+
+def test_a_changes_variance_splits_into_sampling_noise_and_the_problems_own_by_hand() -> None:
+    """Two problems, 2 samples each: changes 0.5 and 0 (variance 0.125), all of it the noise of the
+    0.5 accuracy, 0.5·0.5/(2−1) = 0.25 over two problems: nothing left for the problems' own spread."""
+    v = change_variance([0.0, 1.0], [0.5, 1.0], samples=2)
+    assert (v.change, v.total, v.noise, v.problems) == pytest.approx((0.25, 0.125, 0.125, 0.0))
+    half, above = change_resolution(v, problems=2, samples=2)
+    assert half == pytest.approx(1.96 * 0.25)  # se = sqrt(0.125 / 2)
+    assert above == pytest.approx(stats.norm.cdf(0.25 / 0.25 - 1.96))  # 0.1685
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), min_size=3, max_size=40),
+    st.integers(1, 4),
+)
+def test_more_problems_or_samples_never_widen_the_interval(counts: list[tuple[int, int]], more: int) -> None:
+    before, after = [b / 6 for b, _ in counts], [a / 6 for _, a in counts]
+    v = change_variance(before, after, samples=6)
+    n = len(counts)
+    half = change_resolution(v, n, 6)[0]
+    assert change_resolution(v, n * (1 + more), 6)[0] <= half + 1e-12
+    assert change_resolution(v, n, 6 * (1 + more))[0] <= half + 1e-12
+    assert v.noise >= 0 and 0 <= v.problems <= max(v.total, 0)
