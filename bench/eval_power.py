@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -46,8 +47,12 @@ def main() -> None:
     samples = {v.samples for v in runs.values()}
     if len(samples) > 1:
         raise SystemExit(f"the runs sampled {sorted(samples)} per problem: pool runs of one evaluation only")
+    each = list(runs.values())
     pooled = ChangeVariance(
-        *(float(np.mean([getattr(v, f) for v in runs.values()])) for f in ("change", "total", "noise")), samples.pop()
+        change=float(np.mean([v.change for v in each])),
+        total=float(np.mean([v.total for v in each])),
+        noise=float(np.mean([v.noise for v in each])),
+        samples=samples.pop(),
     )
     print(
         f"\npooled: change {pooled.change:+.3f}, variance {pooled.total:.4f}: noise {pooled.noise / pooled.total:.0%}\n"
@@ -60,7 +65,7 @@ def main() -> None:
         half, above = change_resolution(pooled, n, k)
         table.append({"problems": n, "samples": k, "half_width": half, "p_above": above})
         print(f"| {n} × {k} | {n * k} | ±{half:.3f} | {above:.2f} | {above**5:.2f} |")
-    print(json.dumps({"pooled": pooled.__dict__ | {"problems": pooled.problems}, "splits": table}))
+    print(json.dumps({"pooled": asdict(pooled) | {"problems": pooled.problems}, "splits": table}))
 
 
 if __name__ == "__main__":
