@@ -262,6 +262,9 @@ class LoggingConfig:
     # the evaluator's vLLM KV cache (0: generation.kv_cache_bytes): room for the whole evaluation at once
     # is fewer, wider decoding steps (benchmarks.md)
     eval_kv_cache_bytes: int = bounded(0, 0, BYTES_MAX)
+    # each held-out problem's samples from a seed of its own, the same in every evaluation (common random
+    # numbers): a paired change then measures training, not the draw (benchmarks.md)
+    eval_same_draws: bool = False
 
 
 @dataclass

@@ -10,12 +10,13 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from rredcot.actors.engine import Engine, EngineSpec, Sampling
 from rredcot.common.config import Config
 from rredcot.common.run_context import RunContext
+from rredcot.common.sampling import seed_of
 from rredcot.common.startup_gc import collector_off
 from rredcot.launch.stages import start_worker_process
 from rredcot.tasks.data import Problem, train_and_held_out
@@ -71,6 +72,24 @@ class EvalResult:
         return asdict(self)
 
 
+def eval_requests(
+    problems: list[Problem], prompts: list[list[int]], cfg: Config, draws: int | None = None
+) -> list[tuple[list[int], Sampling]]:
+    """Each problem's ``generation.group_size`` samples, then each one's greedy completion.
+
+    With ``draws``, problem p's samples use the seed ``seed_of(draws, p.id)`` (sample j: + j): every
+    evaluation with the same ``draws`` gives p the same random numbers, whatever else shares the
+    batch. Two evaluations of one problem then differ by what changed the policy, not by the draw
+    (common random numbers), which narrows their paired change."""
+    g = cfg.generation
+    sampled = Sampling(
+        n=g.group_size, temperature=g.temperature, top_p=g.top_p, max_tokens=g.max_tokens, stop=tuple(g.stop)
+    )
+    greedy = Sampling(n=1, temperature=0.0, max_tokens=g.max_tokens, stop=tuple(g.stop))
+    seeded = [sampled if draws is None else replace(sampled, seed=seed_of(draws, p.id)) for p in problems]
+    return [*zip(prompts, seeded), *((ids, greedy) for ids in prompts)]
+
+
 def step_counts(task: Task, scored: list[tuple[str, float]]) -> dict[str, dict[str, list[int]]]:
     """Per kind of step, [wrong, checked] lines of working (``Task.checked_steps``) over the
     (completion, reward) pairs ``scored`` ("all") and over those with reward 0 ("in_wrong")."""
@@ -90,10 +109,12 @@ def evaluate(
     cfg: Config,
     verifier: Verifier,
     progress: Callable[[int, int], None] | None = None,
+    draws: int | None = None,
 ) -> EvalResult:
     """Sampled (``generation.group_size`` per problem) and greedy accuracy, generated as one batch;
     ``progress(samples done, samples in all)`` as generation goes. A problem whose prompt fills the
-    model's context is left out (counted in ``too_long``, the same ones every time)."""
+    model's context is left out (counted in ``too_long``, the same ones every time). ``draws``: each
+    problem's samples from its own seed (``eval_requests``), the engine built ``EngineSpec(seeded=True)``."""
     start = time.perf_counter()
     g = cfg.generation
     every = [(p, prompt_ids(p, verifier.task, cfg.data, engine.tokenizer)) for p in problems]
@@ -106,13 +127,9 @@ def evaluate(
             ", ".join(p.id for p, ids in every if not engine.fits(ids))[:500],
         )
     problems, prompts = [p for p, _ in fitting], [ids for _, ids in fitting]
-    sampled = Sampling(
-        n=g.group_size, temperature=g.temperature, top_p=g.top_p, max_tokens=g.max_tokens, stop=tuple(g.stop)
-    )
-    greedy = Sampling(n=1, temperature=0.0, max_tokens=g.max_tokens, stop=tuple(g.stop))
     total = len(prompts) * (g.group_size + 1)
     groups = engine.generate_batch(
-        [(p, sampled) for p in prompts] + [(p, greedy) for p in prompts],
+        eval_requests(problems, prompts, cfg, draws),
         "eval",
         None if progress is None else lambda done: progress(done, total),
     )
@@ -155,9 +172,23 @@ def paired_change(before: list[float], after: list[float]) -> tuple[float, float
 
 def evaluator_spec(cfg: Config) -> EngineSpec:
     """The evaluator's engine: the run's (``EngineSpec.from_config``, its own seed) on its own GPUs, with
-    ``logging.eval_kv_cache_bytes`` of KV cache when that is set."""
-    gpus = cfg.cluster.gpus_per_evaluator
-    return EngineSpec.from_config(cfg, seed_offset=1, gpus=gpus, kv_cache_bytes=cfg.logging.eval_kv_cache_bytes)
+    ``logging.eval_kv_cache_bytes`` of KV cache when that is set, taking seeded requests with
+    ``logging.eval_same_draws``."""
+    log_cfg = cfg.logging
+    return EngineSpec.from_config(
+        cfg,
+        seed_offset=1,
+        seeded=log_cfg.eval_same_draws,
+        gpus=cfg.cluster.gpus_per_evaluator,
+        kv_cache_bytes=log_cfg.eval_kv_cache_bytes,
+    )
+
+
+def eval_draws(cfg: Config, spec: EngineSpec) -> int | None:
+    """``evaluate``'s ``draws`` for the evaluator's engine ``spec``: its seed with
+    ``logging.eval_same_draws`` (the same in every evaluation of a run, and in runs of the same
+    ``run.seed`` and ``run.sampling_seed``, whatever their method), None otherwise."""
+    return spec.seed if cfg.logging.eval_same_draws else None
 
 
 class Evaluator:
@@ -171,8 +202,10 @@ class Evaluator:
     def __init__(self, cfg: dict[str, Any], env: dict[str, str]) -> None:
         self.cfg = c = start_worker_process("eval", cfg, env)
         run = RunContext.connect(c, "the evaluator")  # before the engine: a missing redis.url fails at once
+        spec = evaluator_spec(c)
+        self.draws = eval_draws(c, spec)
         with collector_off():  # an engine that lives as long as the evaluator
-            self.engine = Engine(evaluator_spec(c))
+            self.engine = Engine(spec)
         self.control = run.control
         self.verifier = Verifier.from_config(c)
         train, self.problems = train_and_held_out(self.verifier.task, c.data, c.run.seed)
@@ -189,7 +222,12 @@ class Evaluator:
     def _evaluate(self, problems: list[Problem], before: int, total: int) -> dict[str, Any]:
         """``evaluate`` of ``problems``, its progress counted after the ``before`` samples of the others."""
         return evaluate(
-            self.engine, problems, self.cfg, self.verifier, lambda done, _: self._progress(before + done, total)
+            self.engine,
+            problems,
+            self.cfg,
+            self.verifier,
+            lambda done, _: self._progress(before + done, total),
+            self.draws,
         ).as_dict()
 
     def evaluate_latest(self, at_least: int = 0) -> dict[str, Any]:

@@ -478,3 +478,12 @@ def test_eval_power_reads_the_runs_reports(
     (tmp_path / "a" / "report" / "summary.json").write_text(json.dumps({"evaluations": []}))
     with pytest.raises(SystemExit, match="needs two held-out evaluations"):
         main(["bench", "eval_power", str(tmp_path / "a")])
+
+
+def test_eval_draws_names_a_run_without_its_final_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``bench eval_draws`` needs a finished run: one without ``report/final_model`` is named, exit 2."""
+    monkeypatch.setattr(sys, "argv", sys.argv)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "config.yaml").write_text("run:\n  name: unfinished\ntask:\n  name: arith\n")
+    with pytest.raises(SystemExit, match=r"final_model: no final model \(is .* a finished run\?\)"):
+        main(["bench", "eval_draws", str(tmp_path)])

