@@ -19,6 +19,7 @@ import os
 import statistics
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
@@ -64,9 +65,10 @@ def evaluations(run: Path, repeats: int) -> tuple[str, dict[str, list[tuple[Eval
     return cpu_info().describe(), {way: list(zip(*pair)) for way, pair in results.items()}
 
 
-def summary(pairs: list[tuple[EvalResult, EvalResult]]) -> dict[str, float]:
+def summary(pairs: list[tuple[EvalResult, EvalResult]]) -> dict[str, Any]:
     """Means over the repeats: the change, its half-width, the per-problem changes' variance, the
-    share of problems whose accuracy did not move, and an evaluation's seconds."""
+    share of problems whose accuracy did not move, and an evaluation's seconds; each repeat's
+    (start, end) accuracies."""
     changes, halves, variances, unmoved = [], [], [], []
     for before, after in pairs:
         d, low, high = paired_change(before.sampled_per_problem, after.sampled_per_problem)
@@ -82,6 +84,7 @@ def summary(pairs: list[tuple[EvalResult, EvalResult]]) -> dict[str, float]:
         "variance": statistics.mean(variances),
         "unmoved": statistics.mean(unmoved),
         "seconds": statistics.mean(r.seconds for pair in pairs for r in pair),
+        "accuracies": [(before.sampled, after.sampled) for before, after in pairs],
     }
 
 

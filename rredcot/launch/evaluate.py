@@ -67,6 +67,7 @@ class EvalResult:
     # where the task checks its lines (``Task.checks_slips``): per kind of step, [wrong, checked] over
     # the sampled completions ("all") and over the wrong ones ("in_wrong"); None otherwise
     steps: dict[str, dict[str, list[int]]] | None = None
+    same_draws: bool = False  # each problem's samples from its own seed (``logging.eval_same_draws``)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -158,6 +159,7 @@ def evaluate(
         per_problem,
         too_long=len(every) - len(fitting),
         steps=step_counts(verifier.task, scored) if verifier.task.checks_slips else None,
+        same_draws=draws is not None,
     )
 
 

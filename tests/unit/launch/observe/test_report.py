@@ -116,9 +116,20 @@ def test_training_problems_get_their_own_section_and_paired_change(tmp_path: Pat
     assert train["sampled_change"] == pytest.approx(0.5) and train["problems"] == 3
     assert train["low"] == train["high"] == pytest.approx(0.5)  # every problem changed by 0.5: no spread
     md = (tmp_path / "report" / "summary.md").read_text()
-    assert "Sampled accuracy did not change measurably: 0.500 → 0.500" in md
+    assert "Sampled accuracy did not change measurably: 0.500 → 0.500" in md and "same draws" not in md
     assert "## Accuracy on training problems (`logging.eval_train`) (3 problems" in md
     assert "Sampled accuracy improved: 0.250 → 0.750, a change of +0.500" in md
+
+
+def test_a_change_measured_with_the_same_draws_says_so(tmp_path: Path) -> None:
+    """``logging.eval_same_draws``: the sentence of the paired change names the shared draws, only
+    when both evaluations had them."""
+    cfg = load_config("tests", [f"run.dir={tmp_path}"])
+    shared = [{**evaluation(step, [0.0, 0.5]), "same_draws": True} for step in (0, 3)]
+    for evals, said in ((shared, True), ([shared[0], evaluation(3, [0.0, 0.5])], False)):
+        write_report(cfg, tmp_path, RunOutcome(status="finished", phases=Phases(), monitor=FakeMonitor(evals)))
+        md = (tmp_path / "report" / "summary.md").read_text()
+        assert ("paired over the same held-out problems, each with the same draws in both" in md) == said, md
 
 
 def test_summary_without_evaluations(tmp_path: Path) -> None:
