@@ -51,7 +51,7 @@ def _accuracy_section(title: str, evals: list[dict[str, Any]], over: str) -> lis
         d, lo, hi = paired_change(first["sampled_per_problem"], last["sampled_per_problem"])
         verdict = "improved" if lo > 0 else ("got worse" if hi < 0 else "did not change measurably")
         if first.get("same_draws") and last.get("same_draws"):
-            over += ", each with the same draws in both (`logging.eval_same_draws`)"
+            over += ", each problem with the same draws both times, `logging.eval_same_draws`"
         lines += [
             "",
             f"Sampled accuracy {verdict}: {first['sampled']:.3f} → {last['sampled']:.3f}, a change of "

@@ -129,7 +129,7 @@ def test_a_change_measured_with_the_same_draws_says_so(tmp_path: Path) -> None:
     for evals, said in ((shared, True), ([shared[0], evaluation(3, [0.0, 0.5])], False)):
         write_report(cfg, tmp_path, RunOutcome(status="finished", phases=Phases(), monitor=FakeMonitor(evals)))
         md = (tmp_path / "report" / "summary.md").read_text()
-        assert ("paired over the same held-out problems, each with the same draws in both" in md) == said, md
+        assert ("paired over the same held-out problems, each problem with the same draws both times" in md) == said, md
 
 
 def test_summary_without_evaluations(tmp_path: Path) -> None:
