@@ -82,7 +82,22 @@ def _series(history: list[dict[str, Any]], worker: str, *keys: str) -> list[tupl
     ]
 
 
+def paired_note(evals: list[dict[str, Any]]) -> str | None:
+    """The paired change of sampled accuracy, first → last evaluation, for the held-out panel: the
+    two evaluations' own intervals overlap where the paired one, over the same problems, is above 0."""
+    if len(evals) < 2:
+        return None
+    from rredcot.launch.evaluate import paired_change
+
+    first, last = evals[0], evals[-1]
+    d, lo, hi = paired_change(first["sampled_per_problem"], last["sampled_per_problem"])
+    same = " (the same draws)" if first.get("same_draws") and last.get("same_draws") else ""
+    return f"sampled, paired change: {d:+.3f} [{lo:+.3f}, {hi:+.3f}]{same}"
+
+
 def _eval_panel(ax: Any, evals: list[dict[str, Any]]) -> None:
+    if note := paired_note(evals):
+        ax.text(0.98, 0.04, note, transform=ax.transAxes, ha="right", va="bottom", fontsize=8)
     if evals:
         steps = [e["step"] for e in evals]
         for name, color in (("sampled", "tab:blue"), ("greedy", "tab:orange")):

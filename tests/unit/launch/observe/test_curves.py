@@ -62,3 +62,18 @@ def test_a_rate_spike_is_put_off_the_scale_not_the_steady_state() -> None:
     assert rate_ceiling([*steady, 1575.0]) == pytest.approx(3 * np.percentile([*steady, 1575.0], 75))
     assert rate_ceiling(steady) is None  # nothing to hide
     assert rate_ceiling([5.0, 900.0]) is None  # too few steps to tell a spike from a trend
+
+
+def test_the_held_out_panel_notes_the_paired_change_by_hand() -> None:
+    """Changes +0.5, 0 and +0.25: mean +0.25, sd 0.25 over 3 problems; the same draws named only
+    when both evaluations had them; one evaluation has no change to note."""
+    from rredcot.launch.observe.curves import paired_note
+
+    before = {"sampled_per_problem": [0.0, 0.5, 0.25], "same_draws": True}
+    after = {"sampled_per_problem": [0.5, 0.5, 0.5], "same_draws": True}
+    half = 1.96 * 0.25 / 3**0.5
+    assert paired_note([before, after]) == (
+        f"sampled, paired change: +0.250 [{0.25 - half:+.3f}, {0.25 + half:+.3f}] (the same draws)"
+    )
+    assert paired_note([before, {**after, "same_draws": False}]).endswith("]")
+    assert paired_note([before]) is None
