@@ -172,6 +172,12 @@ def paired_change(before: list[float], after: list[float]) -> tuple[float, float
     return mean_ci([a - b for b, a in zip(before, after, strict=True)], clip=None)
 
 
+def drawn_alike(first: dict[str, Any], last: dict[str, Any]) -> bool:
+    """Whether two evaluation records (``EvalResult.as_dict``) both drew each problem's samples from
+    its own seed (``logging.eval_same_draws``), so their paired change compares the same draws."""
+    return bool(first.get("same_draws") and last.get("same_draws"))
+
+
 def evaluator_spec(cfg: Config) -> EngineSpec:
     """The evaluator's engine: the run's (``EngineSpec.from_config``, its own seed) on its own GPUs, with
     ``logging.eval_kv_cache_bytes`` of KV cache when that is set, taking seeded requests with

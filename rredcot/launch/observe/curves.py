@@ -87,11 +87,11 @@ def paired_note(evals: list[dict[str, Any]]) -> str | None:
     two evaluations' own intervals overlap where the paired one, over the same problems, is above 0."""
     if len(evals) < 2:
         return None
-    from rredcot.launch.evaluate import paired_change
+    from rredcot.launch.evaluate import drawn_alike, paired_change
 
     first, last = evals[0], evals[-1]
     d, lo, hi = paired_change(first["sampled_per_problem"], last["sampled_per_problem"])
-    same = " (the same draws)" if first.get("same_draws") and last.get("same_draws") else ""
+    same = " (the same draws)" if drawn_alike(first, last) else ""
     return f"sampled, paired change: {d:+.3f} [{lo:+.3f}, {hi:+.3f}]{same}"
 
 

@@ -46,11 +46,11 @@ def _accuracy_section(title: str, evals: list[dict[str, Any]], over: str) -> lis
     ]
     lines += [f"| {e['step']} | {e['version']} | {_fmt(e, 'sampled')} | {_fmt(e, 'greedy')} |" for e in evals]
     if len(evals) > 1:
-        from rredcot.launch.evaluate import paired_change
+        from rredcot.launch.evaluate import drawn_alike, paired_change
 
         d, lo, hi = paired_change(first["sampled_per_problem"], last["sampled_per_problem"])
         verdict = "improved" if lo > 0 else ("got worse" if hi < 0 else "did not change measurably")
-        if first.get("same_draws") and last.get("same_draws"):
+        if drawn_alike(first, last):
             over += ", each problem with the same draws both times, `logging.eval_same_draws`"
         lines += [
             "",
