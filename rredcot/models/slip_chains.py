@@ -34,7 +34,7 @@ import numpy as np
 
 from rredcot.common.config import DataConfig, TaskConfig
 from rredcot.common.registry import MODELS
-from rredcot.models.smollm import smollm2_dir
+from rredcot.models.smollm import smollm2_dir, smollm2_tokenizer_dir
 from rredcot.models.store import build_once, cache_dir, digest, load_tokenizer, recipe_dir
 from rredcot.tasks.arith import solution_text
 from rredcot.tasks.chain import OPS, parse_chain, step_line
@@ -49,20 +49,23 @@ PROMPT = DataConfig(eval_size=0, prompt_style="chat")
 @dataclass(frozen=True)
 class SlipChainModel:
     """A builtin's recipe: its base, the chain lengths it is taught and its SFT (``per_length``
-    problems of every length)."""
+    problems of every length); the base's tokenizer apart, for its training pairs' digest (a recipe
+    is known without converting the base)."""
 
     base: Callable[[], Path] | str  # a function giving a local directory, or a hub id
+    tokenizer: Callable[[], Path] | str  # the same for the base's tokenizer
     lengths: tuple[int, ...]
     sft: dict[str, Any]  # steps, lr, batch, seed, per_length
 
 
 LONG = tuple(range(2, 17))
+QWEN_1_5B = "Qwen/Qwen2.5-1.5B-Instruct"
 LONG_SFT = {"steps": 150, "lr": 1e-4, "batch": 8, "seed": 1, "per_length": 40}
 SHORT_SFT = {"steps": 40, "lr": 2e-4, "batch": 6, "seed": 1, "per_length": 40}
 SLIP_CHAIN_MODELS = {
-    "smollm2-135m-chain-short": SlipChainModel(smollm2_dir, (2, 3, 4), SHORT_SFT),
-    "smollm2-135m-chain-long": SlipChainModel(smollm2_dir, LONG, LONG_SFT),
-    "qwen2.5-1.5b-chain-long": SlipChainModel("Qwen/Qwen2.5-1.5B-Instruct", LONG, LONG_SFT),
+    "smollm2-135m-chain-short": SlipChainModel(smollm2_dir, smollm2_tokenizer_dir, (2, 3, 4), SHORT_SFT),
+    "smollm2-135m-chain-long": SlipChainModel(smollm2_dir, smollm2_tokenizer_dir, LONG, LONG_SFT),
+    "qwen2.5-1.5b-chain-long": SlipChainModel(QWEN_1_5B, QWEN_1_5B, LONG, LONG_SFT),
 }
 
 log = logging.getLogger(__name__)
@@ -95,8 +98,11 @@ def sft_pairs(tok: Any, lengths: tuple[int, ...], per_length: int, seed: int) ->
 
 def base_of(name: str) -> str:
     """The base model's directory (built on first use) or hub id."""
-    base = SLIP_CHAIN_MODELS[name].base
-    return str(base() if callable(base) else base)
+    return _located(SLIP_CHAIN_MODELS[name].base)
+
+
+def _located(where: Callable[[], Path] | str) -> str:
+    return str(where() if callable(where) else where)
 
 
 def training_pairs(name: str, tok: Any) -> list[tuple[list[int], list[int]]]:
@@ -108,7 +114,7 @@ def training_pairs(name: str, tok: Any) -> list[tuple[list[int], list[int]]]:
 @cache
 def recipe(name: str) -> dict[str, Any]:
     """What the model depends on: the constants and a digest of its training pairs."""
-    pairs = training_pairs(name, load_tokenizer(base_of(name)))
+    pairs = training_pairs(name, load_tokenizer(_located(SLIP_CHAIN_MODELS[name].tokenizer)))
     return {"builtin": name, "task": CHAIN_TASK, "slip": SLIP, **SLIP_CHAIN_MODELS[name].sft, "pairs": digest(pairs)}
 
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from rredcot.common.config import TaskConfig
 from rredcot.models.slip_chains import CHAIN_TASK, PROMPT, SLIP, SLIP_CHAIN_MODELS, planted_solution, recipe, sft_pairs
-from rredcot.models.smollm import smollm2_dir
+from rredcot.models.smollm import smollm2_tokenizer_dir
 from rredcot.models.store import digest, load_tokenizer
 from rredcot.tasks.chain import checked_steps, first_slip
 from rredcot.tasks.task import build_task
@@ -32,7 +32,7 @@ def test_planted_slips_fall_on_products_at_the_planted_rate_and_nowhere_else():
 
 
 def test_the_training_pairs_hold_the_question_alone_and_the_solution_with_eos():
-    tok = load_tokenizer(smollm2_dir())
+    tok = load_tokenizer(smollm2_tokenizer_dir())
     pairs = sft_pairs(tok, SLIP_CHAIN_MODELS["smollm2-135m-chain-long"].lengths, 2, seed=1)
     assert len(pairs) == 2 * 15
     prompt, solution = pairs[-1]
@@ -44,7 +44,7 @@ def test_the_training_pairs_hold_the_question_alone_and_the_solution_with_eos():
 def test_the_demo_model_is_taught_short_chains_and_the_study_model_keeps_its_recipe():
     """The demo's builtin learns 2-4-step chains only; the study's recipe digest is the one its
     results were measured with (a change would rebuild it and detach docs/study.md from its model)."""
-    tok = load_tokenizer(smollm2_dir())
+    tok = load_tokenizer(smollm2_tokenizer_dir())
     short = sft_pairs(tok, SLIP_CHAIN_MODELS["smollm2-135m-chain-short"].lengths, 3, seed=1)
     steps = [tok.decode(prompt).count("\nStep ") for prompt, _ in short]
     assert sorted(set(steps)) == [2, 3, 4] and len(short) == 9

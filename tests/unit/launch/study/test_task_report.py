@@ -5,7 +5,7 @@ import numpy as np
 from rredcot.common.config import TaskConfig
 from rredcot.common.records import RolloutGroup, RolloutRecord
 from rredcot.launch.study.task_report import length_report, task_table
-from rredcot.models.smollm import smollm2_dir
+from rredcot.models.smollm import smollm2_tokenizer_dir
 from rredcot.models.store import load_tokenizer
 from rredcot.tasks.arith import make_problem
 from rredcot.tasks.task import build_task, working
@@ -34,7 +34,7 @@ def _group(texts: list[str], rewards: list[float], tok) -> RolloutGroup:
 
 
 def test_slip_rates_single_slips_and_shared_prefixes_by_hand():
-    tok = load_tokenizer(smollm2_dir())
+    tok = load_tokenizer(smollm2_tokenizer_dir())
     right = "Step 1: 7 + 5 = 12.\nStep 2: 12 * 2 = 24.\nStep 3: 24 - 4 = 20.\nAnswer: 20"
     slip = "Step 1: 7 + 5 = 12.\nStep 2: 12 * 2 = 25.\nStep 3: 25 - 4 = 21.\nAnswer: 21"  # one slip, at line 1
     twice = "Step 1: 7 plus 5 is 13.\nStep 2: 13 * 2 = 27.\nStep 3: 27 - 4 = 23.\nAnswer: 23"  # lines 0 and 1
