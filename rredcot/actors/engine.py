@@ -24,11 +24,12 @@ between two engine steps.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +64,26 @@ def _quiet_chat_warmup() -> None:
     logger = logging.getLogger("vllm.renderers.base")
     if not any(isinstance(f, _NoChatWarmup) for f in logger.filters):
         logger.addFilter(_NoChatWarmup())
+
+
+@contextlib.contextmanager
+def _models_inspected_here() -> Iterator[None]:
+    """vLLM inspects a model class it has not cached yet in a subprocess that imports vLLM again, so
+    as not to initialise CUDA in the engine's process: 9 CPU-s and 8 s on 2 cores, once per
+    architecture and cache, twice at a first demo's start (its generator and evaluator). A CPU
+    engine has no CUDA to initialise: within this block the inspection runs here. (Where vLLM has
+    no such function any more, nothing changes.)"""
+    from vllm.model_executor.models import registry
+
+    in_subprocess = getattr(registry, "_run_in_subprocess", None)
+    if in_subprocess is None:
+        yield
+        return
+    registry._run_in_subprocess = lambda fn: fn()
+    try:
+        yield
+    finally:
+        registry._run_in_subprocess = in_subprocess
 
 
 class PromptTooLong(ValueError):
@@ -160,8 +181,8 @@ class Engine:
 
     def __init__(self, spec: EngineSpec) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        # one cache per machine, kept between runs: without it vLLM inspects the model class in a
-        # subprocess that imports vLLM again (10 s of CPU at every engine start on a 2-core box)
+        # one cache per machine, kept between runs: what vLLM learnt of a model class is read back,
+        # not inspected again (_models_inspected_here)
         os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_dir() / "vllm"))
         bound_primitive_cache()  # vLLM-CPU's matmuls are oneDNN primitives, one per batch size
         gc.collect()  # an unreferenced engine's teardown resets vLLM's process-wide state: let it run before ours
@@ -175,19 +196,20 @@ class Engine:
             extra["enable_chunked_prefill"] = False
         if spec.tensor_parallel > 1:  # worker processes of the engine's own, inside this actor's GPUs
             extra |= {"tensor_parallel_size": spec.tensor_parallel, "distributed_executor_backend": "mp"}
-        self.llm = LLM(
-            model=spec.model,
-            dtype=spec.dtype,
-            seed=spec.seed,
-            max_model_len=spec.max_model_len,
-            kv_cache_memory_bytes=spec.kv_cache_bytes,
-            enforce_eager=not gpu,
-            logprobs_mode="processed_logprobs",
-            worker_extension_cls=_EXTENSION,
-            async_scheduling=False,  # step outputs belong to the step just run: exact token versions
-            skip_tokenizer_init=not spec.stop_strings,
-            **extra,
-        )
+        with contextlib.nullcontext() if gpu else _models_inspected_here():
+            self.llm = LLM(
+                model=spec.model,
+                dtype=spec.dtype,
+                seed=spec.seed,
+                max_model_len=spec.max_model_len,
+                kv_cache_memory_bytes=spec.kv_cache_bytes,
+                enforce_eager=not gpu,
+                logprobs_mode="processed_logprobs",
+                worker_extension_cls=_EXTENSION,
+                async_scheduling=False,  # step outputs belong to the step just run: exact token versions
+                skip_tokenizer_init=not spec.stop_strings,
+                **extra,
+            )
         self._core = self.llm.llm_engine
         self.tokenizer = load_tokenizer(spec.model)
         self.seeded = spec.seeded

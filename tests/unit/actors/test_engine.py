@@ -53,6 +53,20 @@ def test_cpu_engine_uses_small_kv_blocks_so_groups_share_their_prompt(tied):
     assert engine._core.vllm_config.cache_config.enable_prefix_caching
 
 
+def test_a_cpu_engine_inspects_a_new_model_class_in_its_own_process():
+    """vLLM inspects a model class it has not cached in a subprocess that imports vLLM again (so as not
+    to initialise CUDA); a CPU engine's build runs it in place, and leaves vLLM as it found it."""
+    from vllm.model_executor.models import registry
+
+    from rredcot.actors.engine import _models_inspected_here
+
+    in_subprocess = registry._run_in_subprocess
+    assert in_subprocess is not None  # should vLLM rename it, the engine would fall back to the subprocess
+    with _models_inspected_here():
+        assert registry._run_in_subprocess(os.getpid) == os.getpid()
+    assert registry._run_in_subprocess is in_subprocess
+
+
 def test_engine_bounds_onednns_primitive_cache(tied):
     """vLLM-CPU JIT-compiles a oneDNN matmul per batch size, and oneDNN keeps 1,024 of them by default:
     a generator's RSS crept for hours as new batch sizes came (docs/benchmarks.md, "Soak"). The engine
