@@ -24,6 +24,18 @@ def test_bundled_configs_load():
         load_config(name)
 
 
+def test_no_load_leaves_anything_in_the_next():
+    """The defaults' tree is built once a process: what one load merged into it (bundled configs'
+    sections and settings, overrides, a failed load's) is in no later load."""
+    fresh = load_config(None, ["data.path=problems.jsonl"])
+    for name in available_configs():
+        load_config(name, ["run.steps=7", "credit.settings.rredcot.uniform_mix=0.5"])
+    with pytest.raises(ConfigError):
+        load_config("tests", ["run.steps=7", "learner.lr=fast"])
+    assert load_config(None, ["data.path=problems.jsonl"]) == fresh
+    assert from_dict(to_dict(fresh)) == fresh
+
+
 def test_overrides_apply_and_interpolate():
     cfg = load_config("tests", ["learner.lr=3e-6", "run.name=abc", "credit.method=grpo"])
     assert cfg.learner.lr == 3e-6 and cfg.credit.method == "grpo"
