@@ -30,6 +30,7 @@ def test_a_weight_update_reaches_every_shard(tokenizer, helpers, tmp_path, monke
     monkeypatch.setenv(
         "VLLM_CPU_OMP_THREADS_BIND", "|".join(",".join(map(str, c)) for c in (cores[:half], cores[half:]))
     )
+    monkeypatch.setenv("VLLM_HOST_IP", "127.0.0.1")  # its workers' message queue on loopback, not the host's address
     m0, m1 = helpers.make_model("qwen3", 0, tie=True), helpers.make_model("qwen3", 1, tie=True)
     path = helpers.save(m0, tokenizer, tmp_path / "m0")
     engine = Engine(EngineSpec(path, max_model_len=128, kv_cache_bytes=helpers.kv_bytes, seed=0, tensor_parallel=2))
