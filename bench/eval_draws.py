@@ -28,7 +28,8 @@ from rredcot.common.config import load_config  # noqa: E402
 from rredcot.common.precision import cpu_info  # noqa: E402
 from rredcot.common.sampling import seed_of  # noqa: E402
 from rredcot.launch.arguments import bounded_int  # noqa: E402
-from rredcot.launch.evaluate import EvalResult, evaluate, evaluator_spec, paired_change  # noqa: E402
+from rredcot.launch.evaluate import EvalResult, evaluate, evaluator_spec  # noqa: E402
+from rredcot.launch.observe.intervals import paired_change  # noqa: E402
 from rredcot.tasks.data import train_and_held_out  # noqa: E402
 from rredcot.tasks.verifier import Verifier  # noqa: E402
 

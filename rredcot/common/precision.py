@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rredcot.common.gpus import local_gpus
+
 if TYPE_CHECKING:
     from rredcot.common.config import Config
 
@@ -134,9 +136,7 @@ def resolve_dtype(requested: str, device: str | None = None) -> DtypeChoice:
     if requested != "auto":
         return DtypeChoice(requested, "set in the config")
     if device is None:
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = "cuda" if local_gpus() else "cpu"
     return _auto_choice(device)
 
 

@@ -7,17 +7,16 @@ per-problem accuracies ± 1.96 standard errors across problems (clipped to [0, 1
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rredcot.actors.engine import Engine, EngineSpec, Sampling
 from rredcot.common.config import Config
 from rredcot.common.run_context import RunContext
 from rredcot.common.sampling import seed_of
 from rredcot.common.startup_gc import collector_off
+from rredcot.launch.observe.intervals import mean_ci
 from rredcot.launch.stages import start_worker_process
 from rredcot.tasks.data import Problem, train_and_held_out
 from rredcot.tasks.prompts import opens_thought, prompt_ids
@@ -25,29 +24,12 @@ from rredcot.tasks.task import Task, working
 from rredcot.tasks.verifier import Verifier
 from rredcot.transports import weight_receiver
 
+if TYPE_CHECKING:  # the engine's module imports torch: here only where an engine is built or asked
+    from rredcot.actors.engine import Engine, EngineSpec, Sampling
+
 log = logging.getLogger(__name__)
 
 WEIGHTS_WAIT_S = 60.0  # how long an evaluation waits for the learner's newest version to be published
-
-
-def mean_ci(
-    values: list[float],
-    z: float = 1.96,
-    clip: tuple[float, float] | None = (0.0, 1.0),
-) -> tuple[float, float, float]:
-    """(mean, low, high) of a normal-approximation interval, clipped to ``clip`` (accuracies: [0, 1]);
-    a single value has a zero-width one."""
-    n = len(values)
-    if n == 0:
-        return float("nan"), float("nan"), float("nan")
-    m = sum(values) / n
-    if n == 1:
-        return m, m, m
-    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1))
-    half = z * sd / math.sqrt(n)
-    if clip is None:
-        return m, m - half, m + half
-    return m, max(clip[0], m - half), min(clip[1], m + half)
 
 
 @dataclass
@@ -83,6 +65,8 @@ def eval_requests(
     batch. Two evaluations of one problem then differ by what changed the policy, not by the draw
     (common random numbers), which narrows their paired change."""
     g = cfg.generation
+    from rredcot.actors.engine import Sampling
+
     sampled = Sampling(
         n=g.group_size, temperature=g.temperature, top_p=g.top_p, max_tokens=g.max_tokens, stop=tuple(g.stop)
     )
@@ -163,25 +147,12 @@ def evaluate(
     )
 
 
-def paired_change(before: list[float], after: list[float]) -> tuple[float, float, float]:
-    """Mean change of per-problem accuracy on the same problems, with its 95% interval.
-
-    Problem difficulty cancels in the differences, so this interval is much tighter than the gap
-    between two independent intervals: the honest test of "did training help on held-out data".
-    """
-    return mean_ci([a - b for b, a in zip(before, after, strict=True)], clip=None)
-
-
-def drawn_alike(first: dict[str, Any], last: dict[str, Any]) -> bool:
-    """Whether two evaluation records (``EvalResult.as_dict``) both drew each problem's samples from
-    its own seed (``logging.eval_same_draws``), so their paired change compares the same draws."""
-    return bool(first.get("same_draws") and last.get("same_draws"))
-
-
 def evaluator_spec(cfg: Config) -> EngineSpec:
     """The evaluator's engine: the run's (``EngineSpec.from_config``, its own seed) on its own GPUs, with
     ``logging.eval_kv_cache_bytes`` of KV cache when that is set, taking seeded requests with
     ``logging.eval_same_draws``."""
+    from rredcot.actors.engine import EngineSpec
+
     log_cfg = cfg.logging
     return EngineSpec.from_config(
         cfg,
@@ -209,6 +180,8 @@ class Evaluator:
 
     def __init__(self, cfg: dict[str, Any], env: dict[str, str]) -> None:
         self.cfg = c = start_worker_process("eval", cfg, env)
+        from rredcot.actors.engine import Engine
+
         run = RunContext.connect(c, "the evaluator")  # before the engine: a missing redis.url fails at once
         spec = evaluator_spec(c)
         self.draws = eval_draws(c, spec)

@@ -16,12 +16,15 @@ from __future__ import annotations
 import os
 import time
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import redis
-import torch.distributed as dist
 
 from rredcot.common.net import hosted_store
 from rredcot.common.streams import run_key
+
+if TYPE_CHECKING:  # torch only where a store is made: the driver reads ENV
+    import torch.distributed as dist
 
 ENV = "RREDCOT_RENDEZVOUS"  # the rendezvous id the driver gives one start of the learner tier
 POLL_S = 0.1
@@ -43,6 +46,8 @@ def learner_store(
 ) -> dist.TCPStore:
     """The store of the learner group: hosted on a free port by rank 0, joined by the others once
     rank 0 has published its port (they wait up to ``timeout_s``)."""
+    import torch.distributed as dist
+
     timeout = timedelta(seconds=timeout_s)
     name = rendezvous_key(client, run_id, rendezvous_id)
     if rank == 0:

@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 
 from rredcot.common.config import Config, engine_gpus
 from rredcot.common.errors import UserError
+from rredcot.common.gpus import local_gpus
 from rredcot.common.precision import cpu_info, cpu_native_bf16, dtype_settings, planned_dtype
 from rredcot.launch.checks import GIB, Check
 from rredcot.launch.checks.cluster import check_cluster
@@ -51,8 +52,6 @@ def check_cpu(cfg: Config) -> list[Check]:
 
 
 def check_resources(cfg: Config) -> list[Check]:
-    import torch
-
     cores = local_cores()
     need = demand(cfg)
     out = [check_memory(cfg, *available_memory())]
@@ -75,9 +74,11 @@ def check_resources(cfg: Config) -> list[Check]:
             out.append(Check("error", "cores", str(e), "lower the worker counts or cluster.cpus_per_<tier>"))
     else:
         out.append(Check("ok", "cores", f"{cores}; the plan asks {need.get('CPU', 0):g}"))
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = local_gpus()
     want = need.get("GPU", 0.0)
     if gpus:
+        import torch
+
         nccl = torch.distributed.is_available() and torch.distributed.is_nccl_available()
         out.append(
             Check(
@@ -248,10 +249,8 @@ def learner_shares_a_gpu(cfg: Config, local_gpus: int) -> bool:
 def check_weight_transport(cfg: Config) -> list[Check]:
     """A transport's weight group between tiers that share one GPU; its ``/dev/shm`` versions without
     room there (what the transport's ``Deployment`` says it needs)."""
-    import torch
-
     transport, needs = cfg.generation.weight_transport, deployment(cfg)
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = local_gpus()
     if needs.group_size(cfg) is not None and learner_shares_a_gpu(cfg, gpus):
         return [
             Check(

@@ -87,7 +87,7 @@ def paired_note(evals: list[dict[str, Any]]) -> str | None:
     two evaluations' own intervals overlap where the paired one, over the same problems, is above 0."""
     if len(evals) < 2:
         return None
-    from rredcot.launch.evaluate import drawn_alike, paired_change
+    from rredcot.launch.observe.intervals import drawn_alike, paired_change
 
     first, last = evals[0], evals[-1]
     d, lo, hi = paired_change(first["sampled_per_problem"], last["sampled_per_problem"])

@@ -51,9 +51,9 @@ class Monitor:
         self.version = 0  # and the weights version it trained to
         self.writer = self.wandb = None
         if cfg.logging.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+            from tensorboard.summary import Writer  # TensorBoard's own: the driver needs no torch
 
-            self.writer = SummaryWriter(str(tb_dir))
+            self.writer = Writer(str(tb_dir))
         if cfg.logging.wandb:
             import wandb
 

@@ -46,7 +46,7 @@ def _accuracy_section(title: str, evals: list[dict[str, Any]], over: str) -> lis
     ]
     lines += [f"| {e['step']} | {e['version']} | {_fmt(e, 'sampled')} | {_fmt(e, 'greedy')} |" for e in evals]
     if len(evals) > 1:
-        from rredcot.launch.evaluate import drawn_alike, paired_change
+        from rredcot.launch.observe.intervals import drawn_alike, paired_change
 
         d, lo, hi = paired_change(first["sampled_per_problem"], last["sampled_per_problem"])
         verdict = "improved" if lo > 0 else ("got worse" if hi < 0 else "did not change measurably")
@@ -216,7 +216,7 @@ def training_reward(history: list[dict[str, Any]]) -> list[list[float]]:
 
 def summary_json(cfg: Config, outcome: RunOutcome, artefacts: dict[str, str]) -> dict[str, Any]:
     """The machine-readable summary: evaluations, paired change, what σ did, phases, dtype and CPU."""
-    from rredcot.launch.evaluate import paired_change
+    from rredcot.launch.observe.intervals import paired_change
     from rredcot.tasks.task import build_task
 
     monitor = outcome.monitor

@@ -29,7 +29,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from rredcot.common.errors import UserError  # noqa: E402
-from rredcot.launch.evaluate import mean_ci  # noqa: E402
+from rredcot.launch.observe.intervals import mean_ci  # noqa: E402
 from rredcot.launch.study.stats import Interval, mean_interval  # noqa: E402
 from rredcot.launch.study.step_slips import arm_slips, slips_table  # noqa: E402
 

@@ -1,4 +1,3 @@
-import math
 import os
 
 import pytest
@@ -6,20 +5,11 @@ import pytest
 from rredcot.actors.engine import Engine, EngineSpec
 from rredcot.common.config import load_config
 from rredcot.common.sampling import seed_of
-from rredcot.launch.evaluate import eval_draws, eval_requests, evaluate, evaluator_spec, mean_ci, paired_change
+from rredcot.launch.evaluate import eval_draws, eval_requests, evaluate, evaluator_spec
 from rredcot.models.store import load_tokenizer, qwen_tokenizer_dir, save_model_dir
 from rredcot.models.tiny import build_tiny_model
 from rredcot.tasks.data import Problem
 from rredcot.tasks.verifier import Verifier
-
-
-def test_mean_ci_hand_computed():
-    m, lo, hi = mean_ci([0.0, 0.5, 1.0, 0.5])  # mean 0.5, sd sqrt(1/6), n 4
-    half = 1.96 * math.sqrt(1 / 6) / 2
-    assert (m, lo, hi) == pytest.approx((0.5, 0.5 - half, 0.5 + half))
-    assert mean_ci([1.0, 1.0]) == (1.0, 1.0, 1.0)
-    assert mean_ci([0.7]) == (0.7, 0.7, 0.7)
-    assert mean_ci([1.0, 1.0, 0.0])[2] == 1.0  # clipped to [0, 1]
 
 
 def test_the_evaluators_kv_cache_is_its_own_when_set_and_the_generators_otherwise(tmp_path):
@@ -56,23 +46,6 @@ def test_eval_requests_seed_each_problems_samples_by_its_id_and_leave_greedy_uns
     alone = eval_requests(problems[2:], prompts[2:], cfg, draws=7)
     assert alone[0][1] == seeded[2][1]  # a problem's draw does not depend on the others
     assert eval_requests(problems, prompts, cfg, draws=8)[0][1].seed != seeded[0][1].seed
-
-
-def test_paired_change_cancels_problem_difficulty():
-    before = [0.1, 0.9, 0.2, 0.8, 0.5]
-    after = [b + 0.1 for b in before]  # every problem improved by exactly 0.1
-    d, lo, hi = paired_change(before, after)
-    assert (d, lo, hi) == pytest.approx((0.1, 0.1, 0.1))
-    # the unpaired intervals of the two evaluations overlap widely even so
-    assert mean_ci(after)[1] < mean_ci(before)[2]
-
-
-def test_paired_change_hand_computed_and_length_check():
-    d, lo, hi = paired_change([0.0, 0.0, 0.0], [0.0, 0.5, 1.0])
-    half = 1.96 * 0.5 / math.sqrt(3)
-    assert (d, lo, hi) == pytest.approx((0.5, 0.5 - half, 0.5 + half))
-    with pytest.raises(ValueError):
-        paired_change([0.1], [0.1, 0.2])
 
 
 @pytest.fixture(scope="module")

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from rredcot.common import gpus
 from rredcot.common.config import load_config
 from rredcot.common.precision import DtypeChoice
 from rredcot.launch.checks import doctor as doc
@@ -176,8 +180,9 @@ def test_a_local_plan_needs_its_gpus_on_this_machine(monkeypatch: pytest.MonkeyP
     assert "cluster.gpus_per_evaluator=0" in gpu.fix
     (gpu,) = _gpu_lines(load_config("tests", ["cluster.gpus_per_generator=1", "cluster.address=10.0.0.1:6379"]))
     assert gpu.level == "ok" and "2 GPUs come from the Ray cluster" in gpu.found
+    monkeypatch.setattr(gpus, "gpu_driver_present", lambda: True)  # a machine with one GPU
     for name, value in (("is_available", True), ("device_count", 1), ("get_device_name", "NVIDIA H100")):
-        monkeypatch.setattr(torch.cuda, name, lambda *a, v=value: v)  # a machine with one GPU
+        monkeypatch.setattr(torch.cuda, name, lambda *a, v=value: v)
     shared = ["cluster.gpus_per_generator=0.5", "cluster.gpus_per_learner=0.5"]
     assert [c.level for c in _gpu_lines(load_config("tests", shared))][1:] == ["error"]
     assert [c.level for c in _gpu_lines(load_config("tests", [*shared, "cluster.gpus_per_evaluator=0"]))][1:] == []
@@ -256,3 +261,14 @@ def test_a_setting_its_mode_leaves_unused_is_a_warning_naming_both_keys(override
         [],
     ]
     assert not [c for o in used for c in check_unused_settings(load_config("tests", o))]
+
+
+def test_the_checks_of_a_cpu_machine_import_no_torch() -> None:
+    """``rredcot doctor`` (and ``train``'s pre-start checks) on a machine without a GPU driver: torch,
+    a second of CPU at every start, is never imported (blocked here, so an import would fail)."""
+    if gpus.gpu_driver_present():
+        pytest.skip("a machine with a GPU driver: the checks ask torch for its GPUs")
+    code = "import sys; sys.modules['torch'] = None; from rredcot.launch.cli import main; main()"
+    out = subprocess.run([sys.executable, "-c", code, "doctor", "tests"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr[-2000:]
+    assert re.search(r"^ok +gpu +none \(CPU run\)$", out.stdout, re.M), out.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -137,3 +138,27 @@ def test_plain_lines_every_interval_to_the_log(clock: Clock, caplog: pytest.LogC
     assert len(lines) == 2 and "step 3/20" not in lines[0].getMessage()
     assert all(r.console for r in lines)  # no terminal: the console gets the plain lines
     assert Progress(cfg, Phases(), tty=True).live is None  # tests.yaml has logging.progress=false
+
+
+def test_the_monitor_writes_every_workers_numbers_as_tensorboard_scalars(tmp_path: Path) -> None:
+    """TensorBoard's own writer (the driver imports no torch): each worker's numbers, one scalar series
+    each, read back as TensorBoard reads them."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from rredcot.launch.observe.monitor import Monitor
+
+    class Control:
+        n = 0
+
+        def all_metrics(self) -> dict:
+            self.n += 1
+            return {"learner0": {"tier": "learner", "step": float(self.n), "loss": 0.5 / self.n}}
+
+    monitor = Monitor(load_config("tests"), Control(), tmp_path / "tb", {})
+    for _ in range(3):
+        monitor.poll()
+    monitor.close()
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0})
+    events.Reload()
+    loss = [(e.step, float(e.tensor_proto.float_val[0])) for e in events.Tensors("learner/learner0/loss")]
+    assert loss == [(1, 0.5), (2, 0.25), (3, pytest.approx(0.5 / 3))]
