@@ -270,5 +270,7 @@ def test_the_checks_of_a_cpu_machine_import_no_torch() -> None:
         pytest.skip("a machine with a GPU driver: the checks ask torch for its GPUs")
     code = "import sys; sys.modules['torch'] = None; from rredcot.launch.cli import main; main()"
     out = subprocess.run([sys.executable, "-c", code, "doctor", "tests"], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stdout + out.stderr[-2000:]
-    assert re.search(r"^ok +gpu +none \(CPU run\)$", out.stdout, re.M), out.stdout
+    said = out.stdout + out.stderr[-2000:]
+    # every check ran (its verdict on this machine's memory or disk may vary beside other tests)
+    assert "rredcot doctor: " in out.stdout and "torch" not in out.stderr, said
+    assert re.search(r"^ok +gpu +none \(CPU run\)$", out.stdout, re.M), said
