@@ -64,9 +64,9 @@ def eval_requests(
     evaluation with the same ``draws`` gives p the same random numbers, whatever else shares the
     batch. Two evaluations of one problem then differ by what changed the policy, not by the draw
     (common random numbers), which narrows their paired change."""
-    g = cfg.generation
     from rredcot.actors.engine import Sampling
 
+    g = cfg.generation
     sampled = Sampling(
         n=g.group_size, temperature=g.temperature, top_p=g.top_p, max_tokens=g.max_tokens, stop=tuple(g.stop)
     )

@@ -88,10 +88,9 @@ def _save_tokenizer(out: Path) -> None:
 def _convert(out: Path) -> None:
     import torch
     from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     src = gguf_path()
-    tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
     model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
@@ -100,7 +99,7 @@ def _convert(out: Path) -> None:
     config.pop("quantization_config", None)
     config.update(architectures=[type(model).__name__], tie_word_embeddings=True, torch_dtype="float32")
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    tok.save_pretrained(out)
+    _save_tokenizer(out)  # the same files as the tokenizer's own builtin
 
 
 # The credit study's CPU policies (docs/study.md): SmolLM2 after a short format SFT on four-step
