@@ -62,17 +62,5 @@ out = subprocess.run([find_server_binary(), "--version"], capture_output=True, t
 print("rredcot: embedded server:", out.stdout.strip().split(" sha=")[0])
 PY
 
-# DeepSpeed JIT-builds its shared-memory op when a learner's engine first starts (20-45 s on 2 cores, while
-# every other process that needs it waits); build it now, where the learner looks for it
-# (rredcot.learner.extensions.extensions_dir): init_distributed loads it (nothing to build on a GPU).
-if $VENV/bin/python -c "import deepspeed" 2>/dev/null; then
-  $VENV/bin/python - <<'PY' 2>&1 | grep -E "^rredcot" || true
-import time
-t = time.time()
-from rredcot.learner.engine import init_distributed
-init_distributed()
-print(f"rredcot: DeepSpeed distributed init and its shared-memory op warm ({time.time() - t:.1f}s)")
-PY
-fi
 echo "$want" > "$STAMP"
 echo "rredcot: environment ready: source $VENV/bin/activate"

@@ -28,13 +28,24 @@ import torch.distributed as dist
 from rredcot.common.config import LearnerConfig
 from rredcot.common.onednn import bound_primitive_cache
 from rredcot.common.precision import resolve_dtype
-from rredcot.learner.extensions import await_build_locks, extensions_dir, load_shm_op
 from rredcot.learner.logprobs import TokenLogProbs, model_inputs
 from rredcot.learner.loss import LossSettings, Stats, policy_loss, sample_coefficients
 from rredcot.learner.packing import BudgetError, MicroBatch, TrainSample, micro_batches
 from rredcot.models.store import load_causal_lm
 
 MUON_MODULE = "deepspeed.runtime.zero.muon.muon_optimizer"
+SHM_OP = "deepspeed_shm_comm"  # DeepSpeed's shared-memory collective op for CPUs
+
+
+def _without_shm_op() -> None:
+    """DeepSpeed's CPU backend JIT-builds a shared-memory op at its first init (20-45 s and a C++
+    compiler on each machine, under a lock a killed build leaves behind) and loads it in every process.
+    It serves only DeepSpeed's ``inference_all_reduce`` (tensor-parallel inference), which the learner
+    never calls: its collectives are torch.distributed's (gloo on CPU). Marked incompatible in
+    DeepSpeed's own table of ops, it is never built or loaded."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__[SHM_OP] = False
 
 
 @contextlib.contextmanager
@@ -67,10 +78,7 @@ def init_distributed(store: dist.Store | None = None) -> tuple[int, int]:
     gpu = torch.cuda.is_available()
     if not gpu:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    root = extensions_dir()
-    await_build_locks(root)
-    if not gpu:  # DeepSpeed's shared-memory op is for CPU collectives: nothing to load on a GPU
-        load_shm_op(root)
+    _without_shm_op()
     for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
         os.environ.setdefault(k, v)
     if store is None and os.environ["WORLD_SIZE"] == "1":

@@ -13,7 +13,6 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from rredcot.learner.extensions import extensions_dir
 from rredcot.models.store import cache_dir
 from tests.cluster.netns import IFACE, PREFIX, REPO, Cluster, pids_in, wait_for_file
 
@@ -48,7 +47,6 @@ def test_the_slurm_script_trains_on_two_nodes_and_stops_in_order_before_the_time
         "HOME": str(home),
         "RAY_AUTH_TOKEN_PATH": None,  # no token yet: the script makes the job's, in ~/.ray
         "RREDCOT_CACHE": str(cache_dir()),  # the models come from the suite's cache: not built again
-        "TORCH_EXTENSIONS_DIR": str(extensions_dir()),  # and DeepSpeed's op from set-up's build
         "HARNESS_NETNS_PREFIX": f"{PREFIX}{cluster.owner}-",
         "HARNESS_ROOT": str(cluster.root),
         "SLURM_JOB_NODELIST": ",".join(NODES),

@@ -73,6 +73,17 @@ def test_the_engine_bounds_onednns_primitive_cache_before_its_first_matmul(make_
     assert os.environ[PRIMITIVE_CACHE_ENV] == str(PRIMITIVE_CACHE)
 
 
+def test_the_engine_neither_builds_nor_loads_deepspeeds_shared_memory_op(make_model):
+    """DeepSpeed's CPU backend built its shared-memory op at a learner's first start on each machine
+    (20-45 s, a C++ compiler) and loaded it in every learner; it serves only DeepSpeed's inference
+    all-reduce, which the learner never calls."""
+    from deepspeed.comm import comm
+
+    LearnerEngine(make_model(), config(zero_stage=0))
+    assert comm.cdb is not None and comm.cdb.shm_comm_op is None  # this process's DeepSpeed backend
+    assert not hasattr(torch.ops.deepspeed, "inference_all_reduce_")  # the op's kernel never registered
+
+
 @pytest.mark.parametrize("stage", [2, 3])
 def test_a_zero_engine_starts_without_importing_deepspeeds_muon_unless_zero3_needs_it(make_model, monkeypatch, stage):
     """DeepSpeed's ZeRO check would import (and torch.compile) its Muon optimizer, 2 s of CPU at every
