@@ -13,13 +13,12 @@ KL) makes no optimizer step (counted in ``skipped_empty``).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 import os
 import sys
 import time
-from collections.abc import Iterator
+import types
 from dataclasses import dataclass, field
 
 import torch
@@ -33,7 +32,7 @@ from rredcot.learner.loss import LossSettings, Stats, policy_loss, sample_coeffi
 from rredcot.learner.packing import BudgetError, MicroBatch, TrainSample, micro_batches
 from rredcot.models.store import load_causal_lm
 
-MUON_MODULE = "deepspeed.runtime.zero.muon.muon_optimizer"
+MUON_MODULES = ("deepspeed.runtime.zero.muon.muon_optimizer", "deepspeed.runtime.zero.muon.original_muon")
 SHM_OP = "deepspeed_shm_comm"  # DeepSpeed's shared-memory collective op for CPUs
 
 
@@ -48,22 +47,27 @@ def _without_shm_op() -> None:
     deepspeed.ops.__compatible_ops__[SHM_OP] = False
 
 
-@contextlib.contextmanager
-def _without_muon(zero_stage: int) -> Iterator[None]:
-    """DeepSpeed's ZeRO check imports its Muon optimizer only to list it as supported, and that import
-    wraps Muon's kernels in ``torch.compile``: 2.1 s of CPU at every learner start on an AMD EPYC. The
-    learner's AdamW is on the list already, so while DeepSpeed initialises stages 0-2 the module reads
-    as absent (an ImportError, which the check catches). ZeRO-3's optimizer imports it outright, so
-    stage 3 keeps it; an import of it before or after is untouched."""
-    if zero_stage == 3 or MUON_MODULE in sys.modules:
-        yield
+def _muon_stand_ins() -> None:
+    """DeepSpeed imports its Muon optimizer only to ask whether the optimizer it was given is one (in
+    ZeRO's optimizer check, ZeRO-3's and BF16's set-up, every ZeRO-1/2 gradient reduction) and Muon's
+    update function wherever ZeRO-1/2 copies gradients, to call it on parameters marked for Muon. Those
+    imports wrap Muon's kernels in ``torch.compile``: 1-2 s of CPU at every learner start. The learner's
+    optimizer is torch's AdamW and marks no parameter, so both modules are stand-ins: a
+    ``MuonWithAuxAdam`` no optimizer is an instance of, and update functions that say so if ever
+    called. Where a real one was imported before, both stay real."""
+    if any(name in sys.modules for name in MUON_MODULES):
         return
-    sys.modules[MUON_MODULE] = None  # type: ignore[assignment]  # the import system's "not importable"
-    try:
-        yield
-    finally:
-        if sys.modules.get(MUON_MODULE, 0) is None:
-            del sys.modules[MUON_MODULE]
+
+    def not_ours(*args: object, **kwargs: object) -> None:
+        raise RuntimeError(
+            "DeepSpeed's Muon is not the learner's optimizer (rredcot/learner/engine.py stands in for it)"
+        )
+
+    for name in MUON_MODULES:
+        stand_in = types.ModuleType(name, "rredcot's stand-in for DeepSpeed's Muon (the learner's optimizer is AdamW)")
+        stand_in.MuonWithAuxAdam = type("MuonWithAuxAdam", (), {})  # type: ignore[attr-defined]
+        stand_in.muon_update = stand_in.adam_update = not_ours  # type: ignore[attr-defined]
+        sys.modules[name] = stand_in
 
 
 def init_distributed(store: dist.Store | None = None) -> tuple[int, int]:
@@ -204,13 +208,13 @@ class LearnerEngine:
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         # stepped by DeepSpeed on applied steps only (a skipped step leaves it), saved in checkpoints
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg, total_steps))
-        with _without_muon(cfg.zero_stage):
-            self.engine, *_ = deepspeed.initialize(
-                model=TokenLogProbs(model, cfg.logprob_chunk, temperature),
-                optimizer=optimizer,
-                lr_scheduler=schedule,
-                config=ds_config(cfg),
-            )
+        _muon_stand_ins()
+        self.engine, *_ = deepspeed.initialize(
+            model=TokenLogProbs(model, cfg.logprob_chunk, temperature),
+            optimizer=optimizer,
+            lr_scheduler=schedule,
+            config=ds_config(cfg),
+        )
         if self.ref_model is not None:
             self.ref_model.to(self.engine.device)
         self.version = version
