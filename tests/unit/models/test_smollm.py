@@ -35,8 +35,8 @@ def test_the_demo_model_converted_by_two_processes_at_once(tmp_path):
     assert {k: converted[k] for k in SMOLLM2_SHAPE} == SMOLLM2_SHAPE  # the shape the memory check assumes before
     assert AutoConfig.from_pretrained(outs[0]).tie_word_embeddings
     assert sorted(p.name for p in tmp_path.iterdir()) == ["smollm2-135m-instruct", "smollm2-135m-instruct.lock"]
-    # the tokenizer alone (what training pairs' digests read) is the converted model's
-    alone, whole = load_tokenizer(smollm2_tokenizer_dir(tmp_path / "alone")), load_tokenizer(outs[0])
+    # the tokenizer builtin (what training pairs' digests read, from the suite's cache) is the converted model's
+    alone, whole = load_tokenizer(smollm2_tokenizer_dir()), load_tokenizer(outs[0])
     text = "<|im_start|>user\nStep 2: 12 * 14 = 168.\nAnswer: 168<|im_end|>"
     assert alone(text)["input_ids"] == whole(text)["input_ids"] and alone.eos_token_id == whole.eos_token_id
     assert alone.get_vocab() == whole.get_vocab() and alone.chat_template == whole.chat_template
