@@ -22,6 +22,8 @@ from pathlib import Path
 from urllib.parse import quote
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from rredcot.common.config import Config, ConfigError, redact_url
 from rredcot.common.net import free_port
@@ -57,6 +59,13 @@ def _config_string(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+PORT_TRIES = 3  # ports an EmbeddedRedis tries when others take the ones it chose
+
+
+class PortTaken(RuntimeError):
+    """The server could not bind its port: another process listens on it."""
+
+
 class EmbeddedRedis:
     """A Redis-protocol server process owned by this run."""
 
@@ -73,6 +82,7 @@ class EmbeddedRedis:
         # a random password per server unless one is given: no other local user reads or writes the run's
         # keys (its key list decides what run.resume=never deletes)
         self.host, self.port = host, port or free_port(host)
+        self.port_kept = port is not None  # pinned, or once a server ran on it (its clients know it)
         self.password = password or secrets.token_urlsafe(24)
         self.binary = find_server_binary(server)
         self.appendonly = appendonly
@@ -83,7 +93,25 @@ class EmbeddedRedis:
         return f"redis://:{quote(self.password, safe='')}@{self.host}:{self.port}/0"  # '/', '#', '%' survive
 
     def start(self, timeout_s: float = 15.0) -> EmbeddedRedis:
+        """Start the server and wait until it answers. A port this object chose finds another process on
+        it at times (``free_port`` only saw it free a moment before): the server then starts on a new
+        one, up to PORT_TRIES times. A pinned port, or the port a server already ran on (a restart),
+        stays; the error then quotes the server's own log."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        for attempt in range(PORT_TRIES):
+            try:
+                self._start_once(timeout_s)
+                break
+            except PortTaken:
+                if self.port_kept or attempt == PORT_TRIES - 1:
+                    raise
+                self.port = free_port(self.host)
+        self.port_kept = True
+        return self
+
+    def _start_once(self, timeout_s: float) -> None:
+        log_file = self.data_dir / "server.log"
+        logged = log_file.stat().st_size if log_file.exists() else 0  # a restart appends to the same log
         args = [
             self.binary,
             "-",  # the password comes on stdin, as a config line: not in argv, which `ps` shows every user
@@ -104,7 +132,7 @@ class EmbeddedRedis:
             "--daemonize",
             "no",
             "--logfile",
-            "server.log",
+            log_file.name,  # in --dir
         ]
         # PDEATHSIG follows the *thread* that forked: only tie the server to the main thread's life.
         # Its own session: a Ctrl-C on the terminal (or a scheduler's signal to the job's process group)
@@ -124,20 +152,37 @@ class EmbeddedRedis:
             self.proc.stdin.close()
         atexit.register(self.stop)
         deadline = time.monotonic() + timeout_s
-        client = redis.Redis(host=self.host, port=self.port, password=self.password)
+        # one short try a ping: a process of another kind listening on the port never answers one
+        client = redis.Redis(
+            host=self.host,
+            port=self.port,
+            password=self.password,
+            socket_timeout=1,
+            socket_connect_timeout=1,
+            retry=Retry(NoBackoff(), 0),
+        )
         while True:
             if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
-                raise RuntimeError(f"embedded Redis server exited at start-up ({self.binary}): {err[-500:]}")
+                said = self._why_it_exited(log_file, logged)
+                failed = PortTaken if "Address already in use" in said else RuntimeError
+                raise failed(f"embedded Redis server exited at start-up on port {self.port} ({self.binary}): {said}")
             try:
                 client.ping()
                 client.close()
-                return self
-            except redis.ConnectionError:
+                return
+            except (redis.ConnectionError, redis.TimeoutError):
                 if time.monotonic() > deadline:
                     self.stop()
                     raise RuntimeError(f"embedded Redis server did not answer on port {self.port}") from None
                 time.sleep(0.05)
+
+    def _why_it_exited(self, log_file: Path, logged: int) -> str:
+        """The last lines the exited server wrote: its stderr, then its log from byte ``logged`` on."""
+        said = self.proc.stderr.read().decode(errors="replace") if self.proc and self.proc.stderr else ""
+        with contextlib.suppress(OSError), open(log_file, "rb") as f:
+            f.seek(logged)
+            said += f.read().decode(errors="replace")
+        return " / ".join(line.strip() for line in said.splitlines()[-3:] if line.strip())
 
     def alive(self) -> bool:
         """Whether the server process runs (False once it died or was stopped)."""

@@ -1,15 +1,17 @@
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
 
+import pytest
 import redis
 
 from rredcot.common.streams import connect
-from rredcot.launch.services import EmbeddedRedis
+from rredcot.launch.services import EmbeddedRedis, PortTaken
 
 
 def test_password_and_aof_in_run_dir(tmp_path):
@@ -125,3 +127,26 @@ def test_the_embedded_server_takes_a_pinned_port_and_a_directory_of_its_own(tmp_
     assert any(p.name.startswith("appendonly") for p in aof.iterdir()) and not (tmp_path / "run" / "redis").exists()
     default = embedded_redis(load_config("tests"), tmp_path / "run", nodes=1)
     assert default.data_dir == tmp_path / "run" / "redis"
+
+
+def test_a_port_taken_after_it_was_chosen_moves_the_server_to_another(tmp_path):
+    """``free_port`` sees a port free only at that moment: a suite's other worker took one before the
+    server bound it, and the server exited at start-up. A port the server chose itself is replaced."""
+    server = EmbeddedRedis(tmp_path)
+    chosen = server.port
+    with socket.socket() as taker:
+        taker.bind(("127.0.0.1", chosen))
+        taker.listen()
+        with server:
+            assert server.port != chosen and connect(server.url).ping()
+
+
+def test_a_pinned_port_that_is_taken_fails_with_the_servers_own_reason(tmp_path):
+    """A pinned port (``redis.port``), like the port a restarted server must keep, is not moved: the
+    error names the port and quotes the server's log, where the reason is (stderr is empty)."""
+    with socket.socket() as taker:
+        taker.bind(("127.0.0.1", 0))
+        taker.listen()
+        port = taker.getsockname()[1]
+        with pytest.raises(PortTaken, match=rf"on port {port} .*Address already in use"):
+            EmbeddedRedis(tmp_path, port=port).start()
