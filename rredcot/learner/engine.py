@@ -80,9 +80,9 @@ def init_distributed(store: dist.Store | None = None) -> tuple[int, int]:
     import deepspeed
 
     gpu = torch.cuda.is_available()
-    if not gpu:
+    if not gpu:  # (on a GPU, DeepSpeed has no such op to build)
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    _without_shm_op()
+        _without_shm_op()
     for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}.items():
         os.environ.setdefault(k, v)
     if store is None and os.environ["WORLD_SIZE"] == "1":
