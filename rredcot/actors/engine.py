@@ -186,6 +186,10 @@ class Engine:
         os.environ.setdefault("VLLM_CACHE_ROOT", str(cache_dir() / "vllm"))
         bound_primitive_cache()  # vLLM-CPU's matmuls are oneDNN primitives, one per batch size
         gc.collect()  # an unreferenced engine's teardown resets vLLM's process-wide state: let it run before ours
+        # and keep what lives on out of the full collections of the build (vLLM's loader's two, its engine
+        # core's freeze, the collector's own): vLLM unfreezes the whole heap when it shuts an engine down,
+        # so in a process that closed one, each would walk everything the process holds (docs/benchmarks.md)
+        gc.freeze()
         LLM = import_frozen("vllm.entrypoints.llm").LLM  # out of the full collections vLLM's build asks for
 
         if not spec.stop_strings:

@@ -317,7 +317,7 @@ def _start_evaluator(cfg: Config, pg: Any, index: int, tier: Tier | None, stack:
 
     from rredcot.launch.evaluate import Evaluator
 
-    options = evaluator_options(pg, index, tier)
+    options = evaluator_options(cfg, pg, index, tier)
     evaluator = ray.remote(Evaluator).options(**options).remote(to_dict(cfg), stage_env(cfg, "evaluator"))
     stack.callback(ray.kill, evaluator)
     return evaluator

@@ -10,6 +10,7 @@ import os
 from rredcot.common.config import Config
 from rredcot.launch.observe.logs import route_library_loggers, route_ray_errors_to_log
 from rredcot.launch.plan import local_cores, local_ray_cpus
+from rredcot.launch.stages import WAIT_POLICY, wait_policy
 
 
 def local_ray_env(cfg: Config) -> None:
@@ -21,10 +22,14 @@ def local_ray_env(cfg: Config) -> None:
         # If the local GCS dies first (a signal sent to the whole process group), give up on it in
         # seconds rather than Ray's default minute, so that a stop still ends within 30 s.
         os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", "5")
-        # Ray prestarts an idle worker a CPU for the first driver, but every actor of the run carries a
-        # runtime_env (launch.stages.process_options), which such a worker cannot take: they only took
-        # CPU from the actors' start (a 3-step `rredcot train tests`: start-up phase 6.5 → 3.4-4.5 s)
+        # Ray prestarts an idle worker a CPU for the first driver. While every actor of the run carried
+        # a runtime_env, which such a worker cannot take, they only took CPU from the actors' start (a
+        # 3-step `rredcot train tests`: start-up phase 6.5 → 3.4-4.5 s); without one they buy nothing
+        # (a 2-step run: 22.0-23.0 s with them, 21.8-24.1 s without; docs/benchmarks.md)
         os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
+        # the workers' OpenMP wait policy (launch.stages.wait_policy) in the environment the local Ray's
+        # processes start with, before any library of theirs can load OpenMP (launch.stages.process_options)
+        os.environ.setdefault(WAIT_POLICY, wait_policy())
     # Ray starts its workers at niceness 15; here the workers are the run, so anything else at the
     # default priority would starve them (docs/benchmarks.md: the learner 33 -> 131-197 s a step
     # beside a bench and tests at niceness 5-10). The run's workers share the driver's priority.

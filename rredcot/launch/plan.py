@@ -179,15 +179,15 @@ def write_placement(pg: Any, plan: list[tuple[str, int, dict[str, float]]], out:
     out.write_text(json.dumps({name: nodes[i] for i, name in enumerate(names)}, indent=1))
 
 
-def evaluator_options(pg: Any, index: int, tier: Tier | None) -> dict[str, Any]:
+def evaluator_options(cfg: Config, pg: Any, index: int, tier: Tier | None) -> dict[str, Any]:
     """Ray options of the evaluator: bundle ``index`` of ``pg`` when the plan gives it one
     (``cluster.gpus_per_evaluator``), else no resources (it runs while the tiers wait)."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     if tier is None:
-        return {"num_cpus": 0, **process_options()}
+        return {"num_cpus": 0, **process_options(cfg)}
     return {
-        **process_options(),
+        **process_options(cfg),
         "num_cpus": tier.cpus,
         "num_gpus": tier.gpus,
         "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),

@@ -59,14 +59,22 @@ def restart_options(cfg: Config, tier: str) -> dict[str, int]:
 WAIT_POLICY = "OMP_WAIT_POLICY"
 
 
-def process_options() -> dict[str, Any]:
-    """Ray actor options that fix what a worker's process must hold from its first instruction: the
-    libraries read it as they load, before ``start_worker_process`` runs (this module imports torch).
-    OpenMP's wait policy is passive unless the driver's environment names one: on a node whose cores
-    the workers share, a thread that spins at a barrier while its team-mate is descheduled burns the
-    core the others need (``bench/omp_wait.py``: beside two busy processes, a 2-thread learner step
-    took 1.4× as long spinning as passive, and up to 1.6× the CPU time)."""
-    return {"runtime_env": {"env_vars": {WAIT_POLICY: os.environ.get(WAIT_POLICY, "PASSIVE")}}}
+def wait_policy() -> str:
+    """OpenMP's wait policy for the run's workers: passive unless the driver's environment names one. On
+    a node whose cores the workers share, a thread that spins at a barrier while its team-mate is
+    descheduled burns the core the others need (``bench/omp_wait.py``: beside two busy processes, a
+    2-thread learner step took 1.4× as long spinning as passive, and up to 1.6× the CPU time)."""
+    return os.environ.get(WAIT_POLICY, "PASSIVE")
+
+
+def process_options(cfg: Config) -> dict[str, Any]:
+    """Ray actor options that fix what a worker's process must hold from its exec. OpenMP reads its wait
+    policy once, as it loads: a worker sets it before it imports torch (``stage_env``), but a node may
+    preload OpenMP (``LD_PRELOAD``, as vLLM-CPU's guides advise), and then only the environment the process
+    started with counts. A local Ray's processes start with the driver's (``launch.local_ray``); a
+    cluster's node has its own, so there the policy goes in a ``runtime_env``, which costs every actor a
+    second process importing Ray before its own (docs/benchmarks.md)."""
+    return {"runtime_env": {"env_vars": {WAIT_POLICY: wait_policy()}}} if cfg.cluster.address else {}
 
 
 def stage_parts(tier: str, cfg: Config, credit: CreditSpec | None = None) -> dict[str, Any]:
@@ -120,7 +128,9 @@ def start_worker_process(name: str, cfg: dict[str, Any], env: dict[str, str]) ->
     environment the driver chose (``stage_env``), send its output to ``logs/<name>.log``, start the
     heap trace when asked, size torch's threads (every core when the driver named none), set what
     depends on this node (``node_env``), and rebuild the run's ``Config`` from its plain dict; its imports
-    under ``collector_off``."""
+    under ``collector_off``. The environment comes before torch loads OpenMP, which reads its wait policy
+    then: the actors' modules (this one, ``launch.evaluate``) import no torch, so neither does Ray's
+    worker before this runs (``process_options`` for a node that preloads OpenMP)."""
     with collector_off():
         os.environ.update(env)
         logs = Path(cfg["run"]["dir"]).resolve() / "logs"
@@ -187,7 +197,8 @@ def sees_gpus(cfg: Config, tier: str) -> bool:
 
 def stage_env(cfg: Config, tier: str, rank: int = 0, rendezvous: tuple[str, str] | None = None) -> dict[str, str]:
     """The environment of a worker's process, as the driver decides it (``node_env`` adds what
-    depends on the worker's node). A learner rank's also names its group's rendezvous:
+    depends on the worker's node), OpenMP's wait policy (``wait_policy``) among it. A learner rank's also
+    names its group's rendezvous:
     ``(rank 0's node address, the id of this start of the learner tier)`` (``learner.rendezvous``).
     The evaluator gets no thread count: its evaluations use every core of its node."""
     cpus = {
@@ -197,6 +208,7 @@ def stage_env(cfg: Config, tier: str, rank: int = 0, rendezvous: tuple[str, str]
         "evaluator": None,
     }[tier]
     env = {"TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    env[WAIT_POLICY] = wait_policy()
     if cpus is not None:
         env["OMP_NUM_THREADS"] = str(max(1, int(cpus)))
     if not cfg.cluster.address:  # one machine: gloo's devices (learner ranks, weight group) on loopback, not

@@ -85,7 +85,7 @@ class StageActors:
                     scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=index),
                     name=name,
                     **restart_options(self.cfg, tier),
-                    **process_options(),
+                    **process_options(self.cfg),
                 )
                 .remote(tier, self.cfg_dict, rank, stage_env(self.cfg, tier, rank, rendezvous), incarnation)
             )

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 import pytest
 
 from rredcot.common.config import load_config
 from rredcot.launch.checks.doctor import check_services
-from rredcot.launch.local_ray import init_ray
+from rredcot.launch.local_ray import init_ray, local_ray_env
 from rredcot.launch.plan import PlanError, local_cores
 
 
@@ -25,6 +26,20 @@ def test_a_local_plan_beyond_the_cores_fails_before_ray_starts():
     assert not ray.is_initialized()
     assert f"needs {generators + 2} CPUs (generators {generators} x 1" in str(e.value)
     assert f"has {local_cores()} cores" in str(e.value) and "cluster.generators" in str(e.value)
+
+
+@pytest.mark.parametrize(("named", "expected"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_a_local_rays_processes_start_with_the_workers_wait_policy(monkeypatch, named, expected):
+    """OpenMP reads its wait policy once, as it loads: in the environment a local Ray's processes start
+    with, no preloaded OpenMP can miss it. A policy the driver's environment names is kept."""
+    for name in ("RAY_gcs_rpc_server_reconnect_timeout_s", "RAY_prestart_worker_first_driver", "RAY_worker_niceness"):
+        monkeypatch.setenv(name, os.environ.get(name, ""))  # put back as they were after the test
+    if named is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    else:
+        monkeypatch.setenv("OMP_WAIT_POLICY", named)
+    local_ray_env(load_config("tests"))
+    assert os.environ["OMP_WAIT_POLICY"] == expected
 
 
 @pytest.mark.slow

@@ -75,17 +75,29 @@ def test_the_evaluator_gets_a_stages_environment_with_every_core_and_its_gpu_rul
     assert ("CUDA_VISIBLE_DEVICES" not in env) is sees
 
 
-def test_workers_start_with_a_passive_openmp_wait_unless_the_driver_names_a_policy(monkeypatch):
+@pytest.mark.parametrize("tier", ["generator", "redistributor", "learner", "evaluator"])
+def test_workers_start_with_a_passive_openmp_wait_unless_the_driver_names_a_policy(monkeypatch, tier):
+    cfg = load_config("tests", [])
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    assert process_options() == {"runtime_env": {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}}
+    assert stage_env(cfg, tier, 0, ("127.0.0.1", "ab12"))["OMP_WAIT_POLICY"] == "PASSIVE"
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # e.g. a node with a core for every thread
-    assert process_options()["runtime_env"]["env_vars"] == {"OMP_WAIT_POLICY": "ACTIVE"}
+    assert stage_env(cfg, tier, 0, ("127.0.0.1", "ab12"))["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def test_only_a_clusters_workers_carry_the_wait_policy_in_a_runtime_env(monkeypatch):
+    """A local Ray's processes start with the driver's environment (``launch.local_ray``); a cluster node's
+    with its own, which may preload OpenMP: there the policy comes with the process (a runtime_env)."""
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert process_options(load_config("tests", [])) == {}
+    cluster = load_config("tests", ["cluster.address=10.0.0.1:6379"])
+    assert process_options(cluster) == {"runtime_env": {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}}
 
 
 def test_a_worker_process_starts_with_the_drivers_environment_and_logs_to_its_file(tmp_path):
     """``start_worker_process`` (every worker's first step, a stage's or the evaluator's): the
     driver's environment, output to ``logs/<name>.log``, torch's threads as the environment says
-    (every core when it names none), and the config back from its plain dict."""
+    (every core when it names none), and the config back from its plain dict. OpenMP, which torch
+    loads after, takes the environment's wait policy (libgomp prints what it read: OMP_DISPLAY_ENV)."""
     import os
     import subprocess
     import sys
@@ -93,18 +105,27 @@ def test_a_worker_process_starts_with_the_drivers_environment_and_logs_to_its_fi
 
     code = textwrap.dedent(
         f"""
-        import os, sys, torch
+        import os, sys
         from rredcot.common.config import load_config, to_dict
         from rredcot.launch.stages import start_worker_process
+        import rredcot.launch.evaluate
+        assert "torch" not in sys.modules  # the modules of the workers' actors load no OpenMP
         cfg = load_config("tests", ["run.dir={tmp_path}", "run.name=probe"])
         env = {{"OMP_NUM_THREADS": sys.argv[1]}} if sys.argv[1] != "all" else {{}}
-        back = start_worker_process("eval", to_dict(cfg), env | {{"RREDCOT_PROBE": "yes"}})
+        env |= {{"RREDCOT_PROBE": "yes", "OMP_WAIT_POLICY": "ACTIVE", "OMP_DISPLAY_ENV": "TRUE"}}
+        back = start_worker_process("eval", to_dict(cfg), env)
+        import torch
         print("threads", torch.get_num_threads(), os.environ["RREDCOT_PROBE"], back == cfg, flush=True)
         """
     )
+    # libgomp's default policy is passive, and none is preloaded (vLLM-CPU preloads it for a process's
+    # children once the process has built an engine)
+    plain = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "LD_PRELOAD")}
     for threads, expected in (("1", 1), ("all", len(os.sched_getaffinity(0)))):
-        subprocess.run([sys.executable, "-c", code, threads], check=True, timeout=120)
-        assert f"threads {expected} yes True" in (tmp_path / "logs" / "eval.log").read_text()
+        subprocess.run([sys.executable, "-c", code, threads], check=True, timeout=120, env=plain)
+        log = (tmp_path / "logs" / "eval.log").read_text()
+        assert f"threads {expected} yes True" in log
+    assert log.count("OMP_WAIT_POLICY = 'ACTIVE'") == 2, log
 
 
 def test_gloo_listens_on_loopback_on_one_machine_and_where_it_chooses_on_a_cluster():
