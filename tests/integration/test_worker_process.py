@@ -29,7 +29,8 @@ def no_wait_policy(monkeypatch):
 
 def test_a_workers_openmp_takes_the_wait_policy_the_driver_chose(no_wait_policy, ray_local, monkeypatch, tmp_path):
     """A stage's actor, started as the supervisor starts it, with a config its first step rejects right
-    after torch has loaded: libgomp says (OMP_DISPLAY_ENV) that it read the driver's policy."""
+    after torch has loaded: libgomp says (OMP_DISPLAY_ENV) that it read the driver's policy. A cluster's
+    actor also starts with it."""
     ray = ray_local
     plain = ray.remote(InitialEnvironment).options(num_cpus=0).remote()
     assert "OMP_WAIT_POLICY" not in ray.get(plain.read.remote())  # the check can fail: Ray adds nothing itself
@@ -44,10 +45,8 @@ def test_a_workers_openmp_takes_the_wait_policy_the_driver_chose(no_wait_policy,
     log = (tmp_path / "logs" / "gen0.log").read_text()
     assert "OMP_WAIT_POLICY = 'ACTIVE'" in log, log[-3000:]
 
-
-def test_a_cluster_workers_process_starts_with_the_wait_policy(no_wait_policy, ray_local):
-    ray = ray_local
+    # on a cluster the policy also comes with the process, in its environment at exec
     options = process_options(load_config("tests", ["cluster.address=10.0.0.1:6379"]))
-    worker = ray.remote(InitialEnvironment).options(num_cpus=0, **options).remote()
-    assert ray.get(worker.read.remote())["OMP_WAIT_POLICY"] == "PASSIVE"
-    assert process_options(load_config("tests", [])) == {}  # a local Ray's processes start with the driver's
+    on_a_cluster = ray.remote(InitialEnvironment).options(num_cpus=0, **options).remote()
+    assert ray.get(on_a_cluster.read.remote())["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert process_options(cfg) == {}  # a local Ray's processes start with the driver's (launch.local_ray)
