@@ -60,12 +60,10 @@ def pytest_collection(session: pytest.Session):
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The slow tier: every test under the SLOW_FOLDERS, and the unit tests marked ``slow`` one by
-    one; ``pytest -m "not slow"`` runs the fast tier. Then the scheduler's units, heaviest first
-    (``heavy_first``)."""
+    one; ``pytest -m "not slow"`` runs the fast tier."""
     for item in items:
         if item.path.relative_to(TESTS).parts[0] in SLOW_FOLDERS:
             item.add_marker(pytest.mark.slow)
-    items[:] = heavy_first(items)
 
 
 def runs_in_turn(nodeid: str) -> bool:
@@ -73,31 +71,6 @@ def runs_in_turn(nodeid: str) -> bool:
     path = nodeid.split("::", 1)[0]
     top, folder = (path.split("/") + [""])[:2]
     return top == TESTS.name and folder in SLOW_FOLDERS and path not in BESIDE_RUNS
-
-
-def unit_of(nodeid: str) -> str:
-    """The scheduler's unit of work that holds the test: the whole runs', or its file."""
-    return "runs" if runs_in_turn(nodeid) else nodeid.split("::", 1)[0]
-
-
-def heavy_first(items: list[pytest.Item]) -> list[pytest.Item]:
-    """The tests unit by unit (``unit_of``; a unit's own order kept), the units in the order that ends two
-    workers soonest: the whole runs first, then units by their slow tests (real engines, ranks, servers),
-    most first, then by their tests. xdist's own order (most tests first) left the files of one slow
-    test to the end, one worker running them while the other waited: 40% of the 2 cores busy in the
-    suite's last minute at ece1b86 (docs/benchmarks.md)."""
-    units: dict[str, list[pytest.Item]] = {}
-    for item in items:
-        units.setdefault(unit_of(item.nodeid), []).append(item)
-
-    def weight(unit: list[pytest.Item]) -> tuple[bool, int, int]:
-        return (
-            not runs_in_turn(unit[0].nodeid),
-            -sum(item.get_closest_marker("slow") is not None for item in unit),
-            -len(unit),
-        )
-
-    return [item for unit in sorted(units.values(), key=weight) for item in unit]
 
 
 @pytest.hookimpl(optionalhook=True)  # an xdist hook: pytest without xdist (the GPU image) skips it
@@ -115,9 +88,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
     class RunsInTurn(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return unit_of(nodeid)
+            return "runs" if runs_in_turn(nodeid) else super()._split_scope(nodeid)
 
-    config.option.loadscopereorder = False  # the units in the collection's order: heavy_first
     return RunsInTurn(config, log)
 
 
