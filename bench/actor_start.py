@@ -1,10 +1,10 @@
 """Actor start-up benchmark: what a ``runtime_env`` costs each Ray actor's start.
 
 A local Ray of 2 CPUs (loopback, no dashboard) starts ``--actors`` actors at once and waits until
-each has answered, first plain (as a local run's stage workers start now: ``launch.stages.
-process_options`` gives them nothing), then with an ``env_vars`` runtime_env (as every worker started
-before 2026-12-06, and as a cluster's still do: Ray runs each through ``setup_worker.py``, a second
-process that imports Ray, then execs the worker). The kinds alternate, ``--repeats`` times; each
+each has answered: first plain, as a local run's stage workers start now
+(``launch.stages.process_options`` gives them nothing); then with an ``env_vars`` runtime_env, as every
+worker started before 2026-12-06 and as a cluster's still do (Ray runs each through
+``setup_worker.py``, a second process that imports Ray, then execs the worker). The kinds alternate, ``--repeats`` times; each
 start's wall time and the machine's busy CPU seconds (``/proc/stat``) over it. Prints a table; the
 last line is one JSON object.
 
