@@ -5,8 +5,8 @@ each has answered: first plain, as a local run's stage workers start now
 (``launch.stages.process_options`` gives them nothing); then with an ``env_vars`` runtime_env, as every
 worker started before 2026-12-06 and as a cluster's still do (Ray runs each through
 ``setup_worker.py``, a second process that imports Ray, then execs the worker). The kinds alternate,
-``--repeats`` times; each start's wall time and the machine's busy CPU seconds (``/proc/stat``) over it. Prints a table; the
-last line is one JSON object.
+``--repeats`` times; each start's wall time and the machine's busy CPU seconds (``/proc/stat``) over
+it. Prints a table; the last line is one JSON object.
 
     rredcot bench actor_start [--actors 3] [--repeats 3]
 """
