@@ -19,9 +19,15 @@ import os
 import statistics
 import time
 
+from rredcot.common.config import load_config
 from rredcot.launch.arguments import bounded_int
+from rredcot.launch.stages import process_options
 
-KINDS = {"plain": {}, "runtime_env": {"runtime_env": {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}}}
+
+def kinds() -> dict[str, dict]:
+    """The Ray options of a local run's actor and of a cluster's (``launch.stages.process_options``)."""
+    local, cluster = load_config("tests"), load_config("tests", ["cluster.address=10.0.0.1:6379"])
+    return {"plain": process_options(local), "runtime_env": process_options(cluster)}
 
 
 def parse() -> argparse.Namespace:
@@ -65,9 +71,10 @@ def main() -> None:
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        runs: dict[str, list[dict]] = {kind: [] for kind in KINDS}
+        options_of = kinds()
+        runs: dict[str, list[dict]] = {kind: [] for kind in options_of}
         for _ in range(args.repeats):
-            for kind, options in KINDS.items():
+            for kind, options in options_of.items():
                 runs[kind].append(start(ray, options, args.actors))
     finally:
         ray.shutdown()
