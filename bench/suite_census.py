@@ -2,12 +2,12 @@
 
 Runs pytest on PATHS one test at a time (no xdist), with this module as its plugin: before and after
 each test, the machine's busy CPU seconds (``/proc/stat``: every process, so Ray's daemons and a
-test's subprocesses count too; keep the machine otherwise idle). Prints the heaviest files, the whole
-runs that tests/conftest.py's scheduler runs in turn against the rest, and the floor: the CPU seconds
-over this machine's cores, the wall time no schedule of these tests can beat here. The last line is
-one JSON object.
+test's subprocesses count too; keep the machine otherwise idle). Prints the heaviest files, the
+whole runs (those ``tests/scheduling.py`` has the scheduler run in turn) against the rest, and the
+floor: the CPU seconds over this machine's cores, the wall time no schedule of these tests can beat
+here. The last line is one JSON object.
 
-    rredcot bench suite_census [--top 25] [PATHS...]   (default: tests, about 21 min on 2 cores)
+    rredcot bench suite_census [--top 25] [PATHS...]   (default: tests, about 20 min on 2 cores)
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # the repository: bench.actor_start, tests.conftest
+sys.path.insert(0, str(REPO))  # the repository: bench.actor_start, tests.scheduling
 
 from bench.actor_start import busy_cpu_s  # noqa: E402
 from rredcot.launch.arguments import bounded_int  # noqa: E402
 from rredcot.launch.plan import local_cores  # noqa: E402
+from tests.scheduling import runs_in_turn  # noqa: E402
 
 OUT_ENV = "RREDCOT_SUITE_CENSUS"  # the plugin's output: one JSON line a test
 
@@ -46,10 +47,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
 
 
 def census(records: list[dict], cores: int) -> dict:
-    """Per file, and whole runs against the rest (``tests.conftest.runs_in_turn``): tests, wall and CPU
+    """Per file, and whole runs against the rest (``tests.scheduling.runs_in_turn``): tests, wall and CPU
     seconds; the floor is the total CPU seconds over ``cores``."""
-    from tests.conftest import runs_in_turn
-
     files: dict[str, dict] = collections.defaultdict(lambda: {"tests": 0, "wall_s": 0.0, "cpu_s": 0.0})
     parts = {part: {"tests": 0, "wall_s": 0.0, "cpu_s": 0.0} for part in ("runs", "rest")}
     for r in records:

