@@ -46,25 +46,31 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
         f.write(json.dumps(record) + "\n")
 
 
+def tally(records: list[dict]) -> dict:
+    """Tests, wall and CPU seconds of ``records``."""
+    return {
+        "tests": len(records),
+        "wall_s": sum((r["wall_s"] for r in records), 0.0),
+        "cpu_s": sum((r["cpu_s"] for r in records), 0.0),
+    }
+
+
 def census(records: list[dict], cores: int) -> dict:
     """Per file, and whole runs against the rest (``tests.scheduling.runs_in_turn``): tests, wall and CPU
     seconds; the floor is the total CPU seconds over ``cores``."""
-    files: dict[str, dict] = collections.defaultdict(lambda: {"tests": 0, "wall_s": 0.0, "cpu_s": 0.0})
-    parts = {part: {"tests": 0, "wall_s": 0.0, "cpu_s": 0.0} for part in ("runs", "rest")}
+    files: dict[str, list[dict]] = collections.defaultdict(list)
+    parts: dict[str, list[dict]] = {"runs": [], "rest": []}
     for r in records:
-        for row in (files[r["id"].split("::", 1)[0]], parts["runs" if runs_in_turn(r["id"]) else "rest"]):
-            row["tests"] += 1
-            row["wall_s"] += r["wall_s"]
-            row["cpu_s"] += r["cpu_s"]
-    cpu = sum(r["cpu_s"] for r in records)
+        files[r["id"].split("::", 1)[0]].append(r)
+        parts["runs" if runs_in_turn(r["id"]) else "rest"].append(r)
+    total = tally(records)
+    by_file = {name: tally(rs) for name, rs in files.items()}
     return {
-        "tests": len(records),
-        "wall_s": sum(r["wall_s"] for r in records),
-        "cpu_s": cpu,
+        **total,
         "cores": cores,
-        "floor_s": cpu / cores,
-        "parts": parts,
-        "files": dict(sorted(files.items(), key=lambda kv: -kv[1]["cpu_s"])),
+        "floor_s": total["cpu_s"] / cores,
+        "parts": {part: tally(rs) for part, rs in parts.items()},
+        "files": dict(sorted(by_file.items(), key=lambda kv: -kv[1]["cpu_s"])),
     }
 
 
