@@ -25,6 +25,7 @@ between two engine steps.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -176,6 +177,13 @@ class EngineSpec:
         )
 
 
+def _eager(gpu: bool) -> contextlib.AbstractContextManager:
+    """On CPU, vLLM's ``torch.compile``d helpers (the sampled token's rank among the logits, for
+    ``logprobs``) run as plain torch: compiling them cost each engine process 4-5 s of CPU with a
+    warm compile cache and 12 s with a cold one, to fuse a comparison and a sum (docs/benchmarks.md)."""
+    return contextlib.nullcontext() if gpu else torch.compiler.set_stance("force_eager")
+
+
 class Engine:
     """A vLLM engine driven step by step, with versioned weight updates."""
 
@@ -200,7 +208,8 @@ class Engine:
             extra["enable_chunked_prefill"] = False
         if spec.tensor_parallel > 1:  # worker processes of the engine's own, inside this actor's GPUs
             extra |= {"tensor_parallel_size": spec.tensor_parallel, "distributed_executor_backend": "mp"}
-        with contextlib.nullcontext() if gpu else _models_inspected_here():
+        self._eager = functools.partial(_eager, gpu)
+        with contextlib.nullcontext() if gpu else _models_inspected_here(), self._eager():
             self.llm = LLM(
                 model=spec.model,
                 dtype=spec.dtype,
@@ -274,10 +283,16 @@ class Engine:
     def step(self) -> list[GroupOutput]:
         """Run one engine step; returns the groups that finished (also those drained by an update)."""
         if self._core.has_unfinished_requests():
-            for out in self._core.step():
-                self._absorb(out)
+            self._advance()
         done, self._done = self._done, []
         return done
+
+    def _advance(self) -> None:
+        """One step of vLLM's engine, its outputs taken in."""
+        with self._eager():
+            outs = self._core.step()
+        for out in outs:
+            self._absorb(out)
 
     def _absorb(self, out: Any) -> None:
         group = self._live[out.request_id]
@@ -355,8 +370,7 @@ class Engine:
             raise ValueError(f"in_flight = {in_flight!r}; expected one of {IN_FLIGHT}")
         if in_flight == "finish":
             while self._live:
-                for out in self._core.step():
-                    self._absorb(out)
+                self._advance()
         start = time.perf_counter()
         try:
             apply()

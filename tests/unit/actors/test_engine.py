@@ -68,6 +68,19 @@ def test_a_cpu_engine_inspects_a_new_model_class_in_its_own_process():
     assert registry._run_in_subprocess is in_subprocess
 
 
+def test_a_cpu_engine_compiles_nothing(tied, helpers):
+    """vLLM ``torch.compile``s helpers of its sampler (the sampled token's rank, for log-probs); a CPU
+    engine runs them as plain torch: compiling cost each engine process 4-5 s of CPU, 12 on a new machine."""
+    if torch.cuda.is_available():
+        pytest.skip("GPU engines compile vLLM's helpers")
+    engine, *_ = tied
+    torch._dynamo.reset()  # what an earlier test compiled is forgotten: a compile now would count a frame
+    frames = torch._dynamo.utils.counters["frames"]
+    before = frames["total"]
+    (group,) = engine.generate(helpers.prompts[:1], Sampling(n=2, temperature=1.0, max_tokens=4))
+    assert all(c.logprobs for c in group.completions) and frames["total"] == before, dict(frames)
+
+
 def test_engine_bounds_onednns_primitive_cache(tied):
     """vLLM-CPU JIT-compiles a oneDNN matmul per batch size, and oneDNN keeps 1,024 of them by default:
     a generator's RSS crept for hours as new batch sizes came (docs/benchmarks.md, "Soak"). The engine
