@@ -118,7 +118,10 @@ def test_a_receiver_lost_after_joining_turns_the_version_into_a_file(make_model,
     publisher = CollectivePublisher(
         redis_client, run_id, tmp_path, group_address="127.0.0.1", receivers=1, file_too=False, timeout_s=5
     )
-    open_group(read_group(redis_client, run_id), 1, 5)  # joins, then is gone (its group is dropped)
+    group = open_group(read_group(redis_client, run_id), 1, 5)  # joins...
+    publisher.wait()  # ...until rank 0's side of the group has formed too (it may still be connecting)
+    assert publisher.collective
+    del group  # ...then is gone
     assert publish(publisher, engine.module, 1)[0] is None  # the send runs, and fails, behind
     publisher.wait()
     assert not publisher.collective and publisher.fallbacks == 1
