@@ -29,6 +29,7 @@ from rredcot.common.streams import connect, key
 from rredcot.launch.leftovers import SESSION_FILE, session_processes
 from rredcot.launch.services import EmbeddedRedis
 from tests.integration.test_train_stop import signal_when, start_train
+from tests.redis_probe import single_try
 
 RUN = "ckptkill"
 PASSWORD = "ckpt-kill-test"  # the run's embedded Redis password (config.yaml redacts it)
@@ -52,7 +53,7 @@ def _server_gone(url: str, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            redis.Redis.from_url(url, socket_connect_timeout=1).ping()
+            single_try(url, socket_connect_timeout=1).ping()
         except redis.ConnectionError:
             return
         time.sleep(0.2)

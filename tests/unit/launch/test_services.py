@@ -12,6 +12,7 @@ import redis
 
 from rredcot.common.streams import connect
 from rredcot.launch.services import EmbeddedRedis, PortTaken
+from tests.redis_probe import single_try
 
 
 def test_password_and_aof_in_run_dir(tmp_path):
@@ -19,7 +20,7 @@ def test_password_and_aof_in_run_dir(tmp_path):
         assert server.url.startswith("redis://:s3cret@127.0.0.1:")
         with_pw = connect(server.url)
         with_pw.set("k", "v")
-        no_pw = redis.Redis(host=server.host, port=server.port)
+        no_pw = single_try(host=server.host, port=server.port)
         try:
             no_pw.get("k")
             raise AssertionError("server accepted a client without the password")
@@ -45,7 +46,7 @@ def test_every_server_gets_a_random_password_kept_out_of_its_command_line(tmp_pa
         assert len(server.password) >= 24 and f":{server.password}@" in server.url
         assert connect(server.url).ping()
         try:
-            redis.Redis(host=server.host, port=server.port).set("k", "v")
+            single_try(host=server.host, port=server.port).set("k", "v")
             raise AssertionError("server accepted a client without the password")
         except (redis.AuthenticationError, redis.ResponseError) as e:
             assert "auth" in str(e).lower()
@@ -64,7 +65,7 @@ def test_stop_is_idempotent_and_frees_the_port(tmp_path):
     server.stop()
     server.stop()
     try:
-        redis.Redis(port=port, password=server.password, socket_connect_timeout=0.5).ping()
+        single_try(port=port, password=server.password, socket_connect_timeout=0.5).ping()
         raise AssertionError("server still answers after stop()")
     except redis.ConnectionError:
         pass
@@ -88,7 +89,7 @@ def test_server_dies_with_a_killed_launcher(tmp_path):
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:
-            redis.Redis.from_url(url, socket_connect_timeout=0.2).ping()
+            single_try(url, socket_connect_timeout=0.2).ping()
             time.sleep(0.1)
         except redis.ConnectionError:
             return

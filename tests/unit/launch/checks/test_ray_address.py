@@ -18,9 +18,17 @@ import pytest
 
 from rredcot.common.config import load_config
 from rredcot.common.net import free_port
+from rredcot.launch.checks import ray_address
 from rredcot.launch.checks.cluster import reach_problem
 from rredcot.launch.checks.ray_address import check_ray_answers, gcs_problem, rpc_problem
 from tests.processes import end_group
+
+PROBE_S = 1.0  # the probe's wait here: a listener that never answers costs the check its whole wait
+
+
+@pytest.fixture(autouse=True)
+def _short_probe(monkeypatch):
+    monkeypatch.setattr(ray_address, "GCS_PROBE_TIMEOUT_S", PROBE_S)
 
 
 @contextlib.contextmanager
@@ -57,7 +65,7 @@ def grpc_server() -> Iterator[str]:
 
 
 OTHER_SERVERS = [
-    (silent_server, "a server there takes the connection but sends no HTTP/2 (gRPC) answer in 5 s"),
+    (silent_server, f"a server there takes the connection but sends no HTTP/2 (gRPC) answer in {PROBE_S:.0f} s"),
     (http_server, "a server there answers, but not in HTTP/2 (gRPC): Failed parsing HTTP/2 (Expected SETTINGS frame"),
     (grpc_server, "a gRPC server answers there, but not Ray's GCS"),
 ]
