@@ -82,6 +82,14 @@ def connect(url: str, retries: int = 20, cap_s: float = 2.0) -> redis.Redis:
     )
 
 
+def single_try(url: str | None = None, **kwargs: Any) -> redis.Redis:
+    """A client of ``url`` (else of the ``host``/``port`` keywords) that never retries: an answer or the
+    error at once (redis-py's default client retries a refused connection, a wrong password too, ten
+    times with backoff: about 4 s)."""
+    kwargs["retry"] = Retry(NoBackoff(), 0)
+    return redis.Redis.from_url(url, **kwargs) if url else redis.Redis(**kwargs)
+
+
 REDIS_WAIT_S = 30.0  # how long a stage started alone waits for redis.url to answer before it gives up
 
 
@@ -104,7 +112,7 @@ def wait_for_redis(url: str, wait_s: float, say: Callable[[str], None], what: st
     fix = f"start the server, or fix host, port and password in {what}"
     while True:
         try:
-            probe = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2, retry=Retry(NoBackoff(), 0))
+            probe = single_try(url, socket_connect_timeout=2, socket_timeout=2)
             try:
                 probe.ping()
             finally:

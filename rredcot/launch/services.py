@@ -22,11 +22,10 @@ from pathlib import Path
 from urllib.parse import quote
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from rredcot.common.config import Config, ConfigError, redact_url
 from rredcot.common.net import free_port
+from rredcot.common.streams import single_try
 
 
 def find_server_binary(kind: str = "auto") -> str:
@@ -153,13 +152,8 @@ class EmbeddedRedis:
         atexit.register(self.stop)
         deadline = time.monotonic() + timeout_s
         # one short try a ping: a process of another kind listening on the port never answers one
-        client = redis.Redis(
-            host=self.host,
-            port=self.port,
-            password=self.password,
-            socket_timeout=1,
-            socket_connect_timeout=1,
-            retry=Retry(NoBackoff(), 0),
+        client = single_try(
+            host=self.host, port=self.port, password=self.password, socket_timeout=1, socket_connect_timeout=1
         )
         while True:
             if self.proc.poll() is not None:

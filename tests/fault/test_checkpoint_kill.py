@@ -25,11 +25,10 @@ from omegaconf import OmegaConf
 
 from rredcot.common.control import RunControl
 from rredcot.common.ledger import group_id
-from rredcot.common.streams import connect, key
+from rredcot.common.streams import connect, key, single_try
 from rredcot.launch.leftovers import SESSION_FILE, session_processes
 from rredcot.launch.services import EmbeddedRedis
 from tests.integration.test_train_stop import signal_when, start_train
-from tests.redis_probe import single_try
 
 RUN = "ckptkill"
 PASSWORD = "ckpt-kill-test"  # the run's embedded Redis password (config.yaml redacts it)

@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from rredcot.common.streams import connect
+from rredcot.common.streams import connect, single_try
 from rredcot.launch.services import EmbeddedRedis, PortTaken
-from tests.redis_probe import single_try
 
 
 def test_password_and_aof_in_run_dir(tmp_path):
