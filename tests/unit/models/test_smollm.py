@@ -34,7 +34,13 @@ def test_the_demo_model_converted_by_two_processes_at_once(tmp_path):
     converted = json.loads((tmp_path / "smollm2-135m-instruct" / "config.json").read_text())
     assert {k: converted[k] for k in SMOLLM2_SHAPE} == SMOLLM2_SHAPE  # the shape the memory check assumes before
     assert AutoConfig.from_pretrained(outs[0]).tie_word_embeddings
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["smollm2-135m-instruct", "smollm2-135m-instruct.lock"]
+    built = sorted(p.name for p in tmp_path.iterdir())  # the tokenizer builtin the conversion takes its files from
+    assert built == [
+        "smollm2-135m-instruct",
+        "smollm2-135m-instruct.lock",
+        "smollm2-135m-tokenizer",
+        "smollm2-135m-tokenizer.lock",
+    ]
     # the tokenizer builtin (what training pairs' digests read, from the suite's cache) is the converted model's
     alone, whole = load_tokenizer(smollm2_tokenizer_dir()), load_tokenizer(outs[0])
     text = "<|im_start|>user\nStep 2: 12 * 14 = 168.\nAnswer: 168<|im_end|>"
