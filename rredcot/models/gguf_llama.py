@@ -109,6 +109,8 @@ def read_gguf(path: str | Path) -> GgufFile:
 
     path = Path(path)
     with open(path, "rb") as f:
+        if not path.stat().st_size:
+            raise ValueError(f"{path} is not a GGUF file (it is empty)")
         buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     if buf[:4] != MAGIC:
         raise ValueError(f"{path} is not a GGUF file (it starts with {bytes(buf[:4])!r}, not {MAGIC!r})")
@@ -130,7 +132,12 @@ def read_gguf(path: str | Path) -> GgufFile:
     start = -(-cur.pos // align) * align
     tensors = {}
     for name, dims, qtype, offset in infos:
-        block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
+        try:
+            block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
+        except ValueError:
+            raise ValueError(
+                f"{path}: tensor {name} has GGML type {qtype}, which the gguf package does not know"
+            ) from None
         shape = tuple(reversed(dims))  # GGUF lists the fastest-varying dimension first
         row_bytes = shape[-1] // block * block_bytes
         nbytes = int(np.prod(shape[:-1], dtype=np.int64)) * row_bytes

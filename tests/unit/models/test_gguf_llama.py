@@ -110,6 +110,10 @@ def test_a_broken_file_says_what_is_wrong_with_it(tiny_gguf: Path, tmp_path: Pat
     other.write_bytes(b"\x08\x00\x00\x00" + bytes(60))
     with pytest.raises(ValueError, match=r"model.safetensors is not a GGUF file \(it starts with"):
         read_gguf(other)
+    empty = tmp_path / "empty.gguf"
+    empty.touch()
+    with pytest.raises(ValueError, match=r"empty.gguf is not a GGUF file \(it is empty\)"):
+        read_gguf(empty)
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(tiny_gguf.read_bytes()[: tiny_gguf.stat().st_size // 2])
     with pytest.raises(ValueError, match=r"cut.gguf: truncated GGUF file \(tensor blk\.\d+\.\w+\.weight runs past"):
