@@ -2,11 +2,12 @@
 dequantised by the ``gguf`` package and put in transformers' names and layout (``llama_state_dict``),
 with the ``LlamaConfig`` its metadata describes (``llama_config``).
 
-transformers loads a GGUF by itself (``from_pretrained(gguf_file=...)``), but on the demo model that
-took 26 s of CPU: it parses the file twice (once for the config, once for the weights) with
+transformers loads a GGUF by itself (``from_pretrained(gguf_file=...)``), but the demo model's
+conversion took 21 s of CPU that way: it parses the file three times (config, weights, tokenizer) with
 ``gguf.GGUFReader``, which reads each of the tokenizer's 98k strings through a numpy memmap slice, and
 it builds gguf's tensor-name table again for each of the model's 397 modules. Read here, the same
-weights (bitwise: ``tests/unit/models/test_gguf_llama.py``) take about 3 s (docs/benchmarks.md).
+weights (bitwise: ``tests/unit/models/test_gguf_llama.py``) take 6 s, imports included
+(``rredcot bench gguf_convert``, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -43,15 +44,14 @@ class GgufTensor:
     """One tensor as stored: its bytes (a view of the mapped file), GGML type and shape (row-major)."""
 
     raw: np.ndarray
-    qtype: int
+    qtype: Any  # gguf.GGMLQuantizationType
     shape: tuple[int, ...]
 
     def dequantized(self) -> np.ndarray:
         """The values as float32, in ``shape``."""
-        from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
-        values = dequantize(self.raw, GGMLQuantizationType(self.qtype))  # F32: a view of the read-only file
+        values = dequantize(self.raw, self.qtype)  # F32: a view of the read-only file
         return (values if values.flags.writeable else values.copy()).astype(np.float32, copy=False).reshape(self.shape)
 
 
@@ -133,7 +133,8 @@ def read_gguf(path: str | Path) -> GgufFile:
     tensors = {}
     for name, dims, qtype, offset in infos:
         try:
-            block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
+            qtype = GGMLQuantizationType(qtype)
+            block, block_bytes = GGML_QUANT_SIZES[qtype]
         except ValueError:
             raise ValueError(
                 f"{path}: tensor {name} has GGML type {qtype}, which the gguf package does not know"
